@@ -1,0 +1,236 @@
+//! Circuit breaker for steps that call something that may be down entirely.
+//!
+//! One breaker exists per saga step per [`Engine`](crate::engine::Engine) (in
+//! practice: per process), shared by every task running that step. The breaker
+//! wraps the retry policy: it is asked before every call, and while it is open
+//! the step fails at once, without calling the step and without consuming a
+//! retry, and the step's `on_exhausted` action applies.
+//!
+//! Only transient failures count: a permanent error means the endpoint answered
+//! (and refused the request), not that it is down.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// `#[circuit_breaker(failure_threshold, duration_secs)]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CircuitBreakerConfig {
+    /// Consecutive failed calls that open the circuit.
+    pub failure_threshold: u32,
+    /// How long the circuit stays open before letting one probe through.
+    pub duration: Duration,
+}
+
+impl CircuitBreakerConfig {
+    /// A config; both values must be positive (the macro checks this).
+    pub const fn new(failure_threshold: u32, duration_secs: u64) -> Self {
+        CircuitBreakerConfig {
+            failure_threshold,
+            duration: Duration::from_secs(duration_secs),
+        }
+    }
+}
+
+/// The observable state of a breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CircuitState {
+    /// Calls go through; `failures` consecutive failures so far.
+    Closed {
+        /// Consecutive failures.
+        failures: u32,
+    },
+    /// Calls are rejected until the break ends.
+    Open,
+    /// The break ended; one probe call decides whether to close or reopen.
+    HalfOpen,
+}
+
+#[derive(Debug)]
+enum State {
+    Closed { failures: u32 },
+    Open { until: Instant },
+    HalfOpen { probing: bool },
+}
+
+/// A circuit breaker (closed, open, half-open with a single probe).
+#[derive(Debug)]
+pub struct CircuitBreaker {
+    config: CircuitBreakerConfig,
+    state: Mutex<State>,
+}
+
+/// Returned when the circuit rejects a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("circuit breaker is open; calls are rejected for {retry_after:?}")]
+pub struct CircuitOpen {
+    /// Time until the breaker lets a probe through.
+    pub retry_after: Duration,
+}
+
+/// Permission for one call. Report its outcome with [`Permit::success`] or
+/// [`Permit::failure`]; dropping it unreported (the call was cancelled) frees
+/// the probe slot without changing the state.
+#[derive(Debug)]
+#[must_use = "report the call's outcome with success() or failure()"]
+pub struct Permit<'a> {
+    breaker: &'a CircuitBreaker,
+    probe: bool,
+    reported: bool,
+}
+
+impl CircuitBreaker {
+    /// A closed breaker.
+    pub fn new(config: CircuitBreakerConfig) -> Self {
+        CircuitBreaker {
+            config,
+            state: Mutex::new(State::Closed { failures: 0 }),
+        }
+    }
+
+    /// Its config.
+    pub fn config(&self) -> CircuitBreakerConfig {
+        self.config
+    }
+
+    /// The current state (an open breaker whose break has ended reads as
+    /// half-open).
+    pub fn state(&self) -> CircuitState {
+        match *self.lock() {
+            State::Closed { failures } => CircuitState::Closed { failures },
+            State::Open { until } if Instant::now() >= until => CircuitState::HalfOpen,
+            State::Open { .. } => CircuitState::Open,
+            State::HalfOpen { .. } => CircuitState::HalfOpen,
+        }
+    }
+
+    /// Asks to make one call.
+    pub fn try_acquire(&self) -> Result<Permit<'_>, CircuitOpen> {
+        let mut state = self.lock();
+        let now = Instant::now();
+        let probe = match *state {
+            State::Closed { .. } => false,
+            State::Open { until } if now >= until => {
+                *state = State::HalfOpen { probing: true };
+                true
+            }
+            State::Open { until } => {
+                return Err(CircuitOpen {
+                    retry_after: until - now,
+                })
+            }
+            State::HalfOpen { probing: false } => {
+                *state = State::HalfOpen { probing: true };
+                true
+            }
+            State::HalfOpen { probing: true } => {
+                return Err(CircuitOpen {
+                    retry_after: Duration::ZERO,
+                })
+            }
+        };
+        Ok(Permit {
+            breaker: self,
+            probe,
+            reported: false,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is a plain enum: a panic while holding the lock cannot
+        // leave it half-written, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, success: bool) {
+        let mut state = self.lock();
+        *state = match (&*state, success) {
+            (_, true) => State::Closed { failures: 0 },
+            (State::Closed { failures }, false) if failures + 1 < self.config.failure_threshold => {
+                State::Closed {
+                    failures: failures + 1,
+                }
+            }
+            // The threshold was reached, a failed probe, or a call admitted
+            // before the circuit opened that failed afterwards: (re)open.
+            (_, false) => State::Open {
+                until: Instant::now() + self.config.duration,
+            },
+        };
+    }
+}
+
+impl Permit<'_> {
+    /// The call succeeded: close the circuit.
+    pub fn success(mut self) {
+        self.reported = true;
+        self.breaker.record(true);
+    }
+
+    /// The call failed transiently: count it (and open the circuit at the
+    /// threshold, or reopen it after a failed probe).
+    pub fn failure(mut self) {
+        self.reported = true;
+        self.breaker.record(false);
+    }
+
+    /// Whether this call is the half-open probe.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        if self.probe && !self.reported {
+            let mut state = self.breaker.lock();
+            if let State::HalfOpen { probing: true } = *state {
+                *state = State::HalfOpen { probing: false };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_at_threshold_probes_once_then_closes_or_reopens() {
+        let b = CircuitBreaker::new(CircuitBreakerConfig::new(3, 30));
+        for n in 1..3 {
+            b.try_acquire().unwrap().failure();
+            assert_eq!(b.state(), CircuitState::Closed { failures: n });
+        }
+        b.try_acquire().unwrap().failure();
+        assert_eq!(b.state(), CircuitState::Open);
+        assert_eq!(b.try_acquire().unwrap_err().retry_after, Duration::from_secs(30));
+
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert!(b.try_acquire().is_err(), "still open one second before the end");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let probe = b.try_acquire().unwrap();
+        assert!(probe.is_probe());
+        assert!(b.try_acquire().is_err(), "only one probe at a time");
+        probe.failure();
+        assert_eq!(b.state(), CircuitState::Open, "a failed probe reopens");
+
+        tokio::time::advance(Duration::from_secs(30)).await;
+        b.try_acquire().unwrap().success();
+        assert_eq!(b.state(), CircuitState::Closed { failures: 0 });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn success_resets_the_count_and_an_abandoned_probe_frees_its_slot() {
+        let b = CircuitBreaker::new(CircuitBreakerConfig::new(2, 1));
+        b.try_acquire().unwrap().failure();
+        b.try_acquire().unwrap().success();
+        b.try_acquire().unwrap().failure();
+        assert_eq!(b.state(), CircuitState::Closed { failures: 1 });
+        b.try_acquire().unwrap().failure();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        drop(b.try_acquire().unwrap());
+        assert!(b.try_acquire().unwrap().is_probe());
+    }
+}

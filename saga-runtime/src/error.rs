@@ -1,0 +1,166 @@
+//! Errors that cross the boundary between user code and the engine.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// A boxed error, as returned by user code.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why a step (or a compensation) failed.
+///
+/// `?` on any `std::error::Error + Send + Sync + 'static` converts into a
+/// *transient* error (retried under the step's policy). Say
+/// [`StepError::permanent`] when retrying cannot help: the remaining retries are
+/// skipped and the step's `on_exhausted` action runs at once.
+///
+/// Like `anyhow::Error`, `StepError` deliberately does not implement
+/// `std::error::Error` itself: that is what lets the blanket `From` exist.
+pub struct StepError {
+    kind: StepErrorKind,
+    source: BoxError,
+}
+
+/// The retry class of a [`StepError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepErrorKind {
+    /// Worth retrying.
+    Transient,
+    /// Not worth retrying.
+    Permanent,
+    /// A persisted payload did not deserialize into the step's type. Raised by
+    /// the engine, never by user code; the task is dead-lettered.
+    InvalidPayload,
+}
+
+impl StepError {
+    /// An error worth retrying (a timeout, a 503, a dropped connection).
+    pub fn transient(error: impl Into<BoxError>) -> Self {
+        StepError {
+            kind: StepErrorKind::Transient,
+            source: error.into(),
+        }
+    }
+
+    /// An error that retrying cannot fix (a 400, a declined card).
+    pub fn permanent(error: impl Into<BoxError>) -> Self {
+        StepError {
+            kind: StepErrorKind::Permanent,
+            source: error.into(),
+        }
+    }
+
+    pub(crate) fn invalid_payload(error: impl Into<BoxError>) -> Self {
+        StepError {
+            kind: StepErrorKind::InvalidPayload,
+            source: error.into(),
+        }
+    }
+
+    /// The retry class.
+    pub fn kind(&self) -> StepErrorKind {
+        self.kind
+    }
+
+    /// Whether the engine may retry it.
+    pub fn is_transient(&self) -> bool {
+        self.kind == StepErrorKind::Transient
+    }
+
+    /// The underlying error.
+    pub fn source_error(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.source
+    }
+
+    /// Consumes the error, returning the underlying one.
+    pub fn into_source(self) -> BoxError {
+        self.source
+    }
+}
+
+impl<E> From<E> for StepError
+where
+    E: StdError + Send + Sync + 'static,
+{
+    fn from(error: E) -> Self {
+        StepError::transient(error)
+    }
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)?;
+        let mut source = self.source.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepError")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+/// Errors of the engine and its backends.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `start`/`cancel` named a saga the engine was not built with.
+    #[error("saga `{0}` is not registered with this engine; add it with `Engine::builder().saga(..)`")]
+    UnknownSaga(String),
+    /// Two sagas registered under one name.
+    #[error("two sagas are registered under the name `{0}`; give one of them `#[saga(name = \"..\")]`")]
+    DuplicateSaga(String),
+    /// A task id that the store does not know.
+    #[error("task {0} does not exist")]
+    TaskNotFound(crate::task::TaskId),
+    /// A task exists but belongs to another saga than the one named.
+    #[error("task {task} belongs to saga `{actual}`, not `{expected}`")]
+    WrongSaga {
+        /// The task.
+        task: crate::task::TaskId,
+        /// The saga the caller named.
+        expected: String,
+        /// The saga the task belongs to.
+        actual: String,
+    },
+    /// Serializing an input, or deserializing a stored value, failed.
+    #[error("serialization: {0}")]
+    Serialization(#[from] serde_json::Error),
+    /// A dead letter id that does not exist (or was already requeued).
+    #[error("dead letter {0} does not exist")]
+    DeadLetterNotFound(String),
+    /// The storage backend failed.
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+    /// The engine was shut down.
+    #[error("the engine is shut down")]
+    Shutdown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn question_mark_is_transient_and_constructors_set_the_kind() {
+        fn io() -> Result<(), StepError> {
+            Err(std::io::Error::other("disk"))?;
+            Ok(())
+        }
+        let e = io().unwrap_err();
+        assert!(e.is_transient());
+        assert_eq!(e.to_string(), "disk");
+        assert_eq!(
+            StepError::permanent("declined").kind(),
+            StepErrorKind::Permanent
+        );
+        assert_eq!(StepError::transient("503").kind(), StepErrorKind::Transient);
+    }
+}

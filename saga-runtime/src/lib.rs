@@ -1,0 +1,68 @@
+//! Compile-time-checked sagas for Rust.
+//!
+//! Write the steps and their compensations as methods of an `impl` block,
+//! annotate it with [`#[saga]`](macro@saga), and the macro generates the
+//! orchestration: retry/backoff policies, circuit breakers, idempotency guards,
+//! cancellation, compensation with its own retries, escalation when a
+//! compensation fails, and a reconciliation base trait. Misconfigurations are
+//! compile errors.
+//!
+//! Users depend on this crate alone; `use saga_runtime::prelude::*;` brings in
+//! the attributes and the types a saga's methods mention.
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod circuit;
+pub mod context;
+pub mod engine;
+pub mod error;
+pub mod policy;
+pub mod reconcile;
+pub mod saga;
+pub mod task;
+mod worker;
+
+pub use saga_macros::{
+    cancellable, circuit_breaker, compensate, compensation_retry_policy, retry_policy, saga,
+    saga_step,
+};
+
+pub use context::StepContext;
+pub use engine::{CancelResult, DeadLetter, Engine, EngineBuilder};
+pub use error::{BoxError, Error, StepError, StepErrorKind};
+pub use saga::{Cancellable, Saga};
+pub use task::{AuditAction, AuditEntry, StepRecord, StepStatus, TaskId, TaskInstance, TaskStatus};
+
+/// Everything a saga definition and its caller need.
+pub mod prelude {
+    pub use crate::context::StepContext;
+    pub use crate::engine::{CancelResult, Engine};
+    pub use crate::error::{StepError, StepErrorKind};
+    pub use crate::reconcile::{ReconcileError, ReconcileReport};
+    pub use crate::saga::{Cancellable, Saga};
+    pub use crate::task::{StepStatus, TaskId, TaskInstance, TaskStatus};
+    pub use saga_macros::{
+        cancellable, circuit_breaker, compensate, compensation_retry_policy, retry_policy, saga,
+        saga_step,
+    };
+}
+
+/// What generated code reaches through absolute paths
+/// (`::saga_runtime::__private::..`). Not a public API: it changes without
+/// notice.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::circuit::CircuitBreakerConfig;
+    pub use crate::context::StepContext;
+    pub use crate::engine::Engine;
+    pub use crate::error::StepError;
+    pub use crate::policy::{BackoffKind, OnExhausted, RetryPolicy};
+    pub use crate::reconcile::{self, ReconcileError, ReconcileReport};
+    pub use crate::saga::{
+        decode, encode, unknown_step, BoxFuture, Cancellable, CompensationDefinition, Saga,
+        SagaDefinition, StepDefinition,
+    };
+    pub use async_trait::async_trait;
+    pub use serde_json::Value;
+    pub use tokio_util::sync::CancellationToken;
+}

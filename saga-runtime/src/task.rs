@@ -1,0 +1,437 @@
+//! The persisted record of one saga execution: [`TaskInstance`], its
+//! [`StepRecord`]s and its audit log.
+//!
+//! Everything here is plain serde data: the backends store it as JSON and every
+//! load hands out a fresh copy, so mutating a loaded value never changes the
+//! stored one.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// Identifies one task (one execution of a saga).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TaskId(pub Uuid);
+
+impl TaskId {
+    /// A new random id.
+    pub fn new() -> Self {
+        TaskId(Uuid::new_v4())
+    }
+}
+
+impl Default for TaskId {
+    fn default() -> Self {
+        TaskId::new()
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl FromStr for TaskId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s).map(TaskId)
+    }
+}
+
+/// Wall-clock time in milliseconds since the Unix epoch.
+///
+/// Milliseconds rather than `SystemTime` so that records read the same in
+/// JSON, in Redis and in every language an operator might inspect them with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    /// The current wall-clock time.
+    pub fn now() -> Self {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Timestamp(ms)
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = UNIX_EPOCH + std::time::Duration::from_millis(self.0);
+        fmt::Display::fmt(&humantime::format_rfc3339_millis(t), f)
+    }
+}
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TaskStatus {
+    /// Started, no step has run yet.
+    Pending,
+    /// Steps are running.
+    Running,
+    /// Every step completed. Terminal.
+    Completed,
+    /// Completed steps are being compensated after a failure or a cancellation.
+    Compensating,
+    /// A step failed and every completed step was compensated. Terminal.
+    Compensated,
+    /// A step failed with `on_exhausted = fail`; nothing was compensated. Terminal.
+    Failed,
+    /// Cancelled and every completed step compensated. Terminal.
+    Cancelled,
+    /// A compensation failed after its retries. Terminal: an operator must
+    /// resolve it (see the audit log).
+    CompensationFailed,
+    /// Parked on the dead-letter queue until an operator requeues it.
+    DeadLettered,
+}
+
+impl TaskStatus {
+    /// Whether the engine will never change this status on its own.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Completed
+                | TaskStatus::Compensated
+                | TaskStatus::Failed
+                | TaskStatus::Cancelled
+                | TaskStatus::CompensationFailed
+                | TaskStatus::DeadLettered
+        )
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Where a step is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StepStatus {
+    /// Not started.
+    Pending,
+    /// An attempt is running (or was, when its worker died).
+    Running,
+    /// Succeeded; its output is recorded.
+    Completed,
+    /// Failed after its retries (or was cancelled).
+    Failed,
+    /// Its compensation is running.
+    Compensating,
+    /// Its compensation succeeded.
+    Compensated,
+    /// Its compensation failed after its retries.
+    CompensationFailed,
+}
+
+impl fmt::Display for StepStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// The record of one step of one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// The step method's name.
+    pub name: String,
+    /// Its number in `#[saga_step(n)]`.
+    pub order: u32,
+    /// Where it is.
+    pub status: StepStatus,
+    /// Calls so far, persisted *before* each call so that a crash does not
+    /// reset the count.
+    pub attempt_count: u32,
+    /// When the first attempt started.
+    pub started_at: Option<Timestamp>,
+    /// When it completed.
+    pub completed_at: Option<Timestamp>,
+    /// Its output, as JSON, once completed.
+    pub output: Option<Value>,
+    /// The last error of the step.
+    pub error: Option<String>,
+    /// The last error of its compensation.
+    pub compensation_error: Option<String>,
+    /// Compensation calls so far.
+    #[serde(default)]
+    pub compensation_attempts: u32,
+    /// The trace id of the task, recorded when the step failed or its
+    /// compensation failed, to find the matching spans.
+    pub trace_id: Option<String>,
+    /// `attempt_count` when the current retry budget started (a requeue from
+    /// the dead-letter queue starts a new budget without reusing attempt
+    /// numbers, so idempotency keys stay unique).
+    #[serde(default)]
+    pub retry_base: u32,
+}
+
+impl StepRecord {
+    /// A fresh, pending record.
+    pub fn new(name: impl Into<String>, order: u32) -> Self {
+        StepRecord {
+            name: name.into(),
+            order,
+            status: StepStatus::Pending,
+            attempt_count: 0,
+            started_at: None,
+            completed_at: None,
+            output: None,
+            error: None,
+            compensation_error: None,
+            compensation_attempts: 0,
+            trace_id: None,
+            retry_base: 0,
+        }
+    }
+}
+
+/// What an [`AuditEntry`] records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind")]
+pub enum AuditAction {
+    /// The task's status changed.
+    StatusChanged {
+        /// Before.
+        from: TaskStatus,
+        /// After.
+        to: TaskStatus,
+    },
+    /// A step attempt started.
+    AttemptStarted,
+    /// A step attempt failed; `retry_in_ms` is set when a retry follows.
+    AttemptFailed {
+        /// The delay before the next attempt, if any.
+        retry_in_ms: Option<u64>,
+        /// Whether the error was permanent.
+        permanent: bool,
+    },
+    /// The circuit breaker rejected the step without calling it.
+    CircuitOpen,
+    /// A step completed.
+    StepCompleted,
+    /// A compensation attempt failed; `retry_in_ms` is set when a retry follows.
+    CompensationAttemptFailed {
+        /// The delay before the next attempt, if any.
+        retry_in_ms: Option<u64>,
+    },
+    /// A step was compensated.
+    StepCompensated,
+    /// A compensation failed for good. `details` holds step, error, trace id
+    /// and attempt count as JSON.
+    CompensationFailed,
+    /// Someone asked to cancel the task.
+    CancellationRequested,
+    /// The task's message went to the dead-letter queue.
+    DeadLettered,
+    /// An operator requeued the task from the dead-letter queue.
+    Requeued,
+    /// An attempt's idempotency key was already claimed (a duplicate
+    /// delivery); the attempt was counted as failed rather than run twice.
+    DuplicateAttempt,
+}
+
+/// One line of a task's audit log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// When.
+    pub at: Timestamp,
+    /// What.
+    #[serde(flatten)]
+    pub action: AuditAction,
+    /// The step concerned, if any.
+    pub step: Option<String>,
+    /// The attempt concerned, if any.
+    pub attempt: Option<u32>,
+    /// The error, if any.
+    pub error: Option<String>,
+    /// The task's trace id, where it helps correlate with logs.
+    pub trace_id: Option<String>,
+    /// Free-form details (JSON for `CompensationFailed`).
+    pub details: Option<String>,
+}
+
+impl AuditEntry {
+    /// An entry stamped now with only its action set.
+    pub fn new(action: AuditAction) -> Self {
+        AuditEntry {
+            at: Timestamp::now(),
+            action,
+            step: None,
+            attempt: None,
+            error: None,
+            trace_id: None,
+            details: None,
+        }
+    }
+
+    pub(crate) fn step(mut self, step: &str) -> Self {
+        self.step = Some(step.to_owned());
+        self
+    }
+
+    pub(crate) fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = Some(attempt);
+        self
+    }
+
+    pub(crate) fn error(mut self, error: impl Into<String>) -> Self {
+        self.error = Some(error.into());
+        self
+    }
+
+    pub(crate) fn trace(mut self, trace_id: &str) -> Self {
+        self.trace_id = Some(trace_id.to_owned());
+        self
+    }
+
+    pub(crate) fn details(mut self, details: impl Into<String>) -> Self {
+        self.details = Some(details.into());
+        self
+    }
+}
+
+/// One execution of a saga, as persisted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskInstance {
+    /// Its id.
+    pub id: TaskId,
+    /// The saga's name.
+    pub saga: String,
+    /// Where it is.
+    pub status: TaskStatus,
+    /// The saga's input, as JSON.
+    pub input: Value,
+    /// The saga's output (the last step's output), once completed.
+    pub output: Option<Value>,
+    /// One record per step, in step order.
+    pub steps: Vec<StepRecord>,
+    /// Every status change, attempt failure, compensation and operator action.
+    pub audit_log: Vec<AuditEntry>,
+    /// Correlates this task's log lines and spans.
+    pub trace_id: String,
+    /// When it was started.
+    pub created_at: Timestamp,
+    /// When it was last written.
+    pub updated_at: Timestamp,
+    /// When it reached a terminal status.
+    pub finished_at: Option<Timestamp>,
+    /// When cancellation was requested.
+    pub cancelled_at: Option<Timestamp>,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
+    /// Incremented by every write; the store rejects a write whose version is
+    /// not the stored one.
+    pub version: u64,
+    /// Sequence number of the task's current message. A delivered message
+    /// whose sequence differs is a stale duplicate and is dropped.
+    pub seq: u64,
+}
+
+impl TaskInstance {
+    /// A pending task with one pending record per step.
+    pub fn new(saga: &str, input: Value, steps: impl IntoIterator<Item = (String, u32)>) -> Self {
+        let id = TaskId::new();
+        let now = Timestamp::now();
+        TaskInstance {
+            id,
+            saga: saga.to_owned(),
+            status: TaskStatus::Pending,
+            input,
+            output: None,
+            steps: steps
+                .into_iter()
+                .map(|(name, order)| StepRecord::new(name, order))
+                .collect(),
+            audit_log: Vec::new(),
+            trace_id: Uuid::new_v4().simple().to_string(),
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+            cancelled_at: None,
+            error: None,
+            version: 0,
+            seq: 0,
+        }
+    }
+
+    /// The step record named `name`.
+    pub fn step(&self, name: &str) -> Option<&StepRecord> {
+        self.steps.iter().find(|s| s.name == name)
+    }
+
+    /// Deserializes the saga's output.
+    pub fn output_as<T: serde::de::DeserializeOwned>(&self) -> Option<Result<T, serde_json::Error>> {
+        self.output.clone().map(serde_json::from_value)
+    }
+
+    /// Changes the status and records the change in the audit log.
+    pub fn set_status(&mut self, to: TaskStatus) {
+        if self.status == to {
+            return;
+        }
+        let from = self.status;
+        self.status = to;
+        if to.is_terminal() {
+            self.finished_at = Some(Timestamp::now());
+        } else {
+            self.finished_at = None;
+        }
+        self.audit(AuditEntry::new(AuditAction::StatusChanged { from, to }));
+    }
+
+    /// Appends an audit entry.
+    pub fn audit(&mut self, entry: AuditEntry) {
+        self.audit_log.push(entry);
+    }
+
+    /// The names of the steps whose status is `status`, in step order.
+    pub fn steps_with(&self, status: StepStatus) -> Vec<&str> {
+        self.steps
+            .iter()
+            .filter(|s| s.status == status)
+            .map(|s| s.name.as_str())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_changes_are_audited_and_terminal_ones_stamp_finished_at() {
+        let mut t = TaskInstance::new("s", Value::Null, [("a".to_owned(), 1)]);
+        t.set_status(TaskStatus::Running);
+        t.set_status(TaskStatus::Running);
+        assert!(t.finished_at.is_none());
+        t.set_status(TaskStatus::Completed);
+        assert!(t.finished_at.is_some());
+        let changes: Vec<_> = t.audit_log.iter().map(|e| e.action.clone()).collect();
+        assert_eq!(
+            changes,
+            [
+                AuditAction::StatusChanged { from: TaskStatus::Pending, to: TaskStatus::Running },
+                AuditAction::StatusChanged { from: TaskStatus::Running, to: TaskStatus::Completed },
+            ]
+        );
+    }
+
+    #[test]
+    fn records_round_trip_through_json() {
+        let mut t = TaskInstance::new("s", serde_json::json!({"k": 1}), [("a".to_owned(), 1)]);
+        t.audit(AuditEntry::new(AuditAction::AttemptFailed { retry_in_ms: Some(200), permanent: false }).step("a"));
+        let back: TaskInstance = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(t.id.to_string().parse::<TaskId>().unwrap(), t.id);
+    }
+}

@@ -1,0 +1,1 @@
+//! Examples and integration tests live in this package; the library is `saga-runtime`.
