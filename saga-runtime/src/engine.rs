@@ -1,32 +1,444 @@
-//! Engine (stub while the runtime is written).
-use crate::error::Error;
-use crate::task::{TaskId, TaskInstance};
-use crate::saga::{Saga, Cancellable};
+//! The engine: start, wait for, inspect and cancel tasks; run workers; manage
+//! the dead-letter queue.
 
-/// The engine.
-#[derive(Clone)]
-pub struct Engine {}
-/// Builder.
-pub struct EngineBuilder {}
-/// Cancel result.
-#[derive(Debug)]
-pub enum CancelResult { /// c
- Cancelled }
-/// Dead letter.
-pub struct DeadLetter {}
-impl Engine {
-    /// b
-    pub fn builder() -> EngineBuilder { EngineBuilder {} }
-    /// t
-    pub async fn tasks_of(&self, _saga: &str) -> Result<Vec<TaskInstance>, Error> { Ok(vec![]) }
-    /// s
-    pub async fn start<S: Saga>(&self, _input: S::Input) -> Result<TaskId, Error> { todo!() }
-    /// c
-    pub async fn cancel<S: Cancellable>(&self, _id: TaskId) -> Result<CancelResult, Error> { todo!() }
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::memory::MemoryBackend;
+use crate::backend::{Backend, QueueMessage, Settle};
+use crate::circuit::CircuitBreaker;
+use crate::error::Error;
+use crate::saga::{Cancellable, ErasedSaga, Saga};
+use crate::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
+use crate::worker;
+
+pub use crate::backend::DeadLetter;
+
+/// The result of [`Engine::cancel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum CancelResult {
+    /// Cancellation was recorded: the running step's token is signalled and
+    /// the completed steps will be compensated in reverse order; the task
+    /// ends `Cancelled` (or `CompensationFailed`).
+    Cancelled,
+    /// No such task.
+    NotFound,
+    /// The task already completed; nothing to cancel.
+    AlreadyCompleted,
+    /// Cancellation was already requested (or the task is cancelled).
+    AlreadyCancelled,
+    /// The task already ended another way (failed, compensated, dead-lettered)
+    /// or is compensating after a failure: cancelling has no meaning.
+    NotCancellable(TaskStatus),
 }
+
+/// Tunables shared by every worker of an engine.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub lock_ttl: Duration,
+    pub idempotency_ttl: Duration,
+    pub lock_retry_delay: Duration,
+    pub receive_wait: Duration,
+    pub cancel_poll: Duration,
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lock_ttl: Duration::from_secs(5 * 60),
+            idempotency_ttl: Duration::from_secs(24 * 60 * 60),
+            lock_retry_delay: Duration::from_millis(100),
+            receive_wait: Duration::from_secs(1),
+            cancel_poll: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Configures an [`Engine`].
+pub struct EngineBuilder {
+    backend: Option<Arc<dyn Backend>>,
+    sagas: Vec<Arc<dyn ErasedSaga>>,
+    workers: usize,
+    settings: Settings,
+}
+
 impl EngineBuilder {
-    /// s
-    pub fn saga<S: Saga>(self, _s: S) -> Self { self }
-    /// b
-    pub async fn build(self) -> Result<Engine, Error> { Ok(Engine {}) }
+    /// Registers a saga (its dependencies live in `saga`).
+    pub fn saga<S: Saga>(mut self, saga: S) -> Self {
+        self.sagas.push(Arc::new(saga));
+        self
+    }
+
+    /// Uses `backend` instead of a fresh [`MemoryBackend`].
+    pub fn backend(mut self, backend: impl Backend) -> Self {
+        self.backend = Some(Arc::new(backend));
+        self
+    }
+
+    /// Uses a shared backend.
+    pub fn backend_arc(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// Background workers started by [`build`](Self::build) (default 4).
+    /// Use 0 for a process that only starts and inspects tasks and leaves
+    /// the work to [`Engine::run_workers`] elsewhere.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// TTL of the task lock (default 5 minutes). The lock is extended while a
+    /// step runs, so this bounds how long a dead worker's task stays blocked.
+    pub fn lock_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.lock_ttl = ttl;
+        self
+    }
+
+    /// TTL of idempotency keys (default 24 hours).
+    pub fn idempotency_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.idempotency_ttl = ttl;
+        self
+    }
+
+    /// How soon a message for a locked task is tried again (default 100 ms;
+    /// backends with a visibility timeout may take longer).
+    pub fn lock_retry_delay(mut self, delay: Duration) -> Self {
+        self.settings.lock_retry_delay = delay;
+        self
+    }
+
+    /// How often a running step polls the backend for a cancellation request
+    /// made in another process (default 1 s). Requests made through this
+    /// engine reach the step at once.
+    pub fn cancel_poll_interval(mut self, interval: Duration) -> Self {
+        self.settings.cancel_poll = interval;
+        self
+    }
+
+    /// How long a graceful shutdown waits for running steps (default 30 s)
+    /// before handing their messages back for redelivery.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.settings.shutdown_grace = grace;
+        self
+    }
+
+    /// Builds the engine and starts its background workers.
+    pub async fn build(self) -> Result<Engine, Error> {
+        let mut sagas = HashMap::new();
+        for saga in self.sagas {
+            let name = saga.definition().name;
+            if sagas.insert(name, saga).is_some() {
+                return Err(Error::DuplicateSaga(name.to_owned()));
+            }
+        }
+        let backend = self
+            .backend
+            .unwrap_or_else(|| Arc::new(MemoryBackend::new()));
+        let inner = Arc::new(Inner {
+            backend,
+            sagas,
+            settings: self.settings,
+            breakers: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+        });
+        let listener = inner.clone();
+        let mut cancellations = inner.backend.cancellations().await?;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = listener.shutdown.cancelled() => return,
+                    next = cancellations.next() => match next {
+                        Some(id) => listener.signal_cancel(id),
+                        None => return,
+                    },
+                }
+            }
+        });
+        let engine = Engine {
+            inner: inner.clone(),
+            _owner: Arc::new(Owner(inner.shutdown.clone())),
+        };
+        for n in 0..self.workers {
+            let inner = inner.clone();
+            tokio::spawn(async move { worker::run(inner, format!("bg-{n}")).await });
+        }
+        Ok(engine)
+    }
+}
+
+/// Stops the background workers when the last [`Engine`] handle is dropped.
+struct Owner(CancellationToken);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+pub(crate) struct Inner {
+    pub backend: Arc<dyn Backend>,
+    pub sagas: HashMap<&'static str, Arc<dyn ErasedSaga>>,
+    pub settings: Settings,
+    breakers: Mutex<HashMap<(&'static str, &'static str), Arc<CircuitBreaker>>>,
+    running: Mutex<HashMap<TaskId, CancellationToken>>,
+    pub shutdown: CancellationToken,
+}
+
+impl Inner {
+    /// The breaker of one saga step, shared by every task of this engine.
+    pub fn breaker(&self, saga: &'static str, step: &crate::saga::StepDefinition) -> Option<Arc<CircuitBreaker>> {
+        let config = step.circuit_breaker?;
+        let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        Some(
+            breakers
+                .entry((saga, step.name))
+                .or_insert_with(|| Arc::new(CircuitBreaker::new(config)))
+                .clone(),
+        )
+    }
+
+    /// Registers the token of a task that starts running here.
+    pub fn register_running(&self, id: TaskId) -> CancellationToken {
+        let token = CancellationToken::new();
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, token.clone());
+        token
+    }
+
+    pub fn unregister_running(&self, id: TaskId) {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    fn signal_cancel(&self, id: TaskId) {
+        if let Some(token) = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+        {
+            token.cancel();
+        }
+    }
+}
+
+/// Starts, inspects and cancels tasks. Cheap to clone; every clone is the
+/// same engine. Dropping the last clone stops its background workers.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+    _owner: Arc<Owner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<_> = self.inner.sagas.keys().collect();
+        names.sort();
+        f.debug_struct("Engine").field("sagas", &names).finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// A builder with the in-memory backend and 4 background workers.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder {
+            backend: None,
+            sagas: Vec::new(),
+            workers: 4,
+            settings: Settings::default(),
+        }
+    }
+
+    /// The backend, for operators and tests.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// Starts a task of saga `S`; returns at once with its id.
+    pub async fn start<S: Saga>(&self, input: S::Input) -> Result<TaskId, Error> {
+        let def = S::definition();
+        if !self.inner.sagas.contains_key(def.name) {
+            return Err(Error::UnknownSaga(def.name.to_owned()));
+        }
+        let input = serde_json::to_value(input)?;
+        let steps = def.steps.iter().map(|s| (s.name.to_owned(), s.order));
+        let task = TaskInstance::new(def.name, input, steps);
+        let message = QueueMessage {
+            task_id: task.id,
+            saga: def.name.to_owned(),
+            seq: 0,
+        };
+        self.inner
+            .backend
+            .create_task(&task, &message.to_payload())
+            .await?;
+        tracing::info!(task_id = %task.id, saga = def.name, trace_id = %task.trace_id, "task started");
+        Ok(task.id)
+    }
+
+    /// A fresh copy of the task, if it exists.
+    pub async fn task(&self, id: TaskId) -> Result<Option<TaskInstance>, Error> {
+        Ok(self.inner.backend.load_task(id).await?)
+    }
+
+    /// Every task of the saga named `saga`.
+    pub async fn tasks_of(&self, saga: &str) -> Result<Vec<TaskInstance>, Error> {
+        Ok(self.inner.backend.list_tasks(saga).await?)
+    }
+
+    /// Waits until the task reaches a terminal status and returns it.
+    pub async fn wait(&self, id: TaskId) -> Result<TaskInstance, Error> {
+        loop {
+            match self.inner.backend.load_task(id).await? {
+                None => return Err(Error::TaskNotFound(id)),
+                Some(task) if task.status.is_terminal() => return Ok(task),
+                Some(_) => {
+                    self.inner
+                        .backend
+                        .wait_for_change(id, Duration::from_millis(50))
+                        .await
+                }
+            }
+        }
+    }
+
+    /// Requests cancellation of a task of a `#[cancellable]` saga.
+    ///
+    /// Returns once the request is recorded: the running step's
+    /// [`StepContext::cancelled`](crate::StepContext::cancelled) fires (in
+    /// whichever process runs it), then the completed steps are compensated
+    /// in reverse order. [`wait`](Self::wait) for the final status.
+    pub async fn cancel<S: Cancellable>(&self, id: TaskId) -> Result<CancelResult, Error> {
+        self.cancel_by_name(S::NAME, id).await
+    }
+
+    /// [`cancel`](Self::cancel) by saga name, for callers that only have the
+    /// name (the HTTP routes). Fails with [`Error::UnknownSaga`] when the
+    /// saga is not registered and with [`Error::NotCancellable`]-like
+    /// `WrongSaga` when the task belongs to another saga.
+    pub(crate) async fn cancel_by_name(&self, saga: &str, id: TaskId) -> Result<CancelResult, Error> {
+        let Some(task) = self.inner.backend.load_task(id).await? else {
+            return Ok(CancelResult::NotFound);
+        };
+        if task.saga != saga {
+            return Err(Error::WrongSaga {
+                task: id,
+                expected: saga.to_owned(),
+                actual: task.saga,
+            });
+        }
+        match task.status {
+            TaskStatus::Completed => return Ok(CancelResult::AlreadyCompleted),
+            TaskStatus::Cancelled => return Ok(CancelResult::AlreadyCancelled),
+            _ if task.cancelled_at.is_some() => return Ok(CancelResult::AlreadyCancelled),
+            TaskStatus::Pending | TaskStatus::Running => {}
+            other => return Ok(CancelResult::NotCancellable(other)),
+        }
+        if self.inner.backend.request_cancel(id).await?.is_some() {
+            return Ok(CancelResult::AlreadyCancelled);
+        }
+        self.inner.signal_cancel(id);
+        tracing::info!(task_id = %id, saga, "cancellation requested");
+        Ok(CancelResult::Cancelled)
+    }
+
+    /// Runs `n` workers in this task until Ctrl-C or [`shutdown`](Self::shutdown).
+    ///
+    /// Use it in worker processes (with `.workers(0)` on the builder). On
+    /// shutdown the workers stop taking messages and finish their current
+    /// step within the grace period; a step still running then is abandoned
+    /// and its message redelivered to another worker.
+    pub async fn run_workers(&self, n: usize) -> Result<(), Error> {
+        let mut set = JoinSet::new();
+        for i in 0..n {
+            let inner = self.inner.clone();
+            set.spawn(async move { worker::run(inner, format!("fg-{i}")).await });
+        }
+        let shutdown = self.inner.shutdown.clone();
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("Ctrl-C: stopping workers");
+                shutdown.cancel();
+            }
+        }
+        while set.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    /// Stops every worker of this engine (background and `run_workers`).
+    pub fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+
+    /// The messages parked on the dead-letter queue.
+    pub async fn dead_letters(&self) -> Result<Vec<DeadLetter>, Error> {
+        Ok(self.inner.backend.dead_letters().await?)
+    }
+
+    /// Puts a dead-lettered message back on the queue.
+    ///
+    /// For a task parked by `on_exhausted = dead_letter`, the failed step gets
+    /// a fresh retry budget (attempt numbers keep counting, so idempotency
+    /// keys stay unique) and the task resumes `Running`.
+    pub async fn requeue(&self, dead_letter_id: &str) -> Result<(), Error> {
+        let backend = &self.inner.backend;
+        let letter = backend
+            .take_dead_letter(dead_letter_id)
+            .await?
+            .ok_or_else(|| Error::DeadLetterNotFound(dead_letter_id.to_owned()))?;
+        let resumable = match letter.task_id {
+            Some(id) => backend
+                .load_task(id)
+                .await?
+                .filter(|t| t.status == TaskStatus::DeadLettered),
+            None => None,
+        };
+        let Some(task) = resumable else {
+            backend.enqueue(&letter.payload).await?;
+            return Ok(());
+        };
+        let lease = loop {
+            if let Some(lease) = backend.try_lock(task.id, self.inner.settings.lock_ttl).await? {
+                break lease;
+            }
+            tokio::time::sleep(self.inner.settings.lock_retry_delay).await;
+        };
+        let Some(mut task) = backend.load_task(task.id).await? else {
+            backend.unlock(&lease).await?;
+            return Err(Error::TaskNotFound(task.id));
+        };
+        for step in task.steps.iter_mut().filter(|s| s.status == StepStatus::Failed) {
+            step.status = StepStatus::Pending;
+            step.retry_base = step.attempt_count;
+        }
+        task.error = None;
+        task.audit(AuditEntry::new(AuditAction::Requeued).details(format!("dead letter {dead_letter_id}")));
+        task.set_status(TaskStatus::Running);
+        task.seq += 1;
+        let message = QueueMessage {
+            task_id: task.id,
+            saga: task.saga.clone(),
+            seq: task.seq,
+        };
+        backend
+            .commit(&task, &lease, Some(&message.to_payload()), Settle::Nothing)
+            .await?;
+        Ok(())
+    }
 }

@@ -206,8 +206,6 @@ pub enum AuditAction {
         /// After.
         to: TaskStatus,
     },
-    /// A step attempt started.
-    AttemptStarted,
     /// A step attempt failed; `retry_in_ms` is set when a retry follows.
     AttemptFailed {
         /// The delay before the next attempt, if any.

@@ -1,1 +1,617 @@
+//! The step loop: what a worker does with one message.
+//!
+//! A message says "advance task T". The worker takes the task's lock (or hands
+//! the message back for later: it never waits), loads the task, runs the one
+//! action its status calls for (the next step, with its retries; or the next
+//! compensation), then commits the result, the next message and the
+//! acknowledgement in one atomic write. A crash anywhere before that write
+//! leaves the message unacknowledged, so it is delivered again and the action
+//! resumes from what was persisted: attempt counts are written before every
+//! call, and a step whose completion was recorded is never run again.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::backend::{BackendError, Delivery, Lease, QueueMessage, Settle};
+use crate::context::StepContext;
+use crate::engine::Inner;
+use crate::error::StepErrorKind;
+use crate::policy::{Backoff, OnExhausted};
+use crate::saga::{ErasedSaga, SagaDefinition};
+use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp};
+
+/// Pulls messages until the engine shuts down.
+pub(crate) async fn run(inner: Arc<Inner>, name: String) {
+    let consumer = format!("{}-{}", std::process::id(), name);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let received = tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            r = inner.backend.receive(&consumer, inner.settings.receive_wait) => r,
+        };
+        match received {
+            Ok(Some(delivery)) => {
+                backoff = Duration::from_millis(50);
+                let grace = async {
+                    inner.shutdown.cancelled().await;
+                    tokio::time::sleep(inner.settings.shutdown_grace).await;
+                };
+                tokio::select! {
+                    _ = handle(&inner, &delivery) => {}
+                    _ = grace => {
+                        tracing::warn!(message = %delivery.id, "shutdown grace period over; handing the message back");
+                        let _ = inner.backend.release(&delivery, Duration::ZERO).await;
+                        return;
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%error, "receiving a message failed; retrying");
+                tokio::select! {
+                    _ = inner.shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Releases the lock if processing stops before the commit did (an error, or
+/// the future being dropped at shutdown), so the task is not blocked for a
+/// whole TTL.
+struct LeaseGuard {
+    inner: Arc<Inner>,
+    lease: Option<Lease>,
+}
+
+impl LeaseGuard {
+    fn disarm(&mut self) {
+        self.lease = None;
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if let (Some(lease), Ok(handle)) = (self.lease.take(), tokio::runtime::Handle::try_current()) {
+            let backend = self.inner.backend.clone();
+            handle.spawn(async move {
+                let _ = backend.unlock(&lease).await;
+            });
+        }
+    }
+}
+
+async fn dead_letter(inner: &Inner, delivery: &Delivery, reason: String, task: Option<crate::task::TaskId>) {
+    tracing::error!(message = %delivery.id, %reason, "dead-lettering message");
+    if let Err(error) = inner.backend.dead_letter(delivery, &reason, task).await {
+        tracing::warn!(%error, "dead-lettering failed; the message will be redelivered");
+    }
+}
+
+async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
+    let message: QueueMessage = match serde_json::from_str(&delivery.payload) {
+        Ok(m) => m,
+        Err(e) => {
+            let reason = format!("malformed message (expected {{\"task_id\", \"saga\", \"seq\"}}): {e}");
+            return dead_letter(inner, delivery, reason, None).await;
+        }
+    };
+    let Some(saga) = inner.sagas.get(message.saga.as_str()).cloned() else {
+        let mut known: Vec<_> = inner.sagas.keys().copied().collect();
+        known.sort_unstable();
+        let reason = format!(
+            "unknown saga `{}`: this worker runs [{}]; requeue it once a worker that knows it is deployed",
+            message.saga,
+            known.join(", ")
+        );
+        return dead_letter(inner, delivery, reason, Some(message.task_id)).await;
+    };
+    let backend = &inner.backend;
+    let lease = match backend.try_lock(message.task_id, inner.settings.lock_ttl).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => {
+            tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
+            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "locking failed; message handed back");
+            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+            return;
+        }
+    };
+    let mut guard = LeaseGuard {
+        inner: inner.clone(),
+        lease: Some(lease.clone()),
+    };
+    let task = match backend.load_task(message.task_id).await {
+        Ok(Some(task)) => task,
+        Ok(None) => {
+            let reason = format!("task {} does not exist", message.task_id);
+            return dead_letter(inner, delivery, reason, Some(message.task_id)).await;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "loading the task failed; message handed back");
+            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+            return;
+        }
+    };
+    if task.saga != message.saga {
+        let reason = format!(
+            "message names saga `{}` but task {} belongs to `{}`",
+            message.saga, task.id, task.saga
+        );
+        return dead_letter(inner, delivery, reason, Some(task.id)).await;
+    }
+    if task.seq != message.seq || task.status.is_terminal() {
+        tracing::debug!(task_id = %task.id, "stale duplicate message acknowledged");
+        let _ = backend.ack(delivery).await;
+        return;
+    }
+    let id = task.id;
+    let token = inner.register_running(id);
+    let run = Run {
+        inner,
+        saga: saga.as_ref(),
+        def: saga.definition(),
+        lease: &lease,
+        delivery,
+        token,
+    };
+    let result = run.advance(task).await;
+    inner.unregister_running(id);
+    match result {
+        Ok(()) => guard.disarm(),
+        Err(error) => {
+            tracing::warn!(task_id = %id, %error, "could not record the outcome; the message will be redelivered");
+            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+        }
+    }
+}
+
+/// What a run of attempts ended with.
+enum Attempted {
+    Succeeded(Value),
+    Cancelled(String),
+    Exhausted { error: String, invalid_payload: bool },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Step,
+    Compensation,
+}
+
+struct Run<'a> {
+    inner: &'a Arc<Inner>,
+    saga: &'a dyn ErasedSaga,
+    def: &'static SagaDefinition,
+    lease: &'a Lease,
+    delivery: &'a Delivery,
+    token: CancellationToken,
+}
+
+impl Run<'_> {
+    async fn advance(&self, mut task: TaskInstance) -> Result<(), BackendError> {
+        let mut settle_reason = None;
+        if task.cancelled_at.is_none() && matches!(task.status, TaskStatus::Pending | TaskStatus::Running) {
+            if let Some(at) = self.inner.backend.cancel_requested(task.id).await? {
+                self.begin_cancel(&mut task, at);
+            }
+        }
+        match task.status {
+            TaskStatus::Pending | TaskStatus::Running => {
+                settle_reason = self.run_next_step(&mut task).await?;
+            }
+            TaskStatus::Compensating => self.compensate_next(&mut task).await?,
+            _ => {}
+        }
+        self.commit(task, settle_reason).await
+    }
+
+    /// Writes the outcome, the next message and the acknowledgement at once.
+    async fn commit(&self, mut task: TaskInstance, dead_letter: Option<String>) -> Result<(), BackendError> {
+        let next = (!task.status.is_terminal()).then(|| {
+            task.seq += 1;
+            QueueMessage {
+                task_id: task.id,
+                saga: task.saga.clone(),
+                seq: task.seq,
+            }
+            .to_payload()
+        });
+        let settle = match &dead_letter {
+            Some(reason) => Settle::DeadLetter(self.delivery, reason),
+            None => Settle::Ack(self.delivery),
+        };
+        self.inner
+            .backend
+            .commit(&task, self.lease, next.as_deref(), settle)
+            .await?;
+        if task.status.is_terminal() {
+            tracing::info!(task_id = %task.id, saga = self.def.name, status = %task.status, "task finished");
+        }
+        Ok(())
+    }
+
+    fn begin_cancel(&self, task: &mut TaskInstance, at: Timestamp) {
+        task.cancelled_at = Some(at);
+        task.audit(AuditEntry::new(AuditAction::CancellationRequested).trace(&task.trace_id.clone()));
+        self.finish_or_compensate(task);
+    }
+
+    /// Moves to `Compensating` if a completed step has a compensation, else
+    /// straight to the final status.
+    fn finish_or_compensate(&self, task: &mut TaskInstance) {
+        if self.next_compensable(task).is_some() {
+            task.set_status(TaskStatus::Compensating);
+        } else if task.cancelled_at.is_some() {
+            task.set_status(TaskStatus::Cancelled);
+        } else {
+            task.set_status(TaskStatus::Compensated);
+        }
+    }
+
+    /// The last completed step that has a compensation (or whose compensation
+    /// was interrupted by a crash).
+    fn next_compensable(&self, task: &TaskInstance) -> Option<usize> {
+        task.steps.iter().enumerate().rev().find_map(|(i, rec)| {
+            let has = self.def.steps.get(i).is_some_and(|d| d.compensation.is_some());
+            (has && matches!(rec.status, StepStatus::Completed | StepStatus::Compensating)).then_some(i)
+        })
+    }
+
+    /// Runs the next step; returns a dead-letter reason when the task is parked.
+    async fn run_next_step(&self, task: &mut TaskInstance) -> Result<Option<String>, BackendError> {
+        let Some(idx) = task.steps.iter().position(|s| s.status != StepStatus::Completed) else {
+            task.set_status(TaskStatus::Completed);
+            return Ok(None);
+        };
+        let input = match idx {
+            0 => task.input.clone(),
+            _ => task.steps[idx - 1].output.clone().unwrap_or(Value::Null),
+        };
+        let step_def = &self.def.steps[idx];
+        let outcome = self.attempts(task, idx, Phase::Step, input).await?;
+        let name = step_def.name;
+        match outcome {
+            Attempted::Succeeded(output) => {
+                let rec = &mut task.steps[idx];
+                rec.status = StepStatus::Completed;
+                rec.completed_at = Some(Timestamp::now());
+                rec.output = Some(output.clone());
+                let attempt = rec.attempt_count;
+                task.audit(AuditEntry::new(AuditAction::StepCompleted).step(name).attempt(attempt));
+                if let Some(at) = self.inner.backend.cancel_requested(task.id).await? {
+                    self.begin_cancel(task, at);
+                } else if idx + 1 == task.steps.len() {
+                    task.output = Some(output);
+                    task.set_status(TaskStatus::Completed);
+                } else {
+                    task.set_status(TaskStatus::Running);
+                }
+                Ok(None)
+            }
+            Attempted::Cancelled(error) => {
+                let rec = &mut task.steps[idx];
+                rec.status = StepStatus::Failed;
+                rec.error = Some(format!("cancelled: {error}"));
+                let at = self
+                    .inner
+                    .backend
+                    .cancel_requested(task.id)
+                    .await?
+                    .unwrap_or_else(Timestamp::now);
+                self.begin_cancel(task, at);
+                Ok(None)
+            }
+            Attempted::Exhausted { error, invalid_payload } => {
+                let trace_id = task.trace_id.clone();
+                let rec = &mut task.steps[idx];
+                rec.status = StepStatus::Failed;
+                rec.error = Some(error.clone());
+                rec.trace_id = Some(trace_id);
+                task.error = Some(format!("step `{name}` failed: {error}"));
+                let action = if invalid_payload {
+                    OnExhausted::DeadLetter
+                } else {
+                    step_def.retry.on_exhausted
+                };
+                match action {
+                    OnExhausted::Compensate => {
+                        self.finish_or_compensate(task);
+                        Ok(None)
+                    }
+                    OnExhausted::Fail => {
+                        task.set_status(TaskStatus::Failed);
+                        Ok(None)
+                    }
+                    OnExhausted::DeadLetter => {
+                        let reason = format!("saga `{}` step `{name}`: {error}", self.def.name);
+                        task.audit(AuditEntry::new(AuditAction::DeadLettered).step(name).error(&reason));
+                        task.set_status(TaskStatus::DeadLettered);
+                        Ok(Some(reason))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the next compensation, in reverse step order.
+    async fn compensate_next(&self, task: &mut TaskInstance) -> Result<(), BackendError> {
+        let Some(idx) = self.next_compensable(task) else {
+            self.finish_or_compensate(task);
+            return Ok(());
+        };
+        let output = task.steps[idx].output.clone().unwrap_or(Value::Null);
+        let step_name = self.def.steps[idx].name;
+        match self.attempts(task, idx, Phase::Compensation, output).await? {
+            Attempted::Succeeded(_) => {
+                let rec = &mut task.steps[idx];
+                rec.status = StepStatus::Compensated;
+                let attempt = rec.compensation_attempts;
+                task.audit(AuditEntry::new(AuditAction::StepCompensated).step(step_name).attempt(attempt));
+                if self.next_compensable(task).is_none() {
+                    self.finish_or_compensate(task);
+                }
+            }
+            Attempted::Cancelled(error) | Attempted::Exhausted { error, .. } => {
+                let trace_id = task.trace_id.clone();
+                let rec = &mut task.steps[idx];
+                rec.status = StepStatus::CompensationFailed;
+                rec.compensation_error = Some(error.clone());
+                rec.trace_id = Some(trace_id.clone());
+                let details = json!({
+                    "step": step_name,
+                    "error": error,
+                    "trace_id": trace_id,
+                    "attempt_count": rec.attempt_count,
+                    "compensation_attempts": rec.compensation_attempts,
+                });
+                let attempts = rec.compensation_attempts;
+                tracing::error!(
+                    task_id = %task.id, saga = self.def.name, step = step_name, %trace_id, %error,
+                    "compensation FAILED; manual intervention required"
+                );
+                task.error = Some(format!("compensation of step `{step_name}` failed: {error}"));
+                task.audit(
+                    AuditEntry::new(AuditAction::CompensationFailed)
+                        .step(step_name)
+                        .attempt(attempts)
+                        .error(&error)
+                        .trace(&trace_id)
+                        .details(details.to_string()),
+                );
+                task.set_status(TaskStatus::CompensationFailed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls a step (or its compensation) under its retry policy, circuit
+    /// breaker and idempotency guard, persisting each attempt before the call.
+    async fn attempts(
+        &self,
+        task: &mut TaskInstance,
+        idx: usize,
+        phase: Phase,
+        input: Value,
+    ) -> Result<Attempted, BackendError> {
+        let step_def = &self.def.steps[idx];
+        let (policy, method) = match (phase, &step_def.compensation) {
+            (Phase::Compensation, Some(c)) => (c.retry, c.name),
+            _ => (step_def.retry, step_def.name),
+        };
+        let breaker = match phase {
+            Phase::Step => self.inner.breaker(self.def.name, step_def),
+            Phase::Compensation => None,
+        };
+        let token = match phase {
+            Phase::Step => self.token.clone(),
+            // Compensation undoes work; cancelling it would leave things
+            // half-undone, so it never sees the task's cancellation.
+            Phase::Compensation => CancellationToken::new(),
+        };
+        loop {
+            let rec = &task.steps[idx];
+            let used = match phase {
+                Phase::Step => rec.attempt_count - rec.retry_base,
+                Phase::Compensation => rec.compensation_attempts,
+            };
+            if used > policy.max_retries {
+                // A worker died during the last allowed attempt.
+                return Ok(Attempted::Exhausted {
+                    error: rec
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| format!("retries exhausted: attempt {used} did not report back")),
+                    invalid_payload: false,
+                });
+            }
+            let permit = match breaker.as_deref().map(|b| b.try_acquire()) {
+                Some(Err(open)) => {
+                    let error = format!("{open}");
+                    task.audit(AuditEntry::new(AuditAction::CircuitOpen).step(method).error(&error));
+                    return Ok(Attempted::Exhausted {
+                        error,
+                        invalid_payload: false,
+                    });
+                }
+                Some(Ok(permit)) => Some(permit),
+                None => None,
+            };
+
+            // Persist the attempt before the call, so a crash does not reset it.
+            let rec = &mut task.steps[idx];
+            let attempt = match phase {
+                Phase::Step => {
+                    rec.attempt_count += 1;
+                    rec.status = StepStatus::Running;
+                    rec.started_at.get_or_insert_with(Timestamp::now);
+                    rec.attempt_count
+                }
+                Phase::Compensation => {
+                    rec.compensation_attempts += 1;
+                    rec.status = StepStatus::Compensating;
+                    rec.compensation_attempts
+                }
+            };
+            if phase == Phase::Step && task.status == TaskStatus::Pending {
+                task.set_status(TaskStatus::Running);
+            }
+            let key = format!("{}:{}:{}", task.id, method, attempt);
+            let (version, claimed) = self
+                .inner
+                .backend
+                .save_and_claim(task, self.lease, &key, self.inner.settings.idempotency_ttl)
+                .await?;
+            task.version = version;
+
+            let failure = if !claimed {
+                drop(permit);
+                task.audit(AuditEntry::new(AuditAction::DuplicateAttempt).step(method).attempt(attempt));
+                format!("idempotency key {key} was already claimed; attempt counted as failed instead of running twice")
+            } else {
+                let ctx = StepContext {
+                    task_id: task.id,
+                    saga: self.def.name,
+                    step: method,
+                    attempt,
+                    trace_id: task.trace_id.clone(),
+                    token: token.clone(),
+                };
+                let span = tracing::info_span!(
+                    "saga_step",
+                    task_id = %task.id,
+                    saga = self.def.name,
+                    step = method,
+                    attempt,
+                    trace_id = %task.trace_id,
+                    compensation = phase == Phase::Compensation,
+                );
+                let call = async {
+                    match phase {
+                        Phase::Step => self.saga.execute_step(step_def.order, input.clone(), &ctx).await,
+                        Phase::Compensation => self
+                            .saga
+                            .compensate_step(step_def.order, input.clone(), &ctx)
+                            .await
+                            .map(|()| Value::Null),
+                    }
+                }
+                .instrument(span);
+                let result = tokio::select! {
+                    r = call => r,
+                    lost = self.keep_alive() => return Err(lost),
+                };
+                let error = match result {
+                    Ok(value) => {
+                        if let Some(p) = permit {
+                            p.success();
+                        }
+                        return Ok(Attempted::Succeeded(value));
+                    }
+                    Err(error) => error,
+                };
+                let text = error.to_string();
+                match phase {
+                    Phase::Step => task.steps[idx].error = Some(text.clone()),
+                    Phase::Compensation => task.steps[idx].compensation_error = Some(text.clone()),
+                }
+                if error.kind() == StepErrorKind::InvalidPayload {
+                    return Ok(Attempted::Exhausted {
+                        error: text,
+                        invalid_payload: true,
+                    });
+                }
+                if phase == Phase::Step && token.is_cancelled() {
+                    return Ok(Attempted::Cancelled(text));
+                }
+                match (permit, error.is_transient()) {
+                    (Some(p), true) => p.failure(),
+                    // A permanent error proves the endpoint answered.
+                    (Some(p), false) => p.success(),
+                    (None, _) => {}
+                }
+                if !error.is_transient() {
+                    task.audit(failed(phase, method, attempt, &text, None, true));
+                    return Ok(Attempted::Exhausted {
+                        error: text,
+                        invalid_payload: false,
+                    });
+                }
+                text
+            };
+
+            let Some(delay) = policy.schedule(used).next_backoff() else {
+                task.audit(failed(phase, method, attempt, &failure, None, false));
+                return Ok(Attempted::Exhausted {
+                    error: failure,
+                    invalid_payload: false,
+                });
+            };
+            task.audit(failed(phase, method, attempt, &failure, Some(delay), false));
+            tracing::debug!(task_id = %task.id, step = method, attempt, ?delay, error = %failure, "attempt failed; retrying");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = token.cancelled() => return Ok(Attempted::Cancelled(format!("while waiting to retry after: {failure}"))),
+                lost = self.keep_alive() => return Err(lost),
+            }
+        }
+    }
+
+    /// Keeps the lease and the message alive while a step runs or waits, and
+    /// relays cancellation requested in another process. Completes only when
+    /// the lease is lost.
+    async fn keep_alive(&self) -> BackendError {
+        let settings = &self.inner.settings;
+        let backend = &self.inner.backend;
+        let extend_every = settings.lock_ttl / 3;
+        let tick = extend_every.min(settings.cancel_poll).max(Duration::from_millis(10));
+        let mut last_extension = Instant::now();
+        loop {
+            tokio::time::sleep(tick).await;
+            if last_extension.elapsed() >= extend_every {
+                match backend.extend_lock(self.lease, settings.lock_ttl).await {
+                    Ok(true) => last_extension = Instant::now(),
+                    Ok(false) => {
+                        return BackendError::LockLost {
+                            task: self.lease.task_id,
+                            fence: self.lease.fence,
+                        }
+                    }
+                    Err(error) => tracing::warn!(%error, "extending the task lock failed; will retry"),
+                }
+                let _ = backend.touch(self.delivery).await;
+            }
+            if !self.token.is_cancelled() {
+                if let Ok(Some(_)) = backend.cancel_requested(self.lease.task_id).await {
+                    self.token.cancel();
+                }
+            }
+        }
+    }
+}
+
+fn failed(
+    phase: Phase,
+    step: &str,
+    attempt: u32,
+    error: &str,
+    retry_in: Option<Duration>,
+    permanent: bool,
+) -> AuditEntry {
+    let retry_in_ms = retry_in.map(|d| d.as_millis() as u64);
+    let action = match phase {
+        Phase::Step => AuditAction::AttemptFailed { retry_in_ms, permanent },
+        Phase::Compensation => AuditAction::CompensationAttemptFailed { retry_in_ms },
+    };
+    AuditEntry::new(action).step(step).attempt(attempt).error(error)
+}

@@ -1,7 +1,236 @@
-//! Storage backends.
+//! Storage backends: where tasks, locks, idempotency keys, the work queue and
+//! the dead-letter queue live.
+//!
+//! The engine talks to one [`Backend`]. Its operations are shaped around what
+//! the engine needs to keep the invariants, not around a key-value API, so that
+//! a backend can make each of them one atomic round trip (the Redis backend
+//! runs most as one script):
+//!
+//! - [`Backend::create_task`] stores a task and enqueues its first message;
+//! - [`Backend::save_and_claim`] persists the attempt count *before* a call and
+//!   claims the attempt's idempotency key;
+//! - [`Backend::commit`] records a step's result, enqueues the next message,
+//!   acknowledges (or dead-letters) the current one and releases the lock.
+//!
+//! Every write of a task carries the [`Lease`] it was made under: a write whose
+//! fencing token is not the latest one issued for the task is refused, so a
+//! worker that lost its lock (a long GC pause, a partition) cannot overwrite
+//! the work of the worker that took over.
+
 pub mod memory;
 
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+use crate::task::{TaskId, TaskInstance, Timestamp};
+
+/// A held task lock: a lease, not a mutex. It expires after its TTL unless
+/// extended, and a newer lease makes this one's writes fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The task locked.
+    pub task_id: TaskId,
+    /// Random token that only this holder knows; release and extension
+    /// compare it.
+    pub token: String,
+    /// Monotonically increasing per task: every acquisition gets a larger one.
+    pub fence: u64,
+}
+
+/// A message handed to a worker; acknowledge it, release it or dead-letter it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// Backend-assigned id (a stream entry id for Redis).
+    pub id: String,
+    /// The raw payload (JSON of [`QueueMessage`] when well-formed).
+    pub payload: String,
+    /// How many times this message was delivered, this time included.
+    pub delivery_count: u64,
+}
+
+/// What the work queue carries: "advance task `task_id` of saga `saga`".
+///
+/// The task record decides what advancing means; `seq` lets a worker tell a
+/// stale duplicate (whose effect is already recorded) from the live message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueMessage {
+    /// The task.
+    pub task_id: TaskId,
+    /// The saga the task belongs to.
+    pub saga: String,
+    /// The task's sequence number when this message was enqueued.
+    pub seq: u64,
+}
+
+impl QueueMessage {
+    /// The JSON payload.
+    pub fn to_payload(&self) -> String {
+        serde_json::to_string(self).expect("a QueueMessage always serializes")
+    }
+}
+
+/// A message parked for manual inspection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Id to requeue it by.
+    pub id: String,
+    /// The raw payload, exactly as it was received.
+    pub payload: String,
+    /// Why it was parked.
+    pub reason: String,
+    /// The task it concerns, when the payload named one.
+    pub task_id: Option<TaskId>,
+    /// When it was parked.
+    pub at: Timestamp,
+}
+
+/// How [`Backend::commit`] settles the message being processed.
+#[derive(Debug, Clone, Copy)]
+pub enum Settle<'a> {
+    /// Nothing to settle (an operator action, not a delivery).
+    Nothing,
+    /// Acknowledge it: its effect is recorded.
+    Ack(&'a Delivery),
+    /// Acknowledge it and park a copy on the dead-letter queue.
+    DeadLetter(&'a Delivery, &'a str),
+}
+
 /// A backend failure.
-#[derive(Debug, thiserror::Error)]
-#[error("backend: {0}")]
-pub struct BackendError(pub String);
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The stored version is not the one the write was based on.
+    #[error("task {task}: version conflict (expected {expected}, found {actual})")]
+    Conflict {
+        /// The task.
+        task: TaskId,
+        /// The version the write was based on.
+        expected: u64,
+        /// The stored version.
+        actual: u64,
+    },
+    /// The lease is no longer the latest for the task: another worker took
+    /// the lock after it expired. The write was refused.
+    #[error("task {task}: lock lost (fencing token {fence} is stale)")]
+    LockLost {
+        /// The task.
+        task: TaskId,
+        /// The stale fencing token.
+        fence: u64,
+    },
+    /// The task does not exist.
+    #[error("task {0} does not exist")]
+    NotFound(TaskId),
+    /// A stored value could not be read.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+    /// The backend could not be reached or failed.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A store for tasks, locks, idempotency keys and queues.
+///
+/// Every implementation must pass the conformance suite in
+/// `tests/conformance.rs`. Loads return fresh copies.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Stores a new task (version 0 -> 1) and enqueues `message`, atomically.
+    async fn create_task(&self, task: &TaskInstance, message: &str) -> Result<(), BackendError>;
+
+    /// A fresh copy of the task.
+    async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError>;
+
+    /// Every task of `saga` (for reconciliation and operators).
+    async fn list_tasks(&self, saga: &str) -> Result<Vec<TaskInstance>, BackendError>;
+
+    /// Writes `task` if the stored version is `task.version` and `lease` is
+    /// the task's latest lease; claims the idempotency key `claim` (`SET NX`
+    /// with `ttl`) in the same step. Returns the new version and whether the
+    /// claim was won. The write happens even when the claim is lost.
+    async fn save_and_claim(
+        &self,
+        task: &TaskInstance,
+        lease: &Lease,
+        claim: &str,
+        ttl: Duration,
+    ) -> Result<(u64, bool), BackendError>;
+
+    /// Atomically: writes `task` (same checks as [`save_and_claim`]), enqueues
+    /// `enqueue`, settles the current message and releases `lease`. Returns
+    /// the new version.
+    ///
+    /// [`save_and_claim`]: Backend::save_and_claim
+    async fn commit(
+        &self,
+        task: &TaskInstance,
+        lease: &Lease,
+        enqueue: Option<&str>,
+        settle: Settle<'_>,
+    ) -> Result<u64, BackendError>;
+
+    /// Takes the task's lock if it is free (no waiting).
+    async fn try_lock(&self, id: TaskId, ttl: Duration) -> Result<Option<Lease>, BackendError>;
+
+    /// Extends a held lock; `false` if it is no longer held by `lease`.
+    async fn extend_lock(&self, lease: &Lease, ttl: Duration) -> Result<bool, BackendError>;
+
+    /// Releases a held lock; `false` (and no effect) if `lease` no longer
+    /// holds it.
+    async fn unlock(&self, lease: &Lease) -> Result<bool, BackendError>;
+
+    /// Claims an idempotency key: `true` the first time within `ttl`.
+    async fn try_claim(&self, key: &str, ttl: Duration) -> Result<bool, BackendError>;
+
+    /// Enqueues a raw payload.
+    async fn enqueue(&self, payload: &str) -> Result<(), BackendError>;
+
+    /// The next message, waiting up to `wait` for one. A message not settled
+    /// within the backend's visibility timeout is delivered again.
+    async fn receive(&self, consumer: &str, wait: Duration) -> Result<Option<Delivery>, BackendError>;
+
+    /// Keeps an in-flight message from being redelivered while it is worked on.
+    async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError>;
+
+    /// Acknowledges a message: it will not be delivered again.
+    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError>;
+
+    /// Hands a message back unsettled, to be delivered again no sooner than
+    /// `delay` (a backend may take longer: Redis redelivers after its
+    /// visibility timeout).
+    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
+
+    /// Acknowledges a message and parks a copy on the dead-letter queue.
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &str,
+        task_id: Option<TaskId>,
+    ) -> Result<(), BackendError>;
+
+    /// The parked messages, oldest first.
+    async fn dead_letters(&self) -> Result<Vec<DeadLetter>, BackendError>;
+
+    /// Removes a parked message, returning it (the caller re-enqueues it).
+    async fn take_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
+
+    /// Records a cancellation request; returns when it was first requested
+    /// if it already was.
+    async fn request_cancel(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError>;
+
+    /// When cancellation of the task was requested, if it was.
+    async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError>;
+
+    /// Cancellation requests as they are made, from any process (best effort:
+    /// workers also poll [`cancel_requested`](Backend::cancel_requested)).
+    async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError>;
+
+    /// Waits until the task may have changed, or `timeout` passed.
+    async fn wait_for_change(&self, id: TaskId, timeout: Duration) {
+        let _ = id;
+        tokio::time::sleep(timeout).await;
+    }
+}
