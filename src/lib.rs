@@ -1,1 +1,7 @@
-//! Examples and integration tests live in this package; the library is `saga-runtime`.
+//! Owns the workspace's examples and integration tests; the library is
+//! `saga-runtime`. The README's code blocks are compiled and run as doctests
+//! from here.
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,147 @@
+//! `#[cancellable]`: cancelling signals the running step's token, records the
+//! cancellation and compensates the completed steps in reverse order.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{status_changes, Journal};
+use saga_runtime::prelude::*;
+use saga_runtime::AuditAction;
+use tokio::sync::Notify;
+
+struct Render {
+    journal: Journal,
+    rendering: Arc<Notify>,
+    observed_cancel: Arc<AtomicBool>,
+}
+
+#[cancellable]
+#[saga(name = "render")]
+impl Render {
+    #[saga_step(1)]
+    async fn reserve(&self, job: String) -> Result<String, StepError> {
+        self.journal.record("reserve");
+        Ok(job)
+    }
+
+    #[compensate(reserve)]
+    async fn release(&self, _job: String) -> Result<(), StepError> {
+        self.journal.record("release");
+        Ok(())
+    }
+
+    #[saga_step(2)]
+    async fn render(&self, job: String, ctx: &StepContext) -> Result<String, StepError> {
+        self.journal.record("render");
+        self.rendering.notify_one();
+        tokio::select! {
+            _ = ctx.cancelled() => {
+                self.observed_cancel.store(true, Ordering::SeqCst);
+                Err(StepError::permanent("render aborted"))
+            }
+            _ = tokio::time::sleep(Duration::from_secs(3600)) => Ok(format!("{job}.mp4")),
+        }
+    }
+
+    #[compensate(render)]
+    async fn discard(&self, _video: String) -> Result<(), StepError> {
+        self.journal.record("discard");
+        Ok(())
+    }
+}
+
+async fn engine() -> (Engine, Journal, Arc<Notify>, Arc<AtomicBool>) {
+    let journal = Journal::default();
+    let rendering = Arc::new(Notify::new());
+    let observed = Arc::new(AtomicBool::new(false));
+    let engine = Engine::builder()
+        .saga(Render {
+            journal: journal.clone(),
+            rendering: rendering.clone(),
+            observed_cancel: observed.clone(),
+        })
+        .build()
+        .await
+        .unwrap();
+    (engine, journal, rendering, observed)
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_running_step_signals_it_then_compensates_completed_steps() {
+    let (engine, journal, rendering, observed) = engine().await;
+    let id = engine.start::<Render>("intro".into()).await.unwrap();
+    rendering.notified().await;
+
+    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::Cancelled);
+    let task = engine.wait(id).await.unwrap();
+
+    assert!(observed.load(Ordering::SeqCst), "the running step saw its token fire");
+    assert_eq!(task.status, TaskStatus::Cancelled);
+    assert_eq!(journal.labels(), ["reserve", "render", "release"], "only the completed step is compensated");
+    assert_eq!(task.steps[0].status, StepStatus::Compensated);
+    assert_eq!(task.steps[1].status, StepStatus::Failed);
+    assert!(task.cancelled_at.is_some());
+    assert!(task.audit_log.iter().any(|e| e.action == AuditAction::CancellationRequested));
+    assert_eq!(
+        status_changes(&task),
+        [
+            (TaskStatus::Pending, TaskStatus::Running),
+            (TaskStatus::Running, TaskStatus::Compensating),
+            (TaskStatus::Compensating, TaskStatus::Cancelled),
+        ]
+    );
+    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::AlreadyCancelled);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_cancel_while_compensating_is_already_cancelled() {
+    let (engine, _journal, rendering, _) = engine().await;
+    let id = engine.start::<Render>("intro".into()).await.unwrap();
+    rendering.notified().await;
+    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::Cancelled);
+    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::AlreadyCancelled);
+    engine.wait(id).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn completed_and_unknown_tasks_are_reported_as_such() {
+    let (engine, _journal, rendering, _) = engine().await;
+    assert_eq!(engine.cancel::<Render>(TaskId::new()).await.unwrap(), CancelResult::NotFound);
+
+    // A render that finishes: let its hour pass.
+    let id = engine.start::<Render>("short".into()).await.unwrap();
+    rendering.notified().await;
+    let task = engine.wait(id).await.unwrap();
+    assert_eq!(task.status, TaskStatus::Completed);
+    assert_eq!(task.output_as::<String>().unwrap().unwrap(), "short.mp4");
+    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::AlreadyCompleted);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_before_any_step_runs_ends_cancelled_without_running_steps() {
+    let journal = Journal::default();
+    let rendering = Arc::new(Notify::new());
+    let backend = saga_runtime::backend::memory::MemoryBackend::new();
+    let client = Engine::builder()
+        .backend(backend.clone())
+        .saga(Render { journal: journal.clone(), rendering: rendering.clone(), observed_cancel: Arc::default() })
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let id = client.start::<Render>("queued".into()).await.unwrap();
+    assert_eq!(client.cancel::<Render>(id).await.unwrap(), CancelResult::Cancelled);
+
+    let _workers = Engine::builder()
+        .backend(backend)
+        .saga(Render { journal: journal.clone(), rendering, observed_cancel: Arc::default() })
+        .build()
+        .await
+        .unwrap();
+    let task = client.wait(id).await.unwrap();
+    assert_eq!(task.status, TaskStatus::Cancelled);
+    assert!(journal.labels().is_empty(), "no step ran");
+}
