@@ -328,9 +328,8 @@ impl Engine {
     }
 
     /// [`cancel`](Self::cancel) by saga name, for callers that only have the
-    /// name (the HTTP routes). Fails with [`Error::UnknownSaga`] when the
-    /// saga is not registered and with [`Error::NotCancellable`]-like
-    /// `WrongSaga` when the task belongs to another saga.
+    /// name (the HTTP routes). Fails with [`Error::WrongSaga`] when the task
+    /// belongs to another saga.
     pub(crate) async fn cancel_by_name(&self, saga: &str, id: TaskId) -> Result<CancelResult, Error> {
         let Some(task) = self.inner.backend.load_task(id).await? else {
             return Ok(CancelResult::NotFound);
@@ -399,29 +398,35 @@ impl Engine {
     pub async fn requeue(&self, dead_letter_id: &str) -> Result<(), Error> {
         let backend = &self.inner.backend;
         let letter = backend
-            .take_dead_letter(dead_letter_id)
+            .dead_letters()
             .await?
+            .into_iter()
+            .find(|d| d.id == dead_letter_id)
             .ok_or_else(|| Error::DeadLetterNotFound(dead_letter_id.to_owned()))?;
-        let resumable = match letter.task_id {
+        let parked = match letter.task_id {
             Some(id) => backend
                 .load_task(id)
                 .await?
-                .filter(|t| t.status == TaskStatus::DeadLettered),
-            None => None,
+                .is_some_and(|t| t.status == TaskStatus::DeadLettered),
+            None => false,
         };
-        let Some(task) = resumable else {
-            backend.enqueue(&letter.payload).await?;
-            return Ok(());
-        };
-        let lease = loop {
-            if let Some(lease) = backend.try_lock(task.id, self.inner.settings.lock_ttl).await? {
-                break lease;
+        if !parked {
+            // Bad input (or a task that moved on): put the raw message back.
+            return match backend.requeue_dead_letter(dead_letter_id).await? {
+                Some(_) => Ok(()),
+                None => Err(Error::DeadLetterNotFound(dead_letter_id.to_owned())),
+            };
+        }
+        let id = letter.task_id.expect("parked implies a task id");
+        let locked = loop {
+            if let Some(locked) = backend.try_lock_and_load(id, self.inner.settings.lock_ttl).await? {
+                break locked;
             }
             tokio::time::sleep(self.inner.settings.lock_retry_delay).await;
         };
-        let Some(mut task) = backend.load_task(task.id).await? else {
-            backend.unlock(&lease).await?;
-            return Err(Error::TaskNotFound(task.id));
+        let Some(mut task) = locked.task.filter(|t| t.status == TaskStatus::DeadLettered) else {
+            backend.unlock(&locked.lease).await?;
+            return Err(Error::DeadLetterNotFound(dead_letter_id.to_owned()));
         };
         for step in task.steps.iter_mut().filter(|s| s.status == StepStatus::Failed) {
             step.status = StepStatus::Pending;
@@ -437,7 +442,12 @@ impl Engine {
             seq: task.seq,
         };
         backend
-            .commit(&task, &lease, Some(&message.to_payload()), Settle::Nothing)
+            .commit(
+                &task,
+                &locked.lease,
+                Some(&message.to_payload()),
+                Settle::ResolveDeadLetter(dead_letter_id),
+            )
             .await?;
         Ok(())
     }

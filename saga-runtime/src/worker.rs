@@ -13,14 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backend::{BackendError, Delivery, Lease, QueueMessage, Settle};
 use crate::context::StepContext;
 use crate::engine::Inner;
-use crate::error::StepErrorKind;
+use crate::error::{StepError, StepErrorKind};
+use futures::FutureExt;
 use crate::policy::{Backoff, OnExhausted};
 use crate::saga::{ErasedSaga, SagaDefinition};
 use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp};
@@ -114,8 +114,8 @@ async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
         return dead_letter(inner, delivery, reason, Some(message.task_id)).await;
     };
     let backend = &inner.backend;
-    let lease = match backend.try_lock(message.task_id, inner.settings.lock_ttl).await {
-        Ok(Some(lease)) => lease,
+    let locked = match backend.try_lock_and_load(message.task_id, inner.settings.lock_ttl).await {
+        Ok(Some(locked)) => locked,
         Ok(None) => {
             tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
             let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
@@ -127,21 +127,14 @@ async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
             return;
         }
     };
+    let lease = locked.lease;
     let mut guard = LeaseGuard {
         inner: inner.clone(),
         lease: Some(lease.clone()),
     };
-    let task = match backend.load_task(message.task_id).await {
-        Ok(Some(task)) => task,
-        Ok(None) => {
-            let reason = format!("task {} does not exist", message.task_id);
-            return dead_letter(inner, delivery, reason, Some(message.task_id)).await;
-        }
-        Err(error) => {
-            tracing::warn!(%error, "loading the task failed; message handed back");
-            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
-            return;
-        }
+    let Some(task) = locked.task else {
+        let reason = format!("task {} does not exist", message.task_id);
+        return dead_letter(inner, delivery, reason, Some(message.task_id)).await;
     };
     if task.saga != message.saga {
         let reason = format!(
@@ -165,7 +158,7 @@ async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
         delivery,
         token,
     };
-    let result = run.advance(task).await;
+    let result = run.advance(task, locked.cancel_requested).await;
     inner.unregister_running(id);
     match result {
         Ok(()) => guard.disarm(),
@@ -199,10 +192,10 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    async fn advance(&self, mut task: TaskInstance) -> Result<(), BackendError> {
+    async fn advance(&self, mut task: TaskInstance, cancel: Option<Timestamp>) -> Result<(), BackendError> {
         let mut settle_reason = None;
         if task.cancelled_at.is_none() && matches!(task.status, TaskStatus::Pending | TaskStatus::Running) {
-            if let Some(at) = self.inner.backend.cancel_requested(task.id).await? {
+            if let Some(at) = cancel {
                 self.begin_cancel(&mut task, at);
             }
         }
@@ -289,7 +282,17 @@ impl Run<'_> {
                 rec.output = Some(output.clone());
                 let attempt = rec.attempt_count;
                 task.audit(AuditEntry::new(AuditAction::StepCompleted).step(name).attempt(attempt));
-                if let Some(at) = self.inner.backend.cancel_requested(task.id).await? {
+                // A cancellation that arrived during the step: the keep-alive
+                // relays it to the token within a poll interval; before the
+                // last step completes the task, ask the backend too (one read
+                // per task), so an accepted cancellation is never overtaken
+                // by completion.
+                let cancel = if self.token.is_cancelled() || idx + 1 == task.steps.len() {
+                    self.inner.backend.cancel_requested(task.id).await?
+                } else {
+                    None
+                };
+                if let Some(at) = cancel {
                     self.begin_cancel(task, at);
                 } else if idx + 1 == task.steps.len() {
                     task.output = Some(output);
@@ -507,6 +510,10 @@ impl Run<'_> {
                     }
                 }
                 .instrument(span);
+                // A panicking step is a failed attempt, not a dead worker.
+                let call = std::panic::AssertUnwindSafe(call).catch_unwind().map(|r| {
+                    r.unwrap_or_else(|panic| Err(StepError::transient(format!("step panicked: {}", panic_message(&panic)))))
+                });
                 let result = tokio::select! {
                     r = call => r,
                     lost = self.keep_alive() => return Err(lost),
@@ -572,29 +579,31 @@ impl Run<'_> {
     /// the lease is lost.
     async fn keep_alive(&self) -> BackendError {
         let settings = &self.inner.settings;
-        let backend = &self.inner.backend;
-        let extend_every = settings.lock_ttl / 3;
-        let tick = extend_every.min(settings.cancel_poll).max(Duration::from_millis(10));
-        let mut last_extension = Instant::now();
+        let tick = (settings.lock_ttl / 3)
+            .min(settings.cancel_poll)
+            .max(Duration::from_millis(10));
         loop {
             tokio::time::sleep(tick).await;
-            if last_extension.elapsed() >= extend_every {
-                match backend.extend_lock(self.lease, settings.lock_ttl).await {
-                    Ok(true) => last_extension = Instant::now(),
-                    Ok(false) => {
-                        return BackendError::LockLost {
-                            task: self.lease.task_id,
-                            fence: self.lease.fence,
-                        }
+            match self
+                .inner
+                .backend
+                .heartbeat(self.lease, self.delivery, settings.lock_ttl)
+                .await
+            {
+                Ok(beat) if !beat.lock_held => {
+                    return BackendError::LockLost {
+                        task: self.lease.task_id,
+                        fence: self.lease.fence,
                     }
-                    Err(error) => tracing::warn!(%error, "extending the task lock failed; will retry"),
                 }
-                let _ = backend.touch(self.delivery).await;
-            }
-            if !self.token.is_cancelled() {
-                if let Ok(Some(_)) = backend.cancel_requested(self.lease.task_id).await {
-                    self.token.cancel();
+                Ok(beat) => {
+                    if beat.cancel_requested.is_some() {
+                        self.token.cancel();
+                    }
                 }
+                // A blip (Redis restarting): the lease has TTL to spare; the
+                // next beat retries, and a lost lease is caught at commit.
+                Err(error) => tracing::warn!(%error, "heartbeat failed; will retry"),
             }
         }
     }
@@ -614,4 +623,12 @@ fn failed(
         Phase::Compensation => AuditAction::CompensationAttemptFailed { retry_in_ms },
     };
     AuditEntry::new(action).step(step).attempt(attempt).error(error)
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
 }

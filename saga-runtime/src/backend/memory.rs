@@ -199,6 +199,7 @@ impl State {
                     at: Timestamp::now(),
                 });
             }
+            Settle::ResolveDeadLetter(id) => self.dead.retain(|d| d.id != id),
         }
     }
 }
@@ -327,7 +328,7 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    async fn receive(&self, _consumer: &str, wait: Duration) -> Result<Option<Delivery>, BackendError> {
+    async fn receive(&self, consumer: &str, wait: Duration) -> Result<Option<Delivery>, BackendError> {
         let deadline = Instant::now() + wait;
         loop {
             // Register interest before looking, so a push between the look
@@ -345,6 +346,7 @@ impl Backend for MemoryBackend {
                         id: m.id.clone(),
                         payload: m.payload.clone(),
                         delivery_count: m.deliveries,
+                        consumer: consumer.to_owned(),
                     };
                     let visible_again = now + self.shared.visibility_timeout;
                     state.in_flight.insert(m.id.clone(), (m, visible_again));
@@ -402,10 +404,18 @@ impl Backend for MemoryBackend {
         Ok(self.state().dead.clone())
     }
 
-    async fn take_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError> {
-        let mut state = self.state();
-        let index = state.dead.iter().position(|d| d.id == id);
-        Ok(index.map(|i| state.dead.remove(i)))
+    async fn requeue_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError> {
+        let letter = {
+            let mut state = self.state();
+            let index = state.dead.iter().position(|d| d.id == id);
+            let letter = index.map(|i| state.dead.remove(i));
+            if let Some(letter) = &letter {
+                state.push(&letter.payload);
+            }
+            letter
+        };
+        self.queue_changed();
+        Ok(letter)
     }
 
     async fn request_cancel(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {

@@ -18,6 +18,8 @@
 //! the work of the worker that took over.
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::time::Duration;
 
@@ -47,8 +49,20 @@ pub struct Delivery {
     pub id: String,
     /// The raw payload (JSON of [`QueueMessage`] when well-formed).
     pub payload: String,
-    /// How many times this message was delivered, this time included.
+    /// How many times this message was delivered, this time included (0
+    /// when the backend does not know).
     pub delivery_count: u64,
+    /// The consumer it was delivered to.
+    pub consumer: String,
+}
+
+/// What [`Backend::heartbeat`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Whether the lease is still held (and was extended).
+    pub lock_held: bool,
+    /// When cancellation was requested, if it was.
+    pub cancel_requested: Option<Timestamp>,
 }
 
 /// What the work queue carries: "advance task `task_id` of saga `saga`".
@@ -96,6 +110,20 @@ pub enum Settle<'a> {
     Ack(&'a Delivery),
     /// Acknowledge it and park a copy on the dead-letter queue.
     DeadLetter(&'a Delivery, &'a str),
+    /// Remove this entry from the dead-letter queue: an operator requeued
+    /// its task, and the commit enqueues the task's next message.
+    ResolveDeadLetter(&'a str),
+}
+
+/// What [`Backend::try_lock_and_load`] returns when the lock was free.
+#[derive(Debug, Clone)]
+pub struct Locked {
+    /// The lease now held.
+    pub lease: Lease,
+    /// A fresh copy of the task, if it exists.
+    pub task: Option<TaskInstance>,
+    /// When cancellation was requested, if it was.
+    pub cancel_requested: Option<Timestamp>,
 }
 
 /// A backend failure.
@@ -172,6 +200,22 @@ pub trait Backend: Send + Sync + 'static {
         settle: Settle<'_>,
     ) -> Result<u64, BackendError>;
 
+    /// Takes the task's lock if it is free and loads the task and its
+    /// cancellation flag: what a worker needs first, in one round trip where
+    /// the backend allows.
+    async fn try_lock_and_load(&self, id: TaskId, ttl: Duration) -> Result<Option<Locked>, BackendError> {
+        let Some(lease) = self.try_lock(id, ttl).await? else {
+            return Ok(None);
+        };
+        let task = self.load_task(id).await?;
+        let cancel_requested = self.cancel_requested(id).await?;
+        Ok(Some(Locked {
+            lease,
+            task,
+            cancel_requested,
+        }))
+    }
+
     /// Takes the task's lock if it is free (no waiting).
     async fn try_lock(&self, id: TaskId, ttl: Duration) -> Result<Option<Lease>, BackendError>;
 
@@ -195,6 +239,20 @@ pub trait Backend: Send + Sync + 'static {
     /// Keeps an in-flight message from being redelivered while it is worked on.
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError>;
 
+    /// Called about once a second while a step runs or waits to retry:
+    /// extends the lease by `ttl`, keeps the message from being redelivered
+    /// and reports a cancellation requested in any process. One round trip
+    /// where the backend allows.
+    async fn heartbeat(&self, lease: &Lease, delivery: &Delivery, ttl: Duration) -> Result<Heartbeat, BackendError> {
+        let lock_held = self.extend_lock(lease, ttl).await?;
+        self.touch(delivery).await?;
+        let cancel_requested = self.cancel_requested(lease.task_id).await?;
+        Ok(Heartbeat {
+            lock_held,
+            cancel_requested,
+        })
+    }
+
     /// Acknowledges a message: it will not be delivered again.
     async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError>;
 
@@ -214,8 +272,9 @@ pub trait Backend: Send + Sync + 'static {
     /// The parked messages, oldest first.
     async fn dead_letters(&self) -> Result<Vec<DeadLetter>, BackendError>;
 
-    /// Removes a parked message, returning it (the caller re-enqueues it).
-    async fn take_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
+    /// Moves a parked message back onto the work queue, atomically; returns
+    /// it, or `None` if there is no such entry.
+    async fn requeue_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
 
     /// Records a cancellation request; returns when it was first requested
     /// if it already was.

@@ -1,0 +1,124 @@
+//! Key layout.
+//!
+//! Every key a script touches for one task carries the same hash tag, the
+//! task's *partition* `{<prefix>:<k>}`, and so does the partition's work
+//! queue and dead-letter stream. A task's lock, fence, record, cancellation
+//! flag, idempotency keys and queue therefore live in one Redis Cluster slot,
+//! which is what lets "record the step, enqueue the next message, acknowledge
+//! this one" be one script. Partitions spread tasks over slots; one partition
+//! (the default) keeps everything in one slot.
+
+use crate::task::TaskId;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    prefix: String,
+    partitions: u16,
+}
+
+impl Keys {
+    pub fn new(prefix: &str, partitions: u16) -> Self {
+        Keys {
+            prefix: prefix.to_owned(),
+            partitions: partitions.max(1),
+        }
+    }
+
+    pub fn partitions(&self) -> u16 {
+        self.partitions
+    }
+
+    pub fn partition_of(&self, id: TaskId) -> u16 {
+        let bytes = id.0.as_u128();
+        (bytes % u128::from(self.partitions)) as u16
+    }
+
+    fn tag(&self, partition: u16) -> String {
+        format!("{}:{{{}:{}}}", self.prefix, self.prefix, partition)
+    }
+
+    fn task_key(&self, kind: &str, id: TaskId) -> String {
+        format!("{}:{kind}:{id}", self.tag(self.partition_of(id)))
+    }
+
+    pub fn task(&self, id: TaskId) -> String {
+        self.task_key("task", id)
+    }
+    pub fn lock(&self, id: TaskId) -> String {
+        self.task_key("lock", id)
+    }
+    pub fn fence(&self, id: TaskId) -> String {
+        self.task_key("fence", id)
+    }
+    pub fn cancel(&self, id: TaskId) -> String {
+        self.task_key("cancel", id)
+    }
+
+    /// An idempotency key. Keys of the form `{task_id}:...` share the task's
+    /// partition; any other key goes to partition 0.
+    pub fn idempotency(&self, claim: &str) -> String {
+        let partition = claim
+            .split(':')
+            .next()
+            .and_then(|id| id.parse::<TaskId>().ok())
+            .map_or(0, |id| self.partition_of(id));
+        format!("{}:idem:{claim}", self.tag(partition))
+    }
+
+    pub fn saga_index(&self, partition: u16, saga: &str) -> String {
+        format!("{}:saga:{saga}", self.tag(partition))
+    }
+
+    pub fn queue(&self, partition: u16) -> String {
+        format!("{}:queue", self.tag(partition))
+    }
+
+    pub fn dead(&self, partition: u16) -> String {
+        format!("{}:dead", self.tag(partition))
+    }
+
+    pub fn cancel_channel(&self) -> String {
+        format!("{}:cancellations", self.prefix)
+    }
+
+    /// Message and dead-letter ids carry their partition: `<k>/<stream id>`.
+    pub fn split_id<'a>(&self, id: &'a str) -> Option<(u16, &'a str)> {
+        let (p, entry) = id.split_once('/')?;
+        let p: u16 = p.parse().ok()?;
+        (p < self.partitions).then_some((p, entry))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(key: &str) -> &str {
+        let start = key.find('{').unwrap() + 1;
+        let end = key[start..].find('}').unwrap() + start;
+        &key[start..end]
+    }
+
+    #[test]
+    fn every_key_of_a_task_and_its_queue_share_one_hash_tag() {
+        let keys = Keys::new("saga", 8);
+        for _ in 0..50 {
+            let id = TaskId::new();
+            let p = keys.partition_of(id);
+            let expected = tag(&keys.queue(p)).to_owned();
+            for key in [
+                keys.task(id),
+                keys.lock(id),
+                keys.fence(id),
+                keys.cancel(id),
+                keys.idempotency(&format!("{id}:upload:3")),
+                keys.dead(p),
+                keys.saga_index(p, "create-zip"),
+            ] {
+                assert_eq!(tag(&key), expected, "{key}");
+            }
+        }
+        assert_eq!(keys.split_id("3/1-0"), Some((3, "1-0")));
+        assert_eq!(keys.split_id("9/1-0"), None);
+    }
+}
