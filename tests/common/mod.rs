@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
