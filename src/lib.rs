@@ -2,6 +2,9 @@
 //! `saga-runtime`. The README's code blocks are compiled and run as doctests
 //! from here.
 
+#[doc(hidden)]
+pub mod chaos;
+
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

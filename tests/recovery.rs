@@ -121,7 +121,7 @@ async fn a_panicking_step_is_a_failed_attempt_and_the_worker_survives() {
     let task = engine.wait(engine.start::<Panicky>(5).await.unwrap()).await.unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
     assert_eq!(task.steps[0].attempt_count, 2);
-    assert!(task.audit_log.iter().any(|e| e.error.as_deref() == Some("step panicked: index out of bounds")));
+    assert!(task.audit_log.iter().any(|e| e.error.as_deref() == Some("step panicked: index out of bounds")), "{:#?}", task.audit_log);
     // The single worker is still alive.
     let again = engine.wait(engine.start::<Panicky>(6).await.unwrap()).await.unwrap();
     assert_eq!(again.status, TaskStatus::Completed);

@@ -512,7 +512,7 @@ impl Run<'_> {
                 .instrument(span);
                 // A panicking step is a failed attempt, not a dead worker.
                 let call = std::panic::AssertUnwindSafe(call).catch_unwind().map(|r| {
-                    r.unwrap_or_else(|panic| Err(StepError::transient(format!("step panicked: {}", panic_message(&panic)))))
+                    r.unwrap_or_else(|panic| Err(StepError::transient(format!("step panicked: {}", panic_message(&*panic)))))
                 });
                 let result = tokio::select! {
                     r = call => r,
