@@ -264,6 +264,13 @@ impl Engine {
         }
     }
 
+    /// The definitions of the registered sagas, sorted by name.
+    pub fn sagas(&self) -> Vec<&'static crate::saga::SagaDefinition> {
+        let mut defs: Vec<_> = self.inner.sagas.values().map(|s| s.definition()).collect();
+        defs.sort_by_key(|d| d.name);
+        defs
+    }
+
     /// The backend, for operators and tests.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend

@@ -16,6 +16,8 @@ pub mod circuit;
 pub mod context;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod policy;
 pub mod reconcile;
 pub mod saga;
