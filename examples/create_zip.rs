@@ -6,14 +6,21 @@
 //! compensations, and its final status.
 //!
 //! ```text
-//! cargo run --example create_zip
+//! cargo run --example create_zip                       # in-memory backend
+//! cargo run --example create_zip -- --redis redis://127.0.0.1:6379 --workers 2
+//! cargo run --example create_zip -- --redis redis://127.0.0.1:6379 --worker-only --workers 2
 //! ```
+//!
+//! With `--redis URL` (or `REDIS_URL`), tasks live in Redis and any number of
+//! processes share the work: run `--worker-only` in one terminal and the demo
+//! in another; each timeline line names the worker (process id) that ran it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use saga_runtime::backend::redis::RedisBackend;
 use saga_runtime::prelude::*;
 use saga_runtime::{AuditAction, AuditEntry};
 use serde::{Deserialize, Serialize};
@@ -55,6 +62,8 @@ pub struct FakeServices {
     objects: Mutex<BTreeSet<String>>,
     upload_failures: Mutex<HashMap<String, u32>>,
     refunds: Mutex<Vec<String>>,
+    /// Set for the tasks that meet a dead webhook (per process: with Redis,
+    /// the demo also marks those requests by name, below).
     webhook_down: AtomicBool,
 }
 
@@ -68,24 +77,38 @@ impl CreateZip {
     #[saga_step(1)]
     #[retry_policy(max_retries = 5, backoff = exponential, base_delay_ms = 200, on_exhausted = compensate)]
     #[compensation_retry_policy(max_retries = 2, backoff = constant, base_delay_ms = 100)]
-    async fn upload_to_s3(&self, req: CreateZipRequest, ctx: &StepContext) -> Result<UploadResult, StepError> {
+    async fn upload_to_s3(
+        &self,
+        req: CreateZipRequest,
+        ctx: &StepContext,
+    ) -> Result<UploadResult, StepError> {
         let key = format!("zips/{}.zip", req.name);
         {
             let mut failures = self.services.upload_failures.lock().unwrap();
             let seen = failures.entry(key.clone()).or_insert(0);
             if *seen < req.flaky_uploads {
                 *seen += 1;
-                return Err(StepError::transient(format!("S3 503 Slow Down (attempt {})", ctx.attempt())));
+                return Err(StepError::transient(format!(
+                    "S3 503 Slow Down (attempt {})",
+                    ctx.attempt()
+                )));
             }
         }
         self.services.objects.lock().unwrap().insert(key.clone());
-        Ok(UploadResult { bucket: "exports".into(), key, bytes: 1024 * req.files.len() as u64, card: req.card })
+        Ok(UploadResult {
+            bucket: "exports".into(),
+            key,
+            bytes: 1024 * req.files.len() as u64,
+            card: req.card,
+        })
     }
 
     #[compensate(upload_to_s3)]
     async fn delete_upload(&self, uploaded: UploadResult) -> Result<(), StepError> {
         if uploaded.key.contains("legal") {
-            return Err(StepError::transient("S3 AccessDenied: bucket policy forbids deletes under legal hold"));
+            return Err(StepError::transient(
+                "S3 AccessDenied: bucket policy forbids deletes under legal hold",
+            ));
         }
         self.services.objects.lock().unwrap().remove(&uploaded.key);
         Ok(())
@@ -93,7 +116,11 @@ impl CreateZip {
 
     #[saga_step(2)]
     #[retry_policy(max_retries = 1, backoff = constant, base_delay_ms = 0, on_exhausted = compensate)]
-    async fn capture_payment(&self, uploaded: UploadResult, ctx: &StepContext) -> Result<PaymentResult, StepError> {
+    async fn capture_payment(
+        &self,
+        uploaded: UploadResult,
+        ctx: &StepContext,
+    ) -> Result<PaymentResult, StepError> {
         match uploaded.card.as_str() {
             "declined" => Err(StepError::permanent("card declined (insufficient funds)")),
             "3ds" => {
@@ -104,7 +131,10 @@ impl CreateZip {
                     _ = tokio::time::sleep(Duration::from_secs(60)) => Err(StepError::permanent("3-D Secure timed out")),
                 }
             }
-            _ => Ok(PaymentResult { payment_id: format!("pay_{}", &ctx.task_id().to_string()[..8]), key: uploaded.key }),
+            _ => Ok(PaymentResult {
+                payment_id: format!("pay_{}", &ctx.task_id().to_string()[..8]),
+                key: uploaded.key,
+            }),
         }
     }
 
@@ -118,10 +148,13 @@ impl CreateZip {
     #[retry_policy(max_retries = 2, backoff = exponential, base_delay_ms = 100)]
     #[circuit_breaker(failure_threshold = 3, duration_secs = 30)]
     async fn notify_webhook(&self, paid: PaymentResult) -> Result<Receipt, StepError> {
-        if self.services.webhook_down.load(Ordering::SeqCst) {
+        if self.services.webhook_down.load(Ordering::SeqCst) || paid.key.contains("webhook-down") {
             return Err(StepError::transient("webhook: connection refused"));
         }
-        Ok(Receipt { url: format!("https://exports.example/{}", paid.key), payment_id: paid.payment_id })
+        Ok(Receipt {
+            url: format!("https://exports.example/{}", paid.key),
+            payment_id: paid.payment_id,
+        })
     }
 }
 
@@ -136,25 +169,44 @@ fn request(name: &str, card: &str, flaky_uploads: u32) -> CreateZipRequest {
 
 fn describe(entry: &AuditEntry) -> String {
     let step = entry.step.as_deref().unwrap_or("");
-    let attempt = entry.attempt.map(|a| format!("attempt {a}")).unwrap_or_default();
+    let attempt = entry
+        .attempt
+        .map(|a| format!("attempt {a}"))
+        .unwrap_or_default();
     let error = entry.error.as_deref().unwrap_or("");
     match &entry.action {
         AuditAction::StatusChanged { from, to } => format!("status  {from} -> {to}"),
-        AuditAction::AttemptFailed { retry_in_ms: Some(ms), .. } => {
+        AuditAction::AttemptFailed {
+            retry_in_ms: Some(ms),
+            ..
+        } => {
             format!("{step:<16} {attempt:<10} failed: {error}; retry in {ms} ms")
         }
-        AuditAction::AttemptFailed { retry_in_ms: None, permanent } => {
-            let why = if *permanent { "permanent, no retry" } else { "retries exhausted" };
+        AuditAction::AttemptFailed {
+            retry_in_ms: None,
+            permanent,
+        } => {
+            let why = if *permanent {
+                "permanent, no retry"
+            } else {
+                "retries exhausted"
+            };
             format!("{step:<16} {attempt:<10} failed: {error} ({why})")
         }
         AuditAction::CircuitOpen => format!("{step:<16} {:<10} rejected: {error}", "-"),
         AuditAction::StepCompleted => format!("{step:<16} {attempt:<10} completed"),
         AuditAction::CompensationAttemptFailed { retry_in_ms } => {
-            let then = retry_in_ms.map(|ms| format!("; retry in {ms} ms")).unwrap_or_default();
+            let then = retry_in_ms
+                .map(|ms| format!("; retry in {ms} ms"))
+                .unwrap_or_default();
             format!("{step:<16} {attempt:<10} compensation failed: {error}{then}")
         }
         AuditAction::StepCompensated => format!("{step:<16} {attempt:<10} compensated"),
-        AuditAction::CompensationFailed => format!("{step:<16} {:<10} COMPENSATION FAILED, operator needed (trace {})", "", entry.trace_id.as_deref().unwrap_or("")),
+        AuditAction::CompensationFailed => format!(
+            "{step:<16} {:<10} COMPENSATION FAILED, operator needed (trace {})",
+            "",
+            entry.trace_id.as_deref().unwrap_or("")
+        ),
         AuditAction::CancellationRequested => "cancellation requested".to_owned(),
         other => format!("{other:?} {step} {error}"),
     }
@@ -165,26 +217,99 @@ fn print_timeline(label: &str, task: &TaskInstance) {
     let took = task.finished_at.map(|f| f.0 - started).unwrap_or(0);
     println!("\n{label}  ->  {}  ({took} ms)", task.status);
     for entry in &task.audit_log {
-        println!("  +{:>5} ms  {}", entry.at.0.saturating_sub(started), describe(entry));
+        let worker = entry
+            .worker
+            .as_deref()
+            .map(|w| format!("  [{w}]"))
+            .unwrap_or_default();
+        println!(
+            "  +{:>5} ms  {}{worker}",
+            entry.at.0.saturating_sub(started),
+            describe(entry)
+        );
     }
     if let Some(error) = &task.error {
         println!("  error: {error}");
     }
 }
 
+struct Args {
+    redis: Option<String>,
+    workers: usize,
+    worker_only: bool,
+}
+
+fn args() -> Result<Args, String> {
+    let mut args = Args {
+        redis: std::env::var("REDIS_URL").ok(),
+        workers: 4,
+        worker_only: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--redis" => args.redis = Some(it.next().ok_or("--redis needs a URL")?),
+            "--workers" => {
+                let n = it.next().ok_or("--workers needs a number")?;
+                args.workers = n
+                    .parse()
+                    .map_err(|_| format!("--workers: `{n}` is not a number"))?;
+            }
+            "--worker-only" => args.worker_only = true,
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}`; expected --redis URL, --workers N, --worker-only"
+                ))
+            }
+        }
+    }
+    if args.worker_only && args.redis.is_none() {
+        return Err("--worker-only needs --redis URL: in-memory tasks live in one process".into());
+    }
+    Ok(args)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = args()?;
     let services = Arc::new(FakeServices::default());
-    let engine = Engine::builder()
-        .saga(CreateZip { services: services.clone() })
-        .workers(4)
-        .build()
-        .await?;
+    let mut builder = Engine::builder().saga(CreateZip {
+        services: services.clone(),
+    });
+    if let Some(url) = &args.redis {
+        builder = builder.backend(RedisBackend::connect(url).await?);
+    }
+    if args.worker_only {
+        let engine = builder.workers(0).build().await?;
+        println!(
+            "{} workers (pid {}) serving create-zip tasks from {}; Ctrl-C to stop",
+            args.workers,
+            std::process::id(),
+            args.redis.as_deref().unwrap_or("")
+        );
+        engine.run_workers(args.workers).await?;
+        return Ok(());
+    }
+    let engine = builder.workers(args.workers).build().await?;
+    let suffix = if args.redis.is_some() {
+        format!("-{}", &TaskId::new().to_string()[..4])
+    } else {
+        String::new()
+    };
+    let name = |n: &str| format!("{n}{suffix}");
 
-    let completed = engine.start::<CreateZip>(request("report-q3", "ok", 2)).await?;
-    let compensated = engine.start::<CreateZip>(request("holiday-photos", "declined", 0)).await?;
-    let compensation_failed = engine.start::<CreateZip>(request("legal-contracts", "declined", 0)).await?;
-    let cancelled = engine.start::<CreateZip>(request("big-archive", "3ds", 0)).await?;
+    let completed = engine
+        .start::<CreateZip>(request(&name("report-q3"), "ok", 2))
+        .await?;
+    let compensated = engine
+        .start::<CreateZip>(request(&name("holiday-photos"), "declined", 0))
+        .await?;
+    let compensation_failed = engine
+        .start::<CreateZip>(request(&name("legal-contracts"), "declined", 0))
+        .await?;
+    let cancelled = engine
+        .start::<CreateZip>(request(&name("big-archive"), "3ds", 0))
+        .await?;
 
     // Let the 3-D Secure wait begin, then cancel that task.
     loop {
@@ -207,14 +332,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // The webhook goes down: the first task trips the circuit breaker, the
-    // next one is rejected at once without calling the webhook.
+    // next one is rejected at once without calling the webhook (when both run
+    // in this process: the breaker is per process).
     services.webhook_down.store(true, Ordering::SeqCst);
-    for name in ["webhook-down-1", "webhook-down-2"] {
-        let id = engine.start::<CreateZip>(request(name, "ok", 0)).await?;
-        print_timeline(name, &engine.wait(id).await?);
+    for label in ["webhook-down-1", "webhook-down-2"] {
+        let id = engine
+            .start::<CreateZip>(request(&name(label), "ok", 0))
+            .await?;
+        print_timeline(label, &engine.wait(id).await?);
     }
 
-    println!("\nobjects left in the bucket: {:?}", services.objects.lock().unwrap());
-    println!("refunds issued: {}", services.refunds.lock().unwrap().len());
+    println!(
+        "\nobjects left in this process's bucket: {:?}",
+        services.objects.lock().unwrap()
+    );
+    println!(
+        "refunds issued by this process: {}",
+        services.refunds.lock().unwrap().len()
+    );
     Ok(())
 }

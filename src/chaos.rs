@@ -43,7 +43,10 @@ pub struct Execution {
 }
 
 fn now_us() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
 }
 
 /// The Redis list of a task's executions.
@@ -79,7 +82,14 @@ impl Chaos {
             return Err(StepError::transient("injected transient failure"));
         }
         if self.config.record {
-            let entry = format!("{}|{}|{}|{}|{}", ctx.step(), ctx.attempt(), start, now_us(), self.worker);
+            let entry = format!(
+                "{}|{}|{}|{}|{}",
+                ctx.step(),
+                ctx.attempt(),
+                start,
+                now_us(),
+                self.worker
+            );
             let _: i64 = redis::cmd("RPUSH")
                 .arg(executions_key(ctx.task_id()))
                 .arg(entry)
@@ -90,8 +100,16 @@ impl Chaos {
     }
 
     /// The recorded executions of a task.
-    pub async fn executions(redis: &mut ConnectionManager, task: TaskId) -> redis::RedisResult<Vec<Execution>> {
-        let entries: Vec<String> = redis::cmd("LRANGE").arg(executions_key(task)).arg(0).arg(-1).query_async(redis).await?;
+    pub async fn executions(
+        redis: &mut ConnectionManager,
+        task: TaskId,
+    ) -> redis::RedisResult<Vec<Execution>> {
+        let entries: Vec<String> = redis::cmd("LRANGE")
+            .arg(executions_key(task))
+            .arg(0)
+            .arg(-1)
+            .query_async(redis)
+            .await?;
         Ok(entries
             .iter()
             .filter_map(|e| {
@@ -147,14 +165,20 @@ pub fn check_task(task: &TaskInstance, executions: &[Execution]) -> Result<(), S
         let mut attempts: Vec<u32> = runs.iter().map(|e| e.attempt).collect();
         attempts.sort_unstable();
         if attempts.windows(2).any(|w| w[0] == w[1]) {
-            return Err(format!("task {} step {}: one attempt ran twice: {runs:?}", task.id, step.name));
+            return Err(format!(
+                "task {} step {}: one attempt ran twice: {runs:?}",
+                task.id, step.name
+            ));
         }
     }
     let mut sorted: Vec<&Execution> = executions.iter().collect();
     sorted.sort_by_key(|e| e.start_us);
     for pair in sorted.windows(2) {
         if pair[1].start_us < pair[0].end_us {
-            return Err(format!("task {}: executions overlap: {:?} and {:?}", task.id, pair[0], pair[1]));
+            return Err(format!(
+                "task {}: executions overlap: {:?} and {:?}",
+                task.id, pair[0], pair[1]
+            ));
         }
     }
     Ok(())

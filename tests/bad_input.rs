@@ -22,38 +22,71 @@ async fn malformed_unknown_and_undeserializable_messages_are_dead_lettered() {
 
     backend.enqueue("{not json").await.unwrap();
     let stray = TaskId::new();
-    let unknown = QueueMessage { task_id: stray, saga: "no-such-saga".into(), seq: 0 };
+    let unknown = QueueMessage {
+        task_id: stray,
+        saga: "no-such-saga".into(),
+        seq: 0,
+    };
     backend.enqueue(&unknown.to_payload()).await.unwrap();
     // A task whose stored input is not a u32 (as after an incompatible deploy).
-    let bad = TaskInstance::new("double", serde_json::json!({"n": "three"}), [("double".to_owned(), 1)]);
+    let bad = TaskInstance::new(
+        "double",
+        serde_json::json!({"n": "three"}),
+        [("double".to_owned(), 1)],
+    );
     let bad_id = bad.id;
     backend
-        .create_task(&bad, &QueueMessage { task_id: bad.id, saga: "double".into(), seq: 0 }.to_payload())
+        .create_task(
+            &bad,
+            &QueueMessage {
+                task_id: bad.id,
+                saga: "double".into(),
+                seq: 0,
+            }
+            .to_payload(),
+        )
         .await
         .unwrap();
     let good = engine.start::<Double>(21).await.unwrap();
 
     let done = engine.wait(good).await.unwrap();
-    assert_eq!(done.output_as::<u32>().unwrap().unwrap(), 42, "other tasks are unaffected");
+    assert_eq!(
+        done.output_as::<u32>().unwrap().unwrap(),
+        42,
+        "other tasks are unaffected"
+    );
     let parked = engine.wait(bad_id).await.unwrap();
     assert_eq!(parked.status, TaskStatus::DeadLettered);
 
     let letters = engine.dead_letters().await.unwrap();
     let reason = |pred: &dyn Fn(&saga_runtime::DeadLetter) -> bool| {
-        letters.iter().find(|l| pred(l)).map(|l| l.reason.clone()).expect("dead letter missing")
+        letters
+            .iter()
+            .find(|l| pred(l))
+            .map(|l| l.reason.clone())
+            .expect("dead letter missing")
     };
     assert_eq!(letters.len(), 3, "{letters:#?}");
     let malformed = reason(&|l| l.payload == "{not json");
     assert!(malformed.starts_with("malformed message"), "{malformed}");
     let unknown = reason(&|l| l.task_id == Some(stray));
-    assert!(unknown.contains("unknown saga `no-such-saga`") && unknown.contains("[double]"), "{unknown}");
+    assert!(
+        unknown.contains("unknown saga `no-such-saga`") && unknown.contains("[double]"),
+        "{unknown}"
+    );
     let undeserializable = reason(&|l| l.task_id == Some(bad_id));
-    assert!(undeserializable.contains("does not deserialize as `u32`"), "{undeserializable}");
+    assert!(
+        undeserializable.contains("does not deserialize as `u32`"),
+        "{undeserializable}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn starting_an_unregistered_saga_is_an_error_not_a_lost_task() {
     let engine = Engine::builder().build().await.unwrap();
     let err = engine.start::<Double>(1).await.unwrap_err();
-    assert!(err.to_string().contains("`double` is not registered"), "{err}");
+    assert!(
+        err.to_string().contains("`double` is not registered"),
+        "{err}"
+    );
 }

@@ -75,16 +75,29 @@ async fn cancelling_a_running_step_signals_it_then_compensates_completed_steps()
     let id = engine.start::<Render>("intro".into()).await.unwrap();
     rendering.notified().await;
 
-    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::Cancelled);
+    assert_eq!(
+        engine.cancel::<Render>(id).await.unwrap(),
+        CancelResult::Cancelled
+    );
     let task = engine.wait(id).await.unwrap();
 
-    assert!(observed.load(Ordering::SeqCst), "the running step saw its token fire");
+    assert!(
+        observed.load(Ordering::SeqCst),
+        "the running step saw its token fire"
+    );
     assert_eq!(task.status, TaskStatus::Cancelled);
-    assert_eq!(journal.labels(), ["reserve", "render", "release"], "only the completed step is compensated");
+    assert_eq!(
+        journal.labels(),
+        ["reserve", "render", "release"],
+        "only the completed step is compensated"
+    );
     assert_eq!(task.steps[0].status, StepStatus::Compensated);
     assert_eq!(task.steps[1].status, StepStatus::Failed);
     assert!(task.cancelled_at.is_some());
-    assert!(task.audit_log.iter().any(|e| e.action == AuditAction::CancellationRequested));
+    assert!(task
+        .audit_log
+        .iter()
+        .any(|e| e.action == AuditAction::CancellationRequested));
     assert_eq!(
         status_changes(&task),
         [
@@ -93,7 +106,10 @@ async fn cancelling_a_running_step_signals_it_then_compensates_completed_steps()
             (TaskStatus::Compensating, TaskStatus::Cancelled),
         ]
     );
-    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::AlreadyCancelled);
+    assert_eq!(
+        engine.cancel::<Render>(id).await.unwrap(),
+        CancelResult::AlreadyCancelled
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -101,15 +117,24 @@ async fn a_second_cancel_while_compensating_is_already_cancelled() {
     let (engine, _journal, rendering, _) = engine().await;
     let id = engine.start::<Render>("intro".into()).await.unwrap();
     rendering.notified().await;
-    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::Cancelled);
-    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::AlreadyCancelled);
+    assert_eq!(
+        engine.cancel::<Render>(id).await.unwrap(),
+        CancelResult::Cancelled
+    );
+    assert_eq!(
+        engine.cancel::<Render>(id).await.unwrap(),
+        CancelResult::AlreadyCancelled
+    );
     engine.wait(id).await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
 async fn completed_and_unknown_tasks_are_reported_as_such() {
     let (engine, _journal, rendering, _) = engine().await;
-    assert_eq!(engine.cancel::<Render>(TaskId::new()).await.unwrap(), CancelResult::NotFound);
+    assert_eq!(
+        engine.cancel::<Render>(TaskId::new()).await.unwrap(),
+        CancelResult::NotFound
+    );
 
     // A render that finishes: let its hour pass.
     let id = engine.start::<Render>("short".into()).await.unwrap();
@@ -117,7 +142,10 @@ async fn completed_and_unknown_tasks_are_reported_as_such() {
     let task = engine.wait(id).await.unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
     assert_eq!(task.output_as::<String>().unwrap().unwrap(), "short.mp4");
-    assert_eq!(engine.cancel::<Render>(id).await.unwrap(), CancelResult::AlreadyCompleted);
+    assert_eq!(
+        engine.cancel::<Render>(id).await.unwrap(),
+        CancelResult::AlreadyCompleted
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -127,17 +155,28 @@ async fn cancelling_before_any_step_runs_ends_cancelled_without_running_steps() 
     let backend = saga_runtime::backend::memory::MemoryBackend::new();
     let client = Engine::builder()
         .backend(backend.clone())
-        .saga(Render { journal: journal.clone(), rendering: rendering.clone(), observed_cancel: Arc::default() })
+        .saga(Render {
+            journal: journal.clone(),
+            rendering: rendering.clone(),
+            observed_cancel: Arc::default(),
+        })
         .workers(0)
         .build()
         .await
         .unwrap();
     let id = client.start::<Render>("queued".into()).await.unwrap();
-    assert_eq!(client.cancel::<Render>(id).await.unwrap(), CancelResult::Cancelled);
+    assert_eq!(
+        client.cancel::<Render>(id).await.unwrap(),
+        CancelResult::Cancelled
+    );
 
     let _workers = Engine::builder()
         .backend(backend)
-        .saga(Render { journal: journal.clone(), rendering, observed_cancel: Arc::default() })
+        .saga(Render {
+            journal: journal.clone(),
+            rendering,
+            observed_cancel: Arc::default(),
+        })
         .build()
         .await
         .unwrap();

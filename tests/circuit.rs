@@ -37,31 +37,56 @@ async fn breaker_opens_rejects_probes_once_closes_and_reopens() {
     let calls = Arc::new(AtomicUsize::new(0));
     let up = Arc::new(AtomicBool::new(false));
     let engine = Engine::builder()
-        .saga(Webhook { calls: calls.clone(), up: up.clone() })
+        .saga(Webhook {
+            calls: calls.clone(),
+            up: up.clone(),
+        })
         .workers(1)
         .build()
         .await
         .unwrap();
     let run = |n| {
         let engine = engine.clone();
-        async move { engine.wait(engine.start::<Webhook>(n).await.unwrap()).await.unwrap() }
+        async move {
+            engine
+                .wait(engine.start::<Webhook>(n).await.unwrap())
+                .await
+                .unwrap()
+        }
     };
 
     // Task 1: three failed calls (one call + two retries) reach the threshold.
     let t1 = run(1).await;
-    assert_eq!((t1.status, t1.steps[0].attempt_count), (TaskStatus::Failed, 3));
+    assert_eq!(
+        (t1.status, t1.steps[0].attempt_count),
+        (TaskStatus::Failed, 3)
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 
     // Task 2, another task of the same step: rejected at once, step not called,
     // no retry consumed.
     let before = tokio::time::Instant::now();
     let t2 = run(2).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 3, "open circuit must not call the step");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "open circuit must not call the step"
+    );
     assert_eq!(t2.status, TaskStatus::Failed);
     assert_eq!(t2.steps[0].attempt_count, 0);
-    assert!(t2.audit_log.iter().any(|e| e.action == AuditAction::CircuitOpen));
-    assert!(t2.steps[0].error.as_deref().unwrap().contains("circuit breaker is open"));
-    assert!(before.elapsed() < Duration::from_millis(100), "rejection waits for no backoff");
+    assert!(t2
+        .audit_log
+        .iter()
+        .any(|e| e.action == AuditAction::CircuitOpen));
+    assert!(t2.steps[0]
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("circuit breaker is open"));
+    assert!(
+        before.elapsed() < Duration::from_millis(100),
+        "rejection waits for no backoff"
+    );
 
     // After the break: one probe goes through; it fails, so the circuit
     // reopens at once (no second call, no retry).
@@ -70,7 +95,11 @@ async fn breaker_opens_rejects_probes_once_closes_and_reopens() {
     assert_eq!(calls.load(Ordering::SeqCst), 4, "exactly one probe call");
     assert_eq!(t3.steps[0].attempt_count, 1);
     let t4 = run(4).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 4, "reopened after the failed probe");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        4,
+        "reopened after the failed probe"
+    );
     assert_eq!(t4.steps[0].attempt_count, 0);
 
     // After another break, a successful probe closes the circuit.
@@ -86,7 +115,10 @@ async fn a_success_resets_the_consecutive_failure_count() {
     let calls = Arc::new(AtomicUsize::new(0));
     let up = Arc::new(AtomicBool::new(true));
     let engine = Engine::builder()
-        .saga(Webhook { calls: calls.clone(), up: up.clone() })
+        .saga(Webhook {
+            calls: calls.clone(),
+            up: up.clone(),
+        })
         .workers(1)
         .build()
         .await

@@ -21,11 +21,20 @@ const TTL: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_millis(100);
 
 fn task(saga: &str) -> TaskInstance {
-    TaskInstance::new(saga, json!({"n": 1}), [("one".to_owned(), 1), ("two".to_owned(), 2)])
+    TaskInstance::new(
+        saga,
+        json!({"n": 1}),
+        [("one".to_owned(), 1), ("two".to_owned(), 2)],
+    )
 }
 
 fn message(t: &TaskInstance) -> String {
-    QueueMessage { task_id: t.id, saga: t.saga.clone(), seq: t.seq }.to_payload()
+    QueueMessage {
+        task_id: t.id,
+        saga: t.saga.clone(),
+        seq: t.seq,
+    }
+    .to_payload()
 }
 
 /// Receives until a message arrives (or panics after a few seconds).
@@ -56,13 +65,23 @@ async fn create_load_and_fresh_copies(b: Arc<dyn Backend>) {
     loaded.status = TaskStatus::Completed;
     loaded.steps.clear();
     let again = b.load_task(t.id).await.unwrap().unwrap();
-    assert_eq!(again.status, TaskStatus::Pending, "mutating a loaded copy must not change the store");
+    assert_eq!(
+        again.status,
+        TaskStatus::Pending,
+        "mutating a loaded copy must not change the store"
+    );
     assert_eq!(again.steps.len(), 2);
     assert!(b.load_task(TaskId::new()).await.unwrap().is_none());
 
     let other = task("other");
     b.create_task(&other, &message(&other)).await.unwrap();
-    let listed: Vec<TaskId> = b.list_tasks("s").await.unwrap().iter().map(|t| t.id).collect();
+    let listed: Vec<TaskId> = b
+        .list_tasks("s")
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
     assert_eq!(listed, [t.id]);
 }
 
@@ -77,24 +96,46 @@ async fn versions_and_concurrent_updates(b: Arc<dyn Backend>) {
     w1.status = TaskStatus::Running;
     w2.status = TaskStatus::Failed;
     let (k1, k2) = (format!("{}:one:1", t.id), format!("{}:one:2", t.id));
-    let (r1, r2) = tokio::join!(b.save_and_claim(&w1, &lease, &k1, TTL), b.save_and_claim(&w2, &lease, &k2, TTL));
+    let (r1, r2) = tokio::join!(
+        b.save_and_claim(&w1, &lease, &k1, TTL),
+        b.save_and_claim(&w2, &lease, &k2, TTL)
+    );
     let wins = [&r1, &r2].iter().filter(|r| r.is_ok()).count();
     assert_eq!(wins, 1, "{r1:?} {r2:?}");
     let loser = if r1.is_ok() { r2 } else { r1 };
-    assert!(matches!(loser, Err(BackendError::Conflict { expected: 1, actual: 2, .. })), "{loser:?}");
+    assert!(
+        matches!(
+            loser,
+            Err(BackendError::Conflict {
+                expected: 1,
+                actual: 2,
+                ..
+            })
+        ),
+        "{loser:?}"
+    );
     assert_eq!(b.load_task(t.id).await.unwrap().unwrap().version, 2);
 }
 
 async fn idempotency_claims(b: Arc<dyn Backend>) {
     let key = format!("{}:upload:1", TaskId::new());
     assert!(b.try_claim(&key, TTL).await.unwrap());
-    assert!(!b.try_claim(&key, TTL).await.unwrap(), "second claim of the same key");
+    assert!(
+        !b.try_claim(&key, TTL).await.unwrap(),
+        "second claim of the same key"
+    );
     let other = format!("{}:upload:2", TaskId::new());
     assert!(b.try_claim(&other, TTL).await.unwrap());
     let short = format!("{}:upload:1", TaskId::new());
-    assert!(b.try_claim(&short, Duration::from_millis(100)).await.unwrap());
+    assert!(b
+        .try_claim(&short, Duration::from_millis(100))
+        .await
+        .unwrap());
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert!(b.try_claim(&short, TTL).await.unwrap(), "a claim expires after its TTL");
+    assert!(
+        b.try_claim(&short, TTL).await.unwrap(),
+        "a claim expires after its TTL"
+    );
 
     // save_and_claim claims too, and writes even when the claim is lost.
     let t = task("s");
@@ -112,22 +153,45 @@ async fn idempotency_claims(b: Arc<dyn Backend>) {
 
 async fn lock_contention_expiry_extension_and_stale_release(b: Arc<dyn Backend>) {
     let id = TaskId::new();
-    let first = b.try_lock(id, Duration::from_millis(300)).await.unwrap().unwrap();
-    assert!(b.try_lock(id, TTL).await.unwrap().is_none(), "contention: no second holder");
+    let first = b
+        .try_lock(id, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        b.try_lock(id, TTL).await.unwrap().is_none(),
+        "contention: no second holder"
+    );
 
     // Extension keeps it past its original TTL.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(b.extend_lock(&first, Duration::from_millis(300)).await.unwrap());
+    assert!(b
+        .extend_lock(&first, Duration::from_millis(300))
+        .await
+        .unwrap());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(b.try_lock(id, TTL).await.unwrap().is_none(), "extended lock still held");
+    assert!(
+        b.try_lock(id, TTL).await.unwrap().is_none(),
+        "extended lock still held"
+    );
 
     // The holder dies: the lease expires and another worker gets a larger fence.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let second = b.try_lock(id, TTL).await.unwrap().expect("expired lock is free");
+    let second = b
+        .try_lock(id, TTL)
+        .await
+        .unwrap()
+        .expect("expired lock is free");
     assert!(second.fence > first.fence, "fencing tokens increase");
-    assert!(!b.unlock(&first).await.unwrap(), "a stale holder cannot release");
+    assert!(
+        !b.unlock(&first).await.unwrap(),
+        "a stale holder cannot release"
+    );
     assert!(!b.extend_lock(&first, TTL).await.unwrap(), "nor extend");
-    assert!(b.try_lock(id, TTL).await.unwrap().is_none(), "still held by the second");
+    assert!(
+        b.try_lock(id, TTL).await.unwrap().is_none(),
+        "still held by the second"
+    );
     assert!(b.unlock(&second).await.unwrap());
     assert!(b.try_lock(id, TTL).await.unwrap().is_some());
 }
@@ -135,15 +199,27 @@ async fn lock_contention_expiry_extension_and_stale_release(b: Arc<dyn Backend>)
 async fn stale_fence_writes_are_refused(b: Arc<dyn Backend>) {
     let t = task("s");
     b.create_task(&t, &message(&t)).await.unwrap();
-    let old = b.try_lock(t.id, Duration::from_millis(100)).await.unwrap().unwrap();
+    let old = b
+        .try_lock(t.id, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(250)).await;
     let new = b.try_lock(t.id, TTL).await.unwrap().unwrap();
     let cur = b.load_task(t.id).await.unwrap().unwrap();
-    let stale = b.save_and_claim(&cur, &old, &format!("{}:one:1", t.id), TTL).await;
-    assert!(matches!(stale, Err(BackendError::LockLost { .. })), "{stale:?}");
+    let stale = b
+        .save_and_claim(&cur, &old, &format!("{}:one:1", t.id), TTL)
+        .await;
+    assert!(
+        matches!(stale, Err(BackendError::LockLost { .. })),
+        "{stale:?}"
+    );
     let d = receive(&*b, "c").await;
     let stale = b.commit(&cur, &old, None, Settle::Ack(&d)).await;
-    assert!(matches!(stale, Err(BackendError::LockLost { .. })), "{stale:?}");
+    assert!(
+        matches!(stale, Err(BackendError::LockLost { .. })),
+        "{stale:?}"
+    );
     assert!(b.commit(&cur, &new, None, Settle::Ack(&d)).await.is_ok());
 }
 
@@ -173,11 +249,20 @@ async fn commit_is_atomic_enqueue_ack_and_unlock(b: Arc<dyn Backend>) {
     cur.status = TaskStatus::Running;
     cur.seq += 1;
     let next = message(&cur);
-    let v = b.commit(&cur, &lease, Some(&next), Settle::Ack(&d)).await.unwrap();
+    let v = b
+        .commit(&cur, &lease, Some(&next), Settle::Ack(&d))
+        .await
+        .unwrap();
     assert_eq!(v, 2);
-    assert!(b.try_lock(t.id, TTL).await.unwrap().is_some(), "commit released the lock");
+    assert!(
+        b.try_lock(t.id, TTL).await.unwrap().is_some(),
+        "commit released the lock"
+    );
     let n = receive(&*b, "a").await;
-    assert_eq!(n.payload, next, "the next message, not the acknowledged one");
+    assert_eq!(
+        n.payload, next,
+        "the next message, not the acknowledged one"
+    );
     b.ack(&n).await.unwrap();
     nothing_for(&*b, "a", VISIBILITY * 2).await;
 }
@@ -189,12 +274,23 @@ async fn dead_lettering_and_requeue(b: Arc<dyn Backend>) {
     nothing_for(&*b, "a", VISIBILITY * 2).await;
     let letters = b.dead_letters().await.unwrap();
     assert_eq!(letters.len(), 1);
-    assert_eq!((letters[0].payload.as_str(), letters[0].reason.as_str()), ("garbage", "malformed"));
-    let requeued = b.requeue_dead_letter(&letters[0].id).await.unwrap().unwrap();
+    assert_eq!(
+        (letters[0].payload.as_str(), letters[0].reason.as_str()),
+        ("garbage", "malformed")
+    );
+    let requeued = b
+        .requeue_dead_letter(&letters[0].id)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(requeued.payload, "garbage");
     assert!(b.dead_letters().await.unwrap().is_empty());
     assert_eq!(receive(&*b, "a").await.payload, "garbage");
-    assert!(b.requeue_dead_letter(&letters[0].id).await.unwrap().is_none());
+    assert!(b
+        .requeue_dead_letter(&letters[0].id)
+        .await
+        .unwrap()
+        .is_none());
 
     // Dead-lettering through commit, then resolving through commit.
     let t = task("s");
@@ -209,12 +305,22 @@ async fn dead_lettering_and_requeue(b: Arc<dyn Backend>) {
     let lease = b.try_lock(t.id, TTL).await.unwrap().unwrap();
     let mut cur = b.load_task(t.id).await.unwrap().unwrap();
     cur.status = TaskStatus::DeadLettered;
-    cur.version = b.commit(&cur, &lease, None, Settle::DeadLetter(&d, "exhausted")).await.unwrap();
+    cur.version = b
+        .commit(&cur, &lease, None, Settle::DeadLetter(&d, "exhausted"))
+        .await
+        .unwrap();
     let letters = b.dead_letters().await.unwrap();
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].task_id, Some(t.id));
     let lease = b.try_lock(t.id, TTL).await.unwrap().unwrap();
-    b.commit(&cur, &lease, None, Settle::ResolveDeadLetter(&letters[0].id)).await.unwrap();
+    b.commit(
+        &cur,
+        &lease,
+        None,
+        Settle::ResolveDeadLetter(&letters[0].id),
+    )
+    .await
+    .unwrap();
     assert!(b.dead_letters().await.unwrap().is_empty());
 }
 
@@ -223,10 +329,19 @@ async fn cancellation_flags_and_notifications(b: Arc<dyn Backend>) {
     tokio::time::sleep(Duration::from_millis(100)).await; // let a subscription settle
     let id = TaskId::new();
     assert!(b.cancel_requested(id).await.unwrap().is_none());
-    assert!(b.request_cancel(id).await.unwrap().is_none(), "first request");
+    assert!(
+        b.request_cancel(id).await.unwrap().is_none(),
+        "first request"
+    );
     let first = b.cancel_requested(id).await.unwrap().expect("flag set");
-    assert_eq!(b.request_cancel(id).await.unwrap(), Some(first), "second request sees the first");
-    let notified = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.unwrap();
+    assert_eq!(
+        b.request_cancel(id).await.unwrap(),
+        Some(first),
+        "second request sees the first"
+    );
+    let notified = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .unwrap();
     assert_eq!(notified, Some(id));
 
     let t = task("s");

@@ -41,7 +41,9 @@ impl Report {
 /// A minimal HTTP/1.1 client: method, path -> (status, JSON body).
 async fn request(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let req = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    );
     stream.write_all(req.as_bytes()).await.unwrap();
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await.unwrap();
@@ -54,7 +56,9 @@ async fn request(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
 async fn cancel_and_inspect_routes() {
     let started = Arc::new(Notify::new());
     let engine = Engine::builder()
-        .saga(Export { started: started.clone() })
+        .saga(Export {
+            started: started.clone(),
+        })
         .saga(Report)
         .build()
         .await
@@ -68,16 +72,28 @@ async fn cancel_and_inspect_routes() {
     let running = engine.start::<Export>(true).await.unwrap();
     started.notified().await;
     let (status, body) = request(addr, "DELETE", &format!("/sagas/export/{running}")).await;
-    assert_eq!((status, body), (200, serde_json::json!({"status": "Cancelled"})));
+    assert_eq!(
+        (status, body),
+        (200, serde_json::json!({"status": "Cancelled"}))
+    );
     let (status, body) = request(addr, "DELETE", &format!("/sagas/export/{running}")).await;
-    assert_eq!((status, body), (200, serde_json::json!({"status": "Already cancelled"})));
+    assert_eq!(
+        (status, body),
+        (200, serde_json::json!({"status": "Already cancelled"}))
+    );
     engine.wait(running).await.unwrap();
 
     // A completed task cannot be cancelled.
     let done = engine.start::<Export>(false).await.unwrap();
     engine.wait(done).await.unwrap();
     let (status, body) = request(addr, "DELETE", &format!("/sagas/export/{done}")).await;
-    assert_eq!((status, body), (409, serde_json::json!({"error": "Task already completed, cannot cancel"})));
+    assert_eq!(
+        (status, body),
+        (
+            409,
+            serde_json::json!({"error": "Task already completed, cannot cancel"})
+        )
+    );
 
     // Unknown ids, malformed ids, and ids of another saga.
     let (status, _) = request(addr, "DELETE", &format!("/sagas/export/{}", TaskId::new())).await;
@@ -94,12 +110,19 @@ async fn cancel_and_inspect_routes() {
     assert_eq!(status, 200);
     assert_eq!(body["status"], "Cancelled");
     assert_eq!(body["steps"][0]["name"], "export");
-    assert!(body["audit_log"].as_array().unwrap().iter().any(|e| e["kind"] == "CancellationRequested"));
+    assert!(body["audit_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["kind"] == "CancellationRequested"));
 
     // A saga that is not cancellable has no DELETE route.
     let (status, _) = request(addr, "DELETE", &format!("/sagas/report/{report}")).await;
     assert_eq!(status, 405);
     let (status, body) = request(addr, "GET", &format!("/sagas/report/{report}")).await;
-    assert_eq!((status, body["output"].clone()), (200, serde_json::json!(3)));
+    assert_eq!(
+        (status, body["output"].clone()),
+        (200, serde_json::json!(3))
+    );
     tokio::time::sleep(Duration::from_millis(10)).await;
 }

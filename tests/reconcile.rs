@@ -91,14 +91,24 @@ impl ArchiveReconciliation for Cleaner {
 
 async fn setup() -> (Engine, Cleaner) {
     let bucket: Bucket = Arc::default();
-    let engine = Engine::builder().saga(Archive { bucket: bucket.clone() }).build().await.unwrap();
+    let engine = Engine::builder()
+        .saga(Archive {
+            bucket: bucket.clone(),
+        })
+        .build()
+        .await
+        .unwrap();
     for name in ["ok-1", "ok-2", "bad-1", "sticky-1"] {
         let id = engine.start::<Archive>(name.to_owned()).await.unwrap();
         engine.wait(id).await.unwrap();
     }
     // An object no task ever recorded (its worker died before the commit).
     bucket.lock().unwrap().insert("archive/lost-1".to_owned());
-    let cleaner = Cleaner { bucket, received: Arc::default(), fail_listing: Arc::default() };
+    let cleaner = Cleaner {
+        bucket,
+        received: Arc::default(),
+        fail_listing: Arc::default(),
+    };
     (engine, cleaner)
 }
 
@@ -113,7 +123,9 @@ async fn orphans_are_exactly_the_unreferenced_resources() {
     // ok-1/ok-2 are referenced by completed tasks; bad-1 was compensated
     // (deleted); sticky-1's compensation failed, so nothing owns it any more;
     // lost-1 was never recorded.
-    let expected: HashSet<_> = ["archive/sticky-1", "archive/lost-1"].map(String::from).into();
+    let expected: HashSet<_> = ["archive/sticky-1", "archive/lost-1"]
+        .map(String::from)
+        .into();
     assert_eq!(orphans, expected);
     assert_eq!(report.resources, 4);
     assert_eq!(report.orphans, 2);
@@ -131,7 +143,11 @@ async fn a_failing_cycle_is_isolated_and_the_next_one_runs() {
         tokio::spawn(async move { cleaner.run(engine, shutdown).await })
     };
     tokio::time::sleep(Duration::from_secs(61)).await;
-    assert_eq!(cleaner.received.lock().unwrap().len(), 1, "the second cycle ran after the first failed");
+    assert_eq!(
+        cleaner.received.lock().unwrap().len(),
+        1,
+        "the second cycle ran after the first failed"
+    );
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(cleaner.received.lock().unwrap().len(), 2);
     shutdown.cancel();

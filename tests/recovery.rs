@@ -70,12 +70,21 @@ async fn an_abandoned_step_resumes_elsewhere_without_rerunning_completed_steps()
     drop(first);
 
     let (second_saga, _) = saga(&journal, 1);
-    let second = Engine::builder().backend(backend).saga(second_saga).build().await.unwrap();
+    let second = Engine::builder()
+        .backend(backend)
+        .saga(second_saga)
+        .build()
+        .await
+        .unwrap();
     let task = second.wait(id).await.unwrap();
 
     assert_eq!(task.status, TaskStatus::Completed);
     assert_eq!(task.output_as::<u32>().unwrap().unwrap(), 3);
-    assert_eq!(journal.labels(), ["first", "second@1", "second@2"], "step 1 ran once; step 2 resumed at attempt 2");
+    assert_eq!(
+        journal.labels(),
+        ["first", "second@1", "second@2"],
+        "step 1 ran once; step 2 resumed at attempt 2"
+    );
     assert_eq!(task.steps[1].attempt_count, 2);
 }
 
@@ -88,8 +97,16 @@ async fn duplicate_deliveries_of_a_processed_message_change_nothing() {
     let before = engine.wait(id).await.unwrap();
 
     for seq in 0..3 {
-        let duplicate = QueueMessage { task_id: id, saga: "two-steps".into(), seq };
-        engine.backend().enqueue(&duplicate.to_payload()).await.unwrap();
+        let duplicate = QueueMessage {
+            task_id: id,
+            saga: "two-steps".into(),
+            seq,
+        };
+        engine
+            .backend()
+            .enqueue(&duplicate.to_payload())
+            .await
+            .unwrap();
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
 
@@ -117,13 +134,32 @@ impl Panicky {
 #[tokio::test(start_paused = true)]
 async fn a_panicking_step_is_a_failed_attempt_and_the_worker_survives() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let engine = Engine::builder().saga(Panicky { calls: calls.clone() }).workers(1).build().await.unwrap();
-    let task = engine.wait(engine.start::<Panicky>(5).await.unwrap()).await.unwrap();
+    let engine = Engine::builder()
+        .saga(Panicky {
+            calls: calls.clone(),
+        })
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    let task = engine
+        .wait(engine.start::<Panicky>(5).await.unwrap())
+        .await
+        .unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
     assert_eq!(task.steps[0].attempt_count, 2);
-    assert!(task.audit_log.iter().any(|e| e.error.as_deref() == Some("step panicked: index out of bounds")), "{:#?}", task.audit_log);
+    assert!(
+        task.audit_log
+            .iter()
+            .any(|e| e.error.as_deref() == Some("step panicked: index out of bounds")),
+        "{:#?}",
+        task.audit_log
+    );
     // The single worker is still alive.
-    let again = engine.wait(engine.start::<Panicky>(6).await.unwrap()).await.unwrap();
+    let again = engine
+        .wait(engine.start::<Panicky>(6).await.unwrap())
+        .await
+        .unwrap();
     assert_eq!(again.status, TaskStatus::Completed);
 }
 

@@ -19,11 +19,18 @@ async fn backend(redis: &TestRedis) -> RedisBackend {
         block: Duration::from_millis(200),
         ..RedisConfig::default()
     };
-    RedisBackend::connect_with(&redis.url(), config).await.unwrap()
+    RedisBackend::connect_with(&redis.url(), config)
+        .await
+        .unwrap()
 }
 
 /// Polls until every task is terminal; tolerates Redis being down meanwhile.
-async fn all_finished(engine: &Engine, saga: &str, count: usize, within: Duration) -> Vec<TaskInstance> {
+async fn all_finished(
+    engine: &Engine,
+    saga: &str,
+    count: usize,
+    within: Duration,
+) -> Vec<TaskInstance> {
     let deadline = Instant::now() + within;
     loop {
         if let Ok(tasks) = engine.tasks_of(saga).await {
@@ -31,7 +38,10 @@ async fn all_finished(engine: &Engine, saga: &str, count: usize, within: Duratio
                 return tasks;
             }
         }
-        assert!(Instant::now() < deadline, "tasks did not finish in {within:?}");
+        assert!(
+            Instant::now() < deadline,
+            "tasks did not finish in {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -39,8 +49,16 @@ async fn all_finished(engine: &Engine, saga: &str, count: usize, within: Duratio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_reconnect_after_a_redis_restart_and_every_task_finishes() {
     let mut redis = TestRedis::start();
-    let mut recorder = redis::Client::open(redis.url()).unwrap().get_connection_manager().await.unwrap();
-    let chaos = ChaosConfig { max_work: Duration::from_millis(30), failure_rate: 0.0, record: true };
+    let mut recorder = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let chaos = ChaosConfig {
+        max_work: Duration::from_millis(30),
+        failure_rate: 0.0,
+        record: true,
+    };
     let engine = Engine::builder()
         .backend(backend(&redis).await)
         .saga(Chaos::new(recorder.clone(), "in-process", chaos))
@@ -54,7 +72,13 @@ async fn workers_reconnect_after_a_redis_restart_and_every_task_finishes() {
         ids.push(engine.start::<Chaos>(n).await.unwrap());
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let done_before = engine.tasks_of("chaos").await.unwrap().iter().filter(|t| t.status.is_terminal()).count();
+    let done_before = engine
+        .tasks_of("chaos")
+        .await
+        .unwrap()
+        .iter()
+        .filter(|t| t.status.is_terminal())
+        .count();
     assert!(done_before < ids.len(), "restart must happen mid-run");
     redis.restart();
 
@@ -93,7 +117,9 @@ async fn a_step_longer_than_the_lock_ttl_keeps_its_lease_and_runs_once() {
         engines.push(
             Engine::builder()
                 .backend(backend(&redis).await)
-                .saga(Slow { calls: calls.clone() })
+                .saga(Slow {
+                    calls: calls.clone(),
+                })
                 .lock_ttl(Duration::from_millis(300))
                 .workers(2)
                 .build()
@@ -104,7 +130,11 @@ async fn a_step_longer_than_the_lock_ttl_keeps_its_lease_and_runs_once() {
     let id = engines[0].start::<Slow>(2500).await.unwrap();
     let task = engines[1].wait(id).await.unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the lease was extended; nobody else ran the step");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the lease was extended; nobody else ran the step"
+    );
     assert_eq!(task.steps[0].attempt_count, 1);
 }
 
@@ -114,14 +144,18 @@ async fn cancellation_requested_in_one_process_reaches_a_step_running_in_another
     let calls = Arc::new(AtomicUsize::new(0));
     let worker = Engine::builder()
         .backend(backend(&redis).await)
-        .saga(Slow { calls: calls.clone() })
+        .saga(Slow {
+            calls: calls.clone(),
+        })
         .workers(1)
         .build()
         .await
         .unwrap();
     let client = Engine::builder()
         .backend(backend(&redis).await)
-        .saga(Slow { calls: Arc::default() })
+        .saga(Slow {
+            calls: Arc::default(),
+        })
         .workers(0)
         .build()
         .await
@@ -131,11 +165,20 @@ async fn cancellation_requested_in_one_process_reaches_a_step_running_in_another
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let asked = Instant::now();
-    assert_eq!(client.cancel::<Slow>(id).await.unwrap(), CancelResult::Cancelled);
+    assert_eq!(
+        client.cancel::<Slow>(id).await.unwrap(),
+        CancelResult::Cancelled
+    );
     let task = client.wait(id).await.unwrap();
     assert_eq!(task.status, TaskStatus::Cancelled);
-    assert_eq!(task.steps[0].error.as_deref(), Some("cancelled: cancelled mid-crunch"));
-    assert!(asked.elapsed() < Duration::from_secs(5), "cancellation arrived promptly");
+    assert_eq!(
+        task.steps[0].error.as_deref(),
+        Some("cancelled: cancelled mid-crunch")
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "cancellation arrived promptly"
+    );
     drop(worker);
 }
 
@@ -152,29 +195,80 @@ impl Double {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_on_the_stream_is_dead_lettered_and_other_tasks_finish() {
     let redis = TestRedis::start();
-    let engine = Engine::builder().backend(backend(&redis).await).saga(Double).build().await.unwrap();
+    let engine = Engine::builder()
+        .backend(backend(&redis).await)
+        .saga(Double)
+        .build()
+        .await
+        .unwrap();
     let backend = engine.backend().clone();
 
     // A malformed entry written straight onto the stream by another producer.
     let mut conn = redis.conn();
-    let _: String = redis::cmd("XADD").arg("saga:{saga:0}:queue").arg("*").arg("payload").arg("{oops").query(&mut conn).unwrap();
-    let _: String = redis::cmd("XADD").arg("saga:{saga:0}:queue").arg("*").arg("unexpected").arg("field").query(&mut conn).unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("saga:{saga:0}:queue")
+        .arg("*")
+        .arg("payload")
+        .arg("{oops")
+        .query(&mut conn)
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg("saga:{saga:0}:queue")
+        .arg("*")
+        .arg("unexpected")
+        .arg("field")
+        .query(&mut conn)
+        .unwrap();
     let stray = TaskId::new();
     backend
-        .enqueue(&QueueMessage { task_id: stray, saga: "no-such-saga".into(), seq: 0 }.to_payload())
+        .enqueue(
+            &QueueMessage {
+                task_id: stray,
+                saga: "no-such-saga".into(),
+                seq: 0,
+            }
+            .to_payload(),
+        )
         .await
         .unwrap();
-    let bad = TaskInstance::new("double", serde_json::json!("three"), [("double".to_owned(), 1)]);
+    let bad = TaskInstance::new(
+        "double",
+        serde_json::json!("three"),
+        [("double".to_owned(), 1)],
+    );
     backend
-        .create_task(&bad, &QueueMessage { task_id: bad.id, saga: "double".into(), seq: 0 }.to_payload())
+        .create_task(
+            &bad,
+            &QueueMessage {
+                task_id: bad.id,
+                saga: "double".into(),
+                seq: 0,
+            }
+            .to_payload(),
+        )
         .await
         .unwrap();
-    let good: Vec<TaskId> = futures::future::try_join_all((0..10).map(|n| engine.start::<Double>(n))).await.unwrap();
+    let good: Vec<TaskId> =
+        futures::future::try_join_all((0..10).map(|n| engine.start::<Double>(n)))
+            .await
+            .unwrap();
 
     for (n, id) in good.iter().enumerate() {
-        assert_eq!(engine.wait(*id).await.unwrap().output_as::<u32>().unwrap().unwrap(), n as u32 * 2);
+        assert_eq!(
+            engine
+                .wait(*id)
+                .await
+                .unwrap()
+                .output_as::<u32>()
+                .unwrap()
+                .unwrap(),
+            n as u32 * 2
+        );
     }
-    assert_eq!(engine.wait(bad.id).await.unwrap().status, TaskStatus::DeadLettered);
+    assert_eq!(
+        engine.wait(bad.id).await.unwrap().status,
+        TaskStatus::DeadLettered
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     let letters = loop {
         let letters = engine.dead_letters().await.unwrap();
@@ -185,8 +279,28 @@ async fn bad_input_on_the_stream_is_dead_lettered_and_other_tasks_finish() {
     };
     let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
     assert_eq!(letters.len(), 4, "{reasons:?}");
-    assert_eq!(reasons.iter().filter(|r| r.starts_with("malformed message")).count(), 2, "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.contains("unknown saga `no-such-saga`")), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.contains("does not deserialize as `u32`")), "{reasons:?}");
-    assert!(letters.iter().any(|l| l.payload == "{oops"), "the raw payload is kept");
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| r.starts_with("malformed message"))
+            .count(),
+        2,
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("unknown saga `no-such-saga`")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("does not deserialize as `u32`")),
+        "{reasons:?}"
+    );
+    assert!(
+        letters.iter().any(|l| l.payload == "{oops"),
+        "the raw payload is kept"
+    );
 }

@@ -22,7 +22,11 @@ impl Exponential {
     #[retry_policy(max_retries = 5, backoff = exponential, base_delay_ms = 200, on_exhausted = fail)]
     async fn call(&self, n: u32, ctx: &StepContext) -> Result<u32, StepError> {
         let before = self.journal.record("call");
-        assert_eq!(ctx.attempt() as usize, before + 1, "ctx.attempt() counts calls");
+        assert_eq!(
+            ctx.attempt() as usize,
+            before + 1,
+            "ctx.attempt() counts calls"
+        );
         if before < self.fail_first {
             return Err(StepError::transient(format!("503 #{}", before + 1)));
         }
@@ -76,7 +80,10 @@ impl Capped {
 async fn exponential_schedule_is_200_400_800_1600_3200_ms_and_counts_six_calls() {
     let journal = Journal::default();
     let engine = Engine::builder()
-        .saga(Exponential { journal: journal.clone(), fail_first: usize::MAX })
+        .saga(Exponential {
+            journal: journal.clone(),
+            fail_first: usize::MAX,
+        })
         .build()
         .await
         .unwrap();
@@ -85,7 +92,10 @@ async fn exponential_schedule_is_200_400_800_1600_3200_ms_and_counts_six_calls()
 
     assert_eq!(journal.gaps_ms("call"), [200, 400, 800, 1600, 3200]);
     assert_eq!(task.status, TaskStatus::Failed);
-    assert_eq!(task.steps[0].attempt_count, 6, "max_retries = 5 means six calls");
+    assert_eq!(
+        task.steps[0].attempt_count, 6,
+        "max_retries = 5 means six calls"
+    );
     assert_eq!(task.steps[0].error.as_deref(), Some("503 #6"));
     let delays: Vec<_> = task
         .audit_log
@@ -95,14 +105,33 @@ async fn exponential_schedule_is_200_400_800_1600_3200_ms_and_counts_six_calls()
             _ => None,
         })
         .collect();
-    assert_eq!(delays, [Some(200), Some(400), Some(800), Some(1600), Some(3200), None]);
+    assert_eq!(
+        delays,
+        [
+            Some(200),
+            Some(400),
+            Some(800),
+            Some(1600),
+            Some(3200),
+            None
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn linear_schedule_is_200_400_600_800_ms() {
     let journal = Journal::default();
-    let engine = Engine::builder().saga(Linear { journal: journal.clone() }).build().await.unwrap();
-    let task = engine.wait(engine.start::<Linear>(1).await.unwrap()).await.unwrap();
+    let engine = Engine::builder()
+        .saga(Linear {
+            journal: journal.clone(),
+        })
+        .build()
+        .await
+        .unwrap();
+    let task = engine
+        .wait(engine.start::<Linear>(1).await.unwrap())
+        .await
+        .unwrap();
     assert_eq!(journal.gaps_ms("call"), [200, 400, 600, 800]);
     assert_eq!(task.steps[0].attempt_count, 5);
 }
@@ -111,18 +140,34 @@ async fn linear_schedule_is_200_400_600_800_ms() {
 async fn constant_zero_retries_at_once_and_max_delay_caps_the_schedule() {
     let journal = Journal::default();
     let engine = Engine::builder()
-        .saga(ConstantZero { journal: journal.clone() })
-        .saga(Capped { journal: Journal::default() })
+        .saga(ConstantZero {
+            journal: journal.clone(),
+        })
+        .saga(Capped {
+            journal: Journal::default(),
+        })
         .build()
         .await
         .unwrap();
-    let task = engine.wait(engine.start::<ConstantZero>(1).await.unwrap()).await.unwrap();
+    let task = engine
+        .wait(engine.start::<ConstantZero>(1).await.unwrap())
+        .await
+        .unwrap();
     assert_eq!(journal.gaps_ms("call"), [0]);
     assert_eq!(task.steps[0].attempt_count, 2);
 
     let journal = Journal::default();
-    let engine = Engine::builder().saga(Capped { journal: journal.clone() }).build().await.unwrap();
-    engine.wait(engine.start::<Capped>(1).await.unwrap()).await.unwrap();
+    let engine = Engine::builder()
+        .saga(Capped {
+            journal: journal.clone(),
+        })
+        .build()
+        .await
+        .unwrap();
+    engine
+        .wait(engine.start::<Capped>(1).await.unwrap())
+        .await
+        .unwrap();
     assert_eq!(journal.gaps_ms("call"), [100, 200, 300, 300, 300]);
 }
 
@@ -130,11 +175,17 @@ async fn constant_zero_retries_at_once_and_max_delay_caps_the_schedule() {
 async fn a_step_that_recovers_completes_with_its_attempts_recorded() {
     let journal = Journal::default();
     let engine = Engine::builder()
-        .saga(Exponential { journal: journal.clone(), fail_first: 2 })
+        .saga(Exponential {
+            journal: journal.clone(),
+            fail_first: 2,
+        })
         .build()
         .await
         .unwrap();
-    let task = engine.wait(engine.start::<Exponential>(21).await.unwrap()).await.unwrap();
+    let task = engine
+        .wait(engine.start::<Exponential>(21).await.unwrap())
+        .await
+        .unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
     assert_eq!(task.output_as::<u32>().unwrap().unwrap(), 42);
     assert_eq!(journal.gaps_ms("call"), [200, 400]);
@@ -142,7 +193,10 @@ async fn a_step_that_recovers_completes_with_its_attempts_recorded() {
     assert_eq!(task.steps[0].status, StepStatus::Completed);
     assert_eq!(
         status_changes(&task),
-        [(TaskStatus::Pending, TaskStatus::Running), (TaskStatus::Running, TaskStatus::Completed)]
+        [
+            (TaskStatus::Pending, TaskStatus::Running),
+            (TaskStatus::Running, TaskStatus::Completed)
+        ]
     );
 }
 
@@ -184,14 +238,25 @@ impl Checkout {
 #[tokio::test(start_paused = true)]
 async fn a_permanent_error_skips_the_remaining_retries_and_compensates() {
     let journal = Journal::default();
-    let saga = Checkout { journal: journal.clone(), permanent: true, healthy: Arc::default() };
+    let saga = Checkout {
+        journal: journal.clone(),
+        permanent: true,
+        healthy: Arc::default(),
+    };
     let engine = Engine::builder().saga(saga).build().await.unwrap();
-    let task = engine.wait(engine.start::<Checkout>(1).await.unwrap()).await.unwrap();
+    let task = engine
+        .wait(engine.start::<Checkout>(1).await.unwrap())
+        .await
+        .unwrap();
     assert_eq!(journal.labels(), ["reserve", "charge", "release"]);
     assert_eq!(task.status, TaskStatus::Compensated);
     assert_eq!(task.steps[1].attempt_count, 1);
     assert_eq!(task.steps[1].status, StepStatus::Failed);
-    assert!(task.audit_log.iter().any(|e| e.action == AuditAction::AttemptFailed { retry_in_ms: None, permanent: true }));
+    assert!(task.audit_log.iter().any(|e| e.action
+        == AuditAction::AttemptFailed {
+            retry_in_ms: None,
+            permanent: true
+        }));
     assert_eq!(
         status_changes(&task),
         [
@@ -205,9 +270,16 @@ async fn a_permanent_error_skips_the_remaining_retries_and_compensates() {
 #[tokio::test(start_paused = true)]
 async fn on_exhausted_compensate_is_the_default() {
     let journal = Journal::default();
-    let saga = Checkout { journal: journal.clone(), permanent: false, healthy: Arc::default() };
+    let saga = Checkout {
+        journal: journal.clone(),
+        permanent: false,
+        healthy: Arc::default(),
+    };
     let engine = Engine::builder().saga(saga).build().await.unwrap();
-    let task = engine.wait(engine.start::<Checkout>(1).await.unwrap()).await.unwrap();
+    let task = engine
+        .wait(engine.start::<Checkout>(1).await.unwrap())
+        .await
+        .unwrap();
     assert_eq!(task.status, TaskStatus::Compensated);
     assert_eq!(journal.count("charge"), 4);
     assert_eq!(journal.count("release"), 1);
@@ -243,11 +315,24 @@ impl FailFast {
 #[tokio::test(start_paused = true)]
 async fn on_exhausted_fail_marks_failed_without_compensating() {
     let journal = Journal::default();
-    let engine = Engine::builder().saga(FailFast { journal: journal.clone() }).build().await.unwrap();
-    let task = engine.wait(engine.start::<FailFast>(1).await.unwrap()).await.unwrap();
+    let engine = Engine::builder()
+        .saga(FailFast {
+            journal: journal.clone(),
+        })
+        .build()
+        .await
+        .unwrap();
+    let task = engine
+        .wait(engine.start::<FailFast>(1).await.unwrap())
+        .await
+        .unwrap();
     assert_eq!(task.status, TaskStatus::Failed);
     assert_eq!(journal.labels(), ["reserve", "charge", "charge"]);
-    assert_eq!(task.steps[0].status, StepStatus::Completed, "nothing compensated");
+    assert_eq!(
+        task.steps[0].status,
+        StepStatus::Completed,
+        "nothing compensated"
+    );
     assert!(task.error.as_deref().unwrap().contains("gateway timeout"));
 }
 
@@ -275,7 +360,10 @@ async fn on_exhausted_dead_letter_parks_the_task_until_an_operator_requeues_it()
     let calls = Arc::new(AtomicUsize::new(0));
     let healthy = Arc::new(AtomicBool::new(false));
     let engine = Engine::builder()
-        .saga(Parked { calls: calls.clone(), healthy: healthy.clone() })
+        .saga(Parked {
+            calls: calls.clone(),
+            healthy: healthy.clone(),
+        })
         .build()
         .await
         .unwrap();
@@ -287,15 +375,29 @@ async fn on_exhausted_dead_letter_parks_the_task_until_an_operator_requeues_it()
     let letters = engine.dead_letters().await.unwrap();
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].task_id, Some(id));
-    assert!(letters[0].reason.contains("step `export`") && letters[0].reason.contains("ftp down"), "{}", letters[0].reason);
+    assert!(
+        letters[0].reason.contains("step `export`") && letters[0].reason.contains("ftp down"),
+        "{}",
+        letters[0].reason
+    );
 
     healthy.store(true, Ordering::SeqCst);
     engine.requeue(&letters[0].id).await.unwrap();
     let task = engine.wait(id).await.unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
     assert_eq!(calls.load(Ordering::SeqCst), 4);
-    assert_eq!(task.output_as::<String>().unwrap().unwrap(), "7@4", "attempt numbers keep counting");
+    assert_eq!(
+        task.output_as::<String>().unwrap().unwrap(),
+        "7@4",
+        "attempt numbers keep counting"
+    );
     assert!(engine.dead_letters().await.unwrap().is_empty());
-    assert!(task.audit_log.iter().any(|e| e.action == AuditAction::Requeued));
-    assert!(matches!(engine.requeue(&letters[0].id).await, Err(saga_runtime::Error::DeadLetterNotFound(_))));
+    assert!(task
+        .audit_log
+        .iter()
+        .any(|e| e.action == AuditAction::Requeued));
+    assert!(matches!(
+        engine.requeue(&letters[0].id).await,
+        Err(saga_runtime::Error::DeadLetterNotFound(_))
+    ));
 }

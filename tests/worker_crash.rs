@@ -32,10 +32,21 @@ fn spawn_worker(url: &str) -> Child {
 async fn killing_workers_at_random_loses_and_duplicates_nothing() {
     let redis = TestRedis::start();
     let url = redis.url();
-    let config = RedisConfig { visibility_timeout: Duration::from_millis(800), ..RedisConfig::default() };
+    let config = RedisConfig {
+        visibility_timeout: Duration::from_millis(800),
+        ..RedisConfig::default()
+    };
     let backend = RedisBackend::connect_with(&url, config).await.unwrap();
-    let mut recorder = redis::Client::open(url.as_str()).unwrap().get_connection_manager().await.unwrap();
-    let chaos = ChaosConfig { max_work: Duration::ZERO, failure_rate: 0.0, record: true };
+    let mut recorder = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let chaos = ChaosConfig {
+        max_work: Duration::ZERO,
+        failure_rate: 0.0,
+        record: true,
+    };
     let client = Engine::builder()
         .backend(backend)
         .saga(Chaos::new(recorder.clone(), "driver", chaos))
@@ -59,8 +70,13 @@ async fn killing_workers_at_random_loses_and_duplicates_nothing() {
         if unfinished == 0 && tasks.len() == ids.len() {
             break;
         }
-        assert!(Instant::now() < deadline, "{unfinished} tasks never finished after {kills} kills");
-        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        assert!(
+            Instant::now() < deadline,
+            "{unfinished} tasks never finished after {kills} kills"
+        );
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         tokio::time::sleep(Duration::from_millis(100 + (rng >> 33) % 250)).await;
         if kills < 40 {
             let victim = (rng >> 40) as usize % workers.len();
@@ -74,7 +90,10 @@ async fn killing_workers_at_random_loses_and_duplicates_nothing() {
         let _ = w.kill();
         let _ = w.wait();
     }
-    assert!(kills >= 5, "the run must actually have killed workers (killed {kills})");
+    assert!(
+        kills >= 5,
+        "the run must actually have killed workers (killed {kills})"
+    );
 
     let mut by_status: HashMap<TaskStatus, usize> = HashMap::new();
     for id in &ids {
@@ -85,7 +104,13 @@ async fn killing_workers_at_random_loses_and_duplicates_nothing() {
             panic!("{violation}");
         }
         assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
-        assert_eq!(task.output_as::<u64>().unwrap().unwrap(), task.input.as_u64().unwrap() + 3);
+        assert_eq!(
+            task.output_as::<u64>().unwrap().unwrap(),
+            task.input.as_u64().unwrap() + 3
+        );
     }
-    eprintln!("{} tasks, {kills} SIGKILLs, statuses {by_status:?}", ids.len());
+    eprintln!(
+        "{} tasks, {kills} SIGKILLs, statuses {by_status:?}",
+        ids.len()
+    );
 }

@@ -1,4 +1,78 @@
-//! stub
+//! Attribute macros of `saga-runtime`. Users depend on `saga-runtime`, which
+//! re-exports these; the generated code reaches the runtime only through
+//! `::saga_runtime::__private`, so this crate has no runtime dependency.
+//!
+//! Only `#[saga]` (and `#[cancellable]`, which moves itself next to it) does
+//! real work. The other attributes are read and removed by `#[saga]` before
+//! the compiler ever resolves them; their own entry points exist so that the
+//! names resolve at all, and they run only when misplaced, to say so.
+
+mod ctxt;
+mod helpers;
+mod saga;
+mod suggest;
+
 use proc_macro::TokenStream;
-macro_rules! stub { ($($n:ident),*) => { $( #[proc_macro_attribute] pub fn $n(_a: TokenStream, i: TokenStream) -> TokenStream { i } )* } }
-stub!(saga, saga_step, retry_policy, compensation_retry_policy, compensate, circuit_breaker, cancellable);
+
+/// Turns an inherent `impl` block of step methods into a saga.
+///
+/// ```ignore
+/// #[saga(name = "create-zip")]   // name is optional: kebab-case of the type by default
+/// #[cancellable]
+/// impl CreateZip {
+///     #[saga_step(1)]
+///     #[retry_policy(max_retries = 5, backoff = exponential, base_delay_ms = 200)]
+///     async fn upload(&self, req: Request, ctx: &StepContext) -> Result<Uploaded, StepError> { .. }
+///
+///     #[compensate(upload)]
+///     async fn delete_upload(&self, uploaded: Uploaded) -> Result<(), StepError> { .. }
+/// }
+/// ```
+///
+/// Generates `impl Saga for CreateZip`, `impl Cancellable` (with
+/// `#[cancellable]`), the `CreateZipStepOutput` enum and the
+/// `CreateZipReconciliation` base trait. Misconfigurations are compile errors
+/// on the offending token.
+#[proc_macro_attribute]
+pub fn saga(args: TokenStream, item: TokenStream) -> TokenStream {
+    saga::expand(args.into(), item.into()).into()
+}
+
+/// Marks a step of a `#[saga]` impl: `#[saga_step(1)]`, `#[saga_step(2)]`, ...
+#[proc_macro_attribute]
+pub fn saga_step(args: TokenStream, item: TokenStream) -> TokenStream {
+    helpers::standalone("saga_step", args.into(), item.into()).into()
+}
+
+/// Retries of a step: `#[retry_policy(max_retries = 5, backoff = exponential,
+/// base_delay_ms = 200, max_delay_ms = 5000, jitter, on_exhausted = compensate)]`.
+#[proc_macro_attribute]
+pub fn retry_policy(args: TokenStream, item: TokenStream) -> TokenStream {
+    helpers::standalone("retry_policy", args.into(), item.into()).into()
+}
+
+/// Retries of a step's compensation (on the step): same keys as
+/// `#[retry_policy]` except `on_exhausted`.
+#[proc_macro_attribute]
+pub fn compensation_retry_policy(args: TokenStream, item: TokenStream) -> TokenStream {
+    helpers::standalone("compensation_retry_policy", args.into(), item.into()).into()
+}
+
+/// Marks the method that undoes a step: `#[compensate(upload_to_s3)]`.
+#[proc_macro_attribute]
+pub fn compensate(args: TokenStream, item: TokenStream) -> TokenStream {
+    helpers::standalone("compensate", args.into(), item.into()).into()
+}
+
+/// A circuit breaker around a step:
+/// `#[circuit_breaker(failure_threshold = 5, duration_secs = 30)]`.
+#[proc_macro_attribute]
+pub fn circuit_breaker(args: TokenStream, item: TokenStream) -> TokenStream {
+    helpers::standalone("circuit_breaker", args.into(), item.into()).into()
+}
+
+/// Allows `engine.cancel::<S>(id)`; goes next to `#[saga]` (above or below).
+#[proc_macro_attribute]
+pub fn cancellable(args: TokenStream, item: TokenStream) -> TokenStream {
+    helpers::cancellable(args.into(), item.into()).into()
+}

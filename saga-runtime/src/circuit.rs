@@ -63,7 +63,7 @@ pub struct CircuitBreaker {
 
 /// Returned when the circuit rejects a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("circuit breaker is open; calls are rejected for {retry_after:?}")]
+#[error("circuit breaker is open; calls are rejected for the next {:.1} s", retry_after.as_secs_f64())]
 pub struct CircuitOpen {
     /// Time until the breaker lets a probe through.
     pub retry_after: Duration,
@@ -205,10 +205,16 @@ mod tests {
         }
         b.try_acquire().unwrap().failure();
         assert_eq!(b.state(), CircuitState::Open);
-        assert_eq!(b.try_acquire().unwrap_err().retry_after, Duration::from_secs(30));
+        assert_eq!(
+            b.try_acquire().unwrap_err().retry_after,
+            Duration::from_secs(30)
+        );
 
         tokio::time::advance(Duration::from_secs(29)).await;
-        assert!(b.try_acquire().is_err(), "still open one second before the end");
+        assert!(
+            b.try_acquire().is_err(),
+            "still open one second before the end"
+        );
         tokio::time::advance(Duration::from_secs(1)).await;
         let probe = b.try_acquire().unwrap();
         assert!(probe.is_probe());

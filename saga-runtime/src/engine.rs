@@ -14,7 +14,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, QueueMessage, Settle};
 use crate::circuit::CircuitBreaker;
 use crate::error::Error;
-use crate::saga::{Cancellable, ErasedSaga, Saga};
+use crate::saga::{BoxFuture, Cancellable, ErasedSaga, Saga};
 use crate::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
 use crate::worker;
 
@@ -197,7 +197,11 @@ pub(crate) struct Inner {
 
 impl Inner {
     /// The breaker of one saga step, shared by every task of this engine.
-    pub fn breaker(&self, saga: &'static str, step: &crate::saga::StepDefinition) -> Option<Arc<CircuitBreaker>> {
+    pub fn breaker(
+        &self,
+        saga: &'static str,
+        step: &crate::saga::StepDefinition,
+    ) -> Option<Arc<CircuitBreaker>> {
         let config = step.circuit_breaker?;
         let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         Some(
@@ -249,7 +253,9 @@ impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut names: Vec<_> = self.inner.sagas.keys().collect();
         names.sort();
-        f.debug_struct("Engine").field("sagas", &names).finish_non_exhaustive()
+        f.debug_struct("Engine")
+            .field("sagas", &names)
+            .finish_non_exhaustive()
     }
 }
 
@@ -330,14 +336,22 @@ impl Engine {
     /// [`StepContext::cancelled`](crate::StepContext::cancelled) fires (in
     /// whichever process runs it), then the completed steps are compensated
     /// in reverse order. [`wait`](Self::wait) for the final status.
-    pub async fn cancel<S: Cancellable>(&self, id: TaskId) -> Result<CancelResult, Error> {
-        self.cancel_by_name(S::NAME, id).await
+    // Returns a boxed future whose type does not mention `S`: the
+    // `Cancellable` bound is then checked once, at the call, and a saga
+    // without `#[cancellable]` gets one error instead of one per use of the
+    // future.
+    pub fn cancel<S: Cancellable>(&self, id: TaskId) -> BoxFuture<'_, Result<CancelResult, Error>> {
+        Box::pin(self.cancel_by_name(S::NAME, id))
     }
 
     /// [`cancel`](Self::cancel) by saga name, for callers that only have the
     /// name (the HTTP routes). Fails with [`Error::WrongSaga`] when the task
     /// belongs to another saga.
-    pub(crate) async fn cancel_by_name(&self, saga: &str, id: TaskId) -> Result<CancelResult, Error> {
+    pub(crate) async fn cancel_by_name(
+        &self,
+        saga: &str,
+        id: TaskId,
+    ) -> Result<CancelResult, Error> {
         let Some(task) = self.inner.backend.load_task(id).await? else {
             return Ok(CancelResult::NotFound);
         };
@@ -426,7 +440,10 @@ impl Engine {
         }
         let id = letter.task_id.expect("parked implies a task id");
         let locked = loop {
-            if let Some(locked) = backend.try_lock_and_load(id, self.inner.settings.lock_ttl).await? {
+            if let Some(locked) = backend
+                .try_lock_and_load(id, self.inner.settings.lock_ttl)
+                .await?
+            {
                 break locked;
             }
             tokio::time::sleep(self.inner.settings.lock_retry_delay).await;
@@ -435,12 +452,18 @@ impl Engine {
             backend.unlock(&locked.lease).await?;
             return Err(Error::DeadLetterNotFound(dead_letter_id.to_owned()));
         };
-        for step in task.steps.iter_mut().filter(|s| s.status == StepStatus::Failed) {
+        for step in task
+            .steps
+            .iter_mut()
+            .filter(|s| s.status == StepStatus::Failed)
+        {
             step.status = StepStatus::Pending;
             step.retry_base = step.attempt_count;
         }
         task.error = None;
-        task.audit(AuditEntry::new(AuditAction::Requeued).details(format!("dead letter {dead_letter_id}")));
+        task.audit(
+            AuditEntry::new(AuditAction::Requeued).details(format!("dead letter {dead_letter_id}")),
+        );
         task.set_status(TaskStatus::Running);
         task.seq += 1;
         let message = QueueMessage {

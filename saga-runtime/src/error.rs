@@ -112,10 +112,14 @@ impl fmt::Debug for StepError {
 #[non_exhaustive]
 pub enum Error {
     /// `start`/`cancel` named a saga the engine was not built with.
-    #[error("saga `{0}` is not registered with this engine; add it with `Engine::builder().saga(..)`")]
+    #[error(
+        "saga `{0}` is not registered with this engine; add it with `Engine::builder().saga(..)`"
+    )]
     UnknownSaga(String),
     /// Two sagas registered under one name.
-    #[error("two sagas are registered under the name `{0}`; give one of them `#[saga(name = \"..\")]`")]
+    #[error(
+        "two sagas are registered under the name `{0}`; give one of them `#[saga(name = \"..\")]`"
+    )]
     DuplicateSaga(String),
     /// A task id that the store does not know.
     #[error("task {0} does not exist")]

@@ -29,9 +29,15 @@ pub fn router(engine: Engine) -> Router {
     let mut router = Router::new();
     for def in engine.sagas() {
         let saga = def.name;
-        let route = get(move |State(engine): State<Engine>, Path(id): Path<String>| get_task(engine, saga, id));
+        let route = get(
+            move |State(engine): State<Engine>, Path(id): Path<String>| get_task(engine, saga, id),
+        );
         let route = if def.cancellable {
-            route.delete(move |State(engine): State<Engine>, Path(id): Path<String>| cancel_task(engine, saga, id))
+            route.delete(
+                move |State(engine): State<Engine>, Path(id): Path<String>| {
+                    cancel_task(engine, saga, id)
+                },
+            )
         } else {
             route
         };
@@ -44,9 +50,15 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
-fn parse(id: &str) -> Result<TaskId, Response> {
-    id.parse()
-        .map_err(|_| error(StatusCode::BAD_REQUEST, format!("`{id}` is not a task id (a UUID)")))
+fn parse(id: &str) -> Option<TaskId> {
+    id.parse().ok()
+}
+
+fn bad_id(id: &str) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        format!("`{id}` is not a task id (a UUID)"),
+    )
 }
 
 fn unavailable(e: Error) -> Response {
@@ -55,9 +67,8 @@ fn unavailable(e: Error) -> Response {
 }
 
 async fn get_task(engine: Engine, saga: &'static str, id: String) -> Response {
-    let id = match parse(&id) {
-        Ok(id) => id,
-        Err(response) => return response,
+    let Some(id) = parse(&id) else {
+        return bad_id(&id);
     };
     match engine.task(id).await {
         Ok(Some(task)) if task.saga == saga => Json(task).into_response(),
@@ -67,18 +78,25 @@ async fn get_task(engine: Engine, saga: &'static str, id: String) -> Response {
 }
 
 async fn cancel_task(engine: Engine, saga: &'static str, id: String) -> Response {
-    let id = match parse(&id) {
-        Ok(id) => id,
-        Err(response) => return response,
+    let Some(id) = parse(&id) else {
+        return bad_id(&id);
     };
     match engine.cancel_by_name(saga, id).await {
         Ok(CancelResult::Cancelled) => Json(json!({ "status": "Cancelled" })).into_response(),
-        Ok(CancelResult::AlreadyCancelled) => Json(json!({ "status": "Already cancelled" })).into_response(),
-        Ok(CancelResult::NotFound) | Err(Error::WrongSaga { .. }) => error(StatusCode::NOT_FOUND, "Task not found"),
-        Ok(CancelResult::AlreadyCompleted) => error(StatusCode::CONFLICT, "Task already completed, cannot cancel"),
-        Ok(CancelResult::NotCancellable(status)) => {
-            error(StatusCode::CONFLICT, format!("Task is {status}, cannot cancel"))
+        Ok(CancelResult::AlreadyCancelled) => {
+            Json(json!({ "status": "Already cancelled" })).into_response()
         }
+        Ok(CancelResult::NotFound) | Err(Error::WrongSaga { .. }) => {
+            error(StatusCode::NOT_FOUND, "Task not found")
+        }
+        Ok(CancelResult::AlreadyCompleted) => error(
+            StatusCode::CONFLICT,
+            "Task already completed, cannot cancel",
+        ),
+        Ok(CancelResult::NotCancellable(status)) => error(
+            StatusCode::CONFLICT,
+            format!("Task is {status}, cannot cancel"),
+        ),
         Err(e) => unavailable(e),
     }
 }

@@ -128,8 +128,12 @@ where
 /// Runs `cycle` every `interval` until `shutdown` fires. A failing cycle is
 /// logged and the next one runs as scheduled: one bad scan (a listing that
 /// timed out) must not stop reconciliation for good.
-pub async fn run_every<F, Fut>(interval: Duration, shutdown: CancellationToken, saga: &str, mut cycle: F)
-where
+pub async fn run_every<F, Fut>(
+    interval: Duration,
+    shutdown: CancellationToken,
+    saga: &str,
+    mut cycle: F,
+) where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<ReconcileReport, ReconcileError>>,
 {

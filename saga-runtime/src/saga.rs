@@ -176,7 +176,10 @@ pub fn encode<T: Serialize>(result: Result<T, StepError>) -> Result<Value, StepE
 
 /// The error for a step number the saga does not have.
 #[doc(hidden)]
-pub fn unknown_step<'a, T: Send + 'a>(saga: &str, order: u32) -> BoxFuture<'a, Result<T, StepError>> {
+pub fn unknown_step<'a, T: Send + 'a>(
+    saga: &str,
+    order: u32,
+) -> BoxFuture<'a, Result<T, StepError>> {
     let error = StepError::invalid_payload(format!("saga `{saga}` has no step {order}"));
     Box::pin(async move { Err(error) })
 }

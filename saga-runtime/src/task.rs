@@ -256,6 +256,9 @@ pub struct AuditEntry {
     pub trace_id: Option<String>,
     /// Free-form details (JSON for `CompensationFailed`).
     pub details: Option<String>,
+    /// The worker (process id and worker number) that made the attempt.
+    #[serde(default)]
+    pub worker: Option<String>,
 }
 
 impl AuditEntry {
@@ -269,7 +272,13 @@ impl AuditEntry {
             error: None,
             trace_id: None,
             details: None,
+            worker: None,
         }
+    }
+
+    pub(crate) fn worker(mut self, worker: &str) -> Self {
+        self.worker = Some(worker.to_owned());
+        self
     }
 
     pub(crate) fn step(mut self, step: &str) -> Self {
@@ -368,7 +377,9 @@ impl TaskInstance {
     }
 
     /// Deserializes the saga's output.
-    pub fn output_as<T: serde::de::DeserializeOwned>(&self) -> Option<Result<T, serde_json::Error>> {
+    pub fn output_as<T: serde::de::DeserializeOwned>(
+        &self,
+    ) -> Option<Result<T, serde_json::Error>> {
         self.output.clone().map(serde_json::from_value)
     }
 
@@ -418,8 +429,14 @@ mod tests {
         assert_eq!(
             changes,
             [
-                AuditAction::StatusChanged { from: TaskStatus::Pending, to: TaskStatus::Running },
-                AuditAction::StatusChanged { from: TaskStatus::Running, to: TaskStatus::Completed },
+                AuditAction::StatusChanged {
+                    from: TaskStatus::Pending,
+                    to: TaskStatus::Running
+                },
+                AuditAction::StatusChanged {
+                    from: TaskStatus::Running,
+                    to: TaskStatus::Completed
+                },
             ]
         );
     }
@@ -427,7 +444,13 @@ mod tests {
     #[test]
     fn records_round_trip_through_json() {
         let mut t = TaskInstance::new("s", serde_json::json!({"k": 1}), [("a".to_owned(), 1)]);
-        t.audit(AuditEntry::new(AuditAction::AttemptFailed { retry_in_ms: Some(200), permanent: false }).step("a"));
+        t.audit(
+            AuditEntry::new(AuditAction::AttemptFailed {
+                retry_in_ms: Some(200),
+                permanent: false,
+            })
+            .step("a"),
+        );
         let back: TaskInstance = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
         assert_eq!(back, t);
         assert_eq!(t.id.to_string().parse::<TaskId>().unwrap(), t.id);

@@ -20,10 +20,10 @@ use crate::backend::{BackendError, Delivery, Lease, QueueMessage, Settle};
 use crate::context::StepContext;
 use crate::engine::Inner;
 use crate::error::{StepError, StepErrorKind};
-use futures::FutureExt;
 use crate::policy::{Backoff, OnExhausted};
 use crate::saga::{ErasedSaga, SagaDefinition};
 use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp};
+use futures::FutureExt;
 
 /// Pulls messages until the engine shuts down.
 pub(crate) async fn run(inner: Arc<Inner>, name: String) {
@@ -79,7 +79,9 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        if let (Some(lease), Ok(handle)) = (self.lease.take(), tokio::runtime::Handle::try_current()) {
+        if let (Some(lease), Ok(handle)) =
+            (self.lease.take(), tokio::runtime::Handle::try_current())
+        {
             let backend = self.inner.backend.clone();
             handle.spawn(async move {
                 let _ = backend.unlock(&lease).await;
@@ -88,7 +90,12 @@ impl Drop for LeaseGuard {
     }
 }
 
-async fn dead_letter(inner: &Inner, delivery: &Delivery, reason: String, task: Option<crate::task::TaskId>) {
+async fn dead_letter(
+    inner: &Inner,
+    delivery: &Delivery,
+    reason: String,
+    task: Option<crate::task::TaskId>,
+) {
     tracing::error!(message = %delivery.id, %reason, "dead-lettering message");
     if let Err(error) = inner.backend.dead_letter(delivery, &reason, task).await {
         tracing::warn!(%error, "dead-lettering failed; the message will be redelivered");
@@ -99,7 +106,8 @@ async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
     let message: QueueMessage = match serde_json::from_str(&delivery.payload) {
         Ok(m) => m,
         Err(e) => {
-            let reason = format!("malformed message (expected {{\"task_id\", \"saga\", \"seq\"}}): {e}");
+            let reason =
+                format!("malformed message (expected {{\"task_id\", \"saga\", \"seq\"}}): {e}");
             return dead_letter(inner, delivery, reason, None).await;
         }
     };
@@ -114,16 +122,23 @@ async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
         return dead_letter(inner, delivery, reason, Some(message.task_id)).await;
     };
     let backend = &inner.backend;
-    let locked = match backend.try_lock_and_load(message.task_id, inner.settings.lock_ttl).await {
+    let locked = match backend
+        .try_lock_and_load(message.task_id, inner.settings.lock_ttl)
+        .await
+    {
         Ok(Some(locked)) => locked,
         Ok(None) => {
             tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
-            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+            let _ = backend
+                .release(delivery, inner.settings.lock_retry_delay)
+                .await;
             return;
         }
         Err(error) => {
             tracing::warn!(%error, "locking failed; message handed back");
-            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+            let _ = backend
+                .release(delivery, inner.settings.lock_retry_delay)
+                .await;
             return;
         }
     };
@@ -164,7 +179,9 @@ async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
         Ok(()) => guard.disarm(),
         Err(error) => {
             tracing::warn!(task_id = %id, %error, "could not record the outcome; the message will be redelivered");
-            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+            let _ = backend
+                .release(delivery, inner.settings.lock_retry_delay)
+                .await;
         }
     }
 }
@@ -173,7 +190,10 @@ async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
 enum Attempted {
     Succeeded(Value),
     Cancelled(String),
-    Exhausted { error: String, invalid_payload: bool },
+    Exhausted {
+        error: String,
+        invalid_payload: bool,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -192,9 +212,15 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    async fn advance(&self, mut task: TaskInstance, cancel: Option<Timestamp>) -> Result<(), BackendError> {
+    async fn advance(
+        &self,
+        mut task: TaskInstance,
+        cancel: Option<Timestamp>,
+    ) -> Result<(), BackendError> {
         let mut settle_reason = None;
-        if task.cancelled_at.is_none() && matches!(task.status, TaskStatus::Pending | TaskStatus::Running) {
+        if task.cancelled_at.is_none()
+            && matches!(task.status, TaskStatus::Pending | TaskStatus::Running)
+        {
             if let Some(at) = cancel {
                 self.begin_cancel(&mut task, at);
             }
@@ -210,7 +236,11 @@ impl Run<'_> {
     }
 
     /// Writes the outcome, the next message and the acknowledgement at once.
-    async fn commit(&self, mut task: TaskInstance, dead_letter: Option<String>) -> Result<(), BackendError> {
+    async fn commit(
+        &self,
+        mut task: TaskInstance,
+        dead_letter: Option<String>,
+    ) -> Result<(), BackendError> {
         let next = (!task.status.is_terminal()).then(|| {
             task.seq += 1;
             QueueMessage {
@@ -236,7 +266,9 @@ impl Run<'_> {
 
     fn begin_cancel(&self, task: &mut TaskInstance, at: Timestamp) {
         task.cancelled_at = Some(at);
-        task.audit(AuditEntry::new(AuditAction::CancellationRequested).trace(&task.trace_id.clone()));
+        task.audit(
+            AuditEntry::new(AuditAction::CancellationRequested).trace(&task.trace_id.clone()),
+        );
         self.finish_or_compensate(task);
     }
 
@@ -256,14 +288,23 @@ impl Run<'_> {
     /// was interrupted by a crash).
     fn next_compensable(&self, task: &TaskInstance) -> Option<usize> {
         task.steps.iter().enumerate().rev().find_map(|(i, rec)| {
-            let has = self.def.steps.get(i).is_some_and(|d| d.compensation.is_some());
-            (has && matches!(rec.status, StepStatus::Completed | StepStatus::Compensating)).then_some(i)
+            let has = self
+                .def
+                .steps
+                .get(i)
+                .is_some_and(|d| d.compensation.is_some());
+            (has && matches!(rec.status, StepStatus::Completed | StepStatus::Compensating))
+                .then_some(i)
         })
     }
 
     /// Runs the next step; returns a dead-letter reason when the task is parked.
     async fn run_next_step(&self, task: &mut TaskInstance) -> Result<Option<String>, BackendError> {
-        let Some(idx) = task.steps.iter().position(|s| s.status != StepStatus::Completed) else {
+        let Some(idx) = task
+            .steps
+            .iter()
+            .position(|s| s.status != StepStatus::Completed)
+        else {
             task.set_status(TaskStatus::Completed);
             return Ok(None);
         };
@@ -281,7 +322,12 @@ impl Run<'_> {
                 rec.completed_at = Some(Timestamp::now());
                 rec.output = Some(output.clone());
                 let attempt = rec.attempt_count;
-                task.audit(AuditEntry::new(AuditAction::StepCompleted).step(name).attempt(attempt));
+                task.audit(
+                    AuditEntry::new(AuditAction::StepCompleted)
+                        .step(name)
+                        .attempt(attempt)
+                        .worker(&self.delivery.consumer),
+                );
                 // A cancellation that arrived during the step: the keep-alive
                 // relays it to the token within a poll interval; before the
                 // last step completes the task, ask the backend too (one read
@@ -306,6 +352,18 @@ impl Run<'_> {
                 let rec = &mut task.steps[idx];
                 rec.status = StepStatus::Failed;
                 rec.error = Some(format!("cancelled: {error}"));
+                let attempt = rec.attempt_count;
+                task.audit(
+                    failed(
+                        Phase::Step,
+                        name,
+                        attempt,
+                        &format!("cancelled: {error}"),
+                        None,
+                        true,
+                    )
+                    .worker(&self.delivery.consumer),
+                );
                 let at = self
                     .inner
                     .backend
@@ -315,7 +373,10 @@ impl Run<'_> {
                 self.begin_cancel(task, at);
                 Ok(None)
             }
-            Attempted::Exhausted { error, invalid_payload } => {
+            Attempted::Exhausted {
+                error,
+                invalid_payload,
+            } => {
                 let trace_id = task.trace_id.clone();
                 let rec = &mut task.steps[idx];
                 rec.status = StepStatus::Failed;
@@ -338,7 +399,11 @@ impl Run<'_> {
                     }
                     OnExhausted::DeadLetter => {
                         let reason = format!("saga `{}` step `{name}`: {error}", self.def.name);
-                        task.audit(AuditEntry::new(AuditAction::DeadLettered).step(name).error(&reason));
+                        task.audit(
+                            AuditEntry::new(AuditAction::DeadLettered)
+                                .step(name)
+                                .error(&reason),
+                        );
                         task.set_status(TaskStatus::DeadLettered);
                         Ok(Some(reason))
                     }
@@ -355,12 +420,20 @@ impl Run<'_> {
         };
         let output = task.steps[idx].output.clone().unwrap_or(Value::Null);
         let step_name = self.def.steps[idx].name;
-        match self.attempts(task, idx, Phase::Compensation, output).await? {
+        match self
+            .attempts(task, idx, Phase::Compensation, output)
+            .await?
+        {
             Attempted::Succeeded(_) => {
                 let rec = &mut task.steps[idx];
                 rec.status = StepStatus::Compensated;
                 let attempt = rec.compensation_attempts;
-                task.audit(AuditEntry::new(AuditAction::StepCompensated).step(step_name).attempt(attempt));
+                task.audit(
+                    AuditEntry::new(AuditAction::StepCompensated)
+                        .step(step_name)
+                        .attempt(attempt)
+                        .worker(&self.delivery.consumer),
+                );
                 if self.next_compensable(task).is_none() {
                     self.finish_or_compensate(task);
                 }
@@ -383,7 +456,9 @@ impl Run<'_> {
                     task_id = %task.id, saga = self.def.name, step = step_name, %trace_id, %error,
                     "compensation FAILED; manual intervention required"
                 );
-                task.error = Some(format!("compensation of step `{step_name}` failed: {error}"));
+                task.error = Some(format!(
+                    "compensation of step `{step_name}` failed: {error}"
+                ));
                 task.audit(
                     AuditEntry::new(AuditAction::CompensationFailed)
                         .step(step_name)
@@ -431,17 +506,20 @@ impl Run<'_> {
             if used > policy.max_retries {
                 // A worker died during the last allowed attempt.
                 return Ok(Attempted::Exhausted {
-                    error: rec
-                        .error
-                        .clone()
-                        .unwrap_or_else(|| format!("retries exhausted: attempt {used} did not report back")),
+                    error: rec.error.clone().unwrap_or_else(|| {
+                        format!("retries exhausted: attempt {used} did not report back")
+                    }),
                     invalid_payload: false,
                 });
             }
             let permit = match breaker.as_deref().map(|b| b.try_acquire()) {
                 Some(Err(open)) => {
                     let error = format!("{open}");
-                    task.audit(AuditEntry::new(AuditAction::CircuitOpen).step(method).error(&error));
+                    task.audit(
+                        AuditEntry::new(AuditAction::CircuitOpen)
+                            .step(method)
+                            .error(&error),
+                    );
                     return Ok(Attempted::Exhausted {
                         error,
                         invalid_payload: false,
@@ -479,7 +557,11 @@ impl Run<'_> {
 
             let failure = if !claimed {
                 drop(permit);
-                task.audit(AuditEntry::new(AuditAction::DuplicateAttempt).step(method).attempt(attempt));
+                task.audit(
+                    AuditEntry::new(AuditAction::DuplicateAttempt)
+                        .step(method)
+                        .attempt(attempt),
+                );
                 format!("idempotency key {key} was already claimed; attempt counted as failed instead of running twice")
             } else {
                 let ctx = StepContext {
@@ -501,7 +583,11 @@ impl Run<'_> {
                 );
                 let call = async {
                     match phase {
-                        Phase::Step => self.saga.execute_step(step_def.order, input.clone(), &ctx).await,
+                        Phase::Step => {
+                            self.saga
+                                .execute_step(step_def.order, input.clone(), &ctx)
+                                .await
+                        }
                         Phase::Compensation => self
                             .saga
                             .compensate_step(step_def.order, input.clone(), &ctx)
@@ -512,7 +598,12 @@ impl Run<'_> {
                 .instrument(span);
                 // A panicking step is a failed attempt, not a dead worker.
                 let call = std::panic::AssertUnwindSafe(call).catch_unwind().map(|r| {
-                    r.unwrap_or_else(|panic| Err(StepError::transient(format!("step panicked: {}", panic_message(&*panic)))))
+                    r.unwrap_or_else(|panic| {
+                        Err(StepError::transient(format!(
+                            "step panicked: {}",
+                            panic_message(&*panic)
+                        )))
+                    })
                 });
                 let result = tokio::select! {
                     r = call => r,
@@ -548,7 +639,10 @@ impl Run<'_> {
                     (None, _) => {}
                 }
                 if !error.is_transient() {
-                    task.audit(failed(phase, method, attempt, &text, None, true));
+                    task.audit(
+                        failed(phase, method, attempt, &text, None, true)
+                            .worker(&self.delivery.consumer),
+                    );
                     return Ok(Attempted::Exhausted {
                         error: text,
                         invalid_payload: false,
@@ -558,13 +652,19 @@ impl Run<'_> {
             };
 
             let Some(delay) = policy.schedule(used).next_backoff() else {
-                task.audit(failed(phase, method, attempt, &failure, None, false));
+                task.audit(
+                    failed(phase, method, attempt, &failure, None, false)
+                        .worker(&self.delivery.consumer),
+                );
                 return Ok(Attempted::Exhausted {
                     error: failure,
                     invalid_payload: false,
                 });
             };
-            task.audit(failed(phase, method, attempt, &failure, Some(delay), false));
+            task.audit(
+                failed(phase, method, attempt, &failure, Some(delay), false)
+                    .worker(&self.delivery.consumer),
+            );
             tracing::debug!(task_id = %task.id, step = method, attempt, ?delay, error = %failure, "attempt failed; retrying");
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
@@ -619,10 +719,16 @@ fn failed(
 ) -> AuditEntry {
     let retry_in_ms = retry_in.map(|d| d.as_millis() as u64);
     let action = match phase {
-        Phase::Step => AuditAction::AttemptFailed { retry_in_ms, permanent },
+        Phase::Step => AuditAction::AttemptFailed {
+            retry_in_ms,
+            permanent,
+        },
         Phase::Compensation => AuditAction::CompensationAttemptFailed { retry_in_ms },
     };
-    AuditEntry::new(action).step(step).attempt(attempt).error(error)
+    AuditEntry::new(action)
+        .step(step)
+        .attempt(attempt)
+        .error(error)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -31,7 +31,10 @@ impl Saga for Handle {
                     name: "one",
                     order: 1,
                     retry: RetryPolicy::new(2, BackoffKind::Constant, 10),
-                    compensation: Some(CompensationDefinition { name: "undo_one", retry: RetryPolicy::NO_RETRY }),
+                    compensation: Some(CompensationDefinition {
+                        name: "undo_one",
+                        retry: RetryPolicy::NO_RETRY,
+                    }),
                     circuit_breaker: None,
                     input_type: "u32",
                     output_type: "u32",
@@ -40,7 +43,10 @@ impl Saga for Handle {
                     name: "two",
                     order: 2,
                     retry: RetryPolicy::new(2, BackoffKind::Constant, 10),
-                    compensation: Some(CompensationDefinition { name: "undo_two", retry: RetryPolicy::NO_RETRY }),
+                    compensation: Some(CompensationDefinition {
+                        name: "undo_two",
+                        retry: RetryPolicy::NO_RETRY,
+                    }),
                     circuit_breaker: None,
                     input_type: "u32",
                     output_type: "u32",
@@ -58,7 +64,12 @@ impl Saga for Handle {
         };
         &DEF
     }
-    fn execute_step<'a>(&'a self, order: u32, input: Value, _ctx: &'a StepContext) -> BoxFuture<'a, Result<Value, StepError>> {
+    fn execute_step<'a>(
+        &'a self,
+        order: u32,
+        input: Value,
+        _ctx: &'a StepContext,
+    ) -> BoxFuture<'a, Result<Value, StepError>> {
         Box::pin(async move {
             let n: u32 = decode(input)?;
             self.0.calls[order as usize - 1].fetch_add(1, Ordering::SeqCst);
@@ -68,7 +79,12 @@ impl Saga for Handle {
             encode(Ok(n + 1))
         })
     }
-    fn compensate_step<'a>(&'a self, order: u32, _output: Value, _ctx: &'a StepContext) -> BoxFuture<'a, Result<(), StepError>> {
+    fn compensate_step<'a>(
+        &'a self,
+        order: u32,
+        _output: Value,
+        _ctx: &'a StepContext,
+    ) -> BoxFuture<'a, Result<(), StepError>> {
         Box::pin(async move {
             self.0.compensations[order as usize - 1].fetch_add(1, Ordering::SeqCst);
             Ok(())
@@ -79,23 +95,42 @@ impl Saga for Handle {
 #[tokio::test(start_paused = true)]
 async fn three_steps_complete_and_chain_outputs() {
     let saga = Arc::new(Counting::default());
-    let engine = Engine::builder().saga(Handle(saga.clone())).build().await.unwrap();
+    let engine = Engine::builder()
+        .saga(Handle(saga.clone()))
+        .build()
+        .await
+        .unwrap();
     let id = engine.start::<Handle>(10).await.unwrap();
     let task = engine.wait(id).await.unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
     assert_eq!(task.output_as::<u32>().unwrap().unwrap(), 13);
-    let calls: Vec<u32> = saga.calls.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+    let calls: Vec<u32> = saga
+        .calls
+        .iter()
+        .map(|c| c.load(Ordering::SeqCst))
+        .collect();
     assert_eq!(calls, [1, 1, 1]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn failure_at_step_three_compensates_two_then_one() {
-    let saga = Arc::new(Counting { fail_step: Some(3), ..Default::default() });
-    let engine = Engine::builder().saga(Handle(saga.clone())).build().await.unwrap();
+    let saga = Arc::new(Counting {
+        fail_step: Some(3),
+        ..Default::default()
+    });
+    let engine = Engine::builder()
+        .saga(Handle(saga.clone()))
+        .build()
+        .await
+        .unwrap();
     let id = engine.start::<Handle>(1).await.unwrap();
     let task = engine.wait(id).await.unwrap();
     assert_eq!(task.status, TaskStatus::Compensated);
-    assert_eq!(saga.calls[2].load(Ordering::SeqCst), 2, "max_retries = 1 means two calls");
+    assert_eq!(
+        saga.calls[2].load(Ordering::SeqCst),
+        2,
+        "max_retries = 1 means two calls"
+    );
     assert_eq!(task.steps_with(StepStatus::Compensated), ["one", "two"]);
     assert_eq!(task.steps[2].attempt_count, 2);
     let compensated: Vec<_> = task

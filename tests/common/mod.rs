@@ -24,18 +24,35 @@ impl Journal {
     }
 
     pub fn labels(&self) -> Vec<String> {
-        self.0.lock().unwrap().iter().map(|(l, _)| l.clone()).collect()
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(l, _)| l.clone())
+            .collect()
     }
 
     pub fn count(&self, label: &str) -> usize {
-        self.0.lock().unwrap().iter().filter(|(l, _)| l == label).count()
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(l, _)| l == label)
+            .count()
     }
 
     /// Milliseconds between consecutive events with this label.
     pub fn gaps_ms(&self, label: &str) -> Vec<u128> {
         let events = self.0.lock().unwrap();
-        let times: Vec<Instant> = events.iter().filter(|(l, _)| l == label).map(|(_, t)| *t).collect();
-        times.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect()
+        let times: Vec<Instant> = events
+            .iter()
+            .filter(|(l, _)| l == label)
+            .map(|(_, t)| *t)
+            .collect();
+        times
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_millis())
+            .collect()
     }
 }
 

@@ -12,35 +12,64 @@ pub struct TestRedis {
     server: Option<RedisServer>,
     port: u16,
     dir: tempfile::TempDir,
+    aof: bool,
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl TestRedis {
     /// Starts a server with the append-only file on (fsync always), so a
     /// restart keeps every acknowledged write.
     pub fn start() -> Self {
+        TestRedis::start_with_aof(true)
+    }
+
+    /// Starts a server with or without the append-only file (benchmarks
+    /// compare against `redis-benchmark`, which does not need it).
+    pub fn start_with_aof(aof: bool) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut redis = TestRedis { server: None, port: free_port(), dir };
+        let mut redis = TestRedis {
+            server: None,
+            port: free_port(),
+            dir,
+            aof,
+        };
         redis.spawn();
         redis
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     fn spawn(&mut self) {
         let dir: PathBuf = self.dir.path().to_owned();
+        let aof = if self.aof { "yes" } else { "no" };
         let addr = RedisServer::get_addr(self.port);
-        let server = RedisServer::new_with_addr_tls_modules_and_spawner(addr, None, None, false, None, &[], |cmd| {
-            cmd.arg("--appendonly")
-                .arg("yes")
-                .arg("--appendfsync")
-                .arg("always")
-                .arg("--dir")
-                .arg(&dir)
-                .spawn()
-                .expect("redis-server must be on PATH (apt-get install redis-server)")
-        });
+        let server = RedisServer::new_with_addr_tls_modules_and_spawner(
+            addr,
+            None,
+            None,
+            false,
+            None,
+            &[],
+            |cmd| {
+                cmd.arg("--appendonly")
+                    .arg(aof)
+                    .arg("--appendfsync")
+                    .arg("always")
+                    .arg("--dir")
+                    .arg(&dir)
+                    .spawn()
+                    .expect("redis-server must be on PATH (apt-get install redis-server)")
+            },
+        );
         self.server = Some(server);
         self.wait_ready();
     }
@@ -77,20 +106,10 @@ impl TestRedis {
 
     /// A synchronous connection for assertions.
     pub fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url()).unwrap().get_connection().unwrap()
-    }
-
-    /// Calls per command from `INFO commandstats`.
-    pub fn command_calls(&self) -> std::collections::HashMap<String, u64> {
-        let info: String = redis::cmd("INFO").arg("commandstats").query(&mut self.conn()).unwrap();
-        info.lines()
-            .filter_map(|line| {
-                let rest = line.strip_prefix("cmdstat_")?;
-                let (name, stats) = rest.split_once(':')?;
-                let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-                Some((name.to_owned(), calls.parse().ok()?))
-            })
-            .collect()
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
     }
 }
 

@@ -12,7 +12,10 @@ use saga_runtime::Engine;
 use sagas::chaos::{Chaos, ChaosConfig};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[tokio::main]
@@ -24,7 +27,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..RedisConfig::default()
     };
     let backend = RedisBackend::connect_with(&url, config).await?;
-    let recorder = redis::Client::open(url.as_str())?.get_connection_manager().await?;
+    let recorder = redis::Client::open(url.as_str())?
+        .get_connection_manager()
+        .await?;
     let chaos = ChaosConfig {
         max_work: Duration::from_millis(env("MAX_WORK_MS", 20)),
         failure_rate: env("FAILURE_RATE", 0.1),
@@ -32,7 +37,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let engine = Engine::builder()
         .backend(backend)
-        .saga(Chaos::new(recorder, format!("pid-{}", std::process::id()), chaos))
+        .saga(Chaos::new(
+            recorder,
+            format!("pid-{}", std::process::id()),
+            chaos,
+        ))
         .lock_ttl(Duration::from_millis(env("LOCK_TTL_MS", 2000)))
         .lock_retry_delay(Duration::from_millis(50))
         .workers(0)

@@ -304,7 +304,9 @@ impl Backend for MemoryBackend {
         if !state.lock_held_by(lease, now) {
             return Ok(false);
         }
-        state.locks.insert(lease.task_id, (lease.token.clone(), now + ttl));
+        state
+            .locks
+            .insert(lease.task_id, (lease.token.clone(), now + ttl));
         Ok(true)
     }
 
@@ -328,7 +330,11 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    async fn receive(&self, consumer: &str, wait: Duration) -> Result<Option<Delivery>, BackendError> {
+    async fn receive(
+        &self,
+        consumer: &str,
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BackendError> {
         let deadline = Instant::now() + wait;
         loop {
             // Register interest before looking, so a push between the look

@@ -203,7 +203,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Takes the task's lock if it is free and loads the task and its
     /// cancellation flag: what a worker needs first, in one round trip where
     /// the backend allows.
-    async fn try_lock_and_load(&self, id: TaskId, ttl: Duration) -> Result<Option<Locked>, BackendError> {
+    async fn try_lock_and_load(
+        &self,
+        id: TaskId,
+        ttl: Duration,
+    ) -> Result<Option<Locked>, BackendError> {
         let Some(lease) = self.try_lock(id, ttl).await? else {
             return Ok(None);
         };
@@ -234,7 +238,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The next message, waiting up to `wait` for one. A message not settled
     /// within the backend's visibility timeout is delivered again.
-    async fn receive(&self, consumer: &str, wait: Duration) -> Result<Option<Delivery>, BackendError>;
+    async fn receive(
+        &self,
+        consumer: &str,
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BackendError>;
 
     /// Keeps an in-flight message from being redelivered while it is worked on.
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError>;
@@ -243,7 +251,12 @@ pub trait Backend: Send + Sync + 'static {
     /// extends the lease by `ttl`, keeps the message from being redelivered
     /// and reports a cancellation requested in any process. One round trip
     /// where the backend allows.
-    async fn heartbeat(&self, lease: &Lease, delivery: &Delivery, ttl: Duration) -> Result<Heartbeat, BackendError> {
+    async fn heartbeat(
+        &self,
+        lease: &Lease,
+        delivery: &Delivery,
+        ttl: Duration,
+    ) -> Result<Heartbeat, BackendError> {
         let lock_held = self.extend_lock(lease, ttl).await?;
         self.touch(delivery).await?;
         let cancel_requested = self.cancel_requested(lease.task_id).await?;

@@ -172,7 +172,12 @@ impl RedisBackend {
         Ok(())
     }
 
-    fn check_write(reply: &[i64], task: &TaskInstance, lease: &Lease, stored: Option<String>) -> Result<u64, BackendError> {
+    fn check_write(
+        reply: &[i64],
+        task: &TaskInstance,
+        lease: &Lease,
+        stored: Option<String>,
+    ) -> Result<u64, BackendError> {
         match reply.first().copied() {
             Some(v) if v > 0 => Ok(v as u64),
             Some(-1) => Err(BackendError::LockLost {
@@ -198,7 +203,12 @@ impl RedisBackend {
     }
 
     /// Turns one stream entry into a delivery.
-    fn delivery(&self, partition: u16, entry: &redis::streams::StreamId, consumer: &str) -> Delivery {
+    fn delivery(
+        &self,
+        partition: u16,
+        entry: &redis::streams::StreamId,
+        consumer: &str,
+    ) -> Delivery {
         let payload = match entry.map.get("payload") {
             Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
             Some(Value::SimpleString(s)) => s.clone(),
@@ -232,7 +242,11 @@ impl RedisBackend {
     }
 
     fn reader<T>(&self, consumer: &str, f: impl FnOnce(&mut Reader) -> T) -> T {
-        let mut readers = self.shared.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut readers = self
+            .shared
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let reader = readers.entry(consumer.to_owned()).or_insert(Reader {
             conn: None,
             last_claim: None,
@@ -263,7 +277,11 @@ impl RedisBackend {
         Ok(None)
     }
 
-    async fn read_new(&self, consumer: &str, wait: Duration) -> Result<Option<Delivery>, BackendError> {
+    async fn read_new(
+        &self,
+        consumer: &str,
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BackendError> {
         let mut conn = self.reader_conn(consumer).await?;
         let block = wait.min(self.shared.config.block);
         let mut cmd = redis::cmd("XREADGROUP");
@@ -286,7 +304,9 @@ impl RedisBackend {
         match reply {
             Ok(Some(reply)) => {
                 for key in reply.keys {
-                    let p = (0..partitions).find(|p| self.keys().queue(*p) == key.key).unwrap_or(0);
+                    let p = (0..partitions)
+                        .find(|p| self.keys().queue(*p) == key.key)
+                        .unwrap_or(0);
                     if let Some(entry) = key.ids.first() {
                         return Ok(Some(self.delivery(p, entry, consumer)));
                     }
@@ -306,7 +326,10 @@ impl RedisBackend {
         }
     }
 
-    fn parse_doc(doc: Option<String>, version: Option<String>) -> Result<Option<TaskInstance>, BackendError> {
+    fn parse_doc(
+        doc: Option<String>,
+        version: Option<String>,
+    ) -> Result<Option<TaskInstance>, BackendError> {
         let Some(doc) = doc else { return Ok(None) };
         let mut task: TaskInstance = serde_json::from_str(&doc).map_err(corrupt)?;
         task.version = version.and_then(|v| v.parse().ok()).unwrap_or(task.version);
@@ -317,7 +340,12 @@ impl RedisBackend {
         serde_json::to_string(task).map_err(corrupt)
     }
 
-    fn dead_letter_from(&self, partition: u16, id: &str, fields: &HashMap<String, Value>) -> DeadLetter {
+    fn dead_letter_from(
+        &self,
+        partition: u16,
+        id: &str,
+        fields: &HashMap<String, Value>,
+    ) -> DeadLetter {
         let text = |name: &str| match fields.get(name) {
             Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
             Some(Value::SimpleString(s)) => s.clone(),
@@ -379,7 +407,10 @@ impl Backend for RedisBackend {
                 let mut pipe = redis::pipe();
                 for id in chunk {
                     let id: TaskId = id.parse().map_err(corrupt)?;
-                    pipe.cmd("HMGET").arg(self.keys().task(id)).arg("doc").arg("version");
+                    pipe.cmd("HMGET")
+                        .arg(self.keys().task(id))
+                        .arg("doc")
+                        .arg("version");
                 }
                 let docs: Vec<(Option<String>, Option<String>)> =
                     pipe.query_async(&mut conn).await.map_err(unavailable)?;
@@ -427,11 +458,18 @@ impl Backend for RedisBackend {
         let (kind, entry, payload, reason) = match settle {
             Settle::Nothing => ("none", String::new(), "", ""),
             Settle::Ack(d) => ("ack", self.entry_of(d, p)?, "", ""),
-            Settle::DeadLetter(d, reason) => ("dead", self.entry_of(d, p)?, d.payload.as_str(), reason),
+            Settle::DeadLetter(d, reason) => {
+                ("dead", self.entry_of(d, p)?, d.payload.as_str(), reason)
+            }
             Settle::ResolveDeadLetter(id) => {
-                let (lp, entry) = k.split_id(id).ok_or_else(|| corrupt(format!("bad dead letter id {id}")))?;
+                let (lp, entry) = k
+                    .split_id(id)
+                    .ok_or_else(|| corrupt(format!("bad dead letter id {id}")))?;
                 if lp != p {
-                    return Err(corrupt(format!("dead letter {id} is not in task {}'s partition", task.id)));
+                    return Err(corrupt(format!(
+                        "dead letter {id} is not in task {}'s partition",
+                        task.id
+                    )));
                 }
                 ("resolve", entry.to_owned(), "", "")
             }
@@ -466,7 +504,11 @@ impl Backend for RedisBackend {
         Self::check_write(&[code], task, lease, reply.get(1).cloned().flatten())
     }
 
-    async fn try_lock_and_load(&self, id: TaskId, ttl: Duration) -> Result<Option<Locked>, BackendError> {
+    async fn try_lock_and_load(
+        &self,
+        id: TaskId,
+        ttl: Duration,
+    ) -> Result<Option<Locked>, BackendError> {
         let k = self.keys();
         let token = Uuid::new_v4().simple().to_string();
         let reply: Option<(u64, Option<String>, Option<String>, Option<String>)> = s::LOCK
@@ -562,8 +604,13 @@ impl Backend for RedisBackend {
         Ok(())
     }
 
-    async fn receive(&self, consumer: &str, wait: Duration) -> Result<Option<Delivery>, BackendError> {
-        let claim_every = (self.shared.config.visibility_timeout / 2).max(Duration::from_millis(50));
+    async fn receive(
+        &self,
+        consumer: &str,
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BackendError> {
+        let claim_every =
+            (self.shared.config.visibility_timeout / 2).max(Duration::from_millis(50));
         let due = self.reader(consumer, |r| {
             let due = r.last_claim.is_none_or(|at| at.elapsed() >= claim_every);
             if due {
@@ -596,7 +643,12 @@ impl Backend for RedisBackend {
         Ok(())
     }
 
-    async fn heartbeat(&self, lease: &Lease, delivery: &Delivery, ttl: Duration) -> Result<Heartbeat, BackendError> {
+    async fn heartbeat(
+        &self,
+        lease: &Lease,
+        delivery: &Delivery,
+        ttl: Duration,
+    ) -> Result<Heartbeat, BackendError> {
         let k = self.keys();
         let p = k.partition_of(lease.task_id);
         let entry = self.entry_of(delivery, p)?;
@@ -673,7 +725,12 @@ impl Backend for RedisBackend {
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
-            letters.extend(reply.ids.iter().map(|e| self.dead_letter_from(p, &e.id, &e.map)));
+            letters.extend(
+                reply
+                    .ids
+                    .iter()
+                    .map(|e| self.dead_letter_from(p, &e.id, &e.map)),
+            );
         }
         letters.sort_by_key(|l| l.at);
         Ok(letters)
@@ -735,7 +792,9 @@ impl Backend for RedisBackend {
                         if pubsub.subscribe(&channel).await.is_ok() {
                             let mut messages = pubsub.on_message();
                             while let Some(msg) = messages.next().await {
-                                let Ok(text) = msg.get_payload::<String>() else { continue };
+                                let Ok(text) = msg.get_payload::<String>() else {
+                                    continue;
+                                };
                                 if let Ok(id) = text.parse::<TaskId>() {
                                     if tx.send(id).is_err() {
                                         return;
@@ -744,7 +803,9 @@ impl Backend for RedisBackend {
                             }
                         }
                     }
-                    Err(error) => tracing::debug!(%error, "cancellation subscription failed; retrying"),
+                    Err(error) => {
+                        tracing::debug!(%error, "cancellation subscription failed; retrying")
+                    }
                 }
                 if tx.is_closed() {
                     return;
@@ -769,6 +830,8 @@ impl RedisBackend {
     }
 }
 
-fn tokio_stream_from(mut rx: tokio::sync::mpsc::UnboundedReceiver<TaskId>) -> BoxStream<'static, TaskId> {
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<TaskId>,
+) -> BoxStream<'static, TaskId> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
 }

@@ -1,0 +1,346 @@
+//! Rules that relate several methods of one saga: step numbering, the chain
+//! of types from one step to the next, and which compensation belongs to
+//! which step.
+//!
+//! A rule runs only when what it depends on is known to be valid: a gap in
+//! the numbering makes "step N-1" meaningless, so the type chain is not
+//! checked then. This is what keeps one mistake at one error.
+
+use std::collections::HashMap;
+
+use quote::ToTokens;
+use syn::visit::Visit;
+use syn::visit_mut::VisitMut;
+use syn::{Ident, Type};
+
+use super::model::{type_to_string, CompensationDef, SagaDef, StepDef};
+use crate::ctxt::Ctxt;
+use crate::suggest;
+
+pub fn check(cx: &Ctxt, saga: &SagaDef) {
+    check_has_steps(cx, saga);
+    if check_numbering(cx, saga) {
+        check_type_chain(cx, saga);
+    }
+    check_compensations(cx, saga);
+    check_generic_params(cx, saga);
+}
+
+fn check_has_steps(cx: &Ctxt, saga: &SagaDef) {
+    if !saga.any_step_attr {
+        cx.error_spanned_by(
+            &saga.item.self_ty,
+            format!(
+                "`#[saga]` impl `{}` has no steps: mark its methods `#[saga_step(1)]`, \
+                 `#[saga_step(2)]`, ... in the order they run",
+                saga.type_ident
+            ),
+        );
+    }
+}
+
+/// Duplicates, then 1, 2, 3, ... without gaps. Returns whether the numbering
+/// is sound (so that "the previous step" means something).
+fn check_numbering(cx: &Ctxt, saga: &SagaDef) -> bool {
+    // A step whose number was invalid has been reported already; any
+    // conclusion about the numbering would be a guess.
+    if saga.steps.iter().any(|s| s.order.is_none()) || saga.steps.is_empty() {
+        return false;
+    }
+    let mut first_with: HashMap<u32, &StepDef> = HashMap::new();
+    let mut sound = true;
+    for step in &saga.steps {
+        let n = step.number();
+        if let Some(first) = first_with.get(&n) {
+            cx.error_at(
+                step.number_span(),
+                format!(
+                    "step number {n} is already used by `{}`; give each step its own number",
+                    first.ident
+                ),
+            );
+            sound = false;
+        } else {
+            first_with.insert(n, step);
+        }
+    }
+    let mut numbers: Vec<u32> = first_with.keys().copied().collect();
+    numbers.sort_unstable();
+    for (expected, n) in (1u32..).zip(numbers) {
+        if n != expected {
+            let step = first_with[&n];
+            cx.error_at(
+                step.number_span(),
+                format!(
+                    "steps must be numbered 1, 2, 3, ... without gaps; expected {expected} here"
+                ),
+            );
+            // Later numbers are off by the same gap: one error is enough.
+            return false;
+        }
+    }
+    sound
+}
+
+fn check_type_chain(cx: &Ctxt, saga: &SagaDef) {
+    let steps = saga.steps_in_order();
+    for pair in steps.windows(2) {
+        let (prev, step) = (pair[0], pair[1]);
+        let (Some(output), Some(input)) = (&prev.output, &step.input) else {
+            continue;
+        };
+        if !same_type(output, input) {
+            cx.error_spanned_by(
+                input,
+                format!(
+                    "step {} `{}` takes `{}`, but step {} `{}` returns `{}`; a step's input \
+                     must be the previous step's output",
+                    step.number(),
+                    step.ident,
+                    type_to_string(input),
+                    prev.number(),
+                    prev.ident,
+                    type_to_string(output)
+                ),
+            );
+        }
+    }
+}
+
+fn check_compensations(cx: &Ctxt, saga: &SagaDef) {
+    let step_names: Vec<String> = saga.steps.iter().map(|s| s.ident.to_string()).collect();
+    let mut taken: HashMap<String, &CompensationDef> = HashMap::new();
+    let mut all_resolved = true;
+    for comp in &saga.compensations {
+        let Some(target) = &comp.target else {
+            all_resolved = false;
+            continue;
+        };
+        let Some(step) = saga.steps.iter().find(|s| s.ident == *target) else {
+            all_resolved = false;
+            report_unknown_target(cx, saga, target, &step_names);
+            continue;
+        };
+        if let Some(first) = taken.get(&target.to_string()) {
+            cx.error_spanned_by(
+                target,
+                format!(
+                    "step `{target}` already has a compensation, `{}`; a step has at most one \
+                     (merge the two methods)",
+                    first.ident
+                ),
+            );
+            continue;
+        }
+        taken.insert(target.to_string(), comp);
+        if let (Some(output), Some(param)) = (&step.output, &comp.param) {
+            if !same_type(output, param) {
+                cx.error_spanned_by(
+                    param,
+                    format!(
+                        "compensation `{}` takes `{}`, but step `{}` returns `{}`; a \
+                         compensation receives the output of the step it undoes",
+                        comp.ident,
+                        type_to_string(param),
+                        step.ident,
+                        type_to_string(output)
+                    ),
+                );
+            }
+        }
+    }
+
+    // With an unresolved `#[compensate(..)]`, "no compensation" may just be
+    // the consequence of that typo.
+    if !all_resolved {
+        return;
+    }
+    for step in &saga.steps {
+        if let Some(policy) = &step.compensation_retry {
+            if saga.compensation_of(step).is_none() {
+                cx.error_spanned_by(
+                    &policy.attr,
+                    format!(
+                        "`#[compensation_retry_policy]` is on `{0}`, which has no compensation: \
+                         add a method marked `#[compensate({0})]`, or remove this attribute",
+                        step.ident
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn report_unknown_target(cx: &Ctxt, saga: &SagaDef, target: &Ident, step_names: &[String]) {
+    let hint = suggest::did_you_mean(&target.to_string(), step_names.iter().map(String::as_str));
+    let message = if saga.method_names.iter().any(|m| m == target) {
+        format!("`{target}` is not a step: only `#[saga_step]` methods can be compensated{hint}")
+    } else {
+        let steps = if step_names.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (steps: {})",
+                step_names
+                    .iter()
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        format!("there is no step named `{target}` in this saga{hint}{steps}")
+    };
+    cx.error_spanned_by(target, message);
+}
+
+/// Step inputs and outputs are persisted and named by the generated
+/// `{Type}StepOutput` enum, which is not generic: they can't mention the
+/// impl's type parameters.
+fn check_generic_params(cx: &Ctxt, saga: &SagaDef) {
+    let params: Vec<Ident> = saga
+        .item
+        .generics
+        .type_params()
+        .map(|p| p.ident.clone())
+        .chain(saga.item.generics.const_params().map(|p| p.ident.clone()))
+        .collect();
+    if params.is_empty() {
+        return;
+    }
+    let types = saga
+        .steps
+        .iter()
+        .flat_map(|s| [&s.input, &s.output])
+        .chain(saga.compensations.iter().map(|c| &c.param))
+        .flatten();
+    for ty in types {
+        let mut finder = FindParam {
+            params: &params,
+            found: None,
+        };
+        finder.visit_type(ty);
+        if let Some(param) = finder.found {
+            cx.error_spanned_by(
+                &param,
+                format!(
+                    "a step's input or output can't use the impl's generic parameter `{param}`: \
+                     step values are persisted as JSON and named by the generated `{}` enum; \
+                     use a concrete type",
+                    saga.output_enum_ident()
+                ),
+            );
+        }
+    }
+}
+
+struct FindParam<'a> {
+    params: &'a [Ident],
+    found: Option<Ident>,
+}
+
+impl<'ast> Visit<'ast> for FindParam<'_> {
+    fn visit_type_path(&mut self, ty: &'ast syn::TypePath) {
+        if self.found.is_some() {
+            return;
+        }
+        if ty.qself.is_none() && ty.path.leading_colon.is_none() {
+            if let Some(first) = ty.path.segments.first() {
+                if self.params.contains(&first.ident) {
+                    self.found = Some(first.ident.clone());
+                    return;
+                }
+            }
+        }
+        syn::visit::visit_type_path(self, ty);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Type comparison
+
+/// Whether two types are written the same, ignoring leading path qualifiers
+/// (`crate::a::UploadResult` == `UploadResult`) and grouping.
+///
+/// This is a syntactic check for a clear message; the generated code also
+/// asserts the equality so that rustc catches aliases written differently
+/// (accepted there) and distinct types sharing a name (rejected there).
+pub fn same_type(a: &Type, b: &Type) -> bool {
+    normalize(a) == normalize(b)
+}
+
+/// The token string of `ty` with every path reduced to its last segment.
+pub fn normalize(ty: &Type) -> String {
+    let mut ty = ty.clone();
+    StripQualifiers.visit_type_mut(&mut ty);
+    ty.to_token_stream().to_string()
+}
+
+struct StripQualifiers;
+
+impl VisitMut for StripQualifiers {
+    fn visit_type_mut(&mut self, ty: &mut Type) {
+        // `(T)` and invisible groups (from `macro_rules!` fragments) are
+        // just `T`.
+        loop {
+            match ty {
+                Type::Group(g) => *ty = (*g.elem).clone(),
+                Type::Paren(p) => *ty = (*p.elem).clone(),
+                _ => break,
+            }
+        }
+        syn::visit_mut::visit_type_mut(self, ty);
+    }
+
+    fn visit_type_path_mut(&mut self, ty: &mut syn::TypePath) {
+        if ty.qself.is_none() && ty.path.segments.len() > 1 {
+            let last = ty.path.segments.pop().expect("more than one segment");
+            ty.path.segments.clear();
+            ty.path.segments.push(last);
+        }
+        ty.path.leading_colon = None;
+        syn::visit_mut::visit_type_path_mut(self, ty);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syn::parse_quote;
+
+    fn same(a: Type, b: Type) -> bool {
+        same_type(&a, &b)
+    }
+
+    #[test]
+    fn leading_qualifiers_are_ignored() {
+        assert!(same(
+            parse_quote!(crate::a::UploadResult),
+            parse_quote!(UploadResult)
+        ));
+        assert!(same(
+            parse_quote!(::std::vec::Vec<u8>),
+            parse_quote!(Vec<u8>)
+        ));
+        assert!(same(
+            parse_quote!(Option<crate::x::Receipt>),
+            parse_quote!(std::option::Option<Receipt>)
+        ));
+        assert!(same(parse_quote!((A)), parse_quote!(A)));
+    }
+
+    #[test]
+    fn different_types_differ() {
+        assert!(!same(parse_quote!(Foo), parse_quote!(UploadResult)));
+        assert!(!same(parse_quote!(Vec<u8>), parse_quote!(Vec<u16>)));
+        assert!(!same(parse_quote!((A, B)), parse_quote!((B, A))));
+        assert!(!same(parse_quote!(Option<A>), parse_quote!(A)));
+    }
+
+    #[test]
+    fn qualified_self_paths_are_kept() {
+        assert!(!same(
+            parse_quote!(<T as a::Tr>::Out),
+            parse_quote!(<T as b::Other>::Out)
+        ));
+    }
+}

@@ -1,0 +1,550 @@
+//! IR -> tokens. Reads only the [`SagaDef`].
+//!
+//! Generated code names everything by absolute path
+//! (`::saga_runtime::__private::..`, `::core::..`, `::std::..`): it lands in
+//! the user's module, where `Result`, `Box` or `Send` may be the user's own.
+//! Locals and parameters are `__`-prefixed for the same reason.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::Type;
+
+use super::model::{type_to_string, Backoff, BreakerDef, OnExhausted, PolicyDef, SagaDef, StepDef};
+
+fn rt() -> TokenStream {
+    quote!(::saga_runtime::__private)
+}
+
+/// The full expansion of a valid saga.
+pub fn expand(saga: &SagaDef) -> TokenStream {
+    let item = &saga.item;
+    let saga_impl = saga_impl(saga);
+    let cancellable = cancellable_impl(saga);
+    let output_enum = output_enum(saga);
+    let reconciliation = reconciliation_trait(saga);
+    quote! {
+        #item
+        #saga_impl
+        #cancellable
+        #output_enum
+        #reconciliation
+    }
+}
+
+/// What is emitted next to the errors when the saga is invalid: the user's
+/// impl (so their methods still exist) and stand-ins for every generated
+/// item, so that code using the saga elsewhere does not pile up "trait not
+/// implemented" or "cannot find trait" errors on top of the real one
+/// (thiserror does the same for `Display`).
+pub fn fallback(saga: &SagaDef) -> TokenStream {
+    let rt = rt();
+    let mut item = saga.item.clone();
+    // The steps are not called from anywhere while the saga is broken.
+    item.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
+    let generic = !saga.item.generics.params.is_empty();
+    let value: Type = syn::parse_quote!(#rt::Value);
+
+    // Best guesses for the saga's input and output, even when the numbering
+    // is wrong: `Value` would turn every typed use of the saga into a
+    // mismatch error.
+    let steps = saga.steps_in_order();
+    let pick = |ty: Option<&Type>| match ty {
+        Some(ty) if !generic => ty.clone(),
+        _ => value.clone(),
+    };
+    let input = pick(steps.first().and_then(|s| s.input.as_ref()));
+    let output = pick(steps.last().and_then(|s| s.output.as_ref()));
+
+    let (impl_generics, where_clause) = impl_header(saga);
+    let self_ty = &saga.item.self_ty;
+    let name = &saga.name;
+    let cancellable = cancellable_impl(saga);
+    let generated_types = if generic {
+        TokenStream::new()
+    } else {
+        let outputs: Vec<Type> = saga
+            .steps
+            .iter()
+            .map(|s| s.output.clone().unwrap_or_else(|| value.clone()))
+            .collect();
+        let variants = saga.steps.iter().map(StepDef::variant_ident);
+        let enum_ident = saga.output_enum_ident();
+        let trait_ = reconciliation_trait(saga);
+        quote! {
+            #[allow(dead_code, private_interfaces, clippy::large_enum_variant)]
+            pub enum #enum_ident { #(#variants(#outputs),)* }
+            #[allow(dead_code, private_interfaces)]
+            impl #enum_ident {
+                #[doc(hidden)]
+                pub fn __decode(
+                    _: u32,
+                    _: #rt::Value,
+                ) -> ::core::result::Result<Self, #rt::ReconcileError> {
+                    ::core::unreachable!()
+                }
+            }
+            #trait_
+        }
+    };
+    quote! {
+        #item
+        impl #impl_generics #rt::Saga for #self_ty #where_clause {
+            type Input = #input;
+            type Output = #output;
+            const NAME: &'static str = #name;
+            fn definition() -> &'static #rt::SagaDefinition {
+                ::core::unreachable!()
+            }
+            fn execute_step<'a>(
+                &'a self,
+                _: u32,
+                _: #rt::Value,
+                _: &'a #rt::StepContext,
+            ) -> #rt::BoxFuture<'a, ::core::result::Result<#rt::Value, #rt::StepError>> {
+                ::core::unreachable!()
+            }
+            fn compensate_step<'a>(
+                &'a self,
+                _: u32,
+                _: #rt::Value,
+                _: &'a #rt::StepContext,
+            ) -> #rt::BoxFuture<'a, ::core::result::Result<(), #rt::StepError>> {
+                ::core::unreachable!()
+            }
+        }
+        #cancellable
+        #generated_types
+    }
+}
+
+/// `impl<..>` generics and the where clause for the generated trait impls.
+/// A generic saga type must be `Send + Sync + 'static` to be a `Saga`;
+/// saying so in the where clause turns a missing bound into "`Saga` is not
+/// implemented for `CreateZip<Rc<..>>`" at the use site rather than an error
+/// inside generated code.
+fn impl_header(saga: &SagaDef) -> (TokenStream, TokenStream) {
+    let generics = &saga.item.generics;
+    let (impl_generics, _, where_clause) = generics.split_for_impl();
+    let impl_generics = impl_generics.to_token_stream();
+    if generics.params.is_empty() {
+        return (impl_generics, where_clause.to_token_stream());
+    }
+    let self_ty = &saga.item.self_ty;
+    let mut where_clause = generics
+        .where_clause
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(where));
+    where_clause.predicates.push(syn::parse_quote!(
+        #self_ty: ::core::marker::Send + ::core::marker::Sync + 'static
+    ));
+    (impl_generics, where_clause.to_token_stream())
+}
+
+fn cancellable_impl(saga: &SagaDef) -> TokenStream {
+    if !saga.cancellable {
+        return TokenStream::new();
+    }
+    let rt = rt();
+    let (impl_generics, where_clause) = impl_header(saga);
+    let self_ty = &saga.item.self_ty;
+    quote! {
+        impl #impl_generics #rt::Cancellable for #self_ty #where_clause {}
+    }
+}
+
+fn saga_impl(saga: &SagaDef) -> TokenStream {
+    let rt = rt();
+    let steps = saga.steps_in_order();
+    let value: Type = syn::parse_quote!(#rt::Value);
+    let input = steps
+        .first()
+        .and_then(|s| s.input.clone())
+        .unwrap_or_else(|| value.clone());
+    let output = steps
+        .last()
+        .and_then(|s| s.output.clone())
+        .unwrap_or_else(|| value.clone());
+    let (impl_generics, where_clause) = impl_header(saga);
+    let self_ty = &saga.item.self_ty;
+    let name = &saga.name;
+    let type_name = saga.type_ident.to_string();
+    let cancellable = saga.cancellable;
+
+    let step_definitions = steps.iter().map(|s| step_definition(saga, s));
+    let type_assertions = type_assertions(saga, &steps);
+    let execute_arms = steps.iter().copied().map(execute_arm);
+    let compensate = compensate_body(saga, &steps);
+
+    quote! {
+        impl #impl_generics #rt::Saga for #self_ty #where_clause {
+            type Input = #input;
+            type Output = #output;
+            const NAME: &'static str = #name;
+
+            fn definition() -> &'static #rt::SagaDefinition {
+                static DEFINITION: #rt::SagaDefinition = #rt::SagaDefinition {
+                    name: #name,
+                    type_name: #type_name,
+                    cancellable: #cancellable,
+                    steps: &[#(#step_definitions),*],
+                };
+                &DEFINITION
+            }
+
+            fn execute_step<'a>(
+                &'a self,
+                __order: u32,
+                __input: #rt::Value,
+                __ctx: &'a #rt::StepContext,
+            ) -> #rt::BoxFuture<'a, ::core::result::Result<#rt::Value, #rt::StepError>> {
+                #type_assertions
+                match __order {
+                    #(#execute_arms)*
+                    _ => #rt::unknown_step(#name, __order),
+                }
+            }
+
+            fn compensate_step<'a>(
+                &'a self,
+                __order: u32,
+                __output: #rt::Value,
+                __ctx: &'a #rt::StepContext,
+            ) -> #rt::BoxFuture<'a, ::core::result::Result<(), #rt::StepError>> {
+                #compensate
+            }
+        }
+    }
+}
+
+fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
+    let rt = rt();
+    let name = step.ident.to_string();
+    let order = step.number();
+    let retry = retry_policy(step.retry.as_ref());
+    let compensation = match saga.compensation_of(step) {
+        Some(comp) => {
+            let comp_name = comp.ident.to_string();
+            let comp_retry = match &step.compensation_retry {
+                Some(policy) => retry_policy(Some(policy)),
+                None => retry.clone(),
+            };
+            quote! {
+                ::core::option::Option::Some(#rt::CompensationDefinition {
+                    name: #comp_name,
+                    retry: #comp_retry,
+                })
+            }
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let breaker = match &step.breaker {
+        Some(BreakerDef {
+            failure_threshold,
+            duration_secs,
+        }) => quote! {
+            ::core::option::Option::Some(#rt::CircuitBreakerConfig::new(
+                #failure_threshold, #duration_secs,
+            ))
+        },
+        None => quote!(::core::option::Option::None),
+    };
+    let input_type = step.input.as_ref().map(type_to_string).unwrap_or_default();
+    let output_type = step.output.as_ref().map(type_to_string).unwrap_or_default();
+    quote! {
+        #rt::StepDefinition {
+            name: #name,
+            order: #order,
+            retry: #retry,
+            compensation: #compensation,
+            circuit_breaker: #breaker,
+            input_type: #input_type,
+            output_type: #output_type,
+        }
+    }
+}
+
+fn retry_policy(policy: Option<&PolicyDef>) -> TokenStream {
+    let rt = rt();
+    let Some(policy) = policy else {
+        return quote!(#rt::RetryPolicy::NO_RETRY);
+    };
+    let max_retries = policy.max_retries;
+    let base = policy.base_delay_ms;
+    let backoff = match policy.backoff {
+        Backoff::Exponential => quote!(Exponential),
+        Backoff::Linear => quote!(Linear),
+        Backoff::Constant => quote!(Constant),
+    };
+    let mut tokens = quote! {
+        #rt::RetryPolicy::new(#max_retries, #rt::BackoffKind::#backoff, #base)
+    };
+    if let Some(max) = policy.max_delay_ms {
+        tokens.extend(quote!(.with_max_delay_ms(#max)));
+    }
+    if let Some(jitter) = policy.jitter {
+        tokens.extend(quote!(.with_jitter(#jitter)));
+    }
+    if let Some(action) = policy.on_exhausted {
+        let action = match action {
+            OnExhausted::Compensate => quote!(Compensate),
+            OnExhausted::Fail => quote!(Fail),
+            OnExhausted::DeadLetter => quote!(DeadLetter),
+        };
+        tokens.extend(quote!(.with_on_exhausted(#rt::OnExhausted::#action)));
+    }
+    tokens
+}
+
+/// `let _ = |__v: Out| -> In { __v };` for every link of the chain: the
+/// syntactic check in `check.rs` gives the readable message, this one makes
+/// rustc compare the types themselves (accepting aliases, rejecting distinct
+/// types that share a name). Spanned on the receiving type, so that rustc
+/// points where the syntactic check would have.
+fn type_assertions(saga: &SagaDef, steps: &[&StepDef]) -> TokenStream {
+    let mut tokens = TokenStream::new();
+    for pair in steps.windows(2) {
+        if let (Some(output), Some(input)) = (&pair[0].output, &pair[1].input) {
+            tokens.extend(assert_same(output, input));
+        }
+    }
+    for step in steps {
+        if let (Some(comp), Some(output)) = (saga.compensation_of(step), &step.output) {
+            if let Some(param) = &comp.param {
+                tokens.extend(assert_same(output, param));
+            }
+        }
+    }
+    tokens
+}
+
+fn assert_same(from: &Type, to: &Type) -> TokenStream {
+    quote_spanned! {to.span()=>
+        let _ = |__v: #from| -> #to { __v };
+    }
+}
+
+fn execute_arm(step: &StepDef) -> TokenStream {
+    let rt = rt();
+    let order = step.number();
+    let method = &step.ident;
+    let input = step
+        .input
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
+    let ctx = step.takes_ctx.then(|| quote!(, __ctx));
+    // Spanned on the method so that, say, a non-`Send` future is reported
+    // at the step rather than at `#[saga]`.
+    let boxed = quote_spanned! {method.span()=>
+        ::std::boxed::Box::pin(async move {
+            let __input: #input = #rt::decode(__input)?;
+            #rt::encode(Self::#method(self, __input #ctx).await)
+        })
+    };
+    quote!(#order => #boxed,)
+}
+
+fn compensate_body(saga: &SagaDef, steps: &[&StepDef]) -> TokenStream {
+    let rt = rt();
+    let name = &saga.name;
+    let arms: Vec<TokenStream> = steps
+        .iter()
+        .filter_map(|step| {
+            let comp = saga.compensation_of(step)?;
+            let order = step.number();
+            let method = &comp.ident;
+            let param = comp
+                .param
+                .clone()
+                .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
+            let ctx = comp.takes_ctx.then(|| quote!(, __ctx));
+            let boxed = quote_spanned! {method.span()=>
+                ::std::boxed::Box::pin(async move {
+                    let __output: #param = #rt::decode(__output)?;
+                    Self::#method(self, __output #ctx).await
+                })
+            };
+            Some(quote!(#order => #boxed,))
+        })
+        .collect();
+    if arms.is_empty() {
+        // No step has a compensation; the engine does not call this then.
+        return quote! {
+            let _ = (__output, __ctx);
+            #rt::unknown_step(#name, __order)
+        };
+    }
+    quote! {
+        match __order {
+            #(#arms)*
+            _ => #rt::unknown_step(#name, __order),
+        }
+    }
+}
+
+fn output_enum(saga: &SagaDef) -> TokenStream {
+    let rt = rt();
+    let ident = saga.output_enum_ident();
+    let name = &saga.name;
+    let steps = saga.steps_in_order();
+    let variants = steps.iter().map(|step| {
+        let variant = step.variant_ident();
+        let output = step
+            .output
+            .clone()
+            .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
+        let doc = format!("The output of step {} (`{}`).", step.number(), step.ident);
+        quote! {
+            #[doc = #doc]
+            #variant(#output),
+        }
+    });
+    let arms = steps.iter().map(|step| {
+        let variant = step.variant_ident();
+        let order = step.number();
+        let output = step
+            .output
+            .clone()
+            .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
+        quote! {
+            #order => ::core::result::Result::map_err(
+                ::core::result::Result::map(#rt::decode::<#output>(__value), Self::#variant),
+                |__e| #rt::reconcile::decode_error(#name, __order, __e),
+            ),
+        }
+    });
+    let doc = format!(
+        "The output of one step of the `{name}` saga, decoded from a task's recorded \
+         state: what [`{}::referenced_keys`] inspects to find the external resources \
+         a live task still uses.\n\nGenerated by `#[saga]`, one variant per step.",
+        saga.reconciliation_ident()
+    );
+    quote! {
+        #[doc = #doc]
+        // Private step types are fine: the enum is as usable as they are.
+        #[allow(dead_code, private_interfaces, clippy::large_enum_variant)]
+        pub enum #ident {
+            #(#variants)*
+        }
+
+        #[allow(dead_code, private_interfaces)]
+        impl #ident {
+            /// Decodes the recorded output of step `order`.
+            #[doc(hidden)]
+            pub fn __decode(
+                __order: u32,
+                __value: #rt::Value,
+            ) -> ::core::result::Result<Self, #rt::ReconcileError> {
+                match __order {
+                    #(#arms)*
+                    _ => ::core::result::Result::Err(#rt::reconcile::decode_error(
+                        #name,
+                        __order,
+                        "the saga has no step with this number",
+                    )),
+                }
+            }
+        }
+    }
+}
+
+fn reconciliation_trait(saga: &SagaDef) -> TokenStream {
+    let rt = rt();
+    let ident = saga.reconciliation_ident();
+    let output_enum = saga.output_enum_ident();
+    let name = &saga.name;
+    let result = |ok: TokenStream| quote!(::core::result::Result<#ok, #rt::ReconcileError>);
+
+    // Return-position `impl Future + Send`: users implement these with a
+    // plain `async fn` (no attribute, no extra dependency), and the futures
+    // of the provided methods are `Send`, so `run` can be spawned.
+    let future = |output: TokenStream| quote!(impl ::core::future::Future<Output = #output> + ::core::marker::Send);
+    let list_ret = future(result(quote!(::std::vec::Vec<Self::Resource>)));
+    let orphans_ret = future(result(quote!(())));
+    let once_ret = future(result(quote!(#rt::ReconcileReport)));
+    let run_ret = future(quote!(()));
+
+    let doc = format!(
+        "Reconciliation of the `{name}` saga: finds external resources that no live task \
+         references any more (created by a step whose completion was never recorded, or \
+         left behind by a failed compensation) and hands them to [`handle_orphans`](Self::handle_orphans).\n\n\
+         Generated by `#[saga]` (Generation Gap): implement the four required items (the \
+         two `async` ones with a plain `async fn`), then call [`run`](Self::run) in a \
+         background task or [`reconcile_once`](Self::reconcile_once) from a scheduler.\n\n\
+         A step that has created a resource but not yet recorded its output makes that \
+         resource look orphaned for a moment: spare young resources in `handle_orphans`."
+    );
+    let list_doc = "Lists the external resources this saga's steps create (e.g. the objects under a bucket prefix).";
+    let key_doc = "What identifies a resource: the same value [`referenced_keys`](Self::referenced_keys) extracts from step outputs.";
+    let referenced_doc = format!(
+        "The keys of the resources one recorded step output refers to (often none or one). \
+         Match on [`{output_enum}`] to pick the steps that create resources."
+    );
+    let orphans_doc = "Deals with resources no live task references: delete them, or report them. Called only when there are some.";
+    quote! {
+        #[doc = #doc]
+        #[allow(dead_code)]
+        pub trait #ident: ::core::marker::Send + ::core::marker::Sync {
+            /// An external resource, as listed by [`list_resources`](Self::list_resources).
+            type Resource: ::core::marker::Send + ::core::marker::Sync;
+            #[doc = #key_doc]
+            type Key: ::core::cmp::Eq + ::core::hash::Hash + ::core::marker::Send + ::core::marker::Sync;
+
+            /// Time between two scans in [`run`](Self::run); six hours unless overridden.
+            fn interval(&self) -> ::core::time::Duration {
+                #rt::reconcile::DEFAULT_INTERVAL
+            }
+
+            #[doc = #list_doc]
+            fn list_resources(&self) -> #list_ret;
+
+            /// The key of one resource.
+            fn resource_key(&self, resource: &Self::Resource) -> Self::Key;
+
+            #[doc = #referenced_doc]
+            fn referenced_keys(&self, output: &#output_enum) -> ::std::vec::Vec<Self::Key>;
+
+            #[doc = #orphans_doc]
+            fn handle_orphans(&self, orphans: ::std::vec::Vec<Self::Resource>) -> #orphans_ret;
+
+            /// One scan: lists resources, collects the keys referenced by the live
+            /// tasks of this saga, and hands the rest to `handle_orphans`.
+            fn reconcile_once(&self, engine: &#rt::Engine) -> #once_ret {
+                async move {
+                    let __resources = self.list_resources().await?;
+                    let (__orphans, __report) = #rt::reconcile::find_orphans(
+                        engine,
+                        #name,
+                        __resources,
+                        |__resource| self.resource_key(__resource),
+                        |__order, __value| {
+                            ::core::result::Result::Ok(self.referenced_keys(
+                                &#output_enum::__decode(__order, __value)?,
+                            ))
+                        },
+                    )
+                    .await?;
+                    if !__orphans.is_empty() {
+                        self.handle_orphans(__orphans).await?;
+                    }
+                    ::core::result::Result::Ok(__report)
+                }
+            }
+
+            /// Scans every [`interval`](Self::interval) until `shutdown` is cancelled.
+            /// A failed scan is logged and the next one runs as scheduled.
+            fn run(&self, engine: #rt::Engine, shutdown: #rt::CancellationToken) -> #run_ret {
+                async move {
+                    let __engine = engine;
+                    #rt::reconcile::run_every(
+                        self.interval(),
+                        shutdown,
+                        #name,
+                        || self.reconcile_once(&__engine),
+                    )
+                    .await
+                }
+            }
+        }
+    }
+}

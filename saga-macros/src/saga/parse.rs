@@ -1,0 +1,1219 @@
+//! Attributes and signatures -> typed structs.
+//!
+//! Everything that can be judged by looking at one attribute or one method
+//! is judged here: key names and value ranges, the shape of a step's
+//! signature, which helper attributes may be combined on one method. Rules
+//! that relate several methods live in `check.rs`.
+//!
+//! Every function reports into the [`Ctxt`] and returns what it could still
+//! make sense of, with `None` for the parts it could not: later stages skip
+//! rules that depend on a missing part instead of piling a second error onto
+//! the first.
+
+use std::collections::BTreeMap;
+
+use darling::ast::NestedMeta;
+use darling::util::SpannedValue;
+use darling::FromMeta;
+use proc_macro2::TokenStream;
+use quote::ToTokens;
+use syn::spanned::Spanned;
+use syn::{
+    Attribute, Expr, FnArg, GenericArgument, Ident, ImplItem, ImplItemFn, Lit, Meta, PathArguments,
+    ReceiverKind, ReturnType, Type,
+};
+
+use super::model::{type_to_string, Backoff, OnExhausted};
+use crate::ctxt::Ctxt;
+use crate::helpers::{attr_name, is_method_helper};
+use crate::suggest;
+
+/// What `#[saga]` was put on.
+pub enum Parsed {
+    /// An inherent impl block, taken apart.
+    Impl(Box<ParsedSaga>),
+    /// Anything else (already reported); re-emitted as is so that the rest of
+    /// the crate still sees the item.
+    Other(TokenStream),
+}
+
+pub struct ParsedSaga {
+    /// The impl block with every helper attribute removed.
+    pub item: syn::ItemImpl,
+    pub args: SagaArgs,
+    pub cancellable: bool,
+    pub methods: Vec<ParsedMethod>,
+    /// Whether any method carries `#[saga_step]`, valid or not: decides
+    /// whether "has no steps" would be news to the user.
+    pub any_step_attr: bool,
+}
+
+/// `#[saga(name = "..")]`.
+#[derive(Default)]
+pub struct SagaArgs {
+    pub name: Option<SpannedValue<String>>,
+}
+
+pub struct ParsedMethod {
+    pub ident: Ident,
+    pub role: Role,
+}
+
+pub enum Role {
+    Step(Box<StepAttrs>),
+    Compensation(Box<CompensationAttrs>),
+}
+
+pub struct StepAttrs {
+    /// `n` of `#[saga_step(n)]`; `None` if it was invalid.
+    pub order: Option<SpannedValue<u32>>,
+    pub sig: Signature,
+    pub retry: Option<PolicyArgs>,
+    pub compensation_retry: Option<PolicyArgs>,
+    pub breaker: Option<BreakerArgs>,
+}
+
+pub struct CompensationAttrs {
+    /// The step named in `#[compensate(step)]`; `None` if malformed.
+    pub target: Option<Ident>,
+    pub sig: Signature,
+}
+
+/// What a step's or compensation's signature says, as far as it is valid.
+pub struct Signature {
+    /// The first parameter's type: a step's input, or (for a compensation)
+    /// the step's output.
+    pub input: Option<Type>,
+    /// A step's `T` in `Result<T, StepError>` (always `None` for a
+    /// compensation, whose `T` must be `()`).
+    pub output: Option<Type>,
+    /// Whether it takes `ctx: &StepContext`.
+    pub takes_ctx: bool,
+}
+
+/// `#[retry_policy(..)]` / `#[compensation_retry_policy(..)]`.
+pub struct PolicyArgs {
+    /// The whole attribute, for errors about it as a whole.
+    pub attr: TokenStream,
+    pub max_retries: u32,
+    pub backoff: Backoff,
+    pub base_delay_ms: u64,
+    pub max_delay_ms: Option<u64>,
+    pub jitter: Option<bool>,
+    pub on_exhausted: Option<OnExhausted>,
+}
+
+/// `#[circuit_breaker(..)]`.
+pub struct BreakerArgs {
+    pub failure_threshold: u32,
+    pub duration_secs: u64,
+}
+
+/// Entry point: the `#[saga(..)]` arguments and the item it is on.
+pub fn parse(cx: &Ctxt, args: TokenStream, item: TokenStream) -> Parsed {
+    let args = parse_saga_args(cx, args);
+    let item = match syn::parse2::<syn::Item>(item.clone()) {
+        Ok(syn::Item::Impl(item)) => item,
+        Ok(other) => {
+            not_an_impl(cx, &other);
+            return Parsed::Other(strip_cancellable(other));
+        }
+        Err(err) => {
+            cx.syn_error(err);
+            return Parsed::Other(item);
+        }
+    };
+    parse_impl(cx, args, item)
+}
+
+fn not_an_impl(cx: &Ctxt, item: &syn::Item) {
+    let (what, tokens) = match item {
+        syn::Item::Struct(s) => ("a struct", s.ident.to_token_stream()),
+        syn::Item::Enum(e) => ("an enum", e.ident.to_token_stream()),
+        syn::Item::Fn(f) => ("a function", f.sig.ident.to_token_stream()),
+        syn::Item::Trait(t) => ("a trait", t.ident.to_token_stream()),
+        syn::Item::Mod(m) => ("a module", m.ident.to_token_stream()),
+        other => ("this item", other.to_token_stream()),
+    };
+    cx.error_spanned_by(
+        tokens,
+        format!(
+            "`#[saga]` goes on an inherent `impl` block holding the steps, not on {what}: \
+             `#[saga] impl MySaga {{ #[saga_step(1)] async fn .. }}`"
+        ),
+    );
+}
+
+/// `#[cancellable]` (moved below `#[saga]` by its own macro) must not run
+/// again on an item `#[saga]` has already rejected.
+fn strip_cancellable(mut item: syn::Item) -> TokenStream {
+    let attrs = match &mut item {
+        syn::Item::Struct(s) => Some(&mut s.attrs),
+        syn::Item::Enum(e) => Some(&mut e.attrs),
+        syn::Item::Fn(f) => Some(&mut f.attrs),
+        syn::Item::Trait(t) => Some(&mut t.attrs),
+        _ => None,
+    };
+    if let Some(attrs) = attrs {
+        attrs.retain(|a| attr_name(a).as_deref() != Some("cancellable"));
+    }
+    item.into_token_stream()
+}
+
+fn parse_saga_args(cx: &Ctxt, args: TokenStream) -> SagaArgs {
+    let items = match NestedMeta::parse_meta_list(args) {
+        Ok(items) => items,
+        Err(err) => {
+            cx.syn_error(err);
+            return SagaArgs::default();
+        }
+    };
+    let keys = key_values(cx, "saga", &["name"], &[], items);
+    let mut args = SagaArgs::default();
+    if let Some(meta) = keys.get("name") {
+        match name_value(meta).map(string_value) {
+            Some(Ok(name)) if name.trim().is_empty() => cx.error_at(
+                name.span(),
+                "the saga name must not be empty: it identifies the saga's tasks in the \
+                 store; write e.g. `#[saga(name = \"create-zip\")]` or leave `name` out",
+            ),
+            Some(Ok(name)) => args.name = Some(name),
+            Some(Err(err)) => cx.darling_error(err),
+            None => cx.error_spanned_by(meta, "`name` needs a value: `name = \"create-zip\"`"),
+        }
+    }
+    args
+}
+
+fn string_value(expr: &Expr) -> darling::Result<SpannedValue<String>> {
+    match expr {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok(SpannedValue::new(s.value(), s.span())),
+        other => Err(
+            darling::Error::custom("expected a string literal: `name = \"create-zip\"`")
+                .with_span(other),
+        ),
+    }
+}
+
+fn parse_impl(cx: &Ctxt, args: SagaArgs, mut item: syn::ItemImpl) -> Parsed {
+    if let Some((path, _)) = &item.trait_ {
+        cx.error_spanned_by(
+            path,
+            "`#[saga]` goes on an inherent `impl MySaga { .. }` block, not on a trait \
+             implementation: it implements the `Saga` trait itself",
+        );
+        // Nothing else about this impl is worth reporting; keep it for the
+        // rest of the crate, minus our attributes.
+        item.attrs
+            .retain(|a| attr_name(a).as_deref() != Some("cancellable"));
+        for impl_item in &mut item.items {
+            if let ImplItem::Fn(method) = impl_item {
+                take_helpers(&mut method.attrs);
+            }
+        }
+        return Parsed::Other(item.into_token_stream());
+    }
+    if item.unsafety.is_some() {
+        cx.error_spanned_by(item.unsafety, "a `#[saga]` impl can't be `unsafe`");
+    }
+
+    // The impl's own attributes: `#[cancellable]` is ours; a method helper
+    // here is misplaced.
+    let mut cancellable = false;
+    let mut kept = Vec::with_capacity(item.attrs.len());
+    for attr in std::mem::take(&mut item.attrs) {
+        match attr_name(&attr).as_deref() {
+            Some("cancellable") => {
+                if !matches!(attr.meta, Meta::Path(_)) {
+                    cx.error_spanned_by(
+                        &attr,
+                        "`#[cancellable]` takes no arguments: write `#[cancellable]`",
+                    );
+                } else if cancellable {
+                    cx.error_spanned_by(&attr, "`#[cancellable]` is given twice; keep one");
+                }
+                cancellable = true;
+            }
+            Some(name) if is_method_helper(&attr) => cx.error_spanned_by(
+                &attr,
+                format!("`#[{name}]` goes on a method of this impl, not on the impl block itself"),
+            ),
+            _ => kept.push(attr),
+        }
+    }
+    item.attrs = kept;
+
+    let mut methods = Vec::new();
+    let mut any_step_attr = false;
+    for impl_item in &mut item.items {
+        match impl_item {
+            ImplItem::Fn(method) => {
+                let helpers = take_helpers(&mut method.attrs);
+                any_step_attr |= helpers
+                    .iter()
+                    .any(|a| attr_name(a).as_deref() == Some("saga_step"));
+                if let Some(parsed) = parse_method(cx, method, helpers) {
+                    methods.push(parsed);
+                }
+            }
+            ImplItem::Const(c) => not_on_a_method(cx, take_helpers(&mut c.attrs)),
+            ImplItem::Type(t) => not_on_a_method(cx, take_helpers(&mut t.attrs)),
+            ImplItem::Macro(m) => not_on_a_method(cx, take_helpers(&mut m.attrs)),
+            _ => {}
+        }
+    }
+
+    Parsed::Impl(Box::new(ParsedSaga {
+        item,
+        args,
+        cancellable,
+        methods,
+        any_step_attr,
+    }))
+}
+
+/// Removes our helper attributes, returning them in source order.
+fn take_helpers(attrs: &mut Vec<Attribute>) -> Vec<Attribute> {
+    let (helpers, kept) = std::mem::take(attrs)
+        .into_iter()
+        .partition(is_method_helper);
+    *attrs = kept;
+    helpers
+}
+
+fn not_on_a_method(cx: &Ctxt, helpers: Vec<Attribute>) {
+    for attr in helpers {
+        let name = attr_name(&attr).unwrap_or_default();
+        cx.error_spanned_by(&attr, format!("`#[{name}]` goes on an `async fn` method"));
+    }
+}
+
+/// One method's helper attributes, sorted by kind, duplicates reported.
+#[derive(Default)]
+struct MethodHelpers {
+    saga_step: Option<Attribute>,
+    compensate: Option<Attribute>,
+    retry_policy: Option<Attribute>,
+    compensation_retry_policy: Option<Attribute>,
+    circuit_breaker: Option<Attribute>,
+}
+
+fn parse_method(cx: &Ctxt, method: &ImplItemFn, attrs: Vec<Attribute>) -> Option<ParsedMethod> {
+    let ident = &method.sig.ident;
+    let mut helpers = MethodHelpers::default();
+    for attr in attrs {
+        let name = attr_name(&attr).unwrap_or_default();
+        let slot = match name.as_str() {
+            "saga_step" => &mut helpers.saga_step,
+            "compensate" => &mut helpers.compensate,
+            "retry_policy" => &mut helpers.retry_policy,
+            "compensation_retry_policy" => &mut helpers.compensation_retry_policy,
+            _ => &mut helpers.circuit_breaker,
+        };
+        if slot.is_some() {
+            cx.error_spanned_by(
+                &attr,
+                format!("`#[{name}]` is given twice on `{ident}`; keep one"),
+            );
+        } else {
+            *slot = Some(attr);
+        }
+    }
+
+    if let Some(step_attr) = &helpers.saga_step {
+        if let Some(comp) = &helpers.compensate {
+            cx.error_spanned_by(
+                comp,
+                format!(
+                    "`{ident}` can't be both a step and a compensation: `#[saga_step]` and \
+                     `#[compensate]` are on the same method; move the compensation into a \
+                     method of its own"
+                ),
+            );
+        }
+        let order = parse_step_number(cx, step_attr);
+        let sig = parse_signature(cx, method, Kind::Step);
+        let retry = helpers
+            .retry_policy
+            .as_ref()
+            .and_then(|a| parse_policy(cx, a, PolicyFor::Step));
+        let compensation_retry = helpers
+            .compensation_retry_policy
+            .as_ref()
+            .and_then(|a| parse_policy(cx, a, PolicyFor::Compensation));
+        let breaker = helpers
+            .circuit_breaker
+            .as_ref()
+            .and_then(|a| parse_breaker(cx, a));
+        return Some(ParsedMethod {
+            ident: ident.clone(),
+            role: Role::Step(Box::new(StepAttrs {
+                order,
+                sig,
+                retry,
+                compensation_retry,
+                breaker,
+            })),
+        });
+    }
+
+    // Not a step: the step-only attributes are misplaced.
+    let compensation = helpers.compensate.as_ref().map(|attr| {
+        let target = parse_compensate_target(cx, attr);
+        (attr, target)
+    });
+    for (attr, name) in [
+        (&helpers.retry_policy, "retry_policy"),
+        (
+            &helpers.compensation_retry_policy,
+            "compensation_retry_policy",
+        ),
+        (&helpers.circuit_breaker, "circuit_breaker"),
+    ] {
+        let Some(attr) = attr else { continue };
+        let fix = match (&compensation, name) {
+            (Some((_, Some(step))), "retry_policy" | "compensation_retry_policy") => format!(
+                "; a compensation's retries are set with `#[compensation_retry_policy(..)]` \
+                 on its step `{step}`"
+            ),
+            _ => "; mark the method `#[saga_step(n)]` or remove the attribute".to_owned(),
+        };
+        cx.error_spanned_by(
+            attr,
+            format!("`#[{name}]` applies only to a `#[saga_step]` method, and `{ident}` is not a step{fix}"),
+        );
+    }
+
+    let (_, target) = compensation?;
+    let sig = parse_signature(cx, method, Kind::Compensation);
+    Some(ParsedMethod {
+        ident: ident.clone(),
+        role: Role::Compensation(Box::new(CompensationAttrs { target, sig })),
+    })
+}
+
+/// The arguments of `#[name(..)]`, or an error saying what it should look
+/// like if the attribute has none.
+fn list_args(cx: &Ctxt, attr: &Attribute, needs: &str, example: &str) -> Option<Vec<NestedMeta>> {
+    let name = attr_name(attr).unwrap_or_default();
+    let missing = || cx.error_spanned_by(attr, format!("`#[{name}]` needs {needs}: `{example}`"));
+    match &attr.meta {
+        Meta::List(list) => match NestedMeta::parse_meta_list(list.tokens.clone()) {
+            Ok(items) if items.is_empty() => {
+                missing();
+                None
+            }
+            Ok(items) => Some(items),
+            Err(err) => {
+                cx.syn_error(err);
+                None
+            }
+        },
+        _ => {
+            missing();
+            None
+        }
+    }
+}
+
+fn parse_step_number(cx: &Ctxt, attr: &Attribute) -> Option<SpannedValue<u32>> {
+    let example = "#[saga_step(1)]";
+    let items = list_args(cx, attr, "the step's number", example)?;
+    if items.len() > 1 {
+        cx.error_spanned_by(
+            &items[1],
+            "`#[saga_step]` takes only the step's number, e.g. `#[saga_step(1)]`",
+        );
+        return None;
+    }
+    let number = match &items[0] {
+        NestedMeta::Lit(lit @ Lit::Int(_)) => UInt::from_value(lit),
+        other => {
+            cx.error_spanned_by(
+                other,
+                "expected the step's number as an integer literal, e.g. `#[saga_step(1)]`",
+            );
+            return None;
+        }
+    };
+    let number = match number {
+        Ok(n) => n,
+        Err(err) => {
+            cx.darling_error(err);
+            return None;
+        }
+    };
+    let span = items[0].span();
+    match u32::try_from(number.0) {
+        Ok(0) => {
+            cx.error_at(
+                span,
+                "step numbers start at 1: number the steps 1, 2, 3, ...",
+            );
+            None
+        }
+        Ok(n) => Some(SpannedValue::new(n, span)),
+        Err(_) => {
+            cx.error_at(
+                span,
+                format!(
+                    "step number `{}` is out of range: number the steps 1, 2, 3, ... (at most {})",
+                    number.0,
+                    u32::MAX
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn parse_compensate_target(cx: &Ctxt, attr: &Attribute) -> Option<Ident> {
+    let example = "#[compensate(step_method)]";
+    let items = list_args(cx, attr, "the step it undoes", example)?;
+    let message = "`#[compensate]` names the one step it undoes: `#[compensate(step_method)]`";
+    if items.len() > 1 {
+        cx.error_spanned_by(&items[1], message);
+        return None;
+    }
+    match &items[0] {
+        NestedMeta::Meta(Meta::Path(path)) if path.get_ident().is_some() => {
+            path.get_ident().cloned()
+        }
+        other => {
+            cx.error_spanned_by(other, message);
+            None
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Key-value attributes
+
+/// Splits `key = value` items into a map, reporting malformed items, unknown
+/// keys (with a suggestion) and repeated keys. `flags` may also be written
+/// as a bare word.
+fn key_values(
+    cx: &Ctxt,
+    attr: &str,
+    known: &[&str],
+    flags: &[&str],
+    items: Vec<NestedMeta>,
+) -> BTreeMap<String, Meta> {
+    let mut map = BTreeMap::new();
+    for item in items {
+        let meta = match item {
+            NestedMeta::Meta(meta) => meta,
+            NestedMeta::Lit(lit) => {
+                cx.error_spanned_by(
+                    &lit,
+                    format!(
+                        "expected `key = value` in `#[{attr}]`; keys: {}",
+                        known.join(", ")
+                    ),
+                );
+                continue;
+            }
+            NestedMeta::NameValueInvalidExpr(nv) => {
+                cx.error_spanned_by(
+                    &nv.value,
+                    format!(
+                        "this value can't be read; write `{} = value`",
+                        path_str(&nv.path)
+                    ),
+                );
+                continue;
+            }
+        };
+        let key = path_str(meta.path());
+        if !known.contains(&key.as_str()) {
+            cx.error_spanned_by(
+                meta.path(),
+                suggest::unknown(&format!("unknown key `{key}` in `#[{attr}]`"), &key, known),
+            );
+            continue;
+        }
+        let shape_ok = match &meta {
+            Meta::NameValue(_) => true,
+            Meta::Path(_) => flags.contains(&key.as_str()),
+            Meta::List(_) => false,
+        };
+        if !shape_ok {
+            cx.error_spanned_by(&meta, format!("write `{key} = value` in `#[{attr}]`"));
+            continue;
+        }
+        if map.contains_key(&key) {
+            cx.error_spanned_by(
+                meta.path(),
+                format!("`{key}` is given twice in `#[{attr}]`; keep one"),
+            );
+            continue;
+        }
+        map.insert(key, meta);
+    }
+    map
+}
+
+fn path_str(path: &syn::Path) -> String {
+    path.segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect::<Vec<_>>()
+        .join("::")
+}
+
+fn name_value(meta: &Meta) -> Option<&Expr> {
+    match meta {
+        Meta::NameValue(nv) => Some(&nv.value),
+        _ => None,
+    }
+}
+
+/// One required key reported missing, with an example value to paste.
+fn report_missing(cx: &Ctxt, attr: &Attribute, missing: &[(&str, &str)]) {
+    if missing.is_empty() {
+        return;
+    }
+    let name = attr_name(attr).unwrap_or_default();
+    let keys: Vec<_> = missing.iter().map(|(k, _)| format!("`{k}`")).collect();
+    let examples: Vec<_> = missing.iter().map(|(_, e)| *e).collect();
+    cx.error_spanned_by(
+        attr,
+        format!(
+            "`#[{name}]` is missing {}: add `{}`",
+            keys.join(" and "),
+            examples.join(", ")
+        ),
+    );
+}
+
+/// A non-negative integer literal, before its range is checked against the
+/// key's type (so that an overflow gets a message naming the key's range
+/// instead of a bare parse error).
+struct UInt(u128);
+
+impl FromMeta for UInt {
+    fn from_value(lit: &Lit) -> darling::Result<Self> {
+        match lit {
+            Lit::Int(int) => int
+                .base10_parse::<u128>()
+                .map(UInt)
+                .map_err(|_| darling::Error::custom("this number is too large").with_span(int)),
+            other => Err(darling::Error::custom("expected an integer, e.g. `3`").with_span(other)),
+        }
+    }
+
+    fn from_expr(expr: &Expr) -> darling::Result<Self> {
+        match expr {
+            Expr::Lit(lit) => Self::from_value(&lit.lit),
+            Expr::Group(group) => Self::from_expr(&group.expr),
+            Expr::Unary(syn::ExprUnary {
+                op: syn::UnOp::Neg(_),
+                ..
+            }) => Err(darling::Error::custom("expected a non-negative integer").with_span(expr)),
+            other => Err(
+                darling::Error::custom("expected an integer literal, e.g. `3`").with_span(other),
+            ),
+        }
+    }
+}
+
+/// Reads `key = <integer>` and checks `min..=max`.
+fn int_key(
+    cx: &Ctxt,
+    meta: &Meta,
+    min: u128,
+    max: u128,
+    why_min: &str,
+) -> Option<SpannedValue<u128>> {
+    let key = path_str(meta.path());
+    let expr = name_value(meta)?;
+    let value = match SpannedValue::<UInt>::from_expr(expr) {
+        Ok(v) => v,
+        Err(err) => {
+            cx.darling_error(err);
+            return None;
+        }
+    };
+    let n = value.0;
+    if n < min {
+        cx.error_at(
+            value.span(),
+            format!("`{key}` must be at least {min}{why_min}"),
+        );
+        return None;
+    }
+    if n > max {
+        cx.error_at(
+            value.span(),
+            format!("`{key} = {n}` is out of range: it must be at most {max}"),
+        );
+        return None;
+    }
+    Some(SpannedValue::new(n, value.span()))
+}
+
+/// An enum-like value written as a bare identifier (`backoff = linear`) or
+/// a string (`backoff = "linear"`).
+fn choice<T: Copy>(cx: &Ctxt, meta: &Meta, what: &str, values: &[(&str, T)]) -> Option<T> {
+    let key = path_str(meta.path());
+    let expr = name_value(meta)?;
+    let names: Vec<&str> = values.iter().map(|(n, _)| *n).collect();
+    let (word, span) = match expr {
+        Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => (
+            p.path
+                .get_ident()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            p.span(),
+        ),
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(s), ..
+        }) => (s.value(), s.span()),
+        other => {
+            cx.error_spanned_by(
+                other,
+                format!(
+                    "expected one of {}, e.g. `{key} = {}`",
+                    names.join(", "),
+                    names[0]
+                ),
+            );
+            return None;
+        }
+    };
+    match values.iter().find(|(n, _)| *n == word) {
+        Some((_, value)) => Some(*value),
+        None => {
+            cx.error_at(
+                span,
+                suggest::unknown(&format!("unknown {what} `{word}`"), &word, &names),
+            );
+            None
+        }
+    }
+}
+
+/// `jitter` or `jitter = true|false`.
+fn flag(cx: &Ctxt, meta: &Meta) -> Option<bool> {
+    match meta {
+        Meta::Path(_) => Some(true),
+        Meta::NameValue(nv) => match &nv.value {
+            Expr::Lit(syn::ExprLit {
+                lit: Lit::Bool(b), ..
+            }) => Some(b.value),
+            other => {
+                cx.error_spanned_by(
+                    other,
+                    "`jitter` is a flag: write `jitter`, `jitter = true` or `jitter = false`",
+                );
+                None
+            }
+        },
+        Meta::List(_) => None,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PolicyFor {
+    Step,
+    Compensation,
+}
+
+fn parse_policy(cx: &Ctxt, attr: &Attribute, policy_for: PolicyFor) -> Option<PolicyArgs> {
+    let name = attr_name(attr).unwrap_or_default();
+    let example = format!("#[{name}(max_retries = 3, backoff = exponential, base_delay_ms = 200)]");
+    let items = list_args(cx, attr, "its settings", &example)?;
+    let known: &[&str] = match policy_for {
+        PolicyFor::Step => &[
+            "max_retries",
+            "backoff",
+            "base_delay_ms",
+            "max_delay_ms",
+            "jitter",
+            "on_exhausted",
+        ],
+        PolicyFor::Compensation => &[
+            "max_retries",
+            "backoff",
+            "base_delay_ms",
+            "max_delay_ms",
+            "jitter",
+        ],
+    };
+    // `on_exhausted` gets its own explanation rather than "unknown key".
+    let items = items
+        .into_iter()
+        .filter(|item| {
+            let is_on_exhausted =
+                matches!(item, NestedMeta::Meta(m) if m.path().is_ident("on_exhausted"));
+            if is_on_exhausted && policy_for == PolicyFor::Compensation {
+                cx.error_spanned_by(
+                    item,
+                    "`on_exhausted` does not apply to a compensation: one that still fails \
+                     after its retries always ends the task `CompensationFailed` for an \
+                     operator to resolve; remove it",
+                );
+                return false;
+            }
+            true
+        })
+        .collect();
+    let errors_before = cx.error_count();
+    let keys = key_values(cx, &name, known, &["jitter"], items);
+    let malformed = cx.error_count() > errors_before;
+
+    let mut missing = Vec::new();
+    let max_retries = match keys.get("max_retries") {
+        Some(m) => int_key(cx, m, 0, u32::MAX.into(), ""),
+        None => {
+            missing.push(("max_retries", "max_retries = 3"));
+            None
+        }
+    };
+    let backoff = match keys.get("backoff") {
+        Some(m) => choice(
+            cx,
+            m,
+            "backoff",
+            &[
+                ("exponential", Backoff::Exponential),
+                ("linear", Backoff::Linear),
+                ("constant", Backoff::Constant),
+            ],
+        ),
+        None => {
+            missing.push(("backoff", "backoff = exponential"));
+            None
+        }
+    };
+    let base_delay_ms = match keys.get("base_delay_ms") {
+        Some(m) => int_key(cx, m, 0, u64::MAX.into(), ""),
+        None => {
+            missing.push(("base_delay_ms", "base_delay_ms = 200"));
+            None
+        }
+    };
+    // A missing key is only worth reporting if the key was not just
+    // misspelled (which is already reported, with a suggestion).
+    if !malformed {
+        report_missing(cx, attr, &missing);
+    }
+    let max_delay_ms = keys
+        .get("max_delay_ms")
+        .map(|m| int_key(cx, m, 0, u64::MAX.into(), ""));
+    if let (Some(Some(max)), Some(base)) = (&max_delay_ms, &base_delay_ms) {
+        if **max < **base {
+            cx.error_at(
+                max.span(),
+                format!(
+                    "`max_delay_ms = {}` is below `base_delay_ms = {}`: every delay would be \
+                     capped below the base; raise `max_delay_ms` or lower `base_delay_ms`",
+                    **max, **base
+                ),
+            );
+        }
+    }
+    let jitter = keys.get("jitter").map(|m| flag(cx, m));
+    let on_exhausted = keys.get("on_exhausted").map(|m| {
+        choice(
+            cx,
+            m,
+            "on_exhausted action",
+            &[
+                ("compensate", OnExhausted::Compensate),
+                ("fail", OnExhausted::Fail),
+                ("dead_letter", OnExhausted::DeadLetter),
+            ],
+        )
+    });
+
+    Some(PolicyArgs {
+        attr: attr.to_token_stream(),
+        max_retries: u32::try_from(*max_retries?).ok()?,
+        backoff: backoff?,
+        base_delay_ms: u64::try_from(*base_delay_ms?).ok()?,
+        max_delay_ms: match max_delay_ms {
+            Some(v) => Some(u64::try_from(*v?).ok()?),
+            None => None,
+        },
+        jitter: match jitter {
+            Some(v) => Some(v?),
+            None => None,
+        },
+        on_exhausted: match on_exhausted {
+            Some(v) => Some(v?),
+            None => None,
+        },
+    })
+}
+
+fn parse_breaker(cx: &Ctxt, attr: &Attribute) -> Option<BreakerArgs> {
+    let example = "#[circuit_breaker(failure_threshold = 5, duration_secs = 30)]";
+    let items = list_args(cx, attr, "its settings", example)?;
+    let errors_before = cx.error_count();
+    let keys = key_values(
+        cx,
+        "circuit_breaker",
+        &["failure_threshold", "duration_secs"],
+        &[],
+        items,
+    );
+    let malformed = cx.error_count() > errors_before;
+    let mut missing = Vec::new();
+    let failure_threshold = match keys.get("failure_threshold") {
+        Some(m) => int_key(
+            cx,
+            m,
+            1,
+            u32::MAX.into(),
+            ": it is the number of consecutive failures that opens the circuit",
+        ),
+        None => {
+            missing.push(("failure_threshold", "failure_threshold = 5"));
+            None
+        }
+    };
+    let duration_secs = match keys.get("duration_secs") {
+        Some(m) => int_key(
+            cx,
+            m,
+            1,
+            u64::MAX.into(),
+            ": it is how long the circuit stays open before a probe call",
+        ),
+        None => {
+            missing.push(("duration_secs", "duration_secs = 30"));
+            None
+        }
+    };
+    if !malformed {
+        report_missing(cx, attr, &missing);
+    }
+    Some(BreakerArgs {
+        failure_threshold: u32::try_from(*failure_threshold?).ok()?,
+        duration_secs: u64::try_from(*duration_secs?).ok()?,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Signatures
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Step,
+    Compensation,
+}
+
+impl Kind {
+    fn noun(self) -> &'static str {
+        match self {
+            Kind::Step => "step",
+            Kind::Compensation => "compensation",
+        }
+    }
+
+    fn shape(self, name: &Ident) -> String {
+        match self {
+            Kind::Step => format!(
+                "`async fn {name}(&self, input: In) -> Result<Out, StepError>` \
+                 (optionally with `ctx: &StepContext` after the input)"
+            ),
+            Kind::Compensation => format!(
+                "`async fn {name}(&self, output: StepOut) -> Result<(), StepError>` \
+                 (optionally with `ctx: &StepContext` after the output)"
+            ),
+        }
+    }
+}
+
+fn parse_signature(cx: &Ctxt, method: &ImplItemFn, kind: Kind) -> Signature {
+    let sig = &method.sig;
+    let name = &sig.ident;
+    let noun = kind.noun();
+
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        let generics = &sig.generics;
+        let where_clause = &generics.where_clause;
+        cx.error_spanned_by(
+            quote::quote!(#generics #where_clause),
+            format!(
+                "a {noun} can't be generic: the engine calls `{name}` with the types the \
+                 task persisted; use concrete types"
+            ),
+        );
+    }
+    if sig.asyncness.is_none() {
+        cx.error_spanned_by(
+            sig.fn_token,
+            format!("a {noun} must be an `async fn`: write `async fn {name}(..)`"),
+        );
+    }
+    if let syn::Safety::Unsafe(token) = &sig.safety {
+        cx.error_spanned_by(
+            token,
+            format!(
+                "a {noun} can't be `unsafe`: the generated code calls it like any safe method; \
+                 remove `unsafe` and use an `unsafe` block inside"
+            ),
+        );
+    }
+
+    // The receiver.
+    let mut inputs: Vec<&FnArg> = sig.inputs.iter().collect();
+    match inputs.first() {
+        Some(FnArg::Receiver(receiver)) => {
+            let problem = match &receiver.kind {
+                ReceiverKind::Reference(_, _, None) if receiver.mutability.is_none() => None,
+                ReceiverKind::Reference(_, _, Some(_)) => Some(
+                    "takes `&self`, not `&mut self`: the steps of many tasks run concurrently \
+                     on one shared saga value (use interior mutability for state)",
+                ),
+                ReceiverKind::Value => Some(
+                    "takes `&self`, not `self`: the engine keeps the saga value and calls its \
+                     methods many times",
+                ),
+                _ => Some("takes plain `&self`"),
+            };
+            if let Some(problem) = problem {
+                cx.error_spanned_by(receiver, format!("a {noun} {problem}"));
+            }
+            inputs.remove(0);
+        }
+        _ => {
+            let at = match inputs.first() {
+                Some(first) => first.to_token_stream(),
+                None => name.to_token_stream(),
+            };
+            cx.error_spanned_by(
+                at,
+                format!(
+                    "a {noun} needs `&self` as its first parameter: {}",
+                    kind.shape(name)
+                ),
+            );
+        }
+    }
+
+    // Parameters: `(input)` or `(input, ctx: &StepContext)`.
+    let params: Vec<&syn::PatType> = inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(t) => Some(t),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    let what_input = match kind {
+        Kind::Step => "its input",
+        Kind::Compensation => "the step's output",
+    };
+    let mut input = None;
+    let mut takes_ctx = false;
+    match params.as_slice() {
+        [] => cx.error_at(
+            sig.paren_token.span.join(),
+            format!(
+                "`{name}` has no parameter for {what_input}: {}",
+                kind.shape(name)
+            ),
+        ),
+        [only] if is_step_context(&only.ty) => cx.error_spanned_by(
+            only,
+            format!(
+                "`{name}` has no parameter for {what_input} (this one is the context, which \
+                 comes second): {}",
+                kind.shape(name)
+            ),
+        ),
+        [first, rest @ ..] if rest.len() > 1 => {
+            let extra = &rest[1];
+            cx.error_spanned_by(
+                extra,
+                format!(
+                    "`{name}` has too many parameters: a {noun} takes {what_input} and, \
+                     optionally, `ctx: &StepContext`; pass several values as one struct or tuple"
+                ),
+            );
+            input = by_value_input(cx, first, kind);
+        }
+        [first, rest @ ..] => {
+            if let Some(second) = rest.first() {
+                if is_step_context(&second.ty) {
+                    takes_ctx = true;
+                } else {
+                    cx.error_spanned_by(
+                        &second.ty,
+                        format!(
+                            "the second parameter of a {noun} must be the context, \
+                             `ctx: &StepContext`; a {noun} takes a single {}, so pass several \
+                             values as one struct or tuple",
+                            match kind {
+                                Kind::Step => "input",
+                                Kind::Compensation => "output",
+                            }
+                        ),
+                    );
+                }
+            }
+            input = by_value_input(cx, first, kind);
+        }
+    }
+
+    // The return type.
+    let output = parse_return(cx, sig, kind);
+    Signature {
+        input,
+        output,
+        takes_ctx,
+    }
+}
+
+fn by_value_input(cx: &Ctxt, param: &syn::PatType, kind: Kind) -> Option<Type> {
+    let what = match kind {
+        Kind::Step => "a step's input",
+        Kind::Compensation => "the step output a compensation receives",
+    };
+    match &*param.ty {
+        Type::Reference(r) => {
+            let inner = &r.elem;
+            cx.error_spanned_by(
+                &param.ty,
+                format!(
+                    "{what} is passed by value (it is deserialized from the task's stored \
+                     state): take `{}`, not a reference",
+                    type_to_string(inner)
+                ),
+            );
+            None
+        }
+        Type::ImplTrait(_) => {
+            cx.error_spanned_by(
+                &param.ty,
+                format!("{what} needs a concrete type (it is deserialized from the task's stored state), not `impl Trait`"),
+            );
+            None
+        }
+        ty => Some(ty.clone()),
+    }
+}
+
+/// `&StepContext`, by the last segment of its path.
+fn is_step_context(ty: &Type) -> bool {
+    match ty {
+        Type::Reference(r) if r.mutability.is_none() => last_segment_is(&r.elem, "StepContext"),
+        Type::Group(g) => is_step_context(&g.elem),
+        _ => false,
+    }
+}
+
+fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
+        Type::Group(g) => last_segment(&g.elem),
+        Type::Paren(p) => last_segment(&p.elem),
+        _ => None,
+    }
+}
+
+fn last_segment_is(ty: &Type, name: &str) -> bool {
+    last_segment(ty).is_some_and(|s| s.ident == name)
+}
+
+/// `T` of a `Result<T, StepError>` return type; anything else is reported.
+fn parse_return(cx: &Ctxt, sig: &syn::Signature, kind: Kind) -> Option<Type> {
+    let name = &sig.ident;
+    let noun = kind.noun();
+    let expected = match kind {
+        Kind::Step => "Result<Out, StepError>",
+        Kind::Compensation => "Result<(), StepError>",
+    };
+    let ty = match &sig.output {
+        ReturnType::Type(_, ty) => ty,
+        ReturnType::Default => {
+            cx.error_at(
+                sig.paren_token.span.close(),
+                format!(
+                    "a {noun} must return `{expected}`: add `-> {expected}` after `{name}(..)`"
+                ),
+            );
+            return None;
+        }
+    };
+    let segment = last_segment(ty).filter(|s| s.ident == "Result");
+    let args: Vec<&Type> = match segment.map(|s| &s.arguments) {
+        Some(PathArguments::AngleBracketed(args)) => args
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                GenericArgument::Type(t) => Some(t),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let (ok, err) = match (segment, args.as_slice()) {
+        (Some(_), [ok, err]) => (*ok, *err),
+        (Some(_), _) => {
+            cx.error_spanned_by(
+                ty,
+                format!(
+                    "a {noun} must return `{expected}` with both type arguments written out: \
+                     the macro reads the {} and the error type from it",
+                    match kind {
+                        Kind::Step => "output type",
+                        Kind::Compensation => "unit output",
+                    }
+                ),
+            );
+            return None;
+        }
+        (None, _) => {
+            cx.error_spanned_by(
+                ty,
+                format!(
+                    "a {noun} must return `{expected}`, not `{}`: the engine tells failures \
+                     (retried, then compensated) from outputs",
+                    type_to_string(ty)
+                ),
+            );
+            return None;
+        }
+    };
+    if !last_segment_is(err, "StepError") {
+        cx.error_spanned_by(
+            err,
+            format!(
+                "the error type of a {noun} must be `StepError`, not `{}`: `?` converts any \
+                 `std::error::Error + Send + Sync + 'static` into a transient `StepError`, \
+                 and `StepError::permanent(e)` skips the retries",
+                type_to_string(err)
+            ),
+        );
+    }
+    match kind {
+        Kind::Step if matches!(ok, Type::Reference(_)) => {
+            cx.error_spanned_by(
+                ok,
+                "a step's output is stored with the task and becomes the next step's input: \
+                 return an owned type, not a reference",
+            );
+            None
+        }
+        Kind::Step => Some(ok.clone()),
+        Kind::Compensation => {
+            let is_unit = matches!(ok, Type::Tuple(t) if t.elems.is_empty());
+            if !is_unit {
+                cx.error_spanned_by(
+                    ok,
+                    format!(
+                        "a compensation returns `Result<(), StepError>`, not `{}`: it undoes \
+                         its step and has no output",
+                        type_to_string(ok)
+                    ),
+                );
+            }
+            None
+        }
+    }
+}

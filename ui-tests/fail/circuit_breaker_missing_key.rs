@@ -1,0 +1,24 @@
+//! A breaker without its duration.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize, Deserialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    #[circuit_breaker(failure_threshold = 5)]
+    async fn upload(&self, req: Request) -> Result<Uploaded, StepError> {
+        let _ = req;
+        Ok(Uploaded)
+    }
+}
+
+fn main() {}

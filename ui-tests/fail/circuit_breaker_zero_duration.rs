@@ -1,0 +1,24 @@
+//! A breaker that would stay open for 0 seconds.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize, Deserialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    #[circuit_breaker(failure_threshold = 5, duration_secs = 0)]
+    async fn upload(&self, req: Request) -> Result<Uploaded, StepError> {
+        let _ = req;
+        Ok(Uploaded)
+    }
+}
+
+fn main() {}

@@ -1,0 +1,28 @@
+//! A compensation that is not `async`.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize, Deserialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    async fn upload(&self, req: Request) -> Result<Uploaded, StepError> {
+        let _ = req;
+        Ok(Uploaded)
+    }
+    #[compensate(upload)]
+    fn delete_upload(&self, uploaded: Uploaded) -> Result<(), StepError> {
+        let _ = uploaded;
+        Ok(())
+    }
+}
+
+fn main() {}

@@ -1,0 +1,29 @@
+//! `#[retry_policy]` on a compensation (it belongs on the step, as `#[compensation_retry_policy]`).
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize, Deserialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    async fn upload(&self, req: Request) -> Result<Uploaded, StepError> {
+        let _ = req;
+        Ok(Uploaded)
+    }
+    #[compensate(upload)]
+    #[retry_policy(max_retries = 3, backoff = exponential, base_delay_ms = 200)]
+    async fn delete_upload(&self, uploaded: Uploaded) -> Result<(), StepError> {
+        let _ = uploaded;
+        Ok(())
+    }
+}
+
+fn main() {}

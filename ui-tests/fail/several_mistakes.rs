@@ -1,0 +1,34 @@
+//! Independent mistakes in one saga are all reported, each once.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize, Deserialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    fn upload(&self, req: Request) -> Result<Uploaded, StepError> {
+        let _ = req;
+        Ok(Uploaded)
+    }
+    #[compensate(uplaod)]
+    async fn delete_upload(&self, uploaded: Uploaded) -> Result<(), StepError> {
+        let _ = uploaded;
+        Ok(())
+    }
+    #[saga_step(2)]
+    #[retry_policy(max_retries = 3, backoff = exponentail, base_delay_ms = 200)]
+    async fn pay(&self, uploaded: Uploaded) -> Result<Paid, StepError> {
+        let _ = uploaded;
+        Ok(Paid)
+    }
+}
+
+fn main() {}

@@ -1,0 +1,22 @@
+//! `#[saga_step]` in an impl without `#[saga]`.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize, Deserialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+impl CreateZip {
+    #[saga_step(1)]
+    async fn upload(&self, req: Request) -> Result<Uploaded, StepError> {
+        let _ = req;
+        Ok(Uploaded)
+    }
+}
+
+fn main() {}

@@ -1,0 +1,24 @@
+//! `#[saga_step]` and `#[compensate]` on one method.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize, Deserialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    #[compensate(upload)]
+    async fn upload(&self, req: Request) -> Result<Uploaded, StepError> {
+        let _ = req;
+        Ok(Uploaded)
+    }
+}
+
+fn main() {}

@@ -1,0 +1,22 @@
+//! A step without an input parameter.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize, Deserialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    async fn upload(&self) -> Result<Uploaded, StepError> {
+        Ok(Uploaded)
+    }
+}
+
+fn main() {}

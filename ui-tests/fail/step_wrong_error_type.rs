@@ -1,0 +1,23 @@
+//! A step whose error type is not `StepError`.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize, Deserialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    async fn upload(&self, req: Request) -> Result<Uploaded, std::io::Error> {
+        let _ = req;
+        Ok(Uploaded)
+    }
+}
+
+fn main() {}
