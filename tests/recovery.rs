@@ -178,3 +178,48 @@ async fn many_tasks_on_many_workers_all_finish() {
     }
     assert_eq!(journal.count("first"), 200);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_already_claimed_attempt_is_counted_not_rerun_and_the_task_still_finishes() {
+    let journal = Journal::default();
+    let backend = MemoryBackend::new();
+    let (s, _) = saga(&journal, 1);
+    let client = Engine::builder()
+        .backend(backend.clone())
+        .saga(s)
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let id = client.start::<TwoSteps>(1).await.unwrap();
+    // As if a duplicate delivery had already started attempt 1 of step 1.
+    use saga_runtime::backend::Backend;
+    assert!(backend
+        .try_claim(&format!("{id}:first:1"), Duration::from_secs(60))
+        .await
+        .unwrap());
+
+    let (s, _) = saga(&journal, 1);
+    let _workers = Engine::builder()
+        .backend(backend)
+        .saga(s)
+        .build()
+        .await
+        .unwrap();
+    let task = client.wait(id).await.unwrap();
+    assert_eq!(
+        task.status,
+        TaskStatus::Completed,
+        "a claimed key never strands the task"
+    );
+    assert_eq!(
+        journal.labels(),
+        ["first", "second@1"],
+        "step 1 body ran once, as attempt 2"
+    );
+    assert_eq!(task.steps[0].attempt_count, 2);
+    assert!(task
+        .audit_log
+        .iter()
+        .any(|e| e.action == saga_runtime::AuditAction::DuplicateAttempt && e.attempt == Some(1)));
+}

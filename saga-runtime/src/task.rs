@@ -234,7 +234,8 @@ pub enum AuditAction {
     /// An operator requeued the task from the dead-letter queue.
     Requeued,
     /// An attempt's idempotency key was already claimed (a duplicate
-    /// delivery); the attempt was counted as failed rather than run twice.
+    /// delivery, or a worker whose lease expired): that attempt number was
+    /// skipped rather than run twice.
     DuplicateAttempt,
 }
 

@@ -556,12 +556,22 @@ impl Run<'_> {
             task.version = version;
 
             let failure = if !claimed {
+                // Someone else started this attempt number: a duplicate
+                // delivery, or a worker whose lease expired. We hold the
+                // lease now, so that execution is stale; never run the same
+                // attempt twice. A step skips to the next attempt number
+                // without spending its retry budget (the skipped attempt did
+                // not fail here); a compensation counts it as failed.
                 drop(permit);
                 task.audit(
                     AuditEntry::new(AuditAction::DuplicateAttempt)
                         .step(method)
                         .attempt(attempt),
                 );
+                if phase == Phase::Step {
+                    task.steps[idx].retry_base += 1;
+                    continue;
+                }
                 format!("idempotency key {key} was already claimed; attempt counted as failed instead of running twice")
             } else {
                 let ctx = StepContext {
