@@ -76,3 +76,47 @@ pub fn circuit_breaker(args: TokenStream, item: TokenStream) -> TokenStream {
 pub fn cancellable(args: TokenStream, item: TokenStream) -> TokenStream {
     helpers::cancellable(args.into(), item.into()).into()
 }
+
+// ---- process managers (stubs until the pipeline lands) ----
+
+/// Turns an inherent `impl` block of message handlers into a process manager.
+#[proc_macro_attribute]
+pub fn process_manager(_args: TokenStream, item: TokenStream) -> TokenStream {
+    item
+}
+
+/// A handler whose message may create the instance.
+#[proc_macro_attribute]
+pub fn starts(_args: TokenStream, item: TokenStream) -> TokenStream {
+    item
+}
+
+/// A handler whose message continues an existing instance.
+#[proc_macro_attribute]
+pub fn handles(_args: TokenStream, item: TokenStream) -> TokenStream {
+    item
+}
+
+/// Maps a state property to a message property for correlation.
+#[proc_macro_attribute]
+pub fn correlate(_args: TokenStream, item: TokenStream) -> TokenStream {
+    item
+}
+
+/// A timeout handler.
+#[proc_macro_attribute]
+pub fn timeout(_args: TokenStream, item: TokenStream) -> TokenStream {
+    item
+}
+
+/// The error policy of a process manager.
+#[proc_macro_attribute]
+pub fn on_error(_args: TokenStream, item: TokenStream) -> TokenStream {
+    item
+}
+
+/// Implements `Message`; `#[correlation_id]` marks the correlating field.
+#[proc_macro_derive(Message, attributes(correlation_id, message))]
+pub fn derive_message(_item: TokenStream) -> TokenStream {
+    TokenStream::new()
+}

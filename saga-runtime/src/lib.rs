@@ -19,14 +19,15 @@ pub mod error;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod policy;
+pub mod process;
 pub mod reconcile;
 pub mod saga;
 pub mod task;
 mod worker;
 
 pub use saga_macros::{
-    cancellable, circuit_breaker, compensate, compensation_retry_policy, retry_policy, saga,
-    saga_step,
+    cancellable, circuit_breaker, compensate, compensation_retry_policy, correlate, handles,
+    on_error, process_manager, retry_policy, saga, saga_step, starts, timeout, Message,
 };
 
 pub use context::StepContext;
@@ -42,10 +43,13 @@ pub mod prelude {
     pub use crate::error::{StepError, StepErrorKind};
     pub use crate::reconcile::{ReconcileError, ReconcileReport};
     pub use crate::saga::{Cancellable, Saga};
+    pub use crate::process::{
+        ErrorAction, Failure, FailureKind, Message, ProcessContext, ProcessError, ProcessManager,
+    };
     pub use crate::task::{StepStatus, TaskId, TaskInstance, TaskStatus};
     pub use saga_macros::{
-        cancellable, circuit_breaker, compensate, compensation_retry_policy, retry_policy, saga,
-        saga_step,
+        cancellable, circuit_breaker, compensate, compensation_retry_policy, correlate, handles,
+        on_error, process_manager, retry_policy, saga, saga_step, starts, timeout, Message,
     };
 }
 
@@ -63,6 +67,11 @@ pub mod __private {
     pub use crate::saga::{
         decode, encode, unknown_step, BoxFuture, Cancellable, CompensationDefinition, Saga,
         SagaDefinition, StepDefinition,
+    };
+    pub use crate::process::{
+        correlation_value, decode_message, unknown_message, Concurrency, Correlation, ErrorAction,
+        Failure, HandlerDefinition, HandlerKind, Message, OnComplete, ProcessContext,
+        ProcessDefinition, ProcessError, ProcessManager, ProcessState,
     };
     pub use async_trait::async_trait;
     pub use serde_json::Value;

@@ -1,0 +1,42 @@
+//! The wire format of process-manager messages.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Why an envelope is on the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnvelopeKind {
+    /// A message to correlate (published, or sent to a process manager).
+    Message,
+    /// A timeout for one instance.
+    Timeout,
+}
+
+/// One message for one process manager.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Unique per message (duplicates of it share it).
+    pub message_id: String,
+    /// The process manager it is for.
+    pub process: String,
+    /// `Message::TYPE`.
+    pub message_type: String,
+    /// The message as JSON.
+    pub payload: Value,
+    /// Message or timeout.
+    pub kind: EnvelopeKind,
+    /// For timeouts: the instance that asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    /// Failures so far (business retries via `#[on_error]`).
+    #[serde(default)]
+    pub failures: u32,
+}
+
+impl Envelope {
+    /// The JSON payload for the queue.
+    pub fn to_payload(&self) -> String {
+        serde_json::to_string(self).expect("an Envelope always serializes")
+    }
+}

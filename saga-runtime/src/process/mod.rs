@@ -1,0 +1,288 @@
+//! Process managers: message-driven workflows whose state is correlated to
+//! incoming messages.
+//!
+//! Where a step saga follows a fixed chain, a process manager decides what to
+//! do next from what it has already seen: messages arrive at different times,
+//! in any order, possibly twice, and the coordination state must survive
+//! restarts. `#[process_manager]` generates the routing; this module runs it:
+//!
+//! 1. A message is routed to every process manager with a handler for its
+//!    type (one queue entry per process manager).
+//! 2. The handler's correlation finds the instance: by the message's
+//!    `#[correlation_id]`, or through an index from a state property
+//!    (`#[correlate(state.order_number = msg.order_number)]`).
+//! 3. The state is loaded (or default-constructed for a `#[starts]` message),
+//!    handed to the handler, and saved when it returns `Ok`, together with
+//!    everything it sent, published and scheduled, and the acknowledgement of
+//!    the message: one atomic write (an outbox). On `Err` nothing is saved or
+//!    sent, and `#[on_error]` decides.
+//! 4. Saves are optimistic (a version compared on write); a conflict re-runs
+//!    the handler on the fresh state, a bounded number of times, apart from
+//!    the business retries of `#[on_error]`.
+
+mod context;
+mod dispatch;
+mod envelope;
+mod error;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+pub use context::{Outgoing, ProcessContext, ScheduledTimeout, Target};
+pub(crate) use dispatch::dispatch;
+pub use dispatch::{Clock, Dispatched};
+pub use envelope::{Envelope, EnvelopeKind};
+pub use error::{ErrorAction, Failure, FailureKind, ProcessError};
+
+use crate::saga::BoxFuture;
+
+/// A message a process manager can handle, send, publish or schedule:
+/// `#[derive(Message)]`.
+pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The message type's name on the wire (default: the Rust type's name;
+    /// `#[message(name = "..")]` overrides it). Keep it stable across
+    /// deploys: queued messages and timeouts carry it.
+    const TYPE: &'static str;
+
+    /// The value of the `#[correlation_id]` field, as a string; `None` for a
+    /// message without one (timeouts, commands addressed elsewhere).
+    fn correlation_id(&self) -> Option<String>;
+}
+
+/// Whether a handler may create an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandlerKind {
+    /// `#[starts]`: creates the instance if none exists (`strict`: fails if
+    /// one does).
+    Starts {
+        /// `#[starts(strict)]`.
+        strict: bool,
+    },
+    /// `#[handles]`: continues an existing instance (`strict`: a missing
+    /// instance is an error for `#[on_error]` instead of a dropped message).
+    Handles {
+        /// `#[handles(strict)]`.
+        strict: bool,
+    },
+    /// `#[timeout]`: delivered to the instance that requested it; ignored if
+    /// the instance is complete or gone.
+    Timeout,
+}
+
+/// How a handler's message finds its instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Correlation {
+    /// By the message's `#[correlation_id]`.
+    Id,
+    /// `#[correlate(state.<state_field> = msg.<message_field>)]`.
+    Field {
+        /// The state's field.
+        state_field: &'static str,
+        /// The message's field.
+        message_field: &'static str,
+    },
+    /// A timeout: by the instance that requested it.
+    Instance,
+}
+
+/// One handler of a process manager.
+#[derive(Debug)]
+pub struct HandlerDefinition {
+    /// The method's name.
+    pub method: &'static str,
+    /// `Message::TYPE` of its message.
+    pub message_type: &'static str,
+    /// Starts, handles or timeout.
+    pub kind: HandlerKind,
+    /// How its message finds the instance.
+    pub correlation: Correlation,
+}
+
+/// What happens to a completed instance's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnComplete {
+    /// Keep it (queryable; later messages are ignored with an audit entry).
+    #[default]
+    Keep,
+    /// Delete it (a later starting message would create a new instance).
+    Delete,
+}
+
+/// How concurrent messages to one instance are serialised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Concurrency {
+    /// A version compared on save; a conflict re-runs the handler.
+    #[default]
+    Optimistic,
+    /// The instance's lease is held while its handler runs.
+    Pessimistic,
+}
+
+/// The static shape of a process manager, produced by `#[process_manager]`.
+#[derive(Debug)]
+pub struct ProcessDefinition {
+    /// `#[process_manager(name = "..")]`.
+    pub name: &'static str,
+    /// The state type's name, for messages.
+    pub state_type: &'static str,
+    /// Its handlers (not `#[on_error]`).
+    pub handlers: &'static [HandlerDefinition],
+    /// `#[process_manager(on_complete = keep | delete)]`.
+    pub on_complete: OnComplete,
+    /// `#[process_manager(concurrency = optimistic | pessimistic)]`.
+    pub concurrency: Concurrency,
+}
+
+impl ProcessDefinition {
+    /// The handler of a message type.
+    pub fn handler(&self, message_type: &str) -> Option<&'static HandlerDefinition> {
+        self.handlers.iter().find(|h| h.message_type == message_type)
+    }
+}
+
+/// A process manager: implemented by `#[process_manager]`, not by hand.
+pub trait ProcessManager: Send + Sync + 'static {
+    /// The coordination state.
+    type State: Default + Serialize + DeserializeOwned + Send + Sync + 'static;
+    /// Its name.
+    const NAME: &'static str;
+
+    /// The static shape.
+    fn definition() -> &'static ProcessDefinition
+    where
+        Self: Sized;
+
+    /// Runs the handler of `message_type` on the decoded message.
+    fn handle<'a>(
+        &'a self,
+        message_type: &'a str,
+        message: Value,
+        state: &'a mut Self::State,
+        ctx: &'a mut ProcessContext,
+    ) -> BoxFuture<'a, Result<(), ProcessError>>;
+
+    /// The values of the state's correlated fields (`#[correlate]`), as
+    /// index keys: `(state field, value)`.
+    fn state_keys(state: &Self::State) -> Vec<(&'static str, String)>
+    where
+        Self: Sized;
+
+    /// The correlation value of an incoming message for its handler: the
+    /// correlation id, or the mapped field's value.
+    fn message_key(message_type: &str, message: &Value) -> Result<Option<String>, ProcessError>
+    where
+        Self: Sized;
+
+    /// Seeds a fresh state from a starting message: copies the mapped field
+    /// (`state.order_number = msg.order_number`), so the new instance is
+    /// findable by it even if the handler does not set it.
+    fn seed(message_type: &str, message: &Value, state: &mut Self::State) -> Result<(), ProcessError>
+    where
+        Self: Sized;
+
+    /// `#[on_error]`, or the default policy: retry after 100 ms, 200 ms, then
+    /// stop the instance and dead-letter the message.
+    fn on_error(&self, failure: &Failure) -> ErrorAction {
+        ErrorAction::default_for(failure)
+    }
+}
+
+/// Canonical string of a correlation value: a JSON string's contents, else
+/// the value's JSON text (so `42`, `"42"` and a UUID all read naturally).
+#[doc(hidden)]
+pub fn correlation_value<T: Serialize + ?Sized>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+/// Decodes a message payload for a handler.
+#[doc(hidden)]
+pub fn decode_message<T: DeserializeOwned>(message: Value) -> Result<T, ProcessError> {
+    serde_json::from_value(message).map_err(|e| {
+        ProcessError::invalid_payload(format!(
+            "message does not deserialize as `{}`: {e}",
+            std::any::type_name::<T>()
+        ))
+    })
+}
+
+/// The error for a message type the process manager has no handler for.
+#[doc(hidden)]
+pub fn unknown_message<'a, T: Send + 'a>(pm: &str, message_type: &str) -> BoxFuture<'a, Result<T, ProcessError>> {
+    let error = ProcessError::invalid_payload(format!("process manager `{pm}` has no handler for `{message_type}`"));
+    Box::pin(async move { Err(error) })
+}
+
+/// Marker the macro uses to check the state type, with a message that says
+/// what is missing.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "the state type `{Self}` of a process manager must be `Default + Serialize + DeserializeOwned`",
+    label = "state type missing `Default`, `Serialize` or `Deserialize`",
+    note = "add `#[derive(Default, Serialize, Deserialize)]` to `{Self}`: state is default-constructed for a starting message and persisted as JSON"
+)]
+pub trait ProcessState: Default + Serialize + DeserializeOwned + Send + Sync + 'static {}
+
+impl<T: Default + Serialize + DeserializeOwned + Send + Sync + 'static> ProcessState for T {}
+
+/// The object-safe face of [`ProcessManager`] the engine stores.
+pub(crate) trait ErasedProcess: Send + Sync + 'static {
+    fn definition(&self) -> &'static ProcessDefinition;
+    fn handle_json<'a>(
+        &'a self,
+        message_type: &'a str,
+        message: Value,
+        state: Option<Value>,
+        seed: bool,
+        ctx: &'a mut ProcessContext,
+    ) -> BoxFuture<'a, Result<(Value, Vec<(&'static str, String)>), ProcessError>>;
+    fn message_key(&self, message_type: &str, message: &Value) -> Result<Option<String>, ProcessError>;
+    fn on_error(&self, failure: &Failure) -> ErrorAction;
+}
+
+impl<P: ProcessManager> ErasedProcess for P {
+    fn definition(&self) -> &'static ProcessDefinition {
+        P::definition()
+    }
+
+    fn handle_json<'a>(
+        &'a self,
+        message_type: &'a str,
+        message: Value,
+        state: Option<Value>,
+        seed: bool,
+        ctx: &'a mut ProcessContext,
+    ) -> BoxFuture<'a, Result<(Value, Vec<(&'static str, String)>), ProcessError>> {
+        Box::pin(async move {
+            let mut state: P::State = match state {
+                Some(value) => serde_json::from_value(value).map_err(|e| {
+                    ProcessError::invalid_payload(format!(
+                        "stored state does not deserialize as `{}`: {e}",
+                        P::definition().state_type
+                    ))
+                })?,
+                None => P::State::default(),
+            };
+            if seed {
+                P::seed(message_type, &message, &mut state)?;
+            }
+            self.handle(message_type, message, &mut state, ctx).await?;
+            let keys = P::state_keys(&state);
+            let value = serde_json::to_value(&state)
+                .map_err(|e| ProcessError::new(format!("state does not serialize as JSON: {e}")))?;
+            Ok((value, keys))
+        })
+    }
+
+    fn message_key(&self, message_type: &str, message: &Value) -> Result<Option<String>, ProcessError> {
+        P::message_key(message_type, message)
+    }
+
+    fn on_error(&self, failure: &Failure) -> ErrorAction {
+        ProcessManager::on_error(self, failure)
+    }
+}
