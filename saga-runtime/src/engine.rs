@@ -15,8 +15,29 @@ use crate::backend::{Backend, QueueMessage, Settle};
 use crate::circuit::CircuitBreaker;
 use crate::error::Error;
 use crate::saga::{BoxFuture, Cancellable, ErasedSaga, Saga};
+use crate::process::{ErasedProcess, Envelope, EnvelopeKind, Message, ProcessManager};
 use crate::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
 use crate::worker;
+
+pub use crate::backend::ProcessInstance;
+
+/// Counters of process-manager outcomes in this engine (like metrics: per
+/// process, since start).
+#[derive(Debug, Default)]
+pub struct ProcessMetrics {
+    /// Messages whose handler ran and whose result was saved.
+    pub handled: std::sync::atomic::AtomicU64,
+    /// Continuing messages that matched no instance.
+    pub unmatched: std::sync::atomic::AtomicU64,
+    /// Exact duplicates dropped.
+    pub duplicates: std::sync::atomic::AtomicU64,
+    /// Messages ignored because the instance was complete, stopped or gone.
+    pub ignored: std::sync::atomic::AtomicU64,
+    /// Handler failures (each `#[on_error]` decision).
+    pub failed: std::sync::atomic::AtomicU64,
+    /// Messages dead-lettered.
+    pub dead_lettered: std::sync::atomic::AtomicU64,
+}
 
 pub use crate::backend::DeadLetter;
 
@@ -47,6 +68,8 @@ pub(crate) struct Settings {
     pub receive_wait: Duration,
     pub cancel_poll: Duration,
     pub shutdown_grace: Duration,
+    pub timeout_poll: Duration,
+    pub dead_letter_unmatched: bool,
 }
 
 impl Default for Settings {
@@ -58,6 +81,8 @@ impl Default for Settings {
             receive_wait: Duration::from_secs(1),
             cancel_poll: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(30),
+            timeout_poll: Duration::from_millis(100),
+            dead_letter_unmatched: false,
         }
     }
 }
@@ -66,6 +91,7 @@ impl Default for Settings {
 pub struct EngineBuilder {
     backend: Option<Arc<dyn Backend>>,
     sagas: Vec<Arc<dyn ErasedSaga>>,
+    processes: Vec<Arc<dyn ErasedProcess>>,
     workers: usize,
     settings: Settings,
 }
@@ -74,6 +100,25 @@ impl EngineBuilder {
     /// Registers a saga (its dependencies live in `saga`).
     pub fn saga<S: Saga>(mut self, saga: S) -> Self {
         self.sagas.push(Arc::new(saga));
+        self
+    }
+
+    /// Registers a process manager (its dependencies live in `pm`).
+    pub fn process_manager<P: ProcessManager>(mut self, pm: P) -> Self {
+        self.processes.push(Arc::new(pm));
+        self
+    }
+
+    /// Dead-letter continuing messages that match no instance, instead of
+    /// only logging and counting them (default: off).
+    pub fn dead_letter_unmatched(mut self, yes: bool) -> Self {
+        self.settings.dead_letter_unmatched = yes;
+        self
+    }
+
+    /// How often the timeout poller looks for due timeouts (default 100 ms).
+    pub fn timeout_poll_interval(mut self, interval: Duration) -> Self {
+        self.settings.timeout_poll = interval;
         self
     }
 
@@ -141,12 +186,26 @@ impl EngineBuilder {
                 return Err(Error::DuplicateSaga(name.to_owned()));
             }
         }
+        let mut processes = HashMap::new();
+        let mut routes: HashMap<&'static str, Vec<&'static str>> = HashMap::new();
+        for pm in self.processes {
+            let def = pm.definition();
+            for handler in def.handlers {
+                routes.entry(handler.message_type).or_default().push(def.name);
+            }
+            if processes.insert(def.name, pm).is_some() {
+                return Err(Error::DuplicateSaga(def.name.to_owned()));
+            }
+        }
         let backend = self
             .backend
             .unwrap_or_else(|| Arc::new(MemoryBackend::new()));
         let inner = Arc::new(Inner {
             backend,
             sagas,
+            processes,
+            routes,
+            metrics: ProcessMetrics::default(),
             settings: self.settings,
             breakers: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
@@ -173,6 +232,9 @@ impl EngineBuilder {
             let inner = inner.clone();
             tokio::spawn(async move { worker::run(inner, format!("bg-{n}")).await });
         }
+        if self.workers > 0 && !inner.processes.is_empty() {
+            tokio::spawn(worker::poll_timeouts(inner.clone()));
+        }
         Ok(engine)
     }
 }
@@ -189,6 +251,10 @@ impl Drop for Owner {
 pub(crate) struct Inner {
     pub backend: Arc<dyn Backend>,
     pub sagas: HashMap<&'static str, Arc<dyn ErasedSaga>>,
+    pub processes: HashMap<&'static str, Arc<dyn ErasedProcess>>,
+    /// Message type -> the process managers that handle it.
+    pub routes: HashMap<&'static str, Vec<&'static str>>,
+    pub metrics: ProcessMetrics,
     pub settings: Settings,
     breakers: Mutex<HashMap<(&'static str, &'static str), Arc<CircuitBreaker>>>,
     running: Mutex<HashMap<TaskId, CancellationToken>>,
@@ -196,6 +262,11 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The process managers that handle `message_type`.
+    pub fn subscribers(&self, message_type: &str) -> Vec<&'static str> {
+        self.routes.get(message_type).cloned().unwrap_or_default()
+    }
+
     /// The breaker of one saga step, shared by every task of this engine.
     pub fn breaker(
         &self,
@@ -265,6 +336,7 @@ impl Engine {
         EngineBuilder {
             backend: None,
             sagas: Vec::new(),
+            processes: Vec::new(),
             workers: 4,
             settings: Settings::default(),
         }
@@ -377,6 +449,73 @@ impl Engine {
         Ok(CancelResult::Cancelled)
     }
 
+    /// Publishes `msg` to every registered process manager that handles its
+    /// type; returns how many that is (0 is logged: nothing handles it).
+    pub async fn publish<M: Message>(&self, msg: M) -> Result<usize, Error> {
+        self.publish_with_id(&uuid::Uuid::new_v4().to_string(), msg).await
+    }
+
+    /// [`publish`](Self::publish) with the message's own id: publishing the
+    /// same id twice (a producer's retry) is recognised by the instance and
+    /// the duplicate changes nothing.
+    pub async fn publish_with_id<M: Message>(&self, message_id: &str, msg: M) -> Result<usize, Error> {
+        let payload = serde_json::to_value(&msg)?;
+        let subscribers = self.inner.subscribers(M::TYPE);
+        if subscribers.is_empty() {
+            tracing::warn!(message_type = M::TYPE, "published message has no process manager to handle it");
+            return Ok(0);
+        }
+        let envelopes: Vec<String> = subscribers
+            .iter()
+            .map(|process| {
+                Envelope {
+                    message_id: message_id.to_owned(),
+                    process: (*process).to_owned(),
+                    message_type: M::TYPE.to_owned(),
+                    payload: payload.clone(),
+                    kind: EnvelopeKind::Message,
+                    instance_id: None,
+                    failures: 0,
+                }
+                .to_payload()
+            })
+            .collect();
+        self.inner.backend.process_enqueue(&envelopes).await?;
+        Ok(envelopes.len())
+    }
+
+    /// The instance `id` of process manager `P`.
+    pub async fn process_instance<P: ProcessManager>(&self, id: &str) -> Result<Option<ProcessInstance>, Error> {
+        Ok(self.inner.backend.process_load(P::NAME, id).await?)
+    }
+
+    /// The instance of `P` whose correlated state field `field` is `value`.
+    pub async fn find_process<P: ProcessManager>(
+        &self,
+        field: &str,
+        value: &str,
+    ) -> Result<Option<ProcessInstance>, Error> {
+        Ok(self.inner.backend.process_find(P::NAME, field, value).await?)
+    }
+
+    /// The state of instance `id` of `P`, decoded.
+    pub async fn process_state<P: ProcessManager>(&self, id: &str) -> Result<Option<P::State>, Error> {
+        match self.inner.backend.process_load(P::NAME, id).await? {
+            Some(instance) => Ok(Some(serde_json::from_value(instance.state)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every instance of `P`.
+    pub async fn process_instances<P: ProcessManager>(&self) -> Result<Vec<ProcessInstance>, Error> {
+        Ok(self.inner.backend.process_list(P::NAME).await?)
+    }
+
+    /// Process-manager counters of this engine.
+    pub fn process_metrics(&self) -> &ProcessMetrics {
+        &self.inner.metrics
+    }
+
     /// Runs `n` workers in this task until Ctrl-C or [`shutdown`](Self::shutdown).
     ///
     /// Use it in worker processes (with `.workers(0)` on the builder). On
@@ -388,6 +527,9 @@ impl Engine {
         for i in 0..n {
             let inner = self.inner.clone();
             set.spawn(async move { worker::run(inner, format!("fg-{i}")).await });
+        }
+        if n > 0 && !self.inner.processes.is_empty() {
+            set.spawn(worker::poll_timeouts(self.inner.clone()));
         }
         let shutdown = self.inner.shutdown.clone();
         tokio::select! {

@@ -23,6 +23,7 @@ pub mod process;
 pub mod reconcile;
 pub mod saga;
 pub mod task;
+pub mod testing;
 mod worker;
 
 pub use saga_macros::{

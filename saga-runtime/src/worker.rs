@@ -16,7 +16,10 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use std::sync::atomic::Ordering;
+
 use crate::backend::{BackendError, Delivery, Lease, QueueMessage, Settle};
+use crate::process::{dispatch, Concurrency, DispatchEnv, Dispatched, Envelope};
 use crate::context::StepContext;
 use crate::engine::Inner;
 use crate::error::{StepError, StepErrorKind};
@@ -103,11 +106,22 @@ async fn dead_letter(
 }
 
 async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
-    let message: QueueMessage = match serde_json::from_str(&delivery.payload) {
+    let value: serde_json::Value = match serde_json::from_str(&delivery.payload) {
+        Ok(v) => v,
+        Err(e) => {
+            let reason = format!("malformed message (not JSON): {e}");
+            return dead_letter(inner, delivery, reason, None).await;
+        }
+    };
+    if value.get("process").is_some() {
+        return handle_process(inner, delivery, value).await;
+    }
+    let message: QueueMessage = match serde_json::from_value(value) {
         Ok(m) => m,
         Err(e) => {
-            let reason =
-                format!("malformed message (expected {{\"task_id\", \"saga\", \"seq\"}}): {e}");
+            let reason = format!(
+                "malformed message (expected a saga message {{\"task_id\", \"saga\", \"seq\"}} or a process-manager envelope): {e}"
+            );
             return dead_letter(inner, delivery, reason, None).await;
         }
     };
@@ -182,6 +196,114 @@ async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
             let _ = backend
                 .release(delivery, inner.settings.lock_retry_delay)
                 .await;
+        }
+    }
+}
+
+/// Handles one process-manager envelope.
+async fn handle_process(inner: &Arc<Inner>, delivery: &Delivery, value: serde_json::Value) {
+    let envelope: Envelope = match serde_json::from_value(value) {
+        Ok(e) => e,
+        Err(e) => {
+            let reason = format!("malformed process-manager envelope: {e}");
+            return dead_letter(inner, delivery, reason, None).await;
+        }
+    };
+    let Some(pm) = inner.processes.get(envelope.process.as_str()).cloned() else {
+        let mut known: Vec<_> = inner.processes.keys().copied().collect();
+        known.sort_unstable();
+        let reason = format!(
+            "unknown process manager `{}`: this worker runs [{}]",
+            envelope.process,
+            known.join(", ")
+        );
+        inner.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        return dead_letter(inner, delivery, reason, None).await;
+    };
+    let backend = &inner.backend;
+    // Pessimistic mode: one handler per correlation value at a time.
+    let lease = if pm.definition().concurrency == Concurrency::Pessimistic {
+        let key = envelope.instance_id.clone().or_else(|| {
+            pm.message_key(&envelope.message_type, &envelope.payload)
+                .ok()
+                .flatten()
+        });
+        match key {
+            Some(key) => {
+                let name = format!("pm-lock:{}:{key}", envelope.process);
+                let token = uuid::Uuid::new_v4().simple().to_string();
+                match backend.named_lease(&name, &token, inner.settings.lock_ttl).await {
+                    Ok(true) => Some((name, token)),
+                    _ => {
+                        let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+                        return;
+                    }
+                }
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    let subscribers = |t: &str| inner.subscribers(t);
+    let env = DispatchEnv {
+        backend: backend.as_ref(),
+        subscribers: &subscribers,
+        now_ms: Timestamp::now().0,
+        delivery: Some(delivery),
+        dead_letter_unmatched: inner.settings.dead_letter_unmatched,
+    };
+    let span = tracing::info_span!(
+        "process_message",
+        process = %envelope.process,
+        message_type = %envelope.message_type,
+        message_id = %envelope.message_id,
+    );
+    let result = dispatch(pm.as_ref(), &env, &envelope).instrument(span).await;
+    if let Some((name, token)) = lease {
+        let _ = backend.release_named_lease(&name, &token).await;
+    }
+    let m = &inner.metrics;
+    match result {
+        Ok(Dispatched::Handled { .. }) => m.handled.fetch_add(1, Ordering::Relaxed),
+        Ok(Dispatched::Duplicate { .. }) => m.duplicates.fetch_add(1, Ordering::Relaxed),
+        Ok(Dispatched::Ignored { .. }) => m.ignored.fetch_add(1, Ordering::Relaxed),
+        Ok(Dispatched::Unmatched { .. }) => m.unmatched.fetch_add(1, Ordering::Relaxed),
+        Ok(Dispatched::Failed { .. }) => m.failed.fetch_add(1, Ordering::Relaxed),
+        Ok(Dispatched::DeadLettered { .. }) => m.dead_lettered.fetch_add(1, Ordering::Relaxed),
+        Err(error) => {
+            tracing::warn!(%error, "process message not recorded; it will be redelivered");
+            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+            0
+        }
+    };
+}
+
+/// Moves due timeouts (and delayed retries) onto the queue while this
+/// engine holds the poller lease, so that pollers in many processes do not
+/// all scan. Delivery is exactly-once per schedule entry even without the
+/// lease: the backend moves each entry atomically.
+pub(crate) async fn poll_timeouts(inner: Arc<Inner>) {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let lease_ttl = (inner.settings.timeout_poll * 20).max(Duration::from_secs(2));
+    loop {
+        tokio::select! {
+            _ = inner.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(inner.settings.timeout_poll) => {}
+        }
+        match inner.backend.named_lease("timeout-poller", &token, lease_ttl).await {
+            Ok(true) => loop {
+                match inner.backend.process_release_due(Timestamp::now().0, 256).await {
+                    Ok(256) => continue,
+                    Ok(_) => break,
+                    Err(error) => {
+                        tracing::warn!(%error, "releasing due timeouts failed; will retry");
+                        break;
+                    }
+                }
+            },
+            Ok(false) => {}
+            Err(error) => tracing::warn!(%error, "timeout poller lease failed; will retry"),
         }
     }
 }

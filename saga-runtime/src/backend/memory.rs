@@ -16,7 +16,9 @@ use tokio::sync::{broadcast, Notify};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{Backend, BackendError, DeadLetter, Delivery, Lease, Settle};
+use super::{
+    Backend, BackendError, DeadLetter, Delivery, Lease, ProcessCommit, ProcessInstance, Settle,
+};
 use crate::task::{TaskId, TaskInstance, Timestamp};
 
 /// The default visibility timeout: how long a delivered, unsettled message
@@ -49,6 +51,11 @@ struct State {
     dead: Vec<DeadLetter>,
     cancels: HashMap<TaskId, Timestamp>,
     next_id: u64,
+    instances: HashMap<(String, String), ProcessInstance>,
+    index: HashMap<(String, String, String), String>,
+    scheduled: Vec<(u64, String)>,
+    endpoints: HashMap<String, Vec<String>>,
+    leases: HashMap<String, (String, Instant)>,
 }
 
 #[derive(Clone)]
@@ -453,6 +460,162 @@ impl Backend for MemoryBackend {
             }
         });
         Ok(stream.boxed())
+    }
+
+    async fn process_load(&self, process: &str, id: &str) -> Result<Option<ProcessInstance>, BackendError> {
+        Ok(self
+            .state()
+            .instances
+            .get(&(process.to_owned(), id.to_owned()))
+            .cloned())
+    }
+
+    async fn process_find(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError> {
+        let state = self.state();
+        let key = (process.to_owned(), field.to_owned(), value.to_owned());
+        Ok(state
+            .index
+            .get(&key)
+            .and_then(|id| state.instances.get(&(process.to_owned(), id.clone())))
+            .cloned())
+    }
+
+    async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
+        let state = self.state();
+        let mut list: Vec<_> = state
+            .instances
+            .values()
+            .filter(|i| i.process == process)
+            .cloned()
+            .collect();
+        list.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(list)
+    }
+
+    async fn process_commit(&self, process: &str, commit: ProcessCommit<'_>) -> Result<u64, BackendError> {
+        let version = {
+            let mut state = self.state();
+            let mut version = 0;
+            if let Some(instance) = commit.instance {
+                let key = (process.to_owned(), instance.id.clone());
+                let stored = state.instances.get(&key).map_or(0, |i| i.version);
+                if stored != instance.version {
+                    return Err(BackendError::ProcessConflict {
+                        process: process.to_owned(),
+                        instance: instance.id.clone(),
+                    });
+                }
+                for (field, value) in &commit.add_keys {
+                    let ikey = (process.to_owned(), field.clone(), value.clone());
+                    if matches!(state.index.get(&ikey), Some(owner) if *owner != instance.id) {
+                        return Err(BackendError::ProcessConflict {
+                            process: process.to_owned(),
+                            instance: instance.id.clone(),
+                        });
+                    }
+                }
+                for (field, value) in &commit.remove_keys {
+                    let ikey = (process.to_owned(), field.clone(), value.clone());
+                    if state.index.get(&ikey) == Some(&instance.id) {
+                        state.index.remove(&ikey);
+                    }
+                }
+                if commit.delete {
+                    state.instances.remove(&key);
+                    let id = instance.id.clone();
+                    state.index.retain(|(p, _, _), owner| !(p == process && *owner == id));
+                } else {
+                    for (field, value) in &commit.add_keys {
+                        state
+                            .index
+                            .insert((process.to_owned(), field.clone(), value.clone()), instance.id.clone());
+                    }
+                    let mut stored = instance.clone();
+                    stored.version += 1;
+                    stored.updated_at = Timestamp::now();
+                    version = stored.version;
+                    state.instances.insert(key, stored);
+                }
+            }
+            for payload in &commit.enqueue {
+                state.push(payload);
+            }
+            for (endpoint, payload) in &commit.endpoints {
+                state.endpoints.entry(endpoint.clone()).or_default().push(payload.clone());
+            }
+            state.scheduled.extend(commit.schedule.iter().cloned());
+            state.scheduled.sort_by_key(|(due, _)| *due);
+            state.settle(commit.settle, None);
+            version
+        };
+        self.queue_changed();
+        Ok(version)
+    }
+
+    async fn process_enqueue(&self, payloads: &[String]) -> Result<(), BackendError> {
+        {
+            let mut state = self.state();
+            for payload in payloads {
+                state.push(payload);
+            }
+        }
+        self.queue_changed();
+        Ok(())
+    }
+
+    async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError> {
+        let moved = {
+            let mut state = self.state();
+            let due = state
+                .scheduled
+                .iter()
+                .take_while(|(at, _)| *at <= now_ms)
+                .count()
+                .min(limit);
+            let released: Vec<(u64, String)> = state.scheduled.drain(..due).collect();
+            for (_, payload) in &released {
+                state.push(payload);
+            }
+            released.len()
+        };
+        if moved > 0 {
+            self.queue_changed();
+        }
+        Ok(moved)
+    }
+
+    async fn process_scheduled(&self) -> Result<Vec<(u64, String)>, BackendError> {
+        Ok(self.state().scheduled.clone())
+    }
+
+    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
+        Ok(self.state().endpoints.get(endpoint).cloned().unwrap_or_default())
+    }
+
+    async fn named_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, BackendError> {
+        let mut state = self.state();
+        let now = Instant::now();
+        match state.leases.get(name) {
+            Some((holder, expires)) if *expires > now && holder != token => Ok(false),
+            _ => {
+                state.leases.insert(name.to_owned(), (token.to_owned(), now + ttl));
+                Ok(true)
+            }
+        }
+    }
+
+    async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError> {
+        let mut state = self.state();
+        if matches!(state.leases.get(name), Some((holder, _)) if holder == token) {
+            state.leases.remove(name);
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     async fn wait_for_change(&self, _id: TaskId, timeout: Duration) {

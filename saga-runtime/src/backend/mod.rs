@@ -27,6 +27,8 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
+use serde_json::Value;
+
 use crate::task::{TaskId, TaskInstance, Timestamp};
 
 /// A held task lock: a lease, not a mutex. It expires after its TTL unless
@@ -126,6 +128,107 @@ pub struct Locked {
     pub cancel_requested: Option<Timestamp>,
 }
 
+/// What happened to a process-manager instance, in its audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind")]
+pub enum ProcessAuditAction {
+    /// The handler ran and its result was saved.
+    Handled,
+    /// The instance was completed by this message.
+    Completed,
+    /// The message arrived after completion (or stop) and was ignored.
+    Ignored {
+        /// Why.
+        reason: String,
+    },
+    /// `#[on_error]` said `Skip`.
+    Skipped {
+        /// The handler's error.
+        error: String,
+    },
+    /// `#[on_error]` said `Stop` (or the default policy gave up).
+    Stopped {
+        /// The handler's error.
+        error: String,
+    },
+}
+
+/// One line of an instance's audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessAudit {
+    /// When.
+    pub at: Timestamp,
+    /// The message's type.
+    pub message_type: String,
+    /// The message's id.
+    pub message_id: String,
+    /// What happened.
+    #[serde(flatten)]
+    pub action: ProcessAuditAction,
+}
+
+/// Where an instance is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InstanceStatus {
+    /// Handling messages.
+    Active,
+    /// `ctx.mark_complete()`: later messages are ignored.
+    Completed,
+    /// Stopped by `#[on_error]`: later messages are ignored.
+    Stopped,
+}
+
+/// A stored process-manager instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessInstance {
+    /// The process manager's name.
+    pub process: String,
+    /// The instance's id (its correlation id when a correlation-id message
+    /// created it, else a UUID).
+    pub id: String,
+    /// The state, as JSON.
+    pub state: Value,
+    /// Active, completed or stopped.
+    pub status: InstanceStatus,
+    /// Incremented by every write; writes compare it (0: not stored yet).
+    pub version: u64,
+    /// The correlation entries it owns: `(state field, value)`.
+    pub keys: Vec<(String, String)>,
+    /// Ids of the most recent messages it handled, to drop exact duplicates.
+    pub processed: Vec<String>,
+    /// The most recent events (bounded).
+    pub audit_log: Vec<ProcessAudit>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it was last written.
+    pub updated_at: Timestamp,
+}
+
+/// One atomic write of the process-manager protocol: the instance (created,
+/// updated or deleted), its correlation entries, the messages its handler
+/// sent, published and scheduled, and the settlement of the message.
+#[derive(Debug, Clone)]
+pub struct ProcessCommit<'a> {
+    /// The instance to write (`version` is the one it was loaded with; 0 to
+    /// create), unless `None`.
+    pub instance: Option<&'a ProcessInstance>,
+    /// Delete the instance (and its correlation entries) instead of writing it.
+    pub delete: bool,
+    /// Correlation entries to claim for the instance: a value already owned
+    /// by another instance is a conflict.
+    pub add_keys: Vec<(String, String)>,
+    /// Correlation entries to release.
+    pub remove_keys: Vec<(String, String)>,
+    /// Process-manager envelopes to enqueue.
+    pub enqueue: Vec<String>,
+    /// Messages for endpoints: `(endpoint, payload)`.
+    pub endpoints: Vec<(String, String)>,
+    /// Envelopes to deliver later: `(due, wall-clock ms; payload)`.
+    pub schedule: Vec<(u64, String)>,
+    /// What to do with the message being handled.
+    pub settle: Settle<'a>,
+}
+
 /// A backend failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -152,6 +255,15 @@ pub enum BackendError {
     /// The task does not exist.
     #[error("task {0} does not exist")]
     NotFound(TaskId),
+    /// Another write to the process-manager instance (or to one of the
+    /// correlation entries it claims) came first.
+    #[error("process `{process}` instance `{instance}`: a concurrent write came first")]
+    ProcessConflict {
+        /// The process manager.
+        process: String,
+        /// The instance.
+        instance: String,
+    },
     /// A stored value could not be read.
     #[error("corrupt record: {0}")]
     Corrupt(String),
@@ -299,6 +411,48 @@ pub trait Backend: Send + Sync + 'static {
     /// Cancellation requests as they are made, from any process (best effort:
     /// workers also poll [`cancel_requested`](Backend::cancel_requested)).
     async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError>;
+
+    /// The instance `id` of process manager `process`.
+    async fn process_load(&self, process: &str, id: &str) -> Result<Option<ProcessInstance>, BackendError>;
+
+    /// The instance owning the correlation entry `(field, value)`.
+    async fn process_find(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError>;
+
+    /// Every instance of a process manager (for operators and tests).
+    async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError>;
+
+    /// Writes a [`ProcessCommit`] atomically; returns the instance's new
+    /// version (0 when deleted or not written). A version mismatch, an
+    /// existing instance when creating, or a correlation entry owned by
+    /// another instance is a [`BackendError::Conflict`].
+    async fn process_commit(&self, process: &str, commit: ProcessCommit<'_>) -> Result<u64, BackendError>;
+
+    /// Enqueues process-manager envelopes (publishing from outside a handler).
+    async fn process_enqueue(&self, payloads: &[String]) -> Result<(), BackendError>;
+
+    /// Moves scheduled envelopes due at `now_ms` onto the queue, at most
+    /// `limit`, each exactly once (even with several pollers); returns how
+    /// many moved.
+    async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError>;
+
+    /// The scheduled envelopes: `(due ms, payload)`, soonest first.
+    async fn process_scheduled(&self) -> Result<Vec<(u64, String)>, BackendError>;
+
+    /// The messages sent to an endpoint, oldest first (for consumers that
+    /// read it, and tests).
+    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError>;
+
+    /// Takes or renews the named lease `name` for `token` (a poller's
+    /// lease); `false` if someone else holds it.
+    async fn named_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, BackendError>;
+
+    /// Releases the named lease if `token` holds it.
+    async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError>;
 
     /// Waits until the task may have changed, or `timeout` passed.
     async fn wait_for_change(&self, id: TaskId, timeout: Duration) {

@@ -1,8 +1,445 @@
-//! Stub (being written).
-/// Clock.
-pub trait Clock: Send + Sync { /// now
- fn now_ms(&self) -> u64; }
-/// Dispatched.
-#[derive(Debug)]
-pub struct Dispatched;
-pub(crate) fn dispatch() {}
+//! Handling one process-manager message: find the instance, run the
+//! handler, save everything at once; or ask `#[on_error]`.
+//!
+//! Shared by the workers and by the test kit (`crate::testing`), so tests
+//! exercise the real routing and correlation code.
+
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
+use serde_json::Value;
+
+use super::{
+    Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure, FailureKind, HandlerKind,
+    OnComplete, ProcessContext, ProcessError, Target,
+};
+use crate::backend::{
+    Backend, BackendError, Delivery, InstanceStatus, ProcessAudit, ProcessAuditAction, ProcessCommit,
+    ProcessInstance, Settle,
+};
+use crate::task::Timestamp;
+
+/// How many times a handler is re-run after losing a concurrent write,
+/// before the message is handed back for redelivery.
+const CONFLICT_RETRIES: u32 = 64;
+/// Message ids remembered per instance to drop exact duplicates.
+const PROCESSED_MEMORY: usize = 128;
+/// Audit entries kept per instance.
+const AUDIT_MEMORY: usize = 64;
+
+/// What happened to a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dispatched {
+    /// The handler ran and its result was saved.
+    Handled {
+        /// The instance.
+        instance: String,
+        /// Whether this message created it.
+        created: bool,
+    },
+    /// The instance had already handled a message with this id.
+    Duplicate {
+        /// The instance.
+        instance: String,
+    },
+    /// The instance is complete or stopped (or, for a timeout, gone).
+    Ignored {
+        /// Why.
+        reason: String,
+    },
+    /// A continuing message found no instance: logged, counted and, if
+    /// configured, dead-lettered.
+    Unmatched {
+        /// The correlation value that matched nothing.
+        key: String,
+    },
+    /// The handler (or strict routing) failed; `#[on_error]` chose `action`.
+    Failed {
+        /// The action taken.
+        action: ErrorAction,
+        /// The error.
+        error: String,
+    },
+    /// The message cannot be handled at all (malformed payload, no
+    /// correlation id): parked on the dead-letter queue.
+    DeadLettered {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Where dispatch runs: the store, the routing table for `publish`, the
+/// clock, and the delivery to settle (none in the test kit).
+pub(crate) struct DispatchEnv<'a> {
+    pub backend: &'a dyn Backend,
+    pub subscribers: &'a (dyn Fn(&str) -> Vec<&'static str> + Send + Sync),
+    pub now_ms: u64,
+    pub delivery: Option<&'a Delivery>,
+    pub dead_letter_unmatched: bool,
+}
+
+impl DispatchEnv<'_> {
+    fn ack(&self) -> Settle<'_> {
+        self.delivery.map_or(Settle::Nothing, Settle::Ack)
+    }
+
+    fn dead<'r>(&'r self, reason: &'r str) -> Settle<'r> {
+        self.delivery.map_or(Settle::Nothing, |d| Settle::DeadLetter(d, reason))
+    }
+
+    async fn settle_only(&self, process: &str, settle: Settle<'_>) -> Result<(), BackendError> {
+        self.backend.process_commit(process, commit(None, settle)).await.map(|_| ())
+    }
+}
+
+fn commit<'a>(instance: Option<&'a ProcessInstance>, settle: Settle<'a>) -> ProcessCommit<'a> {
+    ProcessCommit {
+        instance,
+        delete: false,
+        add_keys: Vec::new(),
+        remove_keys: Vec::new(),
+        enqueue: Vec::new(),
+        endpoints: Vec::new(),
+        schedule: Vec::new(),
+        settle,
+    }
+}
+
+fn audit(instance: &mut ProcessInstance, envelope: &Envelope, action: ProcessAuditAction) {
+    instance.audit_log.push(ProcessAudit {
+        at: Timestamp::now(),
+        message_type: envelope.message_type.clone(),
+        message_id: envelope.message_id.clone(),
+        action,
+    });
+    let excess = instance.audit_log.len().saturating_sub(AUDIT_MEMORY);
+    instance.audit_log.drain(..excess);
+}
+
+fn is_conflict(e: &BackendError) -> bool {
+    matches!(e, BackendError::ProcessConflict { .. } | BackendError::Conflict { .. })
+}
+
+/// Handles one envelope for `pm`.
+pub(crate) async fn dispatch(
+    pm: &dyn ErasedProcess,
+    env: &DispatchEnv<'_>,
+    envelope: &Envelope,
+) -> Result<Dispatched, BackendError> {
+    let def = pm.definition();
+    let process = def.name;
+    let dead_letter = |reason: String| async move {
+        tracing::error!(process, message = %envelope.message_id, %reason, "dead-lettering process message");
+        env.settle_only(process, env.dead(&reason)).await?;
+        Ok::<_, BackendError>(Dispatched::DeadLettered { reason })
+    };
+    let Some(handler) = def.handler(&envelope.message_type) else {
+        return dead_letter(format!(
+            "process manager `{process}` has no handler for message type `{}`",
+            envelope.message_type
+        ))
+        .await;
+    };
+
+    for _ in 0..CONFLICT_RETRIES {
+        // 1. Find the instance.
+        let (existing, key) = match handler.correlation {
+            Correlation::Instance => {
+                let Some(id) = envelope.instance_id.as_deref() else {
+                    return dead_letter(format!("timeout `{}` names no instance", envelope.message_type)).await;
+                };
+                (env.backend.process_load(process, id).await?, id.to_owned())
+            }
+            Correlation::Id | Correlation::Field { .. } => {
+                let key = match pm.message_key(&envelope.message_type, &envelope.payload) {
+                    Ok(Some(key)) => key,
+                    Ok(None) => {
+                        return dead_letter(format!(
+                            "`{}` has no correlation id; mark a field `#[correlation_id]` or correlate with `#[correlate]`",
+                            envelope.message_type
+                        ))
+                        .await
+                    }
+                    Err(e) => return dead_letter(e.to_string()).await,
+                };
+                let found = match handler.correlation {
+                    Correlation::Field { state_field, .. } => {
+                        env.backend.process_find(process, state_field, &key).await?
+                    }
+                    _ => env.backend.process_load(process, &key).await?,
+                };
+                (found, key)
+            }
+        };
+
+        // 2. Decide whether the handler runs.
+        let fresh = match (&existing, handler.kind) {
+            (None, HandlerKind::Timeout) => {
+                tracing::debug!(process, instance = %key, "timeout for an instance that no longer exists ignored");
+                env.settle_only(process, env.ack()).await?;
+                return Ok(Dispatched::Ignored {
+                    reason: format!("instance `{key}` does not exist"),
+                });
+            }
+            (None, HandlerKind::Handles { strict: false }) => {
+                tracing::warn!(
+                    process, message_type = %envelope.message_type, correlation = %key,
+                    "continuing message matched no instance"
+                );
+                let reason = format!(
+                    "`{}` for process manager `{process}` matched no instance (correlation `{key}`)",
+                    envelope.message_type
+                );
+                let settle = if env.dead_letter_unmatched { env.dead(&reason) } else { env.ack() };
+                env.settle_only(process, settle).await?;
+                return Ok(Dispatched::Unmatched { key });
+            }
+            (None, HandlerKind::Handles { strict: true }) => {
+                let error = format!("no instance of `{process}` for `{key}` (`#[handles(strict)]`)");
+                return fail(pm, env, envelope, None, FailureKind::NotStarted, error).await;
+            }
+            (None, HandlerKind::Starts { .. }) => {
+                let id = match handler.correlation {
+                    Correlation::Id => key.clone(),
+                    _ => uuid::Uuid::new_v4().to_string(),
+                };
+                let now = Timestamp::now();
+                ProcessInstance {
+                    process: process.to_owned(),
+                    id,
+                    state: Value::Null,
+                    status: InstanceStatus::Active,
+                    version: 0,
+                    keys: Vec::new(),
+                    processed: Vec::new(),
+                    audit_log: Vec::new(),
+                    created_at: now,
+                    updated_at: now,
+                }
+            }
+            (Some(instance), _) if instance.processed.contains(&envelope.message_id) => {
+                env.settle_only(process, env.ack()).await?;
+                return Ok(Dispatched::Duplicate {
+                    instance: instance.id.clone(),
+                });
+            }
+            (Some(instance), _) if instance.status != InstanceStatus::Active => {
+                let mut instance = instance.clone();
+                let reason = format!("instance is {:?}", instance.status).to_lowercase();
+                audit(&mut instance, envelope, ProcessAuditAction::Ignored { reason: reason.clone() });
+                match env.backend.process_commit(process, commit(Some(&instance), env.ack())).await {
+                    Err(e) if is_conflict(&e) => continue,
+                    other => other?,
+                };
+                return Ok(Dispatched::Ignored { reason });
+            }
+            (Some(instance), HandlerKind::Starts { strict: true }) => {
+                let error = format!("instance `{}` of `{process}` already exists (`#[starts(strict)]`)", instance.id);
+                let instance = instance.clone();
+                return fail(pm, env, envelope, Some(instance), FailureKind::AlreadyStarted, error).await;
+            }
+            (Some(instance), _) => instance.clone(),
+        };
+        let created = fresh.version == 0;
+
+        // 3. Run the handler on a copy of the state.
+        let mut ctx = ProcessContext::new(process, fresh.id.clone(), envelope.message_id.clone());
+        let state = (!created).then(|| fresh.state.clone());
+        let run = pm.handle_json(&envelope.message_type, envelope.payload.clone(), state, created, &mut ctx);
+        let result = AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|panic| {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".to_owned());
+            Err(ProcessError::new(format!("handler panicked: {text}")))
+        });
+        let result = match (result, ctx.error.take()) {
+            (Ok(_), Some(error)) => Err(ProcessError::new(error)),
+            (result, _) => result,
+        };
+        let (state, keys) = match result {
+            Ok(done) => done,
+            Err(e) if e.is_invalid_payload() => return dead_letter(e.to_string()).await,
+            Err(e) => {
+                let existing = (!created).then_some(fresh);
+                return fail(pm, env, envelope, existing, FailureKind::Handler, e.to_string()).await;
+            }
+        };
+
+        // 4. Save state, correlation entries, outbox and acknowledgement at once.
+        let mut instance = fresh;
+        instance.state = state;
+        instance.processed.push(envelope.message_id.clone());
+        let excess = instance.processed.len().saturating_sub(PROCESSED_MEMORY);
+        instance.processed.drain(..excess);
+        let desired: Vec<(String, String)> = keys
+            .into_iter()
+            .filter(|(_, value)| !value.is_empty())
+            .map(|(field, value)| (field.to_owned(), value))
+            .collect();
+        let delete = ctx.stop || (ctx.complete && def.on_complete == OnComplete::Delete);
+        let (add_keys, remove_keys): (Vec<_>, Vec<_>) = if delete {
+            // Release every entry the instance owns, old and new.
+            let mut all = instance.keys.clone();
+            all.extend(desired.iter().filter(|k| !instance.keys.contains(k)).cloned());
+            (Vec::new(), all)
+        } else {
+            (
+                desired.iter().filter(|k| !instance.keys.contains(k)).cloned().collect(),
+                instance.keys.iter().filter(|k| !desired.contains(k)).cloned().collect(),
+            )
+        };
+        instance.keys = desired;
+        if ctx.complete {
+            instance.status = InstanceStatus::Completed;
+            audit(&mut instance, envelope, ProcessAuditAction::Completed);
+        } else {
+            audit(&mut instance, envelope, ProcessAuditAction::Handled);
+        }
+
+        let mut enqueue = Vec::new();
+        let mut endpoints = Vec::new();
+        for (n, out) in ctx.outgoing.iter().enumerate() {
+            let message_id = format!("{}/{}/{n}", envelope.message_id, instance.id);
+            match &out.target {
+                Target::Publish => {
+                    for subscriber in (env.subscribers)(&out.message_type) {
+                        enqueue.push(
+                            Envelope {
+                                message_id: message_id.clone(),
+                                process: subscriber.to_owned(),
+                                message_type: out.message_type.clone(),
+                                payload: out.payload.clone(),
+                                kind: EnvelopeKind::Message,
+                                instance_id: None,
+                                failures: 0,
+                            }
+                            .to_payload(),
+                        );
+                    }
+                    endpoints.push((
+                        "published".to_owned(),
+                        outgoing_payload(&message_id, process, &out.message_type, &out.payload),
+                    ));
+                }
+                Target::Endpoint(name) => endpoints.push((
+                    name.clone(),
+                    outgoing_payload(&message_id, process, &out.message_type, &out.payload),
+                )),
+            }
+        }
+        let schedule = ctx
+            .timeouts
+            .iter()
+            .enumerate()
+            .map(|(n, t)| {
+                let envelope = Envelope {
+                    message_id: format!("{}/{}/t{n}", envelope.message_id, instance.id),
+                    process: process.to_owned(),
+                    message_type: t.message_type.clone(),
+                    payload: t.payload.clone(),
+                    kind: EnvelopeKind::Timeout,
+                    instance_id: Some(instance.id.clone()),
+                    failures: 0,
+                };
+                (env.now_ms + t.delay.as_millis() as u64, envelope.to_payload())
+            })
+            .collect();
+        let write = ProcessCommit {
+            instance: Some(&instance),
+            delete,
+            add_keys,
+            remove_keys,
+            enqueue,
+            endpoints,
+            schedule,
+            settle: env.ack(),
+        };
+        match env.backend.process_commit(process, write).await {
+            Ok(_) => {
+                return Ok(Dispatched::Handled {
+                    instance: instance.id,
+                    created,
+                })
+            }
+            // Someone else wrote the instance (or claimed its correlation
+            // entry) first: re-run on the fresh state.
+            Err(e) if is_conflict(&e) => {
+                tracing::debug!(process, instance = %instance.id, "concurrent write; re-running the handler");
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(BackendError::Unavailable(format!(
+        "process `{process}`: still conflicting after {CONFLICT_RETRIES} attempts; the message will be redelivered"
+    )))
+}
+
+fn outgoing_payload(message_id: &str, from: &str, message_type: &str, payload: &Value) -> String {
+    serde_json::json!({
+        "message_id": message_id,
+        "from": from,
+        "message_type": message_type,
+        "payload": payload,
+    })
+    .to_string()
+}
+
+/// Asks `#[on_error]` and carries out its answer.
+async fn fail(
+    pm: &dyn ErasedProcess,
+    env: &DispatchEnv<'_>,
+    envelope: &Envelope,
+    instance: Option<ProcessInstance>,
+    kind: FailureKind,
+    error: String,
+) -> Result<Dispatched, BackendError> {
+    let process = pm.definition().name;
+    let failure = Failure {
+        kind,
+        error: error.clone(),
+        message_type: envelope.message_type.clone(),
+        message_id: envelope.message_id.clone(),
+        instance_id: instance.as_ref().map(|i| i.id.clone()),
+        failures: envelope.failures + 1,
+    };
+    let action = pm.on_error(&failure);
+    tracing::warn!(process, message_type = %envelope.message_type, %error, failures = failure.failures, ?action, "process handler failed");
+    let mut again = envelope.clone();
+    again.failures += 1;
+    let mut write = commit(None, env.ack());
+    let mut instance = instance;
+    let reason;
+    match action {
+        ErrorAction::Retry => write.enqueue.push(again.to_payload()),
+        ErrorAction::RetryAfter(delay) => write
+            .schedule
+            .push((env.now_ms + delay.as_millis() as u64, again.to_payload())),
+        ErrorAction::Skip => {
+            if let Some(i) = instance.as_mut() {
+                audit(i, envelope, ProcessAuditAction::Skipped { error: error.clone() });
+            }
+        }
+        ErrorAction::Stop => {
+            if let Some(i) = instance.as_mut() {
+                i.status = InstanceStatus::Stopped;
+                audit(i, envelope, ProcessAuditAction::Stopped { error: error.clone() });
+            }
+        }
+    }
+    if action == ErrorAction::Stop {
+        reason = format!("process `{process}` stopped after: {error}");
+        write.settle = env.dead(&reason);
+    }
+    if matches!(action, ErrorAction::Skip | ErrorAction::Stop) {
+        write.instance = instance.as_ref();
+    }
+    match env.backend.process_commit(process, write).await {
+        Ok(_) => Ok(Dispatched::Failed { action, error }),
+        // The instance moved on meanwhile: hand the message back; it is
+        // redelivered and judged against the fresh state.
+        Err(e) => Err(e),
+    }
+}

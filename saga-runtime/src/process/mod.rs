@@ -30,8 +30,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use context::{Outgoing, ProcessContext, ScheduledTimeout, Target};
-pub(crate) use dispatch::dispatch;
-pub use dispatch::{Clock, Dispatched};
+pub(crate) use dispatch::{dispatch, DispatchEnv};
+pub use dispatch::Dispatched;
 pub use envelope::{Envelope, EnvelopeKind};
 pub use error::{ErrorAction, Failure, FailureKind, ProcessError};
 

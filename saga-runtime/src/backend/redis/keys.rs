@@ -28,6 +28,17 @@ impl Keys {
         self.partitions
     }
 
+    /// Work streams: one per saga partition, then the process-manager one
+    /// (index `partitions`).
+    pub fn streams(&self) -> u16 {
+        self.partitions + 1
+    }
+
+    /// The index of the process-manager stream.
+    pub fn process_stream(&self) -> u16 {
+        self.partitions
+    }
+
     pub fn partition_of(&self, id: TaskId) -> u16 {
         let bytes = id.0.as_u128();
         (bytes % u128::from(self.partitions)) as u16
@@ -69,12 +80,52 @@ impl Keys {
         format!("{}:saga:{saga}", self.tag(partition))
     }
 
-    pub fn queue(&self, partition: u16) -> String {
-        format!("{}:queue", self.tag(partition))
+    pub fn queue(&self, stream: u16) -> String {
+        if stream == self.partitions {
+            format!("{}:queue", self.pm_tag())
+        } else {
+            format!("{}:queue", self.tag(stream))
+        }
     }
 
-    pub fn dead(&self, partition: u16) -> String {
-        format!("{}:dead", self.tag(partition))
+    pub fn dead(&self, stream: u16) -> String {
+        if stream == self.partitions {
+            format!("{}:dead", self.pm_tag())
+        } else {
+            format!("{}:dead", self.tag(stream))
+        }
+    }
+
+    /// Every process-manager key carries this one hash tag: instances,
+    /// correlation entries, the queue, the schedule and the endpoint streams
+    /// of all process managers live in one slot, so each commit (state,
+    /// correlation entries, outbox, acknowledgement) is one script.
+    fn pm_tag(&self) -> String {
+        format!("{}:{{{}:pm}}", self.prefix, self.prefix)
+    }
+
+    pub fn instance(&self, process: &str, id: &str) -> String {
+        format!("{}:inst:{process}:{id}", self.pm_tag())
+    }
+
+    pub fn instances(&self, process: &str) -> String {
+        format!("{}:insts:{process}", self.pm_tag())
+    }
+
+    pub fn correlation(&self, process: &str, field: &str, value: &str) -> String {
+        format!("{}:idx:{process}:{field}:{value}", self.pm_tag())
+    }
+
+    pub fn scheduled(&self) -> String {
+        format!("{}:scheduled", self.pm_tag())
+    }
+
+    pub fn endpoint(&self, name: &str) -> String {
+        format!("{}:endpoint:{name}", self.pm_tag())
+    }
+
+    pub fn lease(&self, name: &str) -> String {
+        format!("{}:lease:{name}", self.pm_tag())
     }
 
     pub fn cancel_channel(&self) -> String {
@@ -85,7 +136,7 @@ impl Keys {
     pub fn split_id<'a>(&self, id: &'a str) -> Option<(u16, &'a str)> {
         let (p, entry) = id.split_once('/')?;
         let p: u16 = p.parse().ok()?;
-        (p < self.partitions).then_some((p, entry))
+        (p <= self.partitions).then_some((p, entry))
     }
 }
 
@@ -119,6 +170,17 @@ mod tests {
             }
         }
         assert_eq!(keys.split_id("3/1-0"), Some((3, "1-0")));
+        assert_eq!(keys.split_id("8/1-0"), Some((8, "1-0")), "the process-manager stream");
         assert_eq!(keys.split_id("9/1-0"), None);
+        let pm = tag(&keys.queue(keys.process_stream())).to_owned();
+        for key in [
+            keys.instance("fulfillment", "o-1"),
+            keys.correlation("fulfillment", "order_number", "42"),
+            keys.scheduled(),
+            keys.endpoint("billing"),
+            keys.dead(keys.process_stream()),
+        ] {
+            assert_eq!(tag(&key), pm, "{key}");
+        }
     }
 }

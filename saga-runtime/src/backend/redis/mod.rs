@@ -34,7 +34,10 @@ use redis::{AsyncConnectionConfig, Client, RedisError, Value};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{Backend, BackendError, DeadLetter, Delivery, Heartbeat, Lease, Locked, Settle};
+use super::{
+    Backend, BackendError, DeadLetter, Delivery, Heartbeat, Lease, Locked, ProcessCommit,
+    ProcessInstance, Settle,
+};
 use crate::task::{TaskId, TaskInstance, Timestamp};
 use keys::Keys;
 use scripts as s;
@@ -154,7 +157,7 @@ impl RedisBackend {
     /// worker started.
     async fn ensure_groups(&self) -> Result<(), BackendError> {
         let mut conn = self.conn();
-        for p in 0..self.keys().partitions() {
+        for p in 0..self.keys().streams() {
             let result: Result<(), RedisError> = redis::cmd("XGROUP")
                 .arg("CREATE")
                 .arg(self.keys().queue(p))
@@ -197,9 +200,21 @@ impl RedisBackend {
     fn partition_of_payload(&self, payload: &str) -> u16 {
         #[derive(serde::Deserialize)]
         struct Probe {
-            task_id: TaskId,
+            task_id: Option<TaskId>,
+            process: Option<String>,
         }
-        serde_json::from_str::<Probe>(payload).map_or(0, |p| self.keys().partition_of(p.task_id))
+        match serde_json::from_str::<Probe>(payload) {
+            Ok(Probe { process: Some(_), .. }) => self.keys().process_stream(),
+            Ok(Probe { task_id: Some(id), .. }) => self.keys().partition_of(id),
+            _ => 0,
+        }
+    }
+
+    fn parse_instance(doc: Option<String>, version: Option<String>) -> Result<Option<ProcessInstance>, BackendError> {
+        let Some(doc) = doc else { return Ok(None) };
+        let mut instance: ProcessInstance = serde_json::from_str(&doc).map_err(corrupt)?;
+        instance.version = version.and_then(|v| v.parse().ok()).unwrap_or(instance.version);
+        Ok(Some(instance))
     }
 
     /// Turns one stream entry into a delivery.
@@ -257,7 +272,7 @@ impl RedisBackend {
     /// Takes over one message whose consumer stopped settling it.
     async fn autoclaim(&self, consumer: &str) -> Result<Option<Delivery>, BackendError> {
         let mut conn = self.conn();
-        for p in 0..self.keys().partitions() {
+        for p in 0..self.keys().streams() {
             let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
                 .arg(self.keys().queue(p))
                 .arg(&self.shared.config.group)
@@ -293,7 +308,7 @@ impl RedisBackend {
             .arg("BLOCK")
             .arg(ms(block))
             .arg("STREAMS");
-        let partitions = self.keys().partitions();
+        let partitions = self.keys().streams();
         for p in 0..partitions {
             cmd.arg(self.keys().queue(p));
         }
@@ -717,7 +732,7 @@ impl Backend for RedisBackend {
     async fn dead_letters(&self) -> Result<Vec<DeadLetter>, BackendError> {
         let mut conn = self.conn();
         let mut letters = Vec::new();
-        for p in 0..self.keys().partitions() {
+        for p in 0..self.keys().streams() {
             let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
                 .arg(self.keys().dead(p))
                 .arg("-")
@@ -778,6 +793,193 @@ impl Backend for RedisBackend {
             .await
             .map_err(unavailable)?;
         Ok(at.and_then(|a| a.parse().ok()).map(Timestamp))
+    }
+
+    async fn process_load(&self, process: &str, id: &str) -> Result<Option<ProcessInstance>, BackendError> {
+        let (doc, version): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.keys().instance(process, id))
+            .arg("doc")
+            .arg("version")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Self::parse_instance(doc, version)
+    }
+
+    async fn process_find(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError> {
+        let id: Option<String> = redis::cmd("GET")
+            .arg(self.keys().correlation(process, field, value))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        match id {
+            Some(id) => self.process_load(process, &id).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
+        let mut conn = self.conn();
+        let ids: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.keys().instances(process))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let mut list = Vec::new();
+        for chunk in ids.chunks(200) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HMGET").arg(self.keys().instance(process, id)).arg("doc").arg("version");
+            }
+            let docs: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            for (doc, version) in docs {
+                list.extend(Self::parse_instance(doc, version)?);
+            }
+        }
+        list.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(list)
+    }
+
+    async fn process_commit(&self, process: &str, commit: ProcessCommit<'_>) -> Result<u64, BackendError> {
+        let k = self.keys();
+        let pm = k.process_stream();
+        let (kind, entry, payload, reason) = match commit.settle {
+            Settle::Nothing => ("none", String::new(), "", ""),
+            Settle::Ack(d) => ("ack", self.entry_of(d, pm)?, "", ""),
+            Settle::DeadLetter(d, reason) => ("dead", self.entry_of(d, pm)?, d.payload.as_str(), reason),
+            Settle::ResolveDeadLetter(_) => return Err(corrupt("process commits do not resolve dead letters")),
+        };
+        let (id, doc, version) = match commit.instance {
+            Some(i) => (i.id.clone(), serde_json::to_string(i).map_err(corrupt)?, i.version),
+            None => (String::new(), String::new(), 0),
+        };
+        let mut invocation = s::PROCESS_COMMIT.prepare_invoke();
+        invocation
+            .key(k.instance(process, &id))
+            .key(k.instances(process))
+            .key(k.queue(pm))
+            .key(k.scheduled())
+            .key(k.dead(pm));
+        for (field, value) in commit.add_keys.iter().chain(&commit.remove_keys) {
+            invocation.key(k.correlation(process, field, value));
+        }
+        for (endpoint, _) in &commit.endpoints {
+            invocation.key(k.endpoint(endpoint));
+        }
+        invocation
+            .arg(if commit.instance.is_some() { "1" } else { "0" })
+            .arg(version)
+            .arg(doc)
+            .arg(&id)
+            .arg(if commit.delete { "1" } else { "0" })
+            .arg(commit.add_keys.len())
+            .arg(commit.remove_keys.len())
+            .arg(commit.endpoints.len())
+            .arg(commit.enqueue.len())
+            .arg(commit.schedule.len())
+            .arg(kind)
+            .arg(entry)
+            .arg(&self.shared.config.group)
+            .arg(payload)
+            .arg(reason)
+            .arg(Timestamp::now().0);
+        for payload in &commit.enqueue {
+            invocation.arg(payload);
+        }
+        for (_, payload) in &commit.endpoints {
+            invocation.arg(payload);
+        }
+        for (due, payload) in &commit.schedule {
+            invocation.arg(*due).arg(payload);
+        }
+        let reply: Vec<Value> = invocation.invoke_async(&mut self.conn()).await.map_err(unavailable)?;
+        match reply.first() {
+            Some(Value::Int(v)) if *v >= 0 => Ok(*v as u64),
+            Some(Value::Int(_)) => Err(BackendError::ProcessConflict {
+                process: process.to_owned(),
+                instance: id,
+            }),
+            _ => Err(corrupt("unexpected reply from the process commit script")),
+        }
+    }
+
+    async fn process_enqueue(&self, payloads: &[String]) -> Result<(), BackendError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        let queue = self.keys().queue(self.keys().process_stream());
+        for payload in payloads {
+            pipe.cmd("XADD").arg(&queue).arg("*").arg("payload").arg(payload).ignore();
+        }
+        let _: () = pipe.query_async(&mut self.conn()).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError> {
+        let moved: usize = s::RELEASE_DUE
+            .key(self.keys().scheduled())
+            .key(self.keys().queue(self.keys().process_stream()))
+            .arg(now_ms)
+            .arg(limit)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(moved)
+    }
+
+    async fn process_scheduled(&self) -> Result<Vec<(u64, String)>, BackendError> {
+        let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(self.keys().scheduled())
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(entries.into_iter().map(|(payload, due)| (due as u64, payload)).collect())
+    }
+
+    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(self.keys().endpoint(endpoint))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(reply
+            .ids
+            .iter()
+            .map(|e| match e.map.get("payload") {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            })
+            .collect())
+    }
+
+    async fn named_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, BackendError> {
+        let held: i64 = s::NAMED_LEASE
+            .key(self.keys().lease(name))
+            .arg(token)
+            .arg(ms(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(held == 1)
+    }
+
+    async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError> {
+        let released: i64 = s::UNLOCK
+            .key(self.keys().lease(name))
+            .arg(token)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(released == 1)
     }
 
     async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {

@@ -162,3 +162,81 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return false",
     )
 });
+
+/// The process-manager commit. KEYS: instance, instance set, queue,
+/// schedule, dead, then `n_add` correlation keys to claim, `n_rem` to
+/// release, `n_ep` endpoint streams. ARGV: has instance, expected version,
+/// doc, id, delete, n_add, n_rem, n_ep, n_enqueue, n_schedule, settle
+/// ('none'|'ack'|'dead'), entry id, group, payload, reason, at; then the
+/// enqueued payloads, the endpoint payloads, and (due, payload) pairs.
+/// Returns {new version} or {-2, stored version} / {-4, owner} on conflict.
+pub static PROCESS_COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local nadd, nrem, nep = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local nenq, nsch = tonumber(ARGV[9]), tonumber(ARGV[10])
+local version = 0
+if ARGV[1] == '1' then
+  local v = redis.call('HGET', KEYS[1], 'version') or '0'
+  if v ~= ARGV[2] then return {-2, v} end
+  for i = 1, nadd do
+    local owner = redis.call('GET', KEYS[5 + i])
+    if owner and owner ~= ARGV[4] then return {-4, owner} end
+  end
+  for i = 1, nrem do
+    local k = KEYS[5 + nadd + i]
+    if redis.call('GET', k) == ARGV[4] then redis.call('DEL', k) end
+  end
+  if ARGV[5] == '1' then
+    redis.call('DEL', KEYS[1])
+    redis.call('SREM', KEYS[2], ARGV[4])
+  else
+    for i = 1, nadd do redis.call('SET', KEYS[5 + i], ARGV[4]) end
+    version = tonumber(v) + 1
+    redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'version', version)
+    redis.call('SADD', KEYS[2], ARGV[4])
+  end
+end
+local a = 16
+for i = 1, nenq do redis.call('XADD', KEYS[3], '*', 'payload', ARGV[a + i]) end
+a = a + nenq
+for i = 1, nep do redis.call('XADD', KEYS[5 + nadd + nrem + i], '*', 'payload', ARGV[a + i]) end
+a = a + nep
+for i = 1, nsch do redis.call('ZADD', KEYS[4], ARGV[a + 2 * i - 1], ARGV[a + 2 * i]) end
+if ARGV[11] == 'ack' or ARGV[11] == 'dead' then
+  redis.call('XACK', KEYS[3], ARGV[13], ARGV[12])
+  redis.call('XDEL', KEYS[3], ARGV[12])
+end
+if ARGV[11] == 'dead' then
+  redis.call('XADD', KEYS[5], '*', 'payload', ARGV[14], 'reason', ARGV[15], 'task', '', 'at', ARGV[16])
+end
+return {version}",
+    )
+});
+
+/// KEYS: schedule, queue. ARGV: now ms, limit. Moves due entries onto the
+/// queue, each exactly once (ZREM and XADD in one script).
+pub static RELEASE_DUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+for _, m in ipairs(due) do
+  redis.call('ZREM', KEYS[1], m)
+  redis.call('XADD', KEYS[2], '*', 'payload', m)
+end
+return #due",
+    )
+});
+
+/// KEYS: lease. ARGV: token, ttl ms. Takes or renews; 1 if held by token.
+pub static NAMED_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local holder = redis.call('GET', KEYS[1])
+if (not holder) or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0",
+    )
+});
