@@ -12,7 +12,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use saga_runtime::backend::memory::MemoryBackend;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
-use saga_runtime::backend::{Backend, BackendError, QueueMessage, Settle};
+use saga_runtime::backend::{
+    Backend, BackendError, InstanceStatus, ProcessCommit, ProcessInstance, QueueMessage, Settle,
+};
 use saga_runtime::{TaskId, TaskInstance, TaskStatus};
 use serde_json::json;
 
@@ -360,6 +362,136 @@ async fn cancellation_flags_and_notifications(b: Arc<dyn Backend>) {
     assert!(locked.cancel_requested.is_some());
 }
 
+fn instance(id: &str) -> ProcessInstance {
+    let now = saga_runtime::task::Timestamp::now();
+    ProcessInstance {
+        process: "pm".into(),
+        id: id.into(),
+        state: json!({"n": 0}),
+        status: InstanceStatus::Active,
+        version: 0,
+        keys: Vec::new(),
+        processed: Vec::new(),
+        audit_log: Vec::new(),
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+fn write<'a>(i: &'a ProcessInstance, add: &[(&str, &str)]) -> ProcessCommit<'a> {
+    ProcessCommit {
+        instance: Some(i),
+        delete: false,
+        add_keys: add
+            .iter()
+            .map(|(f, v)| (f.to_string(), v.to_string()))
+            .collect(),
+        remove_keys: Vec::new(),
+        enqueue: Vec::new(),
+        endpoints: Vec::new(),
+        schedule: Vec::new(),
+        settle: Settle::Nothing,
+    }
+}
+
+async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backend>) {
+    let mut a = instance("a");
+    assert_eq!(
+        b.process_commit("pm", write(&a, &[("order", "42")]))
+            .await
+            .unwrap(),
+        1
+    );
+    // Creating it again (version 0) conflicts: two racing starters make one instance.
+    let again = b.process_commit("pm", write(&instance("a"), &[])).await;
+    assert!(
+        matches!(again, Err(BackendError::ProcessConflict { .. })),
+        "{again:?}"
+    );
+    // Another instance cannot claim a correlation value that "a" owns.
+    let stolen = b
+        .process_commit("pm", write(&instance("b"), &[("order", "42")]))
+        .await;
+    assert!(
+        matches!(stolen, Err(BackendError::ProcessConflict { .. })),
+        "{stolen:?}"
+    );
+    assert!(
+        b.process_load("pm", "b").await.unwrap().is_none(),
+        "a refused commit writes nothing"
+    );
+
+    let found = b.process_find("pm", "order", "42").await.unwrap().unwrap();
+    assert_eq!((found.id.as_str(), found.version), ("a", 1));
+    a.version = 1;
+    a.state = json!({"n": 1});
+    assert_eq!(b.process_commit("pm", write(&a, &[])).await.unwrap(), 2);
+    let stale = b.process_commit("pm", write(&a, &[])).await;
+    assert!(
+        matches!(stale, Err(BackendError::ProcessConflict { .. })),
+        "stale version: {stale:?}"
+    );
+
+    // Deleting releases the correlation entries.
+    a.version = 2;
+    let mut delete = write(&a, &[]);
+    delete.delete = true;
+    delete.remove_keys = vec![("order".into(), "42".into())];
+    b.process_commit("pm", delete).await.unwrap();
+    assert!(b.process_load("pm", "a").await.unwrap().is_none());
+    assert!(b.process_find("pm", "order", "42").await.unwrap().is_none());
+    assert!(b.process_list("pm").await.unwrap().is_empty());
+}
+
+async fn process_outbox_schedule_and_single_delivery_of_due_entries(b: Arc<dyn Backend>) {
+    let i = instance("x");
+    let mut commit = write(&i, &[]);
+    commit.endpoints = vec![("billing".into(), "invoice-1".into())];
+    commit.schedule = vec![
+        (1_000, "{\"process\":\"pm\",\"n\":1}".into()),
+        (5_000, "{\"process\":\"pm\",\"n\":2}".into()),
+    ];
+    commit.enqueue = vec!["{\"process\":\"pm\",\"n\":0}".into()];
+    b.process_commit("pm", commit).await.unwrap();
+    assert_eq!(b.endpoint_messages("billing").await.unwrap(), ["invoice-1"]);
+    assert_eq!(
+        receive(&*b, "c").await.payload,
+        "{\"process\":\"pm\",\"n\":0}"
+    );
+    assert_eq!(b.process_scheduled().await.unwrap().len(), 2);
+
+    // Two pollers racing at t=2000: the due entry moves exactly once.
+    let (m1, m2) = tokio::join!(
+        b.process_release_due(2_000, 10),
+        b.process_release_due(2_000, 10)
+    );
+    assert_eq!(m1.unwrap() + m2.unwrap(), 1);
+    assert_eq!(
+        receive(&*b, "c").await.payload,
+        "{\"process\":\"pm\",\"n\":1}"
+    );
+    assert_eq!(
+        b.process_scheduled().await.unwrap(),
+        [(5_000, "{\"process\":\"pm\",\"n\":2}".to_owned())]
+    );
+
+    // Named leases: one holder at a time, renewable by it, released by it only.
+    assert!(b.named_lease("poller", "p1", TTL).await.unwrap());
+    assert!(!b.named_lease("poller", "p2", TTL).await.unwrap());
+    assert!(b.named_lease("poller", "p1", TTL).await.unwrap(), "renewal");
+    assert!(!b.release_named_lease("poller", "p2").await.unwrap());
+    assert!(b.release_named_lease("poller", "p1").await.unwrap());
+    assert!(b
+        .named_lease("poller", "p2", Duration::from_millis(100))
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(
+        b.named_lease("poller", "p1", TTL).await.unwrap(),
+        "an expired lease is free"
+    );
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -396,4 +528,6 @@ suite!(
     commit_is_atomic_enqueue_ack_and_unlock,
     dead_lettering_and_requeue,
     cancellation_flags_and_notifications,
+    process_instances_versions_and_correlation_entries,
+    process_outbox_schedule_and_single_delivery_of_due_entries,
 );

@@ -14,8 +14,8 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, QueueMessage, Settle};
 use crate::circuit::CircuitBreaker;
 use crate::error::Error;
+use crate::process::{Envelope, EnvelopeKind, ErasedProcess, Message, ProcessManager};
 use crate::saga::{BoxFuture, Cancellable, ErasedSaga, Saga};
-use crate::process::{ErasedProcess, Envelope, EnvelopeKind, Message, ProcessManager};
 use crate::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
 use crate::worker;
 
@@ -191,7 +191,10 @@ impl EngineBuilder {
         for pm in self.processes {
             let def = pm.definition();
             for handler in def.handlers {
-                routes.entry(handler.message_type).or_default().push(def.name);
+                routes
+                    .entry(handler.message_type)
+                    .or_default()
+                    .push(def.name);
             }
             if processes.insert(def.name, pm).is_some() {
                 return Err(Error::DuplicateSaga(def.name.to_owned()));
@@ -452,17 +455,25 @@ impl Engine {
     /// Publishes `msg` to every registered process manager that handles its
     /// type; returns how many that is (0 is logged: nothing handles it).
     pub async fn publish<M: Message>(&self, msg: M) -> Result<usize, Error> {
-        self.publish_with_id(&uuid::Uuid::new_v4().to_string(), msg).await
+        self.publish_with_id(&uuid::Uuid::new_v4().to_string(), msg)
+            .await
     }
 
     /// [`publish`](Self::publish) with the message's own id: publishing the
     /// same id twice (a producer's retry) is recognised by the instance and
     /// the duplicate changes nothing.
-    pub async fn publish_with_id<M: Message>(&self, message_id: &str, msg: M) -> Result<usize, Error> {
+    pub async fn publish_with_id<M: Message>(
+        &self,
+        message_id: &str,
+        msg: M,
+    ) -> Result<usize, Error> {
         let payload = serde_json::to_value(&msg)?;
         let subscribers = self.inner.subscribers(M::TYPE);
         if subscribers.is_empty() {
-            tracing::warn!(message_type = M::TYPE, "published message has no process manager to handle it");
+            tracing::warn!(
+                message_type = M::TYPE,
+                "published message has no process manager to handle it"
+            );
             return Ok(0);
         }
         let envelopes: Vec<String> = subscribers
@@ -485,7 +496,10 @@ impl Engine {
     }
 
     /// The instance `id` of process manager `P`.
-    pub async fn process_instance<P: ProcessManager>(&self, id: &str) -> Result<Option<ProcessInstance>, Error> {
+    pub async fn process_instance<P: ProcessManager>(
+        &self,
+        id: &str,
+    ) -> Result<Option<ProcessInstance>, Error> {
         Ok(self.inner.backend.process_load(P::NAME, id).await?)
     }
 
@@ -495,11 +509,18 @@ impl Engine {
         field: &str,
         value: &str,
     ) -> Result<Option<ProcessInstance>, Error> {
-        Ok(self.inner.backend.process_find(P::NAME, field, value).await?)
+        Ok(self
+            .inner
+            .backend
+            .process_find(P::NAME, field, value)
+            .await?)
     }
 
     /// The state of instance `id` of `P`, decoded.
-    pub async fn process_state<P: ProcessManager>(&self, id: &str) -> Result<Option<P::State>, Error> {
+    pub async fn process_state<P: ProcessManager>(
+        &self,
+        id: &str,
+    ) -> Result<Option<P::State>, Error> {
         match self.inner.backend.process_load(P::NAME, id).await? {
             Some(instance) => Ok(Some(serde_json::from_value(instance.state)?)),
             None => Ok(None),
@@ -507,7 +528,9 @@ impl Engine {
     }
 
     /// Every instance of `P`.
-    pub async fn process_instances<P: ProcessManager>(&self) -> Result<Vec<ProcessInstance>, Error> {
+    pub async fn process_instances<P: ProcessManager>(
+        &self,
+    ) -> Result<Vec<ProcessInstance>, Error> {
         Ok(self.inner.backend.process_list(P::NAME).await?)
     }
 

@@ -42,11 +42,11 @@ pub mod prelude {
     pub use crate::context::StepContext;
     pub use crate::engine::{CancelResult, Engine};
     pub use crate::error::{StepError, StepErrorKind};
-    pub use crate::reconcile::{ReconcileError, ReconcileReport};
-    pub use crate::saga::{Cancellable, Saga};
     pub use crate::process::{
         ErrorAction, Failure, FailureKind, Message, ProcessContext, ProcessError, ProcessManager,
     };
+    pub use crate::reconcile::{ReconcileError, ReconcileReport};
+    pub use crate::saga::{Cancellable, Saga};
     pub use crate::task::{StepStatus, TaskId, TaskInstance, TaskStatus};
     pub use saga_macros::{
         cancellable, circuit_breaker, compensate, compensation_retry_policy, correlate, handles,
@@ -64,15 +64,15 @@ pub mod __private {
     pub use crate::engine::Engine;
     pub use crate::error::StepError;
     pub use crate::policy::{BackoffKind, OnExhausted, RetryPolicy};
-    pub use crate::reconcile::{self, ReconcileError, ReconcileReport};
-    pub use crate::saga::{
-        decode, encode, unknown_step, BoxFuture, Cancellable, CompensationDefinition, Saga,
-        SagaDefinition, StepDefinition,
-    };
     pub use crate::process::{
         correlation_value, decode_message, unknown_message, Concurrency, Correlation, ErrorAction,
         Failure, HandlerDefinition, HandlerKind, Message, OnComplete, ProcessContext,
         ProcessDefinition, ProcessError, ProcessManager, ProcessState,
+    };
+    pub use crate::reconcile::{self, ReconcileError, ReconcileReport};
+    pub use crate::saga::{
+        decode, encode, unknown_step, BoxFuture, Cancellable, CompensationDefinition, Saga,
+        SagaDefinition, StepDefinition,
     };
     pub use async_trait::async_trait;
     pub use serde_json::Value;

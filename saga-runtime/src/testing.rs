@@ -49,7 +49,9 @@ use serde_json::Value;
 
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{Backend, ProcessInstance};
-use crate::process::{dispatch, DispatchEnv, Dispatched, Envelope, EnvelopeKind, Message, ProcessManager};
+use crate::process::{
+    dispatch, DispatchEnv, Dispatched, Envelope, EnvelopeKind, Message, ProcessManager,
+};
 
 /// The virtual clock's origin (wall-clock ms), so scheduled times look real.
 const ORIGIN_MS: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
@@ -118,7 +120,8 @@ impl<P: ProcessManager> ProcessTest<P> {
     /// Handles `msg` (with a fresh message id), then anything it made due at
     /// once (an immediate retry, a message it published to itself).
     pub async fn when<M: Message>(&mut self, msg: M) -> Dispatched {
-        self.when_with_id(&uuid::Uuid::new_v4().to_string(), msg).await
+        self.when_with_id(&uuid::Uuid::new_v4().to_string(), msg)
+            .await
     }
 
     /// [`when`](Self::when) with an explicit message id: call it twice with
@@ -182,7 +185,11 @@ impl<P: ProcessManager> ProcessTest<P> {
         outcomes
     }
 
-    async fn dispatch(&self, envelope: &Envelope, delivery: &crate::backend::Delivery) -> Dispatched {
+    async fn dispatch(
+        &self,
+        envelope: &Envelope,
+        delivery: &crate::backend::Delivery,
+    ) -> Dispatched {
         let own = P::definition();
         let subscribers = |t: &str| -> Vec<&'static str> {
             if own.handler(t).is_some() {

@@ -19,11 +19,11 @@ use tracing::Instrument;
 use std::sync::atomic::Ordering;
 
 use crate::backend::{BackendError, Delivery, Lease, QueueMessage, Settle};
-use crate::process::{dispatch, Concurrency, DispatchEnv, Dispatched, Envelope};
 use crate::context::StepContext;
 use crate::engine::Inner;
 use crate::error::{StepError, StepErrorKind};
 use crate::policy::{Backoff, OnExhausted};
+use crate::process::{dispatch, Concurrency, DispatchEnv, Dispatched, Envelope};
 use crate::saga::{ErasedSaga, SagaDefinition};
 use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp};
 use futures::FutureExt;
@@ -232,10 +232,15 @@ async fn handle_process(inner: &Arc<Inner>, delivery: &Delivery, value: serde_js
             Some(key) => {
                 let name = format!("pm-lock:{}:{key}", envelope.process);
                 let token = uuid::Uuid::new_v4().simple().to_string();
-                match backend.named_lease(&name, &token, inner.settings.lock_ttl).await {
+                match backend
+                    .named_lease(&name, &token, inner.settings.lock_ttl)
+                    .await
+                {
                     Ok(true) => Some((name, token)),
                     _ => {
-                        let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+                        let _ = backend
+                            .release(delivery, inner.settings.lock_retry_delay)
+                            .await;
                         return;
                     }
                 }
@@ -259,7 +264,9 @@ async fn handle_process(inner: &Arc<Inner>, delivery: &Delivery, value: serde_js
         message_type = %envelope.message_type,
         message_id = %envelope.message_id,
     );
-    let result = dispatch(pm.as_ref(), &env, &envelope).instrument(span).await;
+    let result = dispatch(pm.as_ref(), &env, &envelope)
+        .instrument(span)
+        .await;
     if let Some((name, token)) = lease {
         let _ = backend.release_named_lease(&name, &token).await;
     }
@@ -273,7 +280,9 @@ async fn handle_process(inner: &Arc<Inner>, delivery: &Delivery, value: serde_js
         Ok(Dispatched::DeadLettered { .. }) => m.dead_lettered.fetch_add(1, Ordering::Relaxed),
         Err(error) => {
             tracing::warn!(%error, "process message not recorded; it will be redelivered");
-            let _ = backend.release(delivery, inner.settings.lock_retry_delay).await;
+            let _ = backend
+                .release(delivery, inner.settings.lock_retry_delay)
+                .await;
             0
         }
     };
@@ -291,9 +300,17 @@ pub(crate) async fn poll_timeouts(inner: Arc<Inner>) {
             _ = inner.shutdown.cancelled() => return,
             _ = tokio::time::sleep(inner.settings.timeout_poll) => {}
         }
-        match inner.backend.named_lease("timeout-poller", &token, lease_ttl).await {
+        match inner
+            .backend
+            .named_lease("timeout-poller", &token, lease_ttl)
+            .await
+        {
             Ok(true) => loop {
-                match inner.backend.process_release_due(Timestamp::now().0, 256).await {
+                match inner
+                    .backend
+                    .process_release_due(Timestamp::now().0, 256)
+                    .await
+                {
                     Ok(256) => continue,
                     Ok(_) => break,
                     Err(error) => {

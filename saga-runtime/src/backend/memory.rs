@@ -462,7 +462,11 @@ impl Backend for MemoryBackend {
         Ok(stream.boxed())
     }
 
-    async fn process_load(&self, process: &str, id: &str) -> Result<Option<ProcessInstance>, BackendError> {
+    async fn process_load(
+        &self,
+        process: &str,
+        id: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError> {
         Ok(self
             .state()
             .instances
@@ -497,7 +501,11 @@ impl Backend for MemoryBackend {
         Ok(list)
     }
 
-    async fn process_commit(&self, process: &str, commit: ProcessCommit<'_>) -> Result<u64, BackendError> {
+    async fn process_commit(
+        &self,
+        process: &str,
+        commit: ProcessCommit<'_>,
+    ) -> Result<u64, BackendError> {
         let version = {
             let mut state = self.state();
             let mut version = 0;
@@ -528,12 +536,15 @@ impl Backend for MemoryBackend {
                 if commit.delete {
                     state.instances.remove(&key);
                     let id = instance.id.clone();
-                    state.index.retain(|(p, _, _), owner| !(p == process && *owner == id));
+                    state
+                        .index
+                        .retain(|(p, _, _), owner| !(p == process && *owner == id));
                 } else {
                     for (field, value) in &commit.add_keys {
-                        state
-                            .index
-                            .insert((process.to_owned(), field.clone(), value.clone()), instance.id.clone());
+                        state.index.insert(
+                            (process.to_owned(), field.clone(), value.clone()),
+                            instance.id.clone(),
+                        );
                     }
                     let mut stored = instance.clone();
                     stored.version += 1;
@@ -546,7 +557,11 @@ impl Backend for MemoryBackend {
                 state.push(payload);
             }
             for (endpoint, payload) in &commit.endpoints {
-                state.endpoints.entry(endpoint.clone()).or_default().push(payload.clone());
+                state
+                    .endpoints
+                    .entry(endpoint.clone())
+                    .or_default()
+                    .push(payload.clone());
             }
             state.scheduled.extend(commit.schedule.iter().cloned());
             state.scheduled.sort_by_key(|(due, _)| *due);
@@ -594,16 +609,28 @@ impl Backend for MemoryBackend {
     }
 
     async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
-        Ok(self.state().endpoints.get(endpoint).cloned().unwrap_or_default())
+        Ok(self
+            .state()
+            .endpoints
+            .get(endpoint)
+            .cloned()
+            .unwrap_or_default())
     }
 
-    async fn named_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, BackendError> {
+    async fn named_lease(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
         let mut state = self.state();
         let now = Instant::now();
         match state.leases.get(name) {
             Some((holder, expires)) if *expires > now && holder != token => Ok(false),
             _ => {
-                state.leases.insert(name.to_owned(), (token.to_owned(), now + ttl));
+                state
+                    .leases
+                    .insert(name.to_owned(), (token.to_owned(), now + ttl));
                 Ok(true)
             }
         }

@@ -413,7 +413,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError>;
 
     /// The instance `id` of process manager `process`.
-    async fn process_load(&self, process: &str, id: &str) -> Result<Option<ProcessInstance>, BackendError>;
+    async fn process_load(
+        &self,
+        process: &str,
+        id: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError>;
 
     /// The instance owning the correlation entry `(field, value)`.
     async fn process_find(
@@ -430,7 +434,11 @@ pub trait Backend: Send + Sync + 'static {
     /// version (0 when deleted or not written). A version mismatch, an
     /// existing instance when creating, or a correlation entry owned by
     /// another instance is a [`BackendError::Conflict`].
-    async fn process_commit(&self, process: &str, commit: ProcessCommit<'_>) -> Result<u64, BackendError>;
+    async fn process_commit(
+        &self,
+        process: &str,
+        commit: ProcessCommit<'_>,
+    ) -> Result<u64, BackendError>;
 
     /// Enqueues process-manager envelopes (publishing from outside a handler).
     async fn process_enqueue(&self, payloads: &[String]) -> Result<(), BackendError>;
@@ -449,7 +457,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Takes or renews the named lease `name` for `token` (a poller's
     /// lease); `false` if someone else holds it.
-    async fn named_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, BackendError>;
+    async fn named_lease(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, BackendError>;
 
     /// Releases the named lease if `token` holds it.
     async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError>;

@@ -10,12 +10,12 @@ use futures::FutureExt;
 use serde_json::Value;
 
 use super::{
-    Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure, FailureKind, HandlerKind,
-    OnComplete, ProcessContext, ProcessError, Target,
+    Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure, FailureKind,
+    HandlerKind, OnComplete, ProcessContext, ProcessError, Target,
 };
 use crate::backend::{
-    Backend, BackendError, Delivery, InstanceStatus, ProcessAudit, ProcessAuditAction, ProcessCommit,
-    ProcessInstance, Settle,
+    Backend, BackendError, Delivery, InstanceStatus, ProcessAudit, ProcessAuditAction,
+    ProcessCommit, ProcessInstance, Settle,
 };
 use crate::task::Timestamp;
 
@@ -84,11 +84,15 @@ impl DispatchEnv<'_> {
     }
 
     fn dead<'r>(&'r self, reason: &'r str) -> Settle<'r> {
-        self.delivery.map_or(Settle::Nothing, |d| Settle::DeadLetter(d, reason))
+        self.delivery
+            .map_or(Settle::Nothing, |d| Settle::DeadLetter(d, reason))
     }
 
     async fn settle_only(&self, process: &str, settle: Settle<'_>) -> Result<(), BackendError> {
-        self.backend.process_commit(process, commit(None, settle)).await.map(|_| ())
+        self.backend
+            .process_commit(process, commit(None, settle))
+            .await
+            .map(|_| ())
     }
 }
 
@@ -117,7 +121,10 @@ fn audit(instance: &mut ProcessInstance, envelope: &Envelope, action: ProcessAud
 }
 
 fn is_conflict(e: &BackendError) -> bool {
-    matches!(e, BackendError::ProcessConflict { .. } | BackendError::Conflict { .. })
+    matches!(
+        e,
+        BackendError::ProcessConflict { .. } | BackendError::Conflict { .. }
+    )
 }
 
 /// Handles one envelope for `pm`.
@@ -146,7 +153,11 @@ pub(crate) async fn dispatch(
         let (existing, key) = match handler.correlation {
             Correlation::Instance => {
                 let Some(id) = envelope.instance_id.as_deref() else {
-                    return dead_letter(format!("timeout `{}` names no instance", envelope.message_type)).await;
+                    return dead_letter(format!(
+                        "timeout `{}` names no instance",
+                        envelope.message_type
+                    ))
+                    .await;
                 };
                 (env.backend.process_load(process, id).await?, id.to_owned())
             }
@@ -190,12 +201,17 @@ pub(crate) async fn dispatch(
                     "`{}` for process manager `{process}` matched no instance (correlation `{key}`)",
                     envelope.message_type
                 );
-                let settle = if env.dead_letter_unmatched { env.dead(&reason) } else { env.ack() };
+                let settle = if env.dead_letter_unmatched {
+                    env.dead(&reason)
+                } else {
+                    env.ack()
+                };
                 env.settle_only(process, settle).await?;
                 return Ok(Dispatched::Unmatched { key });
             }
             (None, HandlerKind::Handles { strict: true }) => {
-                let error = format!("no instance of `{process}` for `{key}` (`#[handles(strict)]`)");
+                let error =
+                    format!("no instance of `{process}` for `{key}` (`#[handles(strict)]`)");
                 return fail(pm, env, envelope, None, FailureKind::NotStarted, error).await;
             }
             (None, HandlerKind::Starts { .. }) => {
@@ -226,17 +242,38 @@ pub(crate) async fn dispatch(
             (Some(instance), _) if instance.status != InstanceStatus::Active => {
                 let mut instance = instance.clone();
                 let reason = format!("instance is {:?}", instance.status).to_lowercase();
-                audit(&mut instance, envelope, ProcessAuditAction::Ignored { reason: reason.clone() });
-                match env.backend.process_commit(process, commit(Some(&instance), env.ack())).await {
+                audit(
+                    &mut instance,
+                    envelope,
+                    ProcessAuditAction::Ignored {
+                        reason: reason.clone(),
+                    },
+                );
+                match env
+                    .backend
+                    .process_commit(process, commit(Some(&instance), env.ack()))
+                    .await
+                {
                     Err(e) if is_conflict(&e) => continue,
                     other => other?,
                 };
                 return Ok(Dispatched::Ignored { reason });
             }
             (Some(instance), HandlerKind::Starts { strict: true }) => {
-                let error = format!("instance `{}` of `{process}` already exists (`#[starts(strict)]`)", instance.id);
+                let error = format!(
+                    "instance `{}` of `{process}` already exists (`#[starts(strict)]`)",
+                    instance.id
+                );
                 let instance = instance.clone();
-                return fail(pm, env, envelope, Some(instance), FailureKind::AlreadyStarted, error).await;
+                return fail(
+                    pm,
+                    env,
+                    envelope,
+                    Some(instance),
+                    FailureKind::AlreadyStarted,
+                    error,
+                )
+                .await;
             }
             (Some(instance), _) => instance.clone(),
         };
@@ -245,15 +282,24 @@ pub(crate) async fn dispatch(
         // 3. Run the handler on a copy of the state.
         let mut ctx = ProcessContext::new(process, fresh.id.clone(), envelope.message_id.clone());
         let state = (!created).then(|| fresh.state.clone());
-        let run = pm.handle_json(&envelope.message_type, envelope.payload.clone(), state, created, &mut ctx);
-        let result = AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|panic| {
-            let text = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".to_owned());
-            Err(ProcessError::new(format!("handler panicked: {text}")))
-        });
+        let run = pm.handle_json(
+            &envelope.message_type,
+            envelope.payload.clone(),
+            state,
+            created,
+            &mut ctx,
+        );
+        let result = AssertUnwindSafe(run)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                let text = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".to_owned());
+                Err(ProcessError::new(format!("handler panicked: {text}")))
+            });
         let result = match (result, ctx.error.take()) {
             (Ok(_), Some(error)) => Err(ProcessError::new(error)),
             (result, _) => result,
@@ -263,7 +309,15 @@ pub(crate) async fn dispatch(
             Err(e) if e.is_invalid_payload() => return dead_letter(e.to_string()).await,
             Err(e) => {
                 let existing = (!created).then_some(fresh);
-                return fail(pm, env, envelope, existing, FailureKind::Handler, e.to_string()).await;
+                return fail(
+                    pm,
+                    env,
+                    envelope,
+                    existing,
+                    FailureKind::Handler,
+                    e.to_string(),
+                )
+                .await;
             }
         };
 
@@ -282,12 +336,26 @@ pub(crate) async fn dispatch(
         let (add_keys, remove_keys): (Vec<_>, Vec<_>) = if delete {
             // Release every entry the instance owns, old and new.
             let mut all = instance.keys.clone();
-            all.extend(desired.iter().filter(|k| !instance.keys.contains(k)).cloned());
+            all.extend(
+                desired
+                    .iter()
+                    .filter(|k| !instance.keys.contains(k))
+                    .cloned(),
+            );
             (Vec::new(), all)
         } else {
             (
-                desired.iter().filter(|k| !instance.keys.contains(k)).cloned().collect(),
-                instance.keys.iter().filter(|k| !desired.contains(k)).cloned().collect(),
+                desired
+                    .iter()
+                    .filter(|k| !instance.keys.contains(k))
+                    .cloned()
+                    .collect(),
+                instance
+                    .keys
+                    .iter()
+                    .filter(|k| !desired.contains(k))
+                    .cloned()
+                    .collect(),
             )
         };
         instance.keys = desired;
@@ -343,7 +411,10 @@ pub(crate) async fn dispatch(
                     instance_id: Some(instance.id.clone()),
                     failures: 0,
                 };
-                (env.now_ms + t.delay.as_millis() as u64, envelope.to_payload())
+                (
+                    env.now_ms + t.delay.as_millis() as u64,
+                    envelope.to_payload(),
+                )
             })
             .collect();
         let write = ProcessCommit {
@@ -419,13 +490,25 @@ async fn fail(
             .push((env.now_ms + delay.as_millis() as u64, again.to_payload())),
         ErrorAction::Skip => {
             if let Some(i) = instance.as_mut() {
-                audit(i, envelope, ProcessAuditAction::Skipped { error: error.clone() });
+                audit(
+                    i,
+                    envelope,
+                    ProcessAuditAction::Skipped {
+                        error: error.clone(),
+                    },
+                );
             }
         }
         ErrorAction::Stop => {
             if let Some(i) = instance.as_mut() {
                 i.status = InstanceStatus::Stopped;
-                audit(i, envelope, ProcessAuditAction::Stopped { error: error.clone() });
+                audit(
+                    i,
+                    envelope,
+                    ProcessAuditAction::Stopped {
+                        error: error.clone(),
+                    },
+                );
             }
         }
     }

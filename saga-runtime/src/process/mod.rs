@@ -30,8 +30,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use context::{Outgoing, ProcessContext, ScheduledTimeout, Target};
-pub(crate) use dispatch::{dispatch, DispatchEnv};
 pub use dispatch::Dispatched;
+pub(crate) use dispatch::{dispatch, DispatchEnv};
 pub use envelope::{Envelope, EnvelopeKind};
 pub use error::{ErrorAction, Failure, FailureKind, ProcessError};
 
@@ -137,7 +137,9 @@ pub struct ProcessDefinition {
 impl ProcessDefinition {
     /// The handler of a message type.
     pub fn handler(&self, message_type: &str) -> Option<&'static HandlerDefinition> {
-        self.handlers.iter().find(|h| h.message_type == message_type)
+        self.handlers
+            .iter()
+            .find(|h| h.message_type == message_type)
     }
 }
 
@@ -177,7 +179,11 @@ pub trait ProcessManager: Send + Sync + 'static {
     /// Seeds a fresh state from a starting message: copies the mapped field
     /// (`state.order_number = msg.order_number`), so the new instance is
     /// findable by it even if the handler does not set it.
-    fn seed(message_type: &str, message: &Value, state: &mut Self::State) -> Result<(), ProcessError>
+    fn seed(
+        message_type: &str,
+        message: &Value,
+        state: &mut Self::State,
+    ) -> Result<(), ProcessError>
     where
         Self: Sized;
 
@@ -212,8 +218,13 @@ pub fn decode_message<T: DeserializeOwned>(message: Value) -> Result<T, ProcessE
 
 /// The error for a message type the process manager has no handler for.
 #[doc(hidden)]
-pub fn unknown_message<'a, T: Send + 'a>(pm: &str, message_type: &str) -> BoxFuture<'a, Result<T, ProcessError>> {
-    let error = ProcessError::invalid_payload(format!("process manager `{pm}` has no handler for `{message_type}`"));
+pub fn unknown_message<'a, T: Send + 'a>(
+    pm: &str,
+    message_type: &str,
+) -> BoxFuture<'a, Result<T, ProcessError>> {
+    let error = ProcessError::invalid_payload(format!(
+        "process manager `{pm}` has no handler for `{message_type}`"
+    ));
     Box::pin(async move { Err(error) })
 }
 
@@ -240,7 +251,11 @@ pub(crate) trait ErasedProcess: Send + Sync + 'static {
         seed: bool,
         ctx: &'a mut ProcessContext,
     ) -> BoxFuture<'a, Result<(Value, Vec<(&'static str, String)>), ProcessError>>;
-    fn message_key(&self, message_type: &str, message: &Value) -> Result<Option<String>, ProcessError>;
+    fn message_key(
+        &self,
+        message_type: &str,
+        message: &Value,
+    ) -> Result<Option<String>, ProcessError>;
     fn on_error(&self, failure: &Failure) -> ErrorAction;
 }
 
@@ -278,7 +293,11 @@ impl<P: ProcessManager> ErasedProcess for P {
         })
     }
 
-    fn message_key(&self, message_type: &str, message: &Value) -> Result<Option<String>, ProcessError> {
+    fn message_key(
+        &self,
+        message_type: &str,
+        message: &Value,
+    ) -> Result<Option<String>, ProcessError> {
         P::message_key(message_type, message)
     }
 

@@ -170,7 +170,11 @@ mod tests {
             }
         }
         assert_eq!(keys.split_id("3/1-0"), Some((3, "1-0")));
-        assert_eq!(keys.split_id("8/1-0"), Some((8, "1-0")), "the process-manager stream");
+        assert_eq!(
+            keys.split_id("8/1-0"),
+            Some((8, "1-0")),
+            "the process-manager stream"
+        );
         assert_eq!(keys.split_id("9/1-0"), None);
         let pm = tag(&keys.queue(keys.process_stream())).to_owned();
         for key in [

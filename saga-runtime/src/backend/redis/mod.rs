@@ -104,6 +104,11 @@ fn corrupt(what: impl std::fmt::Display) -> BackendError {
     BackendError::Corrupt(what.to_string())
 }
 
+/// A stored millisecond timestamp (the cancellation flag's value).
+fn timestamp(stored: Option<String>) -> Option<Timestamp> {
+    stored.and_then(|s| s.parse().ok()).map(Timestamp)
+}
+
 fn ms(d: Duration) -> u64 {
     d.as_millis().max(1) as u64
 }
@@ -204,16 +209,25 @@ impl RedisBackend {
             process: Option<String>,
         }
         match serde_json::from_str::<Probe>(payload) {
-            Ok(Probe { process: Some(_), .. }) => self.keys().process_stream(),
-            Ok(Probe { task_id: Some(id), .. }) => self.keys().partition_of(id),
+            Ok(Probe {
+                process: Some(_), ..
+            }) => self.keys().process_stream(),
+            Ok(Probe {
+                task_id: Some(id), ..
+            }) => self.keys().partition_of(id),
             _ => 0,
         }
     }
 
-    fn parse_instance(doc: Option<String>, version: Option<String>) -> Result<Option<ProcessInstance>, BackendError> {
+    fn parse_instance(
+        doc: Option<String>,
+        version: Option<String>,
+    ) -> Result<Option<ProcessInstance>, BackendError> {
         let Some(doc) = doc else { return Ok(None) };
         let mut instance: ProcessInstance = serde_json::from_str(&doc).map_err(corrupt)?;
-        instance.version = version.and_then(|v| v.parse().ok()).unwrap_or(instance.version);
+        instance.version = version
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(instance.version);
         Ok(Some(instance))
     }
 
@@ -524,16 +538,9 @@ impl Backend for RedisBackend {
         id: TaskId,
         ttl: Duration,
     ) -> Result<Option<Locked>, BackendError> {
-        let k = self.keys();
         let token = Uuid::new_v4().simple().to_string();
-        let reply: Option<(u64, Option<String>, Option<String>, Option<String>)> = s::LOCK
-            .key(k.lock(id))
-            .key(k.fence(id))
-            .key(k.task(id))
-            .key(k.cancel(id))
-            .arg(&token)
-            .arg(ms(ttl))
-            .arg("1")
+        let reply: Option<(u64, Option<String>, Option<String>, Option<String>)> = self
+            .lock_script(id, &token, ttl, true)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -547,21 +554,14 @@ impl Backend for RedisBackend {
                 fence,
             },
             task: Self::parse_doc(doc, version)?,
-            cancel_requested: cancel.and_then(|c| c.parse().ok()).map(Timestamp),
+            cancel_requested: timestamp(cancel),
         }))
     }
 
     async fn try_lock(&self, id: TaskId, ttl: Duration) -> Result<Option<Lease>, BackendError> {
-        let k = self.keys();
         let token = Uuid::new_v4().simple().to_string();
-        let reply: Option<Vec<u64>> = s::LOCK
-            .key(k.lock(id))
-            .key(k.fence(id))
-            .key(k.task(id))
-            .key(k.cancel(id))
-            .arg(&token)
-            .arg(ms(ttl))
-            .arg("0")
+        let reply: Option<Vec<u64>> = self
+            .lock_script(id, &token, ttl, false)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -681,7 +681,7 @@ impl Backend for RedisBackend {
             .map_err(unavailable)?;
         Ok(Heartbeat {
             lock_held: held == 1,
-            cancel_requested: cancel.and_then(|c| c.parse().ok()).map(Timestamp),
+            cancel_requested: timestamp(cancel),
         })
     }
 
@@ -783,7 +783,7 @@ impl Backend for RedisBackend {
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        Ok(previous.and_then(|p| p.parse().ok()).map(Timestamp))
+        Ok(timestamp(previous))
     }
 
     async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
@@ -792,10 +792,14 @@ impl Backend for RedisBackend {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        Ok(at.and_then(|a| a.parse().ok()).map(Timestamp))
+        Ok(timestamp(at))
     }
 
-    async fn process_load(&self, process: &str, id: &str) -> Result<Option<ProcessInstance>, BackendError> {
+    async fn process_load(
+        &self,
+        process: &str,
+        id: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError> {
         let (doc, version): (Option<String>, Option<String>) = redis::cmd("HMGET")
             .arg(self.keys().instance(process, id))
             .arg("doc")
@@ -834,9 +838,13 @@ impl Backend for RedisBackend {
         for chunk in ids.chunks(200) {
             let mut pipe = redis::pipe();
             for id in chunk {
-                pipe.cmd("HMGET").arg(self.keys().instance(process, id)).arg("doc").arg("version");
+                pipe.cmd("HMGET")
+                    .arg(self.keys().instance(process, id))
+                    .arg("doc")
+                    .arg("version");
             }
-            let docs: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            let docs: Vec<(Option<String>, Option<String>)> =
+                pipe.query_async(&mut conn).await.map_err(unavailable)?;
             for (doc, version) in docs {
                 list.extend(Self::parse_instance(doc, version)?);
             }
@@ -845,17 +853,29 @@ impl Backend for RedisBackend {
         Ok(list)
     }
 
-    async fn process_commit(&self, process: &str, commit: ProcessCommit<'_>) -> Result<u64, BackendError> {
+    async fn process_commit(
+        &self,
+        process: &str,
+        commit: ProcessCommit<'_>,
+    ) -> Result<u64, BackendError> {
         let k = self.keys();
         let pm = k.process_stream();
         let (kind, entry, payload, reason) = match commit.settle {
             Settle::Nothing => ("none", String::new(), "", ""),
             Settle::Ack(d) => ("ack", self.entry_of(d, pm)?, "", ""),
-            Settle::DeadLetter(d, reason) => ("dead", self.entry_of(d, pm)?, d.payload.as_str(), reason),
-            Settle::ResolveDeadLetter(_) => return Err(corrupt("process commits do not resolve dead letters")),
+            Settle::DeadLetter(d, reason) => {
+                ("dead", self.entry_of(d, pm)?, d.payload.as_str(), reason)
+            }
+            Settle::ResolveDeadLetter(_) => {
+                return Err(corrupt("process commits do not resolve dead letters"))
+            }
         };
         let (id, doc, version) = match commit.instance {
-            Some(i) => (i.id.clone(), serde_json::to_string(i).map_err(corrupt)?, i.version),
+            Some(i) => (
+                i.id.clone(),
+                serde_json::to_string(i).map_err(corrupt)?,
+                i.version,
+            ),
             None => (String::new(), String::new(), 0),
         };
         let mut invocation = s::PROCESS_COMMIT.prepare_invoke();
@@ -897,7 +917,10 @@ impl Backend for RedisBackend {
         for (due, payload) in &commit.schedule {
             invocation.arg(*due).arg(payload);
         }
-        let reply: Vec<Value> = invocation.invoke_async(&mut self.conn()).await.map_err(unavailable)?;
+        let reply: Vec<Value> = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
         match reply.first() {
             Some(Value::Int(v)) if *v >= 0 => Ok(*v as u64),
             Some(Value::Int(_)) => Err(BackendError::ProcessConflict {
@@ -913,9 +936,17 @@ impl Backend for RedisBackend {
         pipe.atomic();
         let queue = self.keys().queue(self.keys().process_stream());
         for payload in payloads {
-            pipe.cmd("XADD").arg(&queue).arg("*").arg("payload").arg(payload).ignore();
+            pipe.cmd("XADD")
+                .arg(&queue)
+                .arg("*")
+                .arg("payload")
+                .arg(payload)
+                .ignore();
         }
-        let _: () = pipe.query_async(&mut self.conn()).await.map_err(unavailable)?;
+        let _: () = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
         Ok(())
     }
 
@@ -940,7 +971,10 @@ impl Backend for RedisBackend {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        Ok(entries.into_iter().map(|(payload, due)| (due as u64, payload)).collect())
+        Ok(entries
+            .into_iter()
+            .map(|(payload, due)| (due as u64, payload))
+            .collect())
     }
 
     async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
@@ -961,7 +995,12 @@ impl Backend for RedisBackend {
             .collect())
     }
 
-    async fn named_lease(&self, name: &str, token: &str, ttl: Duration) -> Result<bool, BackendError> {
+    async fn named_lease(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
         let held: i64 = s::NAMED_LEASE
             .key(self.keys().lease(name))
             .arg(token)
@@ -1020,6 +1059,28 @@ impl Backend for RedisBackend {
 }
 
 impl RedisBackend {
+    /// The lock script: takes the lease and, with `load`, reads the task and
+    /// its cancellation flag in the same round trip.
+    fn lock_script(
+        &self,
+        id: TaskId,
+        token: &str,
+        ttl: Duration,
+        load: bool,
+    ) -> redis::ScriptInvocation<'static> {
+        let k = self.keys();
+        let mut invocation = s::LOCK.prepare_invoke();
+        invocation
+            .key(k.lock(id))
+            .key(k.fence(id))
+            .key(k.task(id))
+            .key(k.cancel(id))
+            .arg(token)
+            .arg(ms(ttl))
+            .arg(if load { "1" } else { "0" });
+        invocation
+    }
+
     /// The stream entry id of a delivery, checked to be in partition `p`.
     fn entry_of(&self, delivery: &Delivery, p: u16) -> Result<String, BackendError> {
         match self.keys().split_id(&delivery.id) {
