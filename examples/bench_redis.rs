@@ -7,9 +7,11 @@
 //! ```
 //!
 //! Prints Redis round trips per step in the steady state (counted with
-//! `MONITOR`, excluding commands that scripts run inside Redis), and
-//! completed steps per second with 1, 2 and 4 workers, each also as a ratio
-//! of redis-benchmark's SET requests per second.
+//! `MONITOR`, excluding commands that scripts run inside Redis), completed
+//! steps per second with 1, 2 and 4 workers, and the messages per second one
+//! process-manager instance sustains with 1 and 4 workers (optimistic
+//! concurrency), each also as a ratio of redis-benchmark's SET requests per
+//! second.
 
 #[path = "../tests/common/redis_server.rs"]
 #[allow(dead_code)]
@@ -105,6 +107,78 @@ fn set_rps(port: u16) -> f64 {
         .unwrap_or_else(|| panic!("could not parse redis-benchmark output: {text}"))
 }
 
+#[derive(Message, serde::Serialize, serde::Deserialize)]
+struct Tick {
+    #[correlation_id]
+    id: String,
+}
+
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Ticks {
+    n: u64,
+}
+
+struct Hot {
+    done: Arc<AtomicU64>,
+}
+
+#[process_manager(name = "hot", state = Ticks)]
+impl Hot {
+    #[starts]
+    async fn tick(
+        &self,
+        _t: Tick,
+        s: &mut Ticks,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.n += 1;
+        self.done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Enqueues `messages` for one instance, then runs `workers` workers until
+/// the instance has counted them all. Returns messages per second.
+async fn run_process(url: &str, messages: u64, workers: usize, id: &str) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let build = |workers| {
+        let done = done.clone();
+        async move {
+            let config = RedisConfig {
+                block: Duration::from_millis(100),
+                ..RedisConfig::default()
+            };
+            Engine::builder()
+                .backend(RedisBackend::connect_with(url, config).await.unwrap())
+                .process_manager(Hot { done })
+                .workers(workers)
+                .build()
+                .await
+                .unwrap()
+        }
+    };
+    let client = build(0).await;
+    for _ in 0..messages {
+        client.publish(Tick { id: id.to_owned() }).await.unwrap();
+    }
+    let started = Instant::now();
+    let pool = build(workers).await;
+    loop {
+        let n = client
+            .process_state::<Hot>(id)
+            .await
+            .unwrap()
+            .map_or(0, |s| s.n);
+        if n >= messages {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    pool.shutdown();
+    messages as f64 / elapsed.as_secs_f64()
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let tasks: u64 = std::env::args()
@@ -172,6 +246,14 @@ async fn main() {
         println!(
             "{workers} worker(s): {steps:.0} steps/s ({tasks} tasks x 3 steps) = {:.4} x redis-benchmark SET rps",
             steps / set
+        );
+    }
+    let messages = (tasks / 2).max(200);
+    for workers in [1usize, 4] {
+        let rate = run_process(&url, messages, workers, &format!("hot-{workers}")).await;
+        println!(
+            "process manager, one instance, {workers} worker(s): {rate:.0} messages/s ({messages} messages) = {:.4} x redis-benchmark SET rps",
+            rate / set
         );
     }
 }

@@ -2,13 +2,16 @@
 //! re-exports these; the generated code reaches the runtime only through
 //! `::saga_runtime::__private`, so this crate has no runtime dependency.
 //!
-//! Only `#[saga]` (and `#[cancellable]`, which moves itself next to it) does
-//! real work. The other attributes are read and removed by `#[saga]` before
-//! the compiler ever resolves them; their own entry points exist so that the
-//! names resolve at all, and they run only when misplaced, to say so.
+//! `#[saga]` (with `#[cancellable]`, which moves itself next to it),
+//! `#[process_manager]` and `#[derive(Message)]` do real work. The other
+//! attributes are read and removed by `#[saga]` or `#[process_manager]`
+//! before the compiler ever resolves them; their own entry points exist so
+//! that the names resolve at all, and they run only when misplaced, to say so.
 
 mod ctxt;
 mod helpers;
+mod message;
+mod process;
 mod saga;
 mod suggest;
 
@@ -77,46 +80,76 @@ pub fn cancellable(args: TokenStream, item: TokenStream) -> TokenStream {
     helpers::cancellable(args.into(), item.into()).into()
 }
 
-// ---- process managers (stubs until the pipeline lands) ----
+// ---- process managers ----
 
 /// Turns an inherent `impl` block of message handlers into a process manager.
+///
+/// ```ignore
+/// #[process_manager(name = "fulfillment", state = FulfillmentState)]
+/// impl Fulfillment {
+///     #[starts]
+///     async fn submitted(&self, msg: OrderSubmitted, state: &mut FulfillmentState, ctx: &mut ProcessContext) -> Result<(), ProcessError> { .. }
+///
+///     #[handles]
+///     #[correlate(state.order_number = msg.order_number)]
+///     async fn reserved(&self, msg: InventoryReserved, state: &mut FulfillmentState, ctx: &mut ProcessContext) -> Result<(), ProcessError> { .. }
+///
+///     #[timeout]
+///     async fn payment_due(&self, t: PaymentDue, state: &mut FulfillmentState, ctx: &mut ProcessContext) -> Result<(), ProcessError> { .. }
+///
+///     #[on_error]
+///     fn on_error(&self, failure: &Failure) -> ErrorAction { .. }
+/// }
+/// ```
+///
+/// Keys: `state` (required), `name` (default: kebab-case of the type),
+/// `on_complete = keep | delete`, `concurrency = optimistic | pessimistic`.
+/// Generates `impl ProcessManager`; misconfigurations are compile errors on
+/// the offending token.
 #[proc_macro_attribute]
-pub fn process_manager(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn process_manager(args: TokenStream, item: TokenStream) -> TokenStream {
+    process::expand(args.into(), item.into()).into()
 }
 
-/// A handler whose message may create the instance.
+/// A handler whose message may create the instance: `#[starts]`, or
+/// `#[starts(strict)]` (an existing instance is an error).
 #[proc_macro_attribute]
-pub fn starts(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn starts(args: TokenStream, item: TokenStream) -> TokenStream {
+    process::standalone("starts", args.into(), item.into()).into()
 }
 
-/// A handler whose message continues an existing instance.
+/// A handler whose message continues an existing instance: `#[handles]`, or
+/// `#[handles(strict)]` (a missing instance is an error, not a dropped message).
 #[proc_macro_attribute]
-pub fn handles(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn handles(args: TokenStream, item: TokenStream) -> TokenStream {
+    process::standalone("handles", args.into(), item.into()).into()
 }
 
-/// Maps a state property to a message property for correlation.
+/// Finds the instance through a state field instead of the message's
+/// `#[correlation_id]`: `#[correlate(state.order_number = msg.order_number)]`.
 #[proc_macro_attribute]
-pub fn correlate(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn correlate(args: TokenStream, item: TokenStream) -> TokenStream {
+    process::standalone("correlate", args.into(), item.into()).into()
 }
 
-/// A timeout handler.
+/// A timeout handler: receives what the instance scheduled with
+/// `ctx.request_timeout(delay, msg)`.
 #[proc_macro_attribute]
-pub fn timeout(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn timeout(args: TokenStream, item: TokenStream) -> TokenStream {
+    process::standalone("timeout", args.into(), item.into()).into()
 }
 
-/// The error policy of a process manager.
+/// The error policy of a process manager:
+/// `fn on_error(&self, failure: &Failure) -> ErrorAction`.
 #[proc_macro_attribute]
-pub fn on_error(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn on_error(args: TokenStream, item: TokenStream) -> TokenStream {
+    process::standalone("on_error", args.into(), item.into()).into()
 }
 
-/// Implements `Message`; `#[correlation_id]` marks the correlating field.
+/// Implements `Message`: `#[message(name = "..")]` sets the wire name (default:
+/// the type's name), `#[correlation_id]` marks the field that identifies the
+/// instance.
 #[proc_macro_derive(Message, attributes(correlation_id, message))]
-pub fn derive_message(_item: TokenStream) -> TokenStream {
-    TokenStream::new()
+pub fn derive_message(item: TokenStream) -> TokenStream {
+    message::derive(item.into()).into()
 }

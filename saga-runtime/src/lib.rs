@@ -75,6 +75,7 @@ pub mod __private {
         SagaDefinition, StepDefinition,
     };
     pub use async_trait::async_trait;
+    pub use serde::{de::DeserializeOwned, Serialize};
     pub use serde_json::Value;
     pub use tokio_util::sync::CancellationToken;
 }

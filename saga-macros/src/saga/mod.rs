@@ -1,9 +1,9 @@
 //! `#[saga]`: parse -> model -> check -> expand.
 
-mod check;
+pub(crate) mod check;
 mod expand;
-mod model;
-mod parse;
+pub(crate) mod model;
+pub(crate) mod parse;
 
 use proc_macro2::TokenStream;
 use quote::quote;

@@ -183,7 +183,7 @@ fn policy(p: parse::PolicyArgs) -> PolicyDef {
     }
 }
 
-fn type_ident(ty: &Type) -> Option<Ident> {
+pub(crate) fn type_ident(ty: &Type) -> Option<Ident> {
     match ty {
         Type::Path(p) if p.qself.is_none() => p.path.segments.last().map(|s| s.ident.clone()),
         Type::Group(g) => type_ident(&g.elem),

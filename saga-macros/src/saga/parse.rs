@@ -494,7 +494,7 @@ fn parse_compensate_target(cx: &Ctxt, attr: &Attribute) -> Option<Ident> {
 /// Splits `key = value` items into a map, reporting malformed items, unknown
 /// keys (with a suggestion) and repeated keys. `flags` may also be written
 /// as a bare word.
-fn key_values(
+pub(crate) fn key_values(
     cx: &Ctxt,
     attr: &str,
     known: &[&str],
@@ -563,7 +563,7 @@ fn path_str(path: &syn::Path) -> String {
         .join("::")
 }
 
-fn name_value(meta: &Meta) -> Option<&Expr> {
+pub(crate) fn name_value(meta: &Meta) -> Option<&Expr> {
     match meta {
         Meta::NameValue(nv) => Some(&nv.value),
         _ => None,
@@ -656,7 +656,12 @@ fn int_key(
 
 /// An enum-like value written as a bare identifier (`backoff = linear`) or
 /// a string (`backoff = "linear"`).
-fn choice<T: Copy>(cx: &Ctxt, meta: &Meta, what: &str, values: &[(&str, T)]) -> Option<T> {
+pub(crate) fn choice<T: Copy>(
+    cx: &Ctxt,
+    meta: &Meta,
+    what: &str,
+    values: &[(&str, T)],
+) -> Option<T> {
     let key = path_str(meta.path());
     let expr = name_value(meta)?;
     let names: Vec<&str> = values.iter().map(|(n, _)| *n).collect();
@@ -1107,7 +1112,7 @@ fn is_step_context(ty: &Type) -> bool {
     }
 }
 
-fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
+pub(crate) fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
     match ty {
         Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
         Type::Group(g) => last_segment(&g.elem),
@@ -1116,7 +1121,7 @@ fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
     }
 }
 
-fn last_segment_is(ty: &Type, name: &str) -> bool {
+pub(crate) fn last_segment_is(ty: &Type, name: &str) -> bool {
     last_segment(ty).is_some_and(|s| s.ident == name)
 }
 

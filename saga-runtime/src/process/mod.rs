@@ -240,6 +240,10 @@ pub trait ProcessState: Default + Serialize + DeserializeOwned + Send + Sync + '
 
 impl<T: Default + Serialize + DeserializeOwned + Send + Sync + 'static> ProcessState for T {}
 
+/// A handler's result as the engine stores it: the new state as JSON and
+/// its correlation entries.
+pub(crate) type Handled = (Value, Vec<(&'static str, String)>);
+
 /// The object-safe face of [`ProcessManager`] the engine stores.
 pub(crate) trait ErasedProcess: Send + Sync + 'static {
     fn definition(&self) -> &'static ProcessDefinition;
@@ -250,7 +254,7 @@ pub(crate) trait ErasedProcess: Send + Sync + 'static {
         state: Option<Value>,
         seed: bool,
         ctx: &'a mut ProcessContext,
-    ) -> BoxFuture<'a, Result<(Value, Vec<(&'static str, String)>), ProcessError>>;
+    ) -> BoxFuture<'a, Result<Handled, ProcessError>>;
     fn message_key(
         &self,
         message_type: &str,
@@ -271,7 +275,7 @@ impl<P: ProcessManager> ErasedProcess for P {
         state: Option<Value>,
         seed: bool,
         ctx: &'a mut ProcessContext,
-    ) -> BoxFuture<'a, Result<(Value, Vec<(&'static str, String)>), ProcessError>> {
+    ) -> BoxFuture<'a, Result<Handled, ProcessError>> {
         Box::pin(async move {
             let mut state: P::State = match state {
                 Some(value) => serde_json::from_value(value).map_err(|e| {

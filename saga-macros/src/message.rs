@@ -1,0 +1,244 @@
+//! `#[derive(Message)]`: the wire name of a message type and its
+//! `#[correlation_id]` field.
+//!
+//! ```ignore
+//! #[derive(Message, Serialize, Deserialize)]
+//! #[message(name = "order-submitted")]      // optional; default: the type's name
+//! struct OrderSubmitted { #[correlation_id] order_id: Uuid, order_number: String }
+//! ```
+
+use proc_macro2::TokenStream;
+use quote::quote;
+use syn::ext::IdentExt;
+use syn::{Attribute, Data, DeriveInput, Expr, Fields, Lit, Member, Meta};
+
+use crate::ctxt::Ctxt;
+use crate::saga::parse::{key_values, name_value};
+
+pub fn derive(input: TokenStream) -> TokenStream {
+    let input = match syn::parse2::<DeriveInput>(input) {
+        Ok(input) => input,
+        Err(err) => return err.into_compile_error(),
+    };
+    let cx = Ctxt::new();
+    let name = wire_name(&cx, &input);
+    for attr in input.attrs.iter().filter(|a| is_correlation_id(a)) {
+        cx.error_spanned_by(
+            attr,
+            "`#[correlation_id]` goes on the field that identifies the instance, not on the type: \
+             `struct OrderSubmitted { #[correlation_id] order_id: Uuid, .. }`",
+        );
+    }
+    let correlation = match &input.data {
+        Data::Struct(data) => correlation_field(&cx, &data.fields),
+        Data::Enum(data) => {
+            for variant in &data.variants {
+                let on_variant = variant.attrs.iter().filter(|a| is_correlation_id(a));
+                let on_fields = variant
+                    .fields
+                    .iter()
+                    .flat_map(|f| f.attrs.iter().filter(|a| is_correlation_id(a)));
+                for attr in on_variant.chain(on_fields) {
+                    cx.error_spanned_by(
+                        attr,
+                        "`#[correlation_id]` goes on a field of a struct message: the variants of \
+                         an enum have no field in common to correlate by; make the message a \
+                         struct (an enum works as a `#[timeout]`, which needs no correlation)",
+                    );
+                }
+            }
+            None
+        }
+        Data::Union(data) => {
+            cx.error_spanned_by(
+                data.union_token,
+                "`Message` can't be derived for a union: messages are serialized with serde; use \
+                 a struct or an enum",
+            );
+            None
+        }
+    };
+    // With errors, implement the trait anyway (without a correlation id) so
+    // that the handlers using the message do not add errors of their own.
+    let errors = match cx.check() {
+        Ok(()) => TokenStream::new(),
+        Err(errors) => errors.into_iter().map(|e| e.into_compile_error()).collect(),
+    };
+    let implementation = implementation(&input, &name, correlation.as_ref());
+    quote!(#errors #implementation)
+}
+
+fn implementation(
+    input: &DeriveInput,
+    name: &str,
+    correlation: Option<&(Member, syn::Type)>,
+) -> TokenStream {
+    let rt = quote!(::saga_runtime::__private);
+    let ident = &input.ident;
+    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    // A generic message is a message when its parameters allow: say so in
+    // the where clause, so the user does not have to repeat serde's bounds.
+    let mut where_clause = where_clause.cloned();
+    if input.generics.type_params().next().is_some() {
+        let predicates = &mut where_clause
+            .get_or_insert_with(|| syn::parse_quote!(where))
+            .predicates;
+        predicates.push(syn::parse_quote! {
+            #ident #ty_generics: #rt::Serialize
+                + #rt::DeserializeOwned
+                + ::core::marker::Send
+                + ::core::marker::Sync
+                + 'static
+        });
+        if let Some((_, ty)) = correlation {
+            predicates.push(syn::parse_quote!(#ty: #rt::Serialize));
+        }
+    }
+    let body = match correlation.map(|(member, _)| member) {
+        Some(member) => quote! {
+            ::core::option::Option::Some(#rt::correlation_value(&self.#member))
+        },
+        None => quote!(::core::option::Option::None),
+    };
+    quote! {
+        impl #impl_generics #rt::Message for #ident #ty_generics #where_clause {
+            const TYPE: &'static str = #name;
+            fn correlation_id(&self) -> ::core::option::Option<::std::string::String> {
+                #body
+            }
+        }
+    }
+}
+
+fn is_correlation_id(attr: &Attribute) -> bool {
+    attr.path().is_ident("correlation_id")
+}
+
+/// `#[message(name = "..")]`, or the type's name.
+fn wire_name(cx: &Ctxt, input: &DeriveInput) -> String {
+    let default = input.ident.unraw().to_string();
+    let mut name = None;
+    let mut seen = false;
+    for attr in input.attrs.iter().filter(|a| a.path().is_ident("message")) {
+        if seen {
+            cx.error_spanned_by(attr, "`#[message(..)]` is given twice; keep one");
+            continue;
+        }
+        seen = true;
+        let Meta::List(list) = &attr.meta else {
+            cx.error_spanned_by(
+                attr,
+                "write `#[message(name = \"order-submitted\")]` to set the message's wire name \
+                 (or leave the attribute out: the default is the type's name)",
+            );
+            continue;
+        };
+        let items = match darling::ast::NestedMeta::parse_meta_list(list.tokens.clone()) {
+            Ok(items) => items,
+            Err(err) => {
+                cx.syn_error(err);
+                continue;
+            }
+        };
+        let keys = key_values(cx, "message", &["name"], &[], items);
+        let Some(meta) = keys.get("name") else {
+            continue;
+        };
+        match name_value(meta) {
+            Some(Expr::Lit(syn::ExprLit {
+                lit: Lit::Str(s), ..
+            })) if s.value().trim().is_empty() => cx.error_spanned_by(
+                s,
+                "a message's name must not be empty: it is how queued messages and timeouts \
+                 name their type; write e.g. `name = \"order-submitted\"` or leave it out",
+            ),
+            Some(Expr::Lit(syn::ExprLit {
+                lit: Lit::Str(s), ..
+            })) => name = Some(s.value()),
+            Some(other) => cx.error_spanned_by(
+                other,
+                "expected a string literal: `name = \"order-submitted\"`",
+            ),
+            None => cx.error_spanned_by(meta, "write `name = \"order-submitted\"`"),
+        }
+    }
+    name.unwrap_or(default)
+}
+
+/// The one field marked `#[correlation_id]`, if any.
+fn correlation_field(cx: &Ctxt, fields: &Fields) -> Option<(Member, syn::Type)> {
+    let mut found: Option<(Member, syn::Type, String)> = None;
+    for (index, field) in fields.iter().enumerate() {
+        for attr in field.attrs.iter().filter(|a| is_correlation_id(a)) {
+            if !matches!(attr.meta, Meta::Path(_)) {
+                cx.error_spanned_by(
+                    attr,
+                    "`#[correlation_id]` takes no arguments: write `#[correlation_id]` on the field",
+                );
+                continue;
+            }
+            let member = match &field.ident {
+                Some(ident) => Member::Named(ident.clone()),
+                None => Member::Unnamed(syn::Index {
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                    span: syn::spanned::Spanned::span(&field.ty),
+                }),
+            };
+            let label = match &field.ident {
+                Some(ident) => ident.unraw().to_string(),
+                None => index.to_string(),
+            };
+            match &found {
+                Some((_, _, first)) => cx.error_spanned_by(
+                    attr,
+                    format!(
+                        "`#[correlation_id]` is already on `{first}`: a message has one \
+                         correlation id; correlate other fields with \
+                         `#[correlate(state.<field> = msg.<field>)]` on the handler"
+                    ),
+                ),
+                None => found = Some((member, field.ty.clone(), label)),
+            }
+        }
+    }
+    found.map(|(member, ty, _)| (member, ty))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand(input: TokenStream) -> String {
+        derive(input).to_string()
+    }
+
+    #[test]
+    fn default_name_and_correlation() {
+        let out = expand(quote! {
+            struct OrderSubmitted { #[correlation_id] order_id: u64, order_number: String }
+        });
+        assert!(out.contains("\"OrderSubmitted\""), "{out}");
+        assert!(
+            out.contains("correlation_value (& self . order_id)"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn renamed_tuple_struct() {
+        let out = expand(quote! {
+            #[message(name = "payment-due")]
+            struct PaymentDue(#[correlation_id] String);
+        });
+        assert!(out.contains("\"payment-due\""), "{out}");
+        assert!(out.contains("& self . 0"), "{out}");
+    }
+
+    #[test]
+    fn two_correlation_ids_are_an_error() {
+        let out = expand(quote! {
+            struct M { #[correlation_id] a: u64, #[correlation_id] b: u64 }
+        });
+        assert!(out.contains("already on `a`"), "{out}");
+    }
+}

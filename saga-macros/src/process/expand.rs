@@ -1,0 +1,399 @@
+//! IR -> tokens. Reads only the [`ProcessDef`].
+//!
+//! Generated code names everything by absolute path
+//! (`::saga_runtime::__private::..`, `::core::..`, `::std::..`) and prefixes
+//! its locals with `__`: it lands in the user's module, where `Result`,
+//! `Box`, `Value` or `msg` may mean something else.
+//!
+//! One mistake, one error: what the compiler has to judge (the state's
+//! traits, each message's `Message` impl, the correlated fields) is asserted
+//! once, in a `const _` block, spanned on the user's tokens. The trait impl
+//! states the same facts as `for<'__pm>` where-clauses, which rustc assumes
+//! inside the impl instead of re-checking them at every use, so a missing
+//! `Default` or `#[derive(Message)]` is reported once, by the assertion with
+//! the helpful message, not again by every generated line that needs it.
+//! The correlated fields are read with the same expression, on the same
+//! tokens, everywhere; rustc reports identical diagnostics once.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Member, Type};
+
+use super::model::{
+    member_name, Concurrency, Correlation, HandlerDef, HandlerKind, OnComplete, ProcessDef,
+};
+use crate::saga::model::type_to_string;
+
+fn rt() -> TokenStream {
+    quote!(::saga_runtime::__private)
+}
+
+fn value_type() -> Type {
+    let rt = rt();
+    syn::parse_quote!(#rt::Value)
+}
+
+/// The full expansion of a valid process manager.
+pub fn expand(pm: &ProcessDef) -> TokenStream {
+    let item = &pm.item;
+    let assertions = assertions(pm);
+    let trait_impl = trait_impl(pm);
+    quote! {
+        #item
+        #assertions
+        #trait_impl
+    }
+}
+
+/// What is emitted next to the errors when the process manager is invalid:
+/// the user's impl (so their methods exist) and a stand-in trait impl, so
+/// that code registering the process manager elsewhere does not add "trait
+/// not implemented" errors to the real one.
+pub fn fallback(pm: &ProcessDef) -> TokenStream {
+    let rt = rt();
+    let mut item = pm.item.clone();
+    // The handlers are not called from anywhere while the macro is broken.
+    item.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
+    let state = pm.state.clone().unwrap_or_else(value_type);
+    let (impl_generics, where_clause) = impl_header(pm, &state, &[]);
+    let self_ty = &pm.item.self_ty;
+    let name = &pm.name;
+    quote! {
+        #item
+        impl #impl_generics #rt::ProcessManager for #self_ty #where_clause {
+            type State = #state;
+            const NAME: &'static str = #name;
+            fn definition() -> &'static #rt::ProcessDefinition {
+                ::core::unreachable!()
+            }
+            fn handle<'__a>(
+                &'__a self,
+                _: &'__a str,
+                _: #rt::Value,
+                _: &'__a mut Self::State,
+                _: &'__a mut #rt::ProcessContext,
+            ) -> #rt::BoxFuture<'__a, ::core::result::Result<(), #rt::ProcessError>> {
+                ::core::unreachable!()
+            }
+            fn state_keys(
+                _: &Self::State,
+            ) -> ::std::vec::Vec<(&'static str, ::std::string::String)> {
+                ::core::unreachable!()
+            }
+            fn message_key(
+                _: &str,
+                _: &#rt::Value,
+            ) -> ::core::result::Result<
+                ::core::option::Option<::std::string::String>,
+                #rt::ProcessError,
+            > {
+                ::core::unreachable!()
+            }
+            fn seed(
+                _: &str,
+                _: &#rt::Value,
+                _: &mut Self::State,
+            ) -> ::core::result::Result<(), #rt::ProcessError> {
+                ::core::unreachable!()
+            }
+        }
+    }
+}
+
+/// `impl<..>` generics and the where clause of the trait impl: a generic
+/// process-manager type must be `Send + Sync + 'static` (said in the where
+/// clause, a missing bound shows at the use site), and the state and message
+/// types their traits (asserted with a good message in [`assertions`]).
+fn impl_header(pm: &ProcessDef, state: &Type, messages: &[&Type]) -> (TokenStream, TokenStream) {
+    let rt = rt();
+    let generics = &pm.item.generics;
+    let (impl_generics, _, _) = generics.split_for_impl();
+    let mut where_clause = generics
+        .where_clause
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(where));
+    if !generics.params.is_empty() {
+        let self_ty = &pm.item.self_ty;
+        where_clause.predicates.push(syn::parse_quote!(
+            #self_ty: ::core::marker::Send + ::core::marker::Sync + 'static
+        ));
+    }
+    where_clause
+        .predicates
+        .push(syn::parse_quote!(for<'__pm> #state: #rt::ProcessState));
+    for message in messages {
+        where_clause
+            .predicates
+            .push(syn::parse_quote!(for<'__pm> #message: #rt::Message));
+    }
+    (quote!(#impl_generics), quote!(#where_clause))
+}
+
+/// The distinct message types, in handler order (`check` made them
+/// distinct already; this keeps the where clause tidy).
+fn messages(pm: &ProcessDef) -> Vec<&Type> {
+    pm.handlers
+        .iter()
+        .filter_map(|h| h.message.as_ref())
+        .collect()
+}
+
+fn message_of(handler: &HandlerDef) -> Type {
+    handler.message.clone().unwrap_or_else(value_type)
+}
+
+/// `&mut __state.<field>` / `&mut __msg.<field>`, every token on the user's
+/// field: rustc's "no field" and "mismatched types" point there, and the
+/// same expression in several places gives one (deduplicated) diagnostic.
+fn field_span(member: &Member) -> Span {
+    match member {
+        Member::Named(ident) => ident.span(),
+        Member::Unnamed(index) => index.span,
+    }
+}
+
+fn state_field(member: &Member) -> TokenStream {
+    quote_spanned!(field_span(member)=> &mut (*__state).#member)
+}
+
+fn message_field(member: &Member) -> TokenStream {
+    quote_spanned!(field_span(member)=> &mut __msg.#member)
+}
+
+/// Shared-reference forms of the two, for reading the key.
+fn state_field_ref(member: &Member) -> TokenStream {
+    quote_spanned!(field_span(member)=> &(*__state).#member)
+}
+
+fn message_field_ref(member: &Member) -> TokenStream {
+    quote_spanned!(field_span(member)=> &__msg.#member)
+}
+
+/// The compile-time assertions, spanned on the user's tokens.
+fn assertions(pm: &ProcessDef) -> TokenStream {
+    let rt = rt();
+    let mut calls = TokenStream::new();
+    if let Some(state) = &pm.state {
+        calls.extend(quote_spanned!(state.span()=> __assert_state::<#state>();));
+    }
+    for message in messages(pm) {
+        calls.extend(quote_spanned!(message.span()=> __assert_message::<#message>();));
+    }
+    let correlations = pm.handlers.iter().filter_map(|handler| {
+        let Correlation::Field { state, message } = &handler.correlation else {
+            return None;
+        };
+        let state_ty = pm.state.as_ref()?;
+        let message_ty = handler.message.as_ref()?;
+        let ident = format_ident!("__correlate_{}", handler.ident);
+        let state = state_field(state);
+        let message = message_field(message);
+        Some(quote! {
+            #[allow(dead_code, non_snake_case)]
+            fn #ident(__state: &mut #state_ty, mut __msg: #message_ty) {
+                let _ = [#state, #message];
+            }
+        })
+    });
+    quote! {
+        const _: () = {
+            #[allow(dead_code)]
+            fn __assert_state<__T: #rt::ProcessState>() {}
+            #[diagnostic::on_unimplemented(
+                message = "`{Self}` is not a message: add `#[derive(Message)]` to it",
+                label = "handled here, but `{Self}` does not implement `Message`",
+                note = "a handler's message is routed by its `Message::TYPE` and decoded from the queue: `#[derive(Message, Serialize, Deserialize)]`"
+            )]
+            trait __Message {}
+            impl<__T: #rt::Message> __Message for __T {}
+            #[allow(dead_code)]
+            fn __assert_message<__T: __Message>() {}
+            #[allow(dead_code)]
+            fn __assert() {
+                #calls
+            }
+            #(#correlations)*
+        };
+    }
+}
+
+fn trait_impl(pm: &ProcessDef) -> TokenStream {
+    let rt = rt();
+    let state = pm.state.clone().unwrap_or_else(value_type);
+    let (impl_generics, where_clause) = impl_header(pm, &state, &messages(pm));
+    let self_ty = &pm.item.self_ty;
+    let name = &pm.name;
+    let state_type = type_to_string(&state);
+    let handlers = pm.handlers.iter().map(handler_definition);
+    let on_complete = match pm.on_complete {
+        OnComplete::Keep => quote!(Keep),
+        OnComplete::Delete => quote!(Delete),
+    };
+    let concurrency = match pm.concurrency {
+        Concurrency::Optimistic => quote!(Optimistic),
+        Concurrency::Pessimistic => quote!(Pessimistic),
+    };
+    let handle_arms = pm.handlers.iter().map(handle_arm);
+    let state_keys = pm.state_keys().into_iter().map(|member| {
+        let key = member_name(member);
+        let field = state_field_ref(member);
+        quote!((#key, #rt::correlation_value(#field)))
+    });
+    let message_key_arms = pm.handlers.iter().filter_map(message_key_arm);
+    let seed_arms = pm.handlers.iter().filter_map(seed_arm);
+    let on_error = pm.on_errors.first().map(|on_error| {
+        let method = &on_error.ident;
+        quote! {
+            fn on_error(&self, __failure: &#rt::Failure) -> #rt::ErrorAction {
+                Self::#method(self, __failure)
+            }
+        }
+    });
+
+    quote! {
+        impl #impl_generics #rt::ProcessManager for #self_ty #where_clause {
+            type State = #state;
+            const NAME: &'static str = #name;
+
+            fn definition() -> &'static #rt::ProcessDefinition {
+                // A constant expression, promoted to a `'static`: unlike a
+                // `static` item it sees the impl's where clause.
+                &#rt::ProcessDefinition {
+                    name: #name,
+                    state_type: #state_type,
+                    handlers: &[#(#handlers),*],
+                    on_complete: #rt::OnComplete::#on_complete,
+                    concurrency: #rt::Concurrency::#concurrency,
+                }
+            }
+
+            fn handle<'__a>(
+                &'__a self,
+                __message_type: &'__a str,
+                __message: #rt::Value,
+                __state: &'__a mut Self::State,
+                __ctx: &'__a mut #rt::ProcessContext,
+            ) -> #rt::BoxFuture<'__a, ::core::result::Result<(), #rt::ProcessError>> {
+                #(#handle_arms)*
+                #rt::unknown_message(#name, __message_type)
+            }
+
+            fn state_keys(
+                __state: &Self::State,
+            ) -> ::std::vec::Vec<(&'static str, ::std::string::String)> {
+                ::std::vec![#(#state_keys),*]
+            }
+
+            fn message_key(
+                __message_type: &str,
+                __message: &#rt::Value,
+            ) -> ::core::result::Result<
+                ::core::option::Option<::std::string::String>,
+                #rt::ProcessError,
+            > {
+                #(#message_key_arms)*
+                ::core::result::Result::Ok(::core::option::Option::None)
+            }
+
+            fn seed(
+                __message_type: &str,
+                __message: &#rt::Value,
+                __state: &mut Self::State,
+            ) -> ::core::result::Result<(), #rt::ProcessError> {
+                #(#seed_arms)*
+                ::core::result::Result::Ok(())
+            }
+
+            #on_error
+        }
+    }
+}
+
+fn handler_definition(handler: &HandlerDef) -> TokenStream {
+    let rt = rt();
+    let method = handler.ident.to_string();
+    let message = message_of(handler);
+    let kind = match handler.kind {
+        HandlerKind::Starts { strict } => quote!(Starts { strict: #strict }),
+        HandlerKind::Handles { strict } => quote!(Handles { strict: #strict }),
+        HandlerKind::Timeout => quote!(Timeout),
+    };
+    let correlation = match &handler.correlation {
+        Correlation::Id => quote!(Id),
+        Correlation::Field { state, message } => {
+            let state = member_name(state);
+            let message = member_name(message);
+            quote!(Field { state_field: #state, message_field: #message })
+        }
+        Correlation::Instance => quote!(Instance),
+    };
+    quote! {
+        #rt::HandlerDefinition {
+            method: #method,
+            message_type: <#message as #rt::Message>::TYPE,
+            kind: #rt::HandlerKind::#kind,
+            correlation: #rt::Correlation::#correlation,
+        }
+    }
+}
+
+fn handle_arm(handler: &HandlerDef) -> TokenStream {
+    let rt = rt();
+    let method = &handler.ident;
+    let message = message_of(handler);
+    // Spanned on the method so that, say, a future that is not `Send` is
+    // reported at the handler rather than at `#[process_manager]`.
+    let boxed = quote_spanned! {method.span()=>
+        ::std::boxed::Box::pin(async move {
+            let __msg: #message = #rt::decode_message(__message)?;
+            Self::#method(self, __msg, __state, __ctx).await
+        })
+    };
+    quote! {
+        if __message_type == <#message as #rt::Message>::TYPE {
+            return #boxed;
+        }
+    }
+}
+
+fn message_key_arm(handler: &HandlerDef) -> Option<TokenStream> {
+    let rt = rt();
+    let message = message_of(handler);
+    let key = match &handler.correlation {
+        Correlation::Instance => return None,
+        Correlation::Id => quote!(#rt::Message::correlation_id(&__msg)),
+        Correlation::Field { message: field, .. } => {
+            let field = message_field_ref(field);
+            quote!(::core::option::Option::Some(#rt::correlation_value(#field)))
+        }
+    };
+    Some(quote! {
+        if __message_type == <#message as #rt::Message>::TYPE {
+            let __msg: #message =
+                #rt::decode_message(::core::clone::Clone::clone(__message))?;
+            return ::core::result::Result::Ok(#key);
+        }
+    })
+}
+
+/// A starting message's mapped field, moved into the fresh state.
+fn seed_arm(handler: &HandlerDef) -> Option<TokenStream> {
+    let rt = rt();
+    let (HandlerKind::Starts { .. }, Correlation::Field { state, message }) =
+        (handler.kind, &handler.correlation)
+    else {
+        return None;
+    };
+    let message_ty = message_of(handler);
+    let state = state_field(state);
+    let message = message_field(message);
+    Some(quote! {
+        if __message_type == <#message_ty as #rt::Message>::TYPE {
+            let mut __msg: #message_ty =
+                #rt::decode_message(::core::clone::Clone::clone(__message))?;
+            let [__dst, __src] = [#state, #message];
+            ::core::mem::swap(__dst, __src);
+        }
+    })
+}

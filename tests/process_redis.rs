@@ -1,0 +1,252 @@
+//! Process managers on a private redis-server: contention on one instance,
+//! racing starters, and durability across worker and Redis restarts.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis_server::TestRedis;
+use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Message, Serialize, Deserialize)]
+struct Begin {
+    #[correlation_id]
+    id: String,
+    key: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Increment {
+    key: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Expire;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Tally {
+    key: String,
+    count: u64,
+    starts: u64,
+    expired: bool,
+}
+
+struct Counter {
+    expire_after: Duration,
+}
+
+#[process_manager(name = "counter", state = Tally)]
+impl Counter {
+    #[starts]
+    #[correlate(state.key = msg.key)]
+    async fn begin(
+        &self,
+        _m: Begin,
+        s: &mut Tally,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.starts += 1;
+        if s.starts == 1 {
+            ctx.request_timeout(self.expire_after, Expire);
+        }
+        Ok(())
+    }
+
+    #[handles]
+    #[correlate(state.key = msg.key)]
+    async fn increment(
+        &self,
+        _m: Increment,
+        s: &mut Tally,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.count += 1;
+        Ok(())
+    }
+
+    #[timeout]
+    async fn expire(
+        &self,
+        _t: Expire,
+        s: &mut Tally,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.expired = true;
+        Ok(())
+    }
+}
+
+async fn engine(redis: &TestRedis, workers: usize, expire_after: Duration) -> Engine {
+    let config = RedisConfig {
+        visibility_timeout: Duration::from_millis(800),
+        block: Duration::from_millis(100),
+        ..RedisConfig::default()
+    };
+    Engine::builder()
+        .backend(
+            RedisBackend::connect_with(&redis.url(), config)
+                .await
+                .unwrap(),
+        )
+        .process_manager(Counter { expire_after })
+        .timeout_poll_interval(Duration::from_millis(20))
+        .workers(workers)
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn until<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn tally(engine: &Engine, key: &str) -> Option<Tally> {
+    let instance = engine.find_process::<Counter>("key", key).await.ok()??;
+    serde_json::from_value(instance.state).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_messages_to_one_instance_from_four_workers_count_exactly_a_thousand() {
+    let redis = TestRedis::start();
+    let hour = Duration::from_secs(3600);
+    let a = engine(&redis, 2, hour).await;
+    let b = engine(&redis, 2, hour).await;
+    a.publish(Begin {
+        id: "c-1".into(),
+        key: "hot".into(),
+    })
+    .await
+    .unwrap();
+    until("the instance", Duration::from_secs(10), || async {
+        tally(&a, "hot").await.is_some()
+    })
+    .await;
+    for _ in 0..1000 {
+        a.publish(Increment { key: "hot".into() }).await.unwrap();
+    }
+    until("1000 increments", Duration::from_secs(120), || async {
+        tally(&b, "hot").await.is_some_and(|t| t.count >= 1000)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = tally(&a, "hot").await.unwrap();
+    assert_eq!(t.count, 1000, "no increment lost, none applied twice");
+    let handled = [&a, &b]
+        .iter()
+        .map(|e| {
+            e.process_metrics()
+                .handled
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum::<u64>();
+    assert_eq!(handled, 1001);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_starting_messages_create_one_instance() {
+    let redis = TestRedis::start();
+    let hour = Duration::from_secs(3600);
+    let engines = [engine(&redis, 2, hour).await, engine(&redis, 2, hour).await];
+    for n in 0..20 {
+        let key = format!("race-{n}");
+        // Different correlation ids, same correlated key: both may start it.
+        let (r1, r2) = tokio::join!(
+            engines[0].publish(Begin {
+                id: format!("{key}-a"),
+                key: key.clone()
+            }),
+            engines[1].publish(Begin {
+                id: format!("{key}-b"),
+                key: key.clone()
+            }),
+        );
+        r1.unwrap();
+        r2.unwrap();
+    }
+    until("40 starts", Duration::from_secs(30), || async {
+        let mut total = 0;
+        for n in 0..20 {
+            total += tally(&engines[0], &format!("race-{n}"))
+                .await
+                .map_or(0, |t| t.starts);
+        }
+        total == 40
+    })
+    .await;
+    let instances = engines[0].process_instances::<Counter>().await.unwrap();
+    assert_eq!(instances.len(), 20, "one instance per key");
+    for n in 0..20 {
+        assert_eq!(
+            tally(&engines[0], &format!("race-{n}"))
+                .await
+                .unwrap()
+                .starts,
+            2
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_and_timeouts_survive_a_worker_restart_and_a_redis_restart() {
+    let mut redis = TestRedis::start();
+    let first = engine(&redis, 2, Duration::from_millis(1500)).await;
+    first
+        .publish(Begin {
+            id: "d-1".into(),
+            key: "durable".into(),
+        })
+        .await
+        .unwrap();
+    // Increments only continue an instance: wait for it to exist.
+    until("the instance", Duration::from_secs(10), || async {
+        tally(&first, "durable").await.is_some()
+    })
+    .await;
+    for _ in 0..5 {
+        first
+            .publish(Increment {
+                key: "durable".into(),
+            })
+            .await
+            .unwrap();
+    }
+    until("5 increments", Duration::from_secs(10), || async {
+        tally(&first, "durable").await.is_some_and(|t| t.count == 5)
+    })
+    .await;
+    first.shutdown();
+    drop(first);
+
+    redis.restart(); // AOF on: everything acknowledged survives
+    let second = engine(&redis, 2, Duration::from_millis(1500)).await;
+    for _ in 0..5 {
+        second
+            .publish(Increment {
+                key: "durable".into(),
+            })
+            .await
+            .unwrap();
+    }
+    until(
+        "10 increments and the timeout",
+        Duration::from_secs(20),
+        || async {
+            tally(&second, "durable")
+                .await
+                .is_some_and(|t| t.count == 10 && t.expired)
+        },
+    )
+    .await;
+    let t = tally(&second, "durable").await.unwrap();
+    assert_eq!((t.count, t.starts, t.expired), (10, 1, true));
+}

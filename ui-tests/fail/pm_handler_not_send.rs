@@ -1,0 +1,46 @@
+//! A handler whose future is not `Send`.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct OrderSubmitted {
+    #[correlation_id]
+    pub order_id: u64,
+    pub order_number: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct InventoryReserved {
+    pub order_number: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct PaymentDue;
+
+#[derive(Default, Serialize, Deserialize)]
+pub struct FulfillmentState {
+    pub order_number: String,
+}
+
+pub struct Fulfillment;
+
+async fn ready() {}
+
+#[process_manager(state = FulfillmentState)]
+impl Fulfillment {
+    #[starts]
+    async fn submitted(
+        &self,
+        msg: OrderSubmitted,
+        state: &mut FulfillmentState,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        let local = std::rc::Rc::new(msg.order_number);
+        ready().await;
+        state.order_number = (*local).clone();
+        let _ = ctx;
+        Ok(())
+    }
+}
+
+fn main() {}

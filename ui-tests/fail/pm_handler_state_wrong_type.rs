@@ -1,0 +1,44 @@
+//! A state parameter of another type than `state = ..`.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct OrderSubmitted {
+    #[correlation_id]
+    pub order_id: u64,
+    pub order_number: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct InventoryReserved {
+    pub order_number: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct PaymentDue;
+
+#[derive(Default, Serialize, Deserialize)]
+pub struct FulfillmentState {
+    pub order_number: String,
+}
+
+pub struct Fulfillment;
+
+#[derive(Default, Serialize, Deserialize)]
+pub struct OtherState;
+
+#[process_manager(state = FulfillmentState)]
+impl Fulfillment {
+    #[starts]
+    async fn submitted(
+        &self,
+        msg: OrderSubmitted,
+        state: &mut OtherState,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        let _ = (msg, state, ctx);
+        Ok(())
+    }
+}
+
+fn main() {}

@@ -1,0 +1,64 @@
+//! Independent mistakes are all reported, each once.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct OrderSubmitted {
+    #[correlation_id]
+    pub order_id: u64,
+    pub order_number: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct InventoryReserved {
+    pub order_number: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct PaymentDue;
+
+#[derive(Default, Serialize, Deserialize)]
+pub struct FulfillmentState {
+    pub order_number: String,
+}
+
+pub struct Fulfillment;
+
+#[process_manager(state = FulfillmentState, on_complete = kep)]
+impl Fulfillment {
+    #[starts]
+    fn submitted(
+        &self,
+        msg: OrderSubmitted,
+        state: &mut FulfillmentState,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        let _ = (msg, state, ctx);
+        Ok(())
+    }
+
+    #[timeout]
+    #[correlate(state.order_number = msg.order_number)]
+    async fn payment_due(
+        &self,
+        msg: PaymentDue,
+        state: &mut FulfillmentState,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        let _ = (msg, state, ctx);
+        Ok(())
+    }
+
+    #[handles]
+    async fn again(
+        &self,
+        msg: OrderSubmitted,
+        state: &mut FulfillmentState,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        let _ = (msg, state, ctx);
+        Ok(())
+    }
+}
+
+fn main() {}
