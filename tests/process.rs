@@ -681,3 +681,64 @@ impl Slowpoke {
         ErrorAction::RetryAfter(Duration::from_secs(5))
     }
 }
+
+mod wire_names {
+    use super::*;
+
+    #[derive(Message, Serialize, Deserialize)]
+    #[message(name = "same")]
+    struct One {
+        #[correlation_id]
+        id: String,
+    }
+
+    #[derive(Message, Serialize, Deserialize)]
+    #[message(name = "same")]
+    struct Two {
+        #[correlation_id]
+        id: String,
+    }
+
+    struct Clash;
+
+    pub fn clash() -> impl ProcessManager {
+        Clash
+    }
+
+    #[process_manager(state = Counter)]
+    impl Clash {
+        #[starts]
+        async fn one(
+            &self,
+            _m: One,
+            _s: &mut Counter,
+            _ctx: &mut ProcessContext,
+        ) -> Result<(), ProcessError> {
+            Ok(())
+        }
+
+        #[handles]
+        async fn two(
+            &self,
+            _m: Two,
+            _s: &mut Counter,
+            _ctx: &mut ProcessContext,
+        ) -> Result<(), ProcessError> {
+            Ok(())
+        }
+    }
+}
+
+#[tokio::test]
+async fn two_message_types_with_one_wire_name_are_refused_at_build() {
+    let err = Engine::builder()
+        .process_manager(wire_names::clash())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("two handlers for message type `same`"),
+        "{err}"
+    );
+}

@@ -190,7 +190,16 @@ impl EngineBuilder {
         let mut routes: HashMap<&'static str, Vec<&'static str>> = HashMap::new();
         for pm in self.processes {
             let def = pm.definition();
-            for handler in def.handlers {
+            for (i, handler) in def.handlers.iter().enumerate() {
+                if def.handlers[..i]
+                    .iter()
+                    .any(|h| h.message_type == handler.message_type)
+                {
+                    return Err(Error::DuplicateMessageType {
+                        process: def.name.to_owned(),
+                        message_type: handler.message_type.to_owned(),
+                    });
+                }
                 routes
                     .entry(handler.message_type)
                     .or_default()

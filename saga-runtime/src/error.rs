@@ -121,6 +121,15 @@ pub enum Error {
         "two sagas are registered under the name `{0}`; give one of them `#[saga(name = \"..\")]`"
     )]
     DuplicateSaga(String),
+    /// Two handlers of one process manager take message types with the same
+    /// wire name (`Message::TYPE`), so messages could not be routed.
+    #[error("process manager `{process}` has two handlers for message type `{message_type}`; give one of the types `#[message(name = \"..\")]`")]
+    DuplicateMessageType {
+        /// The process manager.
+        process: String,
+        /// The wire name.
+        message_type: String,
+    },
     /// A task id that the store does not know.
     #[error("task {0} does not exist")]
     TaskNotFound(crate::task::TaskId),

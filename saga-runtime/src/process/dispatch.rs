@@ -369,7 +369,7 @@ pub(crate) async fn dispatch(
         let mut enqueue = Vec::new();
         let mut endpoints = Vec::new();
         for (n, out) in ctx.outgoing.iter().enumerate() {
-            let message_id = format!("{}/{}/{n}", envelope.message_id, instance.id);
+            let message_id = derived_id(&envelope.message_id, &instance.id, &n.to_string());
             match &out.target {
                 Target::Publish => {
                     for subscriber in (env.subscribers)(&out.message_type) {
@@ -403,7 +403,7 @@ pub(crate) async fn dispatch(
             .enumerate()
             .map(|(n, t)| {
                 let envelope = Envelope {
-                    message_id: format!("{}/{}/t{n}", envelope.message_id, instance.id),
+                    message_id: derived_id(&envelope.message_id, &instance.id, &format!("t{n}")),
                     process: process.to_owned(),
                     message_type: t.message_type.clone(),
                     payload: t.payload.clone(),
@@ -446,6 +446,14 @@ pub(crate) async fn dispatch(
     Err(BackendError::Unavailable(format!(
         "process `{process}`: still conflicting after {CONFLICT_RETRIES} attempts; the message will be redelivered"
     )))
+}
+
+/// The id of a message a handler emits: derived from the message being
+/// handled, so a handler re-run after a write conflict (or a redelivery)
+/// emits the same ids, and receivers can drop the duplicates.
+fn derived_id(parent: &str, instance: &str, n: &str) -> String {
+    let name = format!("{parent}/{instance}/{n}");
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
 }
 
 fn outgoing_payload(message_id: &str, from: &str, message_type: &str, payload: &Value) -> String {
