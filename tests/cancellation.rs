@@ -184,3 +184,78 @@ async fn cancelling_before_any_step_runs_ends_cancelled_without_running_steps() 
     assert_eq!(task.status, TaskStatus::Cancelled);
     assert!(journal.labels().is_empty(), "no step ran");
 }
+
+/// Its last step asks another engine (as another process would) to cancel
+/// the task, then completes at once, before any heartbeat could relay it.
+struct LastMinute {
+    journal: Journal,
+    client: Engine,
+}
+
+#[cancellable]
+#[saga]
+impl LastMinute {
+    #[saga_step(1)]
+    async fn book(&self, n: u32) -> Result<u32, StepError> {
+        self.journal.record("book");
+        Ok(n)
+    }
+
+    #[compensate(book)]
+    async fn unbook(&self, _n: u32) -> Result<(), StepError> {
+        self.journal.record("unbook");
+        Ok(())
+    }
+
+    #[saga_step(2)]
+    async fn confirm(&self, n: u32, ctx: &StepContext) -> Result<u32, StepError> {
+        let result = self
+            .client
+            .cancel::<LastMinute>(ctx.task_id())
+            .await
+            .unwrap();
+        assert_eq!(result, CancelResult::Cancelled);
+        self.journal.record("confirm");
+        Ok(n)
+    }
+
+    #[compensate(confirm)]
+    async fn unconfirm(&self, _n: u32) -> Result<(), StepError> {
+        self.journal.record("unconfirm");
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_accepted_cancellation_is_never_overtaken_by_completion() {
+    let backend = saga_runtime::backend::memory::MemoryBackend::new();
+    let client = Engine::builder()
+        .backend(backend.clone())
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let journal = Journal::default();
+    let worker = Engine::builder()
+        .backend(backend)
+        .saga(LastMinute {
+            journal: journal.clone(),
+            client: client.clone(),
+        })
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    let id = worker.start::<LastMinute>(1).await.unwrap();
+    let task = worker.wait(id).await.unwrap();
+    assert_eq!(
+        task.status,
+        TaskStatus::Cancelled,
+        "the caller was told Cancelled"
+    );
+    assert_eq!(journal.labels(), ["book", "confirm", "unconfirm", "unbook"]);
+    assert_eq!(
+        client.cancel::<LastMinute>(id).await.unwrap(),
+        CancelResult::AlreadyCancelled
+    );
+}

@@ -217,12 +217,15 @@ async fn stale_fence_writes_are_refused(b: Arc<dyn Backend>) {
         "{stale:?}"
     );
     let d = receive(&*b, "c").await;
-    let stale = b.commit(&cur, &old, None, Settle::Ack(&d)).await;
+    let stale = b.commit(&cur, &old, None, Settle::Ack(&d), false).await;
     assert!(
         matches!(stale, Err(BackendError::LockLost { .. })),
         "{stale:?}"
     );
-    assert!(b.commit(&cur, &new, None, Settle::Ack(&d)).await.is_ok());
+    assert!(b
+        .commit(&cur, &new, None, Settle::Ack(&d), false)
+        .await
+        .is_ok());
 }
 
 async fn redelivery_after_visibility_timeout_and_touch(b: Arc<dyn Backend>) {
@@ -252,7 +255,7 @@ async fn commit_is_atomic_enqueue_ack_and_unlock(b: Arc<dyn Backend>) {
     cur.seq += 1;
     let next = message(&cur);
     let v = b
-        .commit(&cur, &lease, Some(&next), Settle::Ack(&d))
+        .commit(&cur, &lease, Some(&next), Settle::Ack(&d), false)
         .await
         .unwrap();
     assert_eq!(v, 2);
@@ -308,7 +311,13 @@ async fn dead_lettering_and_requeue(b: Arc<dyn Backend>) {
     let mut cur = b.load_task(t.id).await.unwrap().unwrap();
     cur.status = TaskStatus::DeadLettered;
     cur.version = b
-        .commit(&cur, &lease, None, Settle::DeadLetter(&d, "exhausted"))
+        .commit(
+            &cur,
+            &lease,
+            None,
+            Settle::DeadLetter(&d, "exhausted"),
+            false,
+        )
         .await
         .unwrap();
     let letters = b.dead_letters().await.unwrap();
@@ -320,6 +329,7 @@ async fn dead_lettering_and_requeue(b: Arc<dyn Backend>) {
         &lease,
         None,
         Settle::ResolveDeadLetter(&letters[0].id),
+        false,
     )
     .await
     .unwrap();

@@ -742,3 +742,66 @@ async fn two_message_types_with_one_wire_name_are_refused_at_build() {
         "{err}"
     );
 }
+
+// ---- pessimistic concurrency: one handler per instance at a time ----
+
+#[derive(Message, Serialize, Deserialize)]
+struct Bump {
+    #[correlation_id]
+    id: String,
+}
+
+struct Locked {
+    calls: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[process_manager(state = Counter, concurrency = pessimistic)]
+impl Locked {
+    #[starts]
+    async fn bump(
+        &self,
+        _m: Bump,
+        s: &mut Counter,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        s.touches += 1;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pessimistic_mode_runs_each_handler_once_under_contention() {
+    let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let engine = Engine::builder()
+        .process_manager(Locked {
+            calls: calls.clone(),
+        })
+        .lock_retry_delay(Duration::from_millis(1))
+        .workers(4)
+        .build()
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        engine.publish(Bump { id: "one".into() }).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = engine
+            .process_state::<Locked>("one")
+            .await
+            .unwrap()
+            .map_or(0, |s| s.touches);
+        if n == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "stuck at {n}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        200,
+        "no conflict re-runs under the lease"
+    );
+}

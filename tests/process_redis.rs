@@ -250,3 +250,64 @@ async fn state_and_timeouts_survive_a_worker_restart_and_a_redis_restart() {
     let t = tally(&second, "durable").await.unwrap();
     assert_eq!((t.count, t.starts, t.expired), (10, 1, true));
 }
+
+struct Noop;
+
+#[saga]
+impl Noop {
+    #[saga_step(1)]
+    async fn one(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_saga_and_process_traffic_flows_without_waiting_for_redelivery() {
+    let redis = TestRedis::start();
+    // The default 30 s visibility timeout: nothing here may rely on a
+    // message being taken over later.
+    let client = Engine::builder()
+        .backend(RedisBackend::connect(&redis.url()).await.unwrap())
+        .saga(Noop)
+        .process_manager(Counter {
+            expire_after: Duration::from_secs(3600),
+        })
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for n in 0..30 {
+        ids.push(client.start::<Noop>(n).await.unwrap());
+        client
+            .publish(Begin {
+                id: format!("m-{n}"),
+                key: format!("k-{n}"),
+            })
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    let _worker = Engine::builder()
+        .backend(RedisBackend::connect(&redis.url()).await.unwrap())
+        .saga(Noop)
+        .process_manager(Counter {
+            expire_after: Duration::from_secs(3600),
+        })
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    for id in ids {
+        client.wait(id).await.unwrap();
+    }
+    until("30 instances", Duration::from_secs(20), || async {
+        client.process_instances::<Counter>().await.unwrap().len() == 30
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}

@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Backend, QueueMessage, Settle};
+use crate::backend::{Backend, BackendError, QueueMessage, Settle};
 use crate::circuit::CircuitBreaker;
 use crate::error::Error;
 use crate::process::{Envelope, EnvelopeKind, ErasedProcess, Message, ProcessManager};
@@ -456,6 +456,19 @@ impl Engine {
         if self.inner.backend.request_cancel(id).await?.is_some() {
             return Ok(CancelResult::AlreadyCancelled);
         }
+        // The task may have ended between the status check and the request.
+        // From here on a worker cannot complete or fail it (its commit is
+        // refused while the flag is set), so what the store says now decides.
+        match self.inner.backend.load_task(id).await?.map(|t| t.status) {
+            Some(TaskStatus::Completed) => return Ok(CancelResult::AlreadyCompleted),
+            Some(
+                status @ (TaskStatus::Failed
+                | TaskStatus::DeadLettered
+                | TaskStatus::Compensated
+                | TaskStatus::CompensationFailed),
+            ) => return Ok(CancelResult::NotCancellable(status)),
+            _ => {}
+        }
         self.inner.signal_cancel(id);
         tracing::info!(task_id = %id, saga, "cancellation requested");
         Ok(CancelResult::Cancelled)
@@ -613,12 +626,20 @@ impl Engine {
             };
         }
         let id = letter.task_id.expect("parked implies a task id");
+        // The task is parked, so its lock is normally free; wait at most one
+        // lease for a straggler to let go.
+        let deadline = tokio::time::Instant::now() + self.inner.settings.lock_ttl;
         let locked = loop {
             if let Some(locked) = backend
                 .try_lock_and_load(id, self.inner.settings.lock_ttl)
                 .await?
             {
                 break locked;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Backend(BackendError::Unavailable(format!(
+                    "task {id} stayed locked; try the requeue again"
+                ))));
             }
             tokio::time::sleep(self.inner.settings.lock_retry_delay).await;
         };
@@ -645,14 +666,19 @@ impl Engine {
             saga: task.saga.clone(),
             seq: task.seq,
         };
-        backend
+        let committed = backend
             .commit(
                 &task,
                 &locked.lease,
                 Some(&message.to_payload()),
                 Settle::ResolveDeadLetter(dead_letter_id),
+                false,
             )
-            .await?;
+            .await;
+        if committed.is_err() {
+            let _ = backend.unlock(&locked.lease).await;
+        }
+        committed?;
         Ok(())
     }
 }

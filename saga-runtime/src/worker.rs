@@ -23,7 +23,9 @@ use crate::context::StepContext;
 use crate::engine::Inner;
 use crate::error::{StepError, StepErrorKind};
 use crate::policy::{Backoff, OnExhausted};
-use crate::process::{dispatch, Concurrency, DispatchEnv, Dispatched, Envelope};
+use crate::process::{
+    dispatch, Concurrency, Correlation, DispatchEnv, Dispatched, Envelope, ErasedProcess,
+};
 use crate::saga::{ErasedSaga, SagaDefinition};
 use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp};
 use futures::FutureExt;
@@ -40,6 +42,10 @@ pub(crate) async fn run(inner: Arc<Inner>, name: String) {
         match received {
             Ok(Some(delivery)) => {
                 backoff = Duration::from_millis(50);
+                // A backend that answers without suspending (the in-memory
+                // one) must not let one worker monopolise its thread while
+                // a message bounces between locked workers.
+                tokio::task::yield_now().await;
                 let grace = async {
                     inner.shutdown.cancelled().await;
                     tokio::time::sleep(inner.settings.shutdown_grace).await;
@@ -180,6 +186,7 @@ async fn handle(inner: &Arc<Inner>, delivery: &Delivery) {
     let id = task.id;
     let token = inner.register_running(id);
     let run = Run {
+        extended_at: std::sync::Mutex::new(tokio::time::Instant::now()),
         inner,
         saga: saga.as_ref(),
         def: saga.definition(),
@@ -221,31 +228,34 @@ async fn handle_process(inner: &Arc<Inner>, delivery: &Delivery, value: serde_js
         return dead_letter(inner, delivery, reason, None).await;
     };
     let backend = &inner.backend;
-    // Pessimistic mode: one handler per correlation value at a time.
+    // Pessimistic mode: one handler per instance at a time.
     let lease = if pm.definition().concurrency == Concurrency::Pessimistic {
-        let key = envelope.instance_id.clone().or_else(|| {
-            pm.message_key(&envelope.message_type, &envelope.payload)
-                .ok()
-                .flatten()
-        });
-        match key {
-            Some(key) => {
-                let name = format!("pm-lock:{}:{key}", envelope.process);
-                let token = uuid::Uuid::new_v4().simple().to_string();
-                match backend
-                    .named_lease(&name, &token, inner.settings.lock_ttl)
-                    .await
-                {
-                    Ok(true) => Some((name, token)),
-                    _ => {
-                        let _ = backend
-                            .release(delivery, inner.settings.lock_retry_delay)
-                            .await;
-                        return;
-                    }
-                }
+        let name = match instance_lock_name(pm.as_ref(), backend.as_ref(), &envelope).await {
+            Ok(name) => name,
+            Err(error) => {
+                tracing::warn!(%error, "resolving the instance failed; message handed back");
+                let _ = backend
+                    .release(delivery, inner.settings.lock_retry_delay)
+                    .await;
+                return;
             }
-            None => None,
+        };
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        match backend
+            .named_lease(&name, &token, inner.settings.lock_ttl)
+            .await
+        {
+            Ok(true) => Some(NamedLeaseGuard {
+                inner: inner.clone(),
+                name,
+                token,
+            }),
+            _ => {
+                let _ = backend
+                    .release(delivery, inner.settings.lock_retry_delay)
+                    .await;
+                return;
+            }
         }
     } else {
         None
@@ -264,10 +274,30 @@ async fn handle_process(inner: &Arc<Inner>, delivery: &Delivery, value: serde_js
         message_type = %envelope.message_type,
         message_id = %envelope.message_id,
     );
-    let result = dispatch(pm.as_ref(), &env, &envelope)
-        .instrument(span)
-        .await;
-    if let Some((name, token)) = lease {
+    // Keep the message (and the pessimistic lease) alive while the handler
+    // and its conflict re-runs take their time, so no other worker takes
+    // the message over meanwhile.
+    let keep_alive = async {
+        loop {
+            tokio::time::sleep(inner.settings.cancel_poll).await;
+            let _ = backend.touch(delivery).await;
+            if let Some(lease) = &lease {
+                let _ = backend
+                    .named_lease(&lease.name, &lease.token, inner.settings.lock_ttl)
+                    .await;
+            }
+        }
+    };
+    let result = tokio::select! {
+        result = dispatch(pm.as_ref(), &env, &envelope).instrument(span) => result,
+        never = keep_alive => never,
+    };
+    if let Some(mut lease) = lease {
+        // Release inline; the guard's spawned release is for abnormal exits.
+        let (name, token) = (
+            std::mem::take(&mut lease.name),
+            std::mem::take(&mut lease.token),
+        );
         let _ = backend.release_named_lease(&name, &token).await;
     }
     let m = &inner.metrics;
@@ -286,6 +316,65 @@ async fn handle_process(inner: &Arc<Inner>, delivery: &Delivery, value: serde_js
             0
         }
     };
+}
+
+/// The pessimistic lock of the instance a message is for: the instance's
+/// id when it exists, else (a message that may create it) its correlation
+/// value, so that two racing starters serialise too.
+async fn instance_lock_name(
+    pm: &dyn ErasedProcess,
+    backend: &dyn crate::backend::Backend,
+    envelope: &Envelope,
+) -> Result<String, BackendError> {
+    let process = &envelope.process;
+    if let Some(id) = &envelope.instance_id {
+        return Ok(format!("pm-lock:{process}:{id}"));
+    }
+    let key = pm
+        .message_key(&envelope.message_type, &envelope.payload)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let found = match pm
+        .definition()
+        .handler(&envelope.message_type)
+        .map(|h| h.correlation)
+    {
+        Some(Correlation::Field { state_field, .. }) => {
+            backend.process_find(process, state_field, &key).await?
+        }
+        _ => backend.process_load(process, &key).await?,
+    };
+    Ok(match found {
+        Some(instance) => format!("pm-lock:{process}:{}", instance.id),
+        None => format!("pm-lock:{process}:new:{key}"),
+    })
+}
+
+/// Releases a pessimistic lease however handling ends (including the
+/// future being dropped at shutdown).
+struct NamedLeaseGuard {
+    inner: Arc<Inner>,
+    name: String,
+    token: String,
+}
+
+impl Drop for NamedLeaseGuard {
+    fn drop(&mut self) {
+        if self.name.is_empty() {
+            return; // released already
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let backend = self.inner.backend.clone();
+            let (name, token) = (
+                std::mem::take(&mut self.name),
+                std::mem::take(&mut self.token),
+            );
+            handle.spawn(async move {
+                let _ = backend.release_named_lease(&name, &token).await;
+            });
+        }
+    }
 }
 
 /// Moves due timeouts (and delayed retries) onto the queue while this
@@ -342,6 +431,8 @@ enum Phase {
 }
 
 struct Run<'a> {
+    /// When the lease was last taken or extended.
+    extended_at: std::sync::Mutex<tokio::time::Instant>,
     inner: &'a Arc<Inner>,
     saga: &'a dyn ErasedSaga,
     def: &'static SagaDefinition,
@@ -357,6 +448,7 @@ impl Run<'_> {
         cancel: Option<Timestamp>,
     ) -> Result<(), BackendError> {
         let mut settle_reason = None;
+        let mut before_decision = None;
         if task.cancelled_at.is_none()
             && matches!(task.status, TaskStatus::Pending | TaskStatus::Running)
         {
@@ -366,12 +458,23 @@ impl Run<'_> {
         }
         match task.status {
             TaskStatus::Pending | TaskStatus::Running => {
-                settle_reason = self.run_next_step(&mut task).await?;
+                (settle_reason, before_decision) = self.run_next_step(&mut task).await?;
             }
             TaskStatus::Compensating => self.compensate_next(&mut task).await?,
             _ => {}
         }
-        self.commit(task, settle_reason).await
+        let guarded = before_decision.is_some();
+        match self.commit(task, settle_reason, guarded).await {
+            // Cancellation was requested after the step finished and before
+            // this commit: it wins over completing or failing the task. The
+            // step's own result stands; its completed steps are compensated.
+            Err(BackendError::CancelRequested { at, .. }) => {
+                let mut task = before_decision.expect("only guarded commits are refused");
+                self.begin_cancel(&mut task, at);
+                self.commit(task, None, false).await
+            }
+            other => other,
+        }
     }
 
     /// Writes the outcome, the next message and the acknowledgement at once.
@@ -379,6 +482,7 @@ impl Run<'_> {
         &self,
         mut task: TaskInstance,
         dead_letter: Option<String>,
+        unless_cancelled: bool,
     ) -> Result<(), BackendError> {
         let next = (!task.status.is_terminal()).then(|| {
             task.seq += 1;
@@ -395,7 +499,7 @@ impl Run<'_> {
         };
         self.inner
             .backend
-            .commit(&task, self.lease, next.as_deref(), settle)
+            .commit(&task, self.lease, next.as_deref(), settle, unless_cancelled)
             .await?;
         if task.status.is_terminal() {
             tracing::info!(task_id = %task.id, saga = self.def.name, status = %task.status, "task finished");
@@ -437,15 +541,22 @@ impl Run<'_> {
         })
     }
 
-    /// Runs the next step; returns a dead-letter reason when the task is parked.
-    async fn run_next_step(&self, task: &mut TaskInstance) -> Result<Option<String>, BackendError> {
+    /// Runs the next step. Returns a dead-letter reason when the task is
+    /// parked, and, when the step's outcome ends the running phase
+    /// (completed, failed, compensating), the task as it was just before that
+    /// decision: the commit is then refused if cancellation was requested,
+    /// and cancellation is applied to that copy instead.
+    async fn run_next_step(
+        &self,
+        task: &mut TaskInstance,
+    ) -> Result<(Option<String>, Option<TaskInstance>), BackendError> {
         let Some(idx) = task
             .steps
             .iter()
             .position(|s| s.status != StepStatus::Completed)
         else {
             task.set_status(TaskStatus::Completed);
-            return Ok(None);
+            return Ok((None, None));
         };
         let input = match idx {
             0 => task.input.clone(),
@@ -472,20 +583,24 @@ impl Run<'_> {
                 // last step completes the task, ask the backend too (one read
                 // per task), so an accepted cancellation is never overtaken
                 // by completion.
-                let cancel = if self.token.is_cancelled() || idx + 1 == task.steps.len() {
+                let last = idx + 1 == task.steps.len();
+                let cancel = if self.token.is_cancelled() {
                     self.inner.backend.cancel_requested(task.id).await?
                 } else {
                     None
                 };
                 if let Some(at) = cancel {
                     self.begin_cancel(task, at);
-                } else if idx + 1 == task.steps.len() {
+                    Ok((None, None))
+                } else if last {
+                    let before = task.clone();
                     task.output = Some(output);
                     task.set_status(TaskStatus::Completed);
+                    Ok((None, Some(before)))
                 } else {
                     task.set_status(TaskStatus::Running);
+                    Ok((None, None))
                 }
-                Ok(None)
             }
             Attempted::Cancelled(error) => {
                 let rec = &mut task.steps[idx];
@@ -510,7 +625,7 @@ impl Run<'_> {
                     .await?
                     .unwrap_or_else(Timestamp::now);
                 self.begin_cancel(task, at);
-                Ok(None)
+                Ok((None, None))
             }
             Attempted::Exhausted {
                 error,
@@ -527,14 +642,15 @@ impl Run<'_> {
                 } else {
                     step_def.retry.on_exhausted
                 };
+                let before = Some(task.clone());
                 match action {
                     OnExhausted::Compensate => {
                         self.finish_or_compensate(task);
-                        Ok(None)
+                        Ok((None, before))
                     }
                     OnExhausted::Fail => {
                         task.set_status(TaskStatus::Failed);
-                        Ok(None)
+                        Ok((None, before))
                     }
                     OnExhausted::DeadLetter => {
                         let reason = format!("saga `{}` step `{name}`: {error}", self.def.name);
@@ -544,7 +660,7 @@ impl Run<'_> {
                                 .error(&reason),
                         );
                         task.set_status(TaskStatus::DeadLettered);
-                        Ok(Some(reason))
+                        Ok((Some(reason), before))
                     }
                 }
             }
@@ -644,8 +760,12 @@ impl Run<'_> {
             };
             if used > policy.max_retries {
                 // A worker died during the last allowed attempt.
+                let last_error = match phase {
+                    Phase::Step => &rec.error,
+                    Phase::Compensation => &rec.compensation_error,
+                };
                 return Ok(Attempted::Exhausted {
-                    error: rec.error.clone().unwrap_or_else(|| {
+                    error: last_error.clone().unwrap_or_else(|| {
                         format!("retries exhausted: attempt {used} did not report back")
                     }),
                     invalid_payload: false,
@@ -846,15 +966,33 @@ impl Run<'_> {
                     }
                 }
                 Ok(beat) => {
+                    *self.extended_at.lock().unwrap_or_else(|p| p.into_inner()) =
+                        tokio::time::Instant::now();
                     if beat.cancel_requested.is_some() {
                         self.token.cancel();
                     }
                 }
-                // A blip (Redis restarting): the lease has TTL to spare; the
-                // next beat retries, and a lost lease is caught at commit.
-                Err(error) => tracing::warn!(%error, "heartbeat failed; will retry"),
+                // A blip (Redis restarting): the lease has TTL to spare and
+                // the next beat retries. But once the lease may have expired
+                // unseen, another worker may have taken the task: stop
+                // running the step rather than run it twice at once.
+                Err(error) => {
+                    let since = self.extended_at().elapsed();
+                    if since + tick >= settings.lock_ttl {
+                        tracing::warn!(%error, ?since, "heartbeats failing for a whole lease; abandoning the step");
+                        return BackendError::LockLost {
+                            task: self.lease.task_id,
+                            fence: self.lease.fence,
+                        };
+                    }
+                    tracing::warn!(%error, "heartbeat failed; will retry");
+                }
             }
         }
+    }
+
+    fn extended_at(&self) -> tokio::time::Instant {
+        *self.extended_at.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -266,10 +266,17 @@ impl Backend for MemoryBackend {
         lease: &Lease,
         enqueue: Option<&str>,
         settle: Settle<'_>,
+        unless_cancelled: bool,
     ) -> Result<u64, BackendError> {
         let version = {
             let mut state = self.state();
             state.check_write(task, lease)?;
+            if let Some(at) = state.cancels.get(&task.id).filter(|_| unless_cancelled) {
+                return Err(BackendError::CancelRequested {
+                    task: task.id,
+                    at: *at,
+                });
+            }
             let version = state.write(task);
             if let Some(payload) = enqueue {
                 state.push(payload);

@@ -255,6 +255,14 @@ pub enum BackendError {
     /// The task does not exist.
     #[error("task {0} does not exist")]
     NotFound(TaskId),
+    /// A commit with `unless_cancelled` found a cancellation request.
+    #[error("task {task}: cancellation was requested")]
+    CancelRequested {
+        /// The task.
+        task: TaskId,
+        /// When cancellation was requested.
+        at: Timestamp,
+    },
     /// Another write to the process-manager instance (or to one of the
     /// correlation entries it claims) came first.
     #[error("process `{process}` instance `{instance}`: a concurrent write came first")]
@@ -303,6 +311,12 @@ pub trait Backend: Send + Sync + 'static {
     /// `enqueue`, settles the current message and releases `lease`. Returns
     /// the new version.
     ///
+    /// With `unless_cancelled`, the write is refused with
+    /// [`BackendError::CancelRequested`] if cancellation of the task was
+    /// requested: a worker passes it when it ends a running task another way
+    /// (completed, failed), so that an accepted cancellation is never
+    /// overtaken.
+    ///
     /// [`save_and_claim`]: Backend::save_and_claim
     async fn commit(
         &self,
@@ -310,6 +324,7 @@ pub trait Backend: Send + Sync + 'static {
         lease: &Lease,
         enqueue: Option<&str>,
         settle: Settle<'_>,
+        unless_cancelled: bool,
     ) -> Result<u64, BackendError>;
 
     /// Takes the task's lock if it is free and loads the task and its

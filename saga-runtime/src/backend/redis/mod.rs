@@ -94,7 +94,15 @@ struct Shared {
 struct Reader {
     conn: Option<MultiplexedConnection>,
     last_claim: Option<Instant>,
+    /// Entries already delivered to this consumer by one read (a read over
+    /// several streams returns up to one per stream; a claim up to
+    /// `CLAIM_BATCH`) and not yet handed out. They are pending for this
+    /// consumer, so they must be handed out, not dropped.
+    buffered: std::collections::VecDeque<Delivery>,
 }
+
+/// Messages taken over per `XAUTOCLAIM` call.
+const CLAIM_BATCH: usize = 16;
 
 fn unavailable(e: RedisError) -> BackendError {
     BackendError::Unavailable(e.to_string())
@@ -198,6 +206,10 @@ impl RedisBackend {
                 actual: stored.and_then(|s| s.parse().ok()).unwrap_or(0),
             }),
             Some(-3) => Err(BackendError::NotFound(task.id)),
+            Some(-5) => Err(BackendError::CancelRequested {
+                task: task.id,
+                at: timestamp(stored).unwrap_or_else(Timestamp::now),
+            }),
             _ => Err(corrupt("unexpected reply from a write script")),
         }
     }
@@ -279,13 +291,16 @@ impl RedisBackend {
         let reader = readers.entry(consumer.to_owned()).or_insert(Reader {
             conn: None,
             last_claim: None,
+            buffered: std::collections::VecDeque::new(),
         });
         f(reader)
     }
 
-    /// Takes over one message whose consumer stopped settling it.
+    /// Takes over messages whose consumer stopped settling them; returns
+    /// the first and buffers the rest.
     async fn autoclaim(&self, consumer: &str) -> Result<Option<Delivery>, BackendError> {
         let mut conn = self.conn();
+        let mut claimed = Vec::new();
         for p in 0..self.keys().streams() {
             let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
                 .arg(self.keys().queue(p))
@@ -294,16 +309,27 @@ impl RedisBackend {
                 .arg(ms(self.shared.config.visibility_timeout))
                 .arg("0-0")
                 .arg("COUNT")
-                .arg(1)
+                .arg(CLAIM_BATCH)
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
-            if let Some(entry) = reply.claimed.first() {
+            for entry in &reply.claimed {
                 tracing::info!(message = %entry.id, consumer, "took over a message whose worker stopped");
-                return Ok(Some(self.delivery(p, entry, consumer)));
+                claimed.push(self.delivery(p, entry, consumer));
             }
         }
-        Ok(None)
+        Ok(self.hand_out(consumer, claimed))
+    }
+
+    /// Returns the first of `deliveries` and buffers the rest for `consumer`.
+    fn hand_out(&self, consumer: &str, deliveries: Vec<Delivery>) -> Option<Delivery> {
+        let mut it = deliveries.into_iter();
+        let first = it.next();
+        let rest: Vec<Delivery> = it.collect();
+        if !rest.is_empty() {
+            self.reader(consumer, |r| r.buffered.extend(rest));
+        }
+        first
     }
 
     async fn read_new(
@@ -332,15 +358,21 @@ impl RedisBackend {
         let reply: Result<Option<StreamReadReply>, RedisError> = cmd.query_async(&mut conn).await;
         match reply {
             Ok(Some(reply)) => {
+                // COUNT is per stream: a read over several streams may
+                // return one entry from each. All of them are now pending
+                // for this consumer; hand out one and buffer the others.
+                let mut deliveries = Vec::new();
                 for key in reply.keys {
                     let p = (0..partitions)
                         .find(|p| self.keys().queue(*p) == key.key)
                         .unwrap_or(0);
-                    if let Some(entry) = key.ids.first() {
-                        return Ok(Some(self.delivery(p, entry, consumer)));
-                    }
+                    deliveries.extend(
+                        key.ids
+                            .iter()
+                            .map(|entry| self.delivery(p, entry, consumer)),
+                    );
                 }
-                Ok(None)
+                Ok(self.hand_out(consumer, deliveries))
             }
             Ok(None) => Ok(None),
             Err(e) => {
@@ -481,6 +513,7 @@ impl Backend for RedisBackend {
         lease: &Lease,
         enqueue: Option<&str>,
         settle: Settle<'_>,
+        unless_cancelled: bool,
     ) -> Result<u64, BackendError> {
         let k = self.keys();
         let p = k.partition_of(task.id);
@@ -509,6 +542,7 @@ impl Backend for RedisBackend {
             .key(k.lock(task.id))
             .key(k.queue(p))
             .key(k.dead(p))
+            .key(k.cancel(task.id))
             .arg(lease.fence)
             .arg(task.version)
             .arg(Self::doc(task)?)
@@ -521,6 +555,7 @@ impl Backend for RedisBackend {
             .arg(reason)
             .arg(task.id.to_string())
             .arg(Timestamp::now().0)
+            .arg(if unless_cancelled { "1" } else { "0" })
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -624,6 +659,9 @@ impl Backend for RedisBackend {
         consumer: &str,
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError> {
+        if let Some(buffered) = self.reader(consumer, |r| r.buffered.pop_front()) {
+            return Ok(Some(buffered));
+        }
         let claim_every =
             (self.shared.config.visibility_timeout / 2).max(Duration::from_millis(50));
         let due = self.reader(consumer, |r| {

@@ -40,6 +40,9 @@ if f ~= ARGV[1] then return {-1, f} end
 local v = redis.call('HGET', KEYS[2], 'version')
 if not v then return {-3, false} end
 if v ~= ARGV[2] then return {-2, v} end
+";
+
+const WRITE: &str = r"
 local nv = tonumber(v) + 1
 redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv)
 ";
@@ -48,20 +51,26 @@ redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv)
 /// Returns {new version, claimed 0/1}.
 pub static SAVE_AND_CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{CHECK}
+        r"{CHECK}{WRITE}
 local claimed = redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[4])
 if claimed then return {{nv, 1}} end
 return {{nv, 0}}"
     ))
 });
 
-/// KEYS: fence, task, lock, queue, dead.
+/// KEYS: fence, task, lock, queue, dead, cancel.
 /// ARGV: fence, version, doc, token, next payload ('' = none), settle
-/// ('none'|'ack'|'dead'|'resolve'), entry id, group, payload, reason, task id, at.
-/// Returns {new version}.
+/// ('none'|'ack'|'dead'|'resolve'), entry id, group, payload, reason, task id,
+/// at, unless-cancelled ('1' refuses the write with {-5, at} if the cancel
+/// flag is set). Returns {new version}.
 pub static COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{CHECK}
+if ARGV[13] == '1' then
+  local c = redis.call('GET', KEYS[6])
+  if c then return {{-5, c}} end
+end
+{WRITE}
 if ARGV[5] ~= '' then redis.call('XADD', KEYS[4], '*', 'payload', ARGV[5]) end
 if ARGV[6] == 'ack' or ARGV[6] == 'dead' then
   redis.call('XACK', KEYS[4], ARGV[8], ARGV[7])
