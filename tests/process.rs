@@ -805,3 +805,41 @@ async fn pessimistic_mode_runs_each_handler_once_under_contention() {
         "no conflict re-runs under the lease"
     );
 }
+
+#[tokio::test]
+async fn unmatched_messages_are_counted_and_dead_lettered_when_configured() {
+    let engine = Engine::builder()
+        .process_manager(Flaky)
+        .dead_letter_unmatched(true)
+        .build()
+        .await
+        .unwrap();
+    engine
+        .publish(Touch {
+            id: "ghost".into(),
+            fail: false,
+        })
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while engine.dead_letters().await.unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let letters = engine.dead_letters().await.unwrap();
+    assert!(
+        letters[0]
+            .reason
+            .contains("matched no instance (correlation `ghost`)"),
+        "{}",
+        letters[0].reason
+    );
+    let unmatched = engine
+        .process_metrics()
+        .unmatched
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(unmatched, 1);
+}

@@ -100,6 +100,11 @@ fn implementation(
         },
         None => quote!(::core::option::Option::None),
     };
+    let correlated = correlation.map(|_| {
+        quote! {
+            impl #impl_generics #rt::HasCorrelationId for #ident #ty_generics #where_clause {}
+        }
+    });
     quote! {
         impl #impl_generics #rt::Message for #ident #ty_generics #where_clause {
             const TYPE: &'static str = #name;
@@ -107,6 +112,7 @@ fn implementation(
                 #body
             }
         }
+        #correlated
     }
 }
 

@@ -66,8 +66,8 @@ pub mod __private {
     pub use crate::policy::{BackoffKind, OnExhausted, RetryPolicy};
     pub use crate::process::{
         correlation_value, decode_message, unknown_message, Concurrency, Correlation, ErrorAction,
-        Failure, HandlerDefinition, HandlerKind, Message, OnComplete, ProcessContext,
-        ProcessDefinition, ProcessError, ProcessManager, ProcessState,
+        Failure, HandlerDefinition, HandlerKind, HasCorrelationId, Message, OnComplete,
+        ProcessContext, ProcessDefinition, ProcessError, ProcessManager, ProcessState,
     };
     pub use crate::reconcile::{self, ReconcileError, ReconcileReport};
     pub use crate::saga::{

@@ -40,7 +40,7 @@ impl Fulfillment {
         Ok(())
     }
 
-    #[handles]
+    #[timeout]
     async fn shipped(
         &self,
         msg: Shipped,

@@ -177,8 +177,21 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
     if let Some(state) = &pm.state {
         calls.extend(quote_spanned!(state.span()=> __assert_state::<#state>();));
     }
+    // A starting or continuing handler without `#[correlate]` finds its
+    // instance by the message's correlation id, so its message must have
+    // one (which implies being a message: one assertion, one error).
+    let correlated: Vec<&Type> = pm
+        .handlers
+        .iter()
+        .filter(|h| matches!(h.correlation, Correlation::Id))
+        .filter_map(|h| h.message.as_ref())
+        .collect();
     for message in messages(pm) {
-        calls.extend(quote_spanned!(message.span()=> __assert_message::<#message>();));
+        if correlated.iter().any(|c| **c == *message) {
+            calls.extend(quote_spanned!(message.span()=> __assert_correlated::<#message>();));
+        } else {
+            calls.extend(quote_spanned!(message.span()=> __assert_message::<#message>();));
+        }
     }
     let correlations = pm.handlers.iter().filter_map(|handler| {
         let Correlation::Field { state, message } = &handler.correlation else {
@@ -209,6 +222,8 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
             impl<__T: #rt::Message> __Message for __T {}
             #[allow(dead_code)]
             fn __assert_message<__T: __Message>() {}
+            #[allow(dead_code)]
+            fn __assert_correlated<__T: #rt::HasCorrelationId>() {}
             #[allow(dead_code)]
             fn __assert() {
                 #calls
