@@ -73,6 +73,11 @@ impl Ctxt {
     }
 }
 
+/// One `compile_error!` per error, each at its own span.
+pub fn compile_errors(errors: Vec<syn::Error>) -> proc_macro2::TokenStream {
+    errors.into_iter().map(|e| e.into_compile_error()).collect()
+}
+
 impl Drop for Ctxt {
     fn drop(&mut self) {
         if !thread::panicking() && self.errors.borrow().is_some() {

@@ -10,6 +10,7 @@
 
 mod ctxt;
 mod helpers;
+mod item;
 mod message;
 mod process;
 mod saga;

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 
 use proc_macro2::Span;
-use syn::visit::Visit;
 use syn::{Ident, Type};
 
 use super::model::{HandlerDef, ProcessDef};
@@ -91,21 +90,10 @@ fn check_one_on_error(cx: &Ctxt, pm: &ProcessDef) {
 /// at compile time and asserted outside the impl: they can't mention the
 /// impl's type parameters, nor `Self`.
 fn check_generic_params(cx: &Ctxt, pm: &ProcessDef) {
-    let params: Vec<Ident> = pm
-        .item
-        .generics
-        .type_params()
-        .map(|p| p.ident.clone())
-        .chain(pm.item.generics.const_params().map(|p| p.ident.clone()))
-        .chain(std::iter::once(Ident::new("Self", Span::call_site())))
-        .collect();
+    let mut params = crate::item::params(&pm.item.generics);
+    params.push(Ident::new("Self", Span::call_site()));
     let report = |ty: &Type, what: &str| {
-        let mut finder = FindParam {
-            params: &params,
-            found: None,
-        };
-        finder.visit_type(ty);
-        let Some(param) = finder.found else {
+        let Some(param) = crate::item::param_used_in(ty, &params) else {
             return;
         };
         let message = if param == "Self" {
@@ -128,40 +116,5 @@ fn check_generic_params(cx: &Ctxt, pm: &ProcessDef) {
         if let Some(message) = &handler.message {
             report(message, "a handler's message type");
         }
-    }
-}
-
-struct FindParam<'a> {
-    params: &'a [Ident],
-    found: Option<Ident>,
-}
-
-impl<'ast> Visit<'ast> for FindParam<'_> {
-    fn visit_type_path(&mut self, ty: &'ast syn::TypePath) {
-        if self.found.is_some() {
-            return;
-        }
-        if ty.qself.is_none() && ty.path.leading_colon.is_none() {
-            if let Some(first) = ty.path.segments.first() {
-                if self.params.contains(&first.ident) {
-                    self.found = Some(first.ident.clone());
-                    return;
-                }
-            }
-        }
-        syn::visit::visit_type_path(self, ty);
-    }
-
-    fn visit_expr_path(&mut self, expr: &'ast syn::ExprPath) {
-        // `[u8; N]`
-        if self.found.is_none() {
-            if let Some(ident) = expr.path.get_ident() {
-                if self.params.contains(ident) {
-                    self.found = Some(ident.clone());
-                    return;
-                }
-            }
-        }
-        syn::visit::visit_expr_path(self, expr);
     }
 }

@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 
 use quote::ToTokens;
-use syn::visit::Visit;
 use syn::visit_mut::VisitMut;
 use syn::{Ident, Type};
 
@@ -197,13 +196,7 @@ fn report_unknown_target(cx: &Ctxt, saga: &SagaDef, target: &Ident, step_names: 
 /// `{Type}StepOutput` enum, which is not generic: they can't mention the
 /// impl's type parameters.
 fn check_generic_params(cx: &Ctxt, saga: &SagaDef) {
-    let params: Vec<Ident> = saga
-        .item
-        .generics
-        .type_params()
-        .map(|p| p.ident.clone())
-        .chain(saga.item.generics.const_params().map(|p| p.ident.clone()))
-        .collect();
+    let params = crate::item::params(&saga.item.generics);
     if params.is_empty() {
         return;
     }
@@ -214,12 +207,7 @@ fn check_generic_params(cx: &Ctxt, saga: &SagaDef) {
         .chain(saga.compensations.iter().map(|c| &c.param))
         .flatten();
     for ty in types {
-        let mut finder = FindParam {
-            params: &params,
-            found: None,
-        };
-        finder.visit_type(ty);
-        if let Some(param) = finder.found {
+        if let Some(param) = crate::item::param_used_in(ty, &params) {
             cx.error_spanned_by(
                 &param,
                 format!(
@@ -230,28 +218,6 @@ fn check_generic_params(cx: &Ctxt, saga: &SagaDef) {
                 ),
             );
         }
-    }
-}
-
-struct FindParam<'a> {
-    params: &'a [Ident],
-    found: Option<Ident>,
-}
-
-impl<'ast> Visit<'ast> for FindParam<'_> {
-    fn visit_type_path(&mut self, ty: &'ast syn::TypePath) {
-        if self.found.is_some() {
-            return;
-        }
-        if ty.qself.is_none() && ty.path.leading_colon.is_none() {
-            if let Some(first) = ty.path.segments.first() {
-                if self.params.contains(&first.ident) {
-                    self.found = Some(first.ident.clone());
-                    return;
-                }
-            }
-        }
-        syn::visit::visit_type_path(self, ty);
     }
 }
 

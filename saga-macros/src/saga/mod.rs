@@ -28,16 +28,12 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     match (cx.check(), model) {
         (Ok(()), Model::Saga(saga)) => expand::expand(&saga),
         (result, model) => {
-            let errors = result
-                .err()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|e| e.into_compile_error());
+            let errors = crate::ctxt::compile_errors(result.err().unwrap_or_default());
             let item = match model {
                 Model::Saga(saga) => expand::fallback(&saga),
                 Model::Other(tokens) => tokens,
             };
-            quote!(#(#errors)* #item)
+            quote!(#errors #item)
         }
     }
 }

@@ -127,14 +127,7 @@ pub fn parse(cx: &Ctxt, args: TokenStream, item: TokenStream) -> Parsed {
 }
 
 fn not_an_impl(cx: &Ctxt, item: &syn::Item) {
-    let (what, tokens) = match item {
-        syn::Item::Struct(s) => ("a struct", s.ident.to_token_stream()),
-        syn::Item::Enum(e) => ("an enum", e.ident.to_token_stream()),
-        syn::Item::Fn(f) => ("a function", f.sig.ident.to_token_stream()),
-        syn::Item::Trait(t) => ("a trait", t.ident.to_token_stream()),
-        syn::Item::Mod(m) => ("a module", m.ident.to_token_stream()),
-        other => ("this item", other.to_token_stream()),
-    };
+    let (what, tokens) = crate::item::describe(item);
     cx.error_spanned_by(
         tokens,
         format!(
