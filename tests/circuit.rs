@@ -123,12 +123,21 @@ async fn a_success_resets_the_consecutive_failure_count() {
         .build()
         .await
         .unwrap();
-    // Two failures, then success on the last retry: the count resets, so the
-    // next task's two failures do not open the circuit.
+    // Two failures, then success on the last retry: the count resets.
     up.store(false, Ordering::SeqCst);
     let id = engine.start::<Webhook>(1).await.unwrap();
     common::eventually(|| calls.load(Ordering::SeqCst) == 2).await;
     up.store(true, Ordering::SeqCst);
     assert_eq!(engine.wait(id).await.unwrap().status, TaskStatus::Completed);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    // So the next task gets all three of its calls before the circuit opens
+    // (without the reset, 2 + 1 failures would open it after its first call).
+    up.store(false, Ordering::SeqCst);
+    let task = engine
+        .wait(engine.start::<Webhook>(2).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(task.steps[0].attempt_count, 3);
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
 }

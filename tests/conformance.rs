@@ -236,9 +236,10 @@ async fn redelivery_after_visibility_timeout_and_touch(b: Arc<dyn Backend>) {
     // Unsettled: delivered again after the visibility timeout, to anyone.
     let again = receive(&*b, "b").await;
     assert_eq!(again.payload, first.payload);
-    // Touching keeps it from being redelivered while it is worked on.
+    // Touching keeps it from being redelivered while it is worked on: other
+    // consumers polling meanwhile (past the visibility timeout) get nothing.
     for _ in 0..4 {
-        tokio::time::sleep(VISIBILITY / 3).await;
+        nothing_for(&*b, "d", VISIBILITY / 3).await;
         b.touch(&again).await.unwrap();
     }
     b.ack(&again).await.unwrap();

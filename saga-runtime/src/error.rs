@@ -152,9 +152,6 @@ pub enum Error {
     /// The storage backend failed.
     #[error(transparent)]
     Backend(#[from] crate::backend::BackendError),
-    /// The engine was shut down.
-    #[error("the engine is shut down")]
-    Shutdown,
 }
 
 #[cfg(test)]

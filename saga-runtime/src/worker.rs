@@ -42,10 +42,6 @@ pub(crate) async fn run(inner: Arc<Inner>, name: String) {
         match received {
             Ok(Some(delivery)) => {
                 backoff = Duration::from_millis(50);
-                // A backend that answers without suspending (the in-memory
-                // one) must not let one worker monopolise its thread while
-                // a message bounces between locked workers.
-                tokio::task::yield_now().await;
                 let grace = async {
                     inner.shutdown.cancelled().await;
                     tokio::time::sleep(inner.settings.shutdown_grace).await;

@@ -349,6 +349,11 @@ impl Backend for MemoryBackend {
         consumer: &str,
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError> {
+        // Nothing below suspends when a message is ready, so without this a
+        // worker whose message bounces (a locked task, handed back) would
+        // never give its thread to the worker holding the lock. A network
+        // backend yields on its I/O anyway.
+        tokio::task::yield_now().await;
         let deadline = Instant::now() + wait;
         loop {
             // Register interest before looking, so a push between the look
