@@ -2,7 +2,7 @@
 //! payload that does not deserialize is dead-lettered with a clear reason,
 //! and the other tasks are unaffected.
 
-use saga_runtime::backend::QueueMessage;
+use saga_runtime::backend::{QueueMessage, WorkItem};
 use saga_runtime::prelude::*;
 
 struct Double;
@@ -20,14 +20,14 @@ async fn malformed_unknown_and_undeserializable_messages_are_dead_lettered() {
     let engine = Engine::builder().saga(Double).build().await.unwrap();
     let backend = engine.backend().clone();
 
-    backend.enqueue("{not json").await.unwrap();
+    backend.enqueue_raw(b"{not json").await.unwrap();
     let stray = TaskId::new();
     let unknown = QueueMessage {
         task_id: stray,
         saga: "no-such-saga".into(),
         seq: 0,
     };
-    backend.enqueue(&unknown.to_payload()).await.unwrap();
+    backend.enqueue(&[WorkItem::Saga(unknown)]).await.unwrap();
     // A task whose stored input is not a u32 (as after an incompatible deploy).
     let bad = TaskInstance::new(
         "double",
@@ -42,8 +42,7 @@ async fn malformed_unknown_and_undeserializable_messages_are_dead_lettered() {
                 task_id: bad.id,
                 saga: "double".into(),
                 seq: 0,
-            }
-            .to_payload(),
+            },
         )
         .await
         .unwrap();
@@ -58,7 +57,11 @@ async fn malformed_unknown_and_undeserializable_messages_are_dead_lettered() {
     let parked = engine.wait(bad_id).await.unwrap();
     assert_eq!(parked.status, TaskStatus::DeadLettered);
 
-    let letters = engine.dead_letters().await.unwrap();
+    let letters = engine
+        .dead_letters(Default::default())
+        .await
+        .unwrap()
+        .letters;
     let reason = |pred: &dyn Fn(&saga_runtime::DeadLetter) -> bool| {
         letters
             .iter()

@@ -33,7 +33,9 @@ impl Render {
         Ok(())
     }
 
-    #[saga_step(2)]
+    // An hour-long render: longer than the engine's default attempt
+    // timeout (5 minutes), so it says how long it may take.
+    #[saga_step(2, timeout_ms = 7_200_000)]
     async fn render(&self, job: String, ctx: &StepContext) -> Result<String, StepError> {
         self.journal.record("render");
         self.rendering.notify_one();

@@ -551,19 +551,22 @@ async fn malformed_process_messages_are_dead_lettered_with_a_reason() {
         .await
         .unwrap();
     let b = engine.backend().clone();
-    let bad = |payload: serde_json::Value| payload.to_string();
-    b.process_enqueue(&[
-        bad(serde_json::json!({"process": "flaky", "message_id": "1", "message_type": "Open", "payload": {"wrong": 1}, "kind": "message"})),
-        bad(serde_json::json!({"process": "nope", "message_id": "2", "message_type": "Open", "payload": {"id": "x"}, "kind": "message"})),
-        bad(serde_json::json!({"process": "flaky", "message_id": "3", "message_type": "Unknown", "payload": {}, "kind": "message"})),
-        bad(serde_json::json!({"process": "flaky", "oops": true})),
-    ])
-    .await
-    .unwrap();
+    for bad in [
+        serde_json::json!({"process": "flaky", "message_id": "1", "message_type": "Open", "payload": {"wrong": 1}, "kind": "message"}),
+        serde_json::json!({"process": "nope", "message_id": "2", "message_type": "Open", "payload": {"id": "x"}, "kind": "message"}),
+        serde_json::json!({"process": "flaky", "message_id": "3", "message_type": "Unknown", "payload": {}, "kind": "message"}),
+        serde_json::json!({"process": "flaky", "oops": true}),
+    ] {
+        b.enqueue_raw(bad.to_string().as_bytes()).await.unwrap();
+    }
     engine.publish(Open { id: "fine".into() }).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let letters = loop {
-        let letters = engine.dead_letters().await.unwrap();
+        let letters = engine
+            .dead_letters(Default::default())
+            .await
+            .unwrap()
+            .letters;
         if letters.len() >= 4 || tokio::time::Instant::now() > deadline {
             break letters;
         }
@@ -822,14 +825,24 @@ async fn unmatched_messages_are_counted_and_dead_lettered_when_configured() {
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while engine.dead_letters().await.unwrap().is_empty() {
+    while engine
+        .dead_letters(Default::default())
+        .await
+        .unwrap()
+        .letters
+        .is_empty()
+    {
         assert!(
             tokio::time::Instant::now() < deadline,
             "never dead-lettered"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let letters = engine.dead_letters().await.unwrap();
+    let letters = engine
+        .dead_letters(Default::default())
+        .await
+        .unwrap()
+        .letters;
     assert!(
         letters[0]
             .reason

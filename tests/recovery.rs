@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::Journal;
 use saga_runtime::backend::memory::MemoryBackend;
-use saga_runtime::backend::QueueMessage;
+use saga_runtime::backend::{QueueMessage, WorkItem};
 use saga_runtime::prelude::*;
 use tokio::sync::Notify;
 
@@ -104,7 +104,7 @@ async fn duplicate_deliveries_of_a_processed_message_change_nothing() {
         };
         engine
             .backend()
-            .enqueue(&duplicate.to_payload())
+            .enqueue(&[WorkItem::Saga(duplicate)])
             .await
             .unwrap();
     }
@@ -112,7 +112,12 @@ async fn duplicate_deliveries_of_a_processed_message_change_nothing() {
 
     assert_eq!(journal.labels(), ["first", "second@1"]);
     assert_eq!(engine.task(id).await.unwrap().unwrap(), before);
-    assert!(engine.dead_letters().await.unwrap().is_empty());
+    assert!(engine
+        .dead_letters(Default::default())
+        .await
+        .unwrap()
+        .letters
+        .is_empty());
 }
 
 struct Panicky {
@@ -193,11 +198,19 @@ async fn an_already_claimed_attempt_is_counted_not_rerun_and_the_task_still_fini
         .unwrap();
     let id = client.start::<TwoSteps>(1).await.unwrap();
     // As if a duplicate delivery had already started attempt 1 of step 1.
-    use saga_runtime::backend::Backend;
-    assert!(backend
-        .try_claim(&format!("{id}:first:1"), Duration::from_secs(60))
+    use saga_runtime::backend::TaskStore;
+    let locked = backend
+        .lock_and_load(id, Duration::from_secs(60))
         .await
-        .unwrap());
+        .unwrap()
+        .unwrap();
+    let task = locked.task.unwrap();
+    let (_, claimed) = backend
+        .record_attempt(&task, task.status, &locked.lease, "first:1")
+        .await
+        .unwrap();
+    assert!(claimed);
+    backend.unlock(&locked.lease).await.unwrap();
 
     let (s, _) = saga(&journal, 1);
     let _workers = Engine::builder()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::redis_server::TestRedis;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
-use saga_runtime::backend::QueueMessage;
+use saga_runtime::backend::{QueueMessage, WorkItem};
 use saga_runtime::prelude::*;
 use sagas::chaos::{check_task, Chaos, ChaosConfig};
 
@@ -221,14 +221,11 @@ async fn bad_input_on_the_stream_is_dead_lettered_and_other_tasks_finish() {
         .unwrap();
     let stray = TaskId::new();
     backend
-        .enqueue(
-            &QueueMessage {
-                task_id: stray,
-                saga: "no-such-saga".into(),
-                seq: 0,
-            }
-            .to_payload(),
-        )
+        .enqueue(&[WorkItem::Saga(QueueMessage {
+            task_id: stray,
+            saga: "no-such-saga".into(),
+            seq: 0,
+        })])
         .await
         .unwrap();
     let bad = TaskInstance::new(
@@ -243,8 +240,7 @@ async fn bad_input_on_the_stream_is_dead_lettered_and_other_tasks_finish() {
                 task_id: bad.id,
                 saga: "double".into(),
                 seq: 0,
-            }
-            .to_payload(),
+            },
         )
         .await
         .unwrap();
@@ -271,7 +267,11 @@ async fn bad_input_on_the_stream_is_dead_lettered_and_other_tasks_finish() {
     );
     let deadline = Instant::now() + Duration::from_secs(10);
     let letters = loop {
-        let letters = engine.dead_letters().await.unwrap();
+        let letters = engine
+            .dead_letters(Default::default())
+            .await
+            .unwrap()
+            .letters;
         if letters.len() == 4 || Instant::now() > deadline {
             break letters;
         }

@@ -372,7 +372,11 @@ async fn on_exhausted_dead_letter_parks_the_task_until_an_operator_requeues_it()
     assert_eq!(task.status, TaskStatus::DeadLettered);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 
-    let letters = engine.dead_letters().await.unwrap();
+    let letters = engine
+        .dead_letters(Default::default())
+        .await
+        .unwrap()
+        .letters;
     assert_eq!(letters.len(), 1);
     assert_eq!(letters[0].task_id, Some(id));
     assert!(
@@ -391,7 +395,12 @@ async fn on_exhausted_dead_letter_parks_the_task_until_an_operator_requeues_it()
         "7@4",
         "attempt numbers keep counting"
     );
-    assert!(engine.dead_letters().await.unwrap().is_empty());
+    assert!(engine
+        .dead_letters(Default::default())
+        .await
+        .unwrap()
+        .letters
+        .is_empty());
     assert!(task
         .audit_log
         .iter()

@@ -43,6 +43,10 @@ pub fn saga(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// Marks a step of a `#[saga]` impl: `#[saga_step(1)]`, `#[saga_step(2)]`, ...
+///
+/// `#[saga_step(1, timeout_ms = 30_000)]` limits each attempt of the step to
+/// 30 s; a timed-out attempt is cancelled and counts as a transient failure.
+/// Without it the engine's default applies (`EngineBuilder::step_timeout`).
 #[proc_macro_attribute]
 pub fn saga_step(args: TokenStream, item: TokenStream) -> TokenStream {
     helpers::standalone("saga_step", args.into(), item.into()).into()

@@ -56,21 +56,32 @@ impl StepContext {
         &self.trace_id
     }
 
-    /// `{task_id}:{step}:{attempt}`: unique per attempt. Pass it to external
-    /// APIs that accept an idempotency key (payment providers do) so that a
-    /// retried side effect happens once.
+    /// `{task_id}:{step}`: the same for every attempt of this step (or
+    /// compensation) of this task. Hand it to external APIs that accept an
+    /// idempotency key (payment providers do): when an attempt times out
+    /// after the charge went through, the retry carries the same key and the
+    /// provider recognises it instead of charging twice.
     pub fn idempotency_key(&self) -> String {
+        format!("{}:{}", self.task_id, self.step)
+    }
+
+    /// `{task_id}:{step}:{attempt}`: unique per attempt (the engine's own
+    /// guard that one attempt number runs at most once). Use it to tell
+    /// attempts apart in logs, not as an external idempotency key.
+    pub fn attempt_key(&self) -> String {
         format!("{}:{}:{}", self.task_id, self.step, self.attempt)
     }
 
-    /// Whether cancellation of the task was requested.
+    /// Whether this attempt was asked to stop: the task was cancelled, or
+    /// the attempt ran past its timeout.
     pub fn is_cancelled(&self) -> bool {
         self.token.is_cancelled()
     }
 
-    /// Completes when cancellation of the task is requested. Use it in a
-    /// `tokio::select!` around long work; returning early (an error, or an
-    /// output) lets the engine compensate sooner.
+    /// Completes when this attempt is asked to stop: the task was
+    /// cancelled, or the attempt ran past its timeout. Use it in a
+    /// `tokio::select!` around long work and return soon after: the attempt
+    /// has a short grace (`EngineBuilder::stop_grace`) before it is dropped.
     pub fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
         self.token.cancelled()
     }

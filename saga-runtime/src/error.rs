@@ -149,6 +149,44 @@ pub enum Error {
     /// A dead letter id that does not exist (or was already requeued).
     #[error("dead letter {0} does not exist")]
     DeadLetterNotFound(String),
+    /// A dead letter kept only a prefix of its (huge) payload, so it cannot
+    /// be put back on the queue.
+    #[error(
+        "dead letter {id} kept only a prefix of its {size}-byte payload; it cannot be requeued"
+    )]
+    DeadLetterTruncated {
+        /// The dead letter.
+        id: String,
+        /// The payload's original size in bytes.
+        size: usize,
+    },
+    /// `start_with_key` was called again with a key that already started a
+    /// task, but with a different input.
+    #[error("key `{key}` already started task {task} with a different input; use a new key for a new task")]
+    KeyReused {
+        /// The key.
+        key: String,
+        /// The task it started.
+        task: crate::task::TaskId,
+    },
+    /// A page cursor that no listing returned.
+    #[error("{0}")]
+    InvalidCursor(String),
+    /// The engine was built with settings that cannot work.
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    /// The backend stayed unreachable through every retry of the client
+    /// retry policy (`EngineBuilder::client_retry`).
+    #[error("`{operation}` failed after {attempts} attempts: {source}")]
+    Unavailable {
+        /// The engine call.
+        operation: &'static str,
+        /// How many times it was tried.
+        attempts: u32,
+        /// The last failure.
+        #[source]
+        source: crate::backend::BackendError,
+    },
     /// The storage backend failed.
     #[error(transparent)]
     Backend(#[from] crate::backend::BackendError),

@@ -21,6 +21,7 @@ pub mod http;
 pub mod policy;
 pub mod process;
 pub mod reconcile;
+mod runtime;
 pub mod saga;
 pub mod task;
 pub mod testing;
@@ -32,8 +33,12 @@ pub use saga_macros::{
 };
 
 pub use context::StepContext;
-pub use engine::{CancelResult, DeadLetter, Engine, EngineBuilder};
+pub use engine::{
+    CancelResult, DeadLetter, DeadLetterFilter, DeadLetterPage, Engine, EngineBuilder, TaskFilter,
+    TaskPage,
+};
 pub use error::{BoxError, Error, StepError, StepErrorKind};
+pub use runtime::{DEFAULT_ATTENTION_RETENTION, DEFAULT_RETENTION};
 pub use saga::{Cancellable, Saga};
 pub use task::{AuditAction, AuditEntry, StepRecord, StepStatus, TaskId, TaskInstance, TaskStatus};
 

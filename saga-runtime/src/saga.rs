@@ -18,6 +18,8 @@ use crate::context::StepContext;
 use crate::error::StepError;
 use crate::policy::RetryPolicy;
 
+pub(crate) mod state_machine;
+
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -54,6 +56,8 @@ pub struct StepDefinition {
     pub compensation: Option<CompensationDefinition>,
     /// `#[circuit_breaker]`, if any.
     pub circuit_breaker: Option<CircuitBreakerConfig>,
+    /// `#[saga_step(n, timeout_ms = ..)]`: how long one attempt may run before it is cancelled and counted as a transient failure; `None` uses the engine's default.
+    pub timeout: Option<std::time::Duration>,
     /// The input type as written, for messages.
     pub input_type: &'static str,
     /// The output type as written, for messages.

@@ -173,6 +173,15 @@ pub struct StepRecord {
     /// numbers, so idempotency keys stay unique).
     #[serde(default)]
     pub retry_base: u32,
+    /// `compensation_attempts` when the compensation's current retry budget
+    /// started (a requeue starts a new one).
+    #[serde(default)]
+    pub compensation_retry_base: u32,
+    /// When the next attempt (of the step, or of its compensation) is due,
+    /// while a retry waits out its backoff. The wait is a scheduled message:
+    /// no worker is busy meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<Timestamp>,
 }
 
 impl StepRecord {
@@ -191,6 +200,8 @@ impl StepRecord {
             compensation_attempts: 0,
             trace_id: None,
             retry_base: 0,
+            compensation_retry_base: 0,
+            next_attempt_at: None,
         }
     }
 }
@@ -233,6 +244,9 @@ pub enum AuditAction {
     DeadLettered,
     /// An operator requeued the task from the dead-letter queue.
     Requeued,
+    /// An attempt began but never reported back: its worker stopped (a
+    /// crash, a kill) or lost its lease. It counts as a failed attempt.
+    AttemptAbandoned,
     /// An attempt's idempotency key was already claimed (a duplicate
     /// delivery, or a worker whose lease expired): that attempt number was
     /// skipped rather than run twice.

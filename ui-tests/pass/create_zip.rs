@@ -1,5 +1,6 @@
 //! The full saga of the design document: every attribute, `#[cancellable]`
-//! below `#[saga]`, steps with and without a context.
+//! below `#[saga]`, steps with and without a context, with and without a
+//! timeout.
 use saga_runtime::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +34,7 @@ pub struct CreateZip {
 #[saga(name = "create-zip")]
 #[cancellable]
 impl CreateZip {
-    #[saga_step(1)]
+    #[saga_step(1, timeout_ms = 30_000)]
     #[retry_policy(max_retries = 5, backoff = exponential, base_delay_ms = 200, on_exhausted = compensate)]
     #[compensation_retry_policy(max_retries = 3, backoff = constant, base_delay_ms = 1000)]
     async fn upload_to_s3(
@@ -72,7 +73,7 @@ impl CreateZip {
         })
     }
 
-    #[saga_step(3)]
+    #[saga_step(3, timeout_ms = 1)]
     #[retry_policy(
         max_retries = 3,
         backoff = linear,
@@ -116,11 +117,13 @@ fn main() {
     assert_eq!(comp.name, "delete_upload");
     assert_eq!(comp.retry.max_retries, 3);
     assert!(s1.circuit_breaker.is_none());
+    assert_eq!(s1.timeout, Some(std::time::Duration::from_millis(30_000)));
 
     let s2 = &def.steps[1];
     assert_eq!((s2.name, s2.order), ("capture_payment", 2));
     assert!(s2.compensation.is_none());
     assert_eq!(s2.input_type, "crate::storage::UploadResult");
+    assert_eq!(s2.timeout, None);
 
     let s3 = &def.steps[2];
     assert_eq!(
@@ -128,6 +131,7 @@ fn main() {
         Some(std::time::Duration::from_millis(10_000))
     );
     assert!(s3.retry.jitter);
+    assert_eq!(s3.timeout, Some(std::time::Duration::from_millis(1)));
     let breaker = s3.circuit_breaker.expect("step 3 has a breaker");
     assert_eq!(breaker.failure_threshold, 5);
     assert_eq!(breaker.duration, std::time::Duration::from_secs(30));

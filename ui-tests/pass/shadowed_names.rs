@@ -33,7 +33,7 @@ mod shadowing {
     #[saga]
     #[cancellable]
     impl Shadowed {
-        #[saga_step(1)]
+        #[saga_step(1, timeout_ms = 250)]
         #[retry_policy(max_retries = 2, backoff = linear, base_delay_ms = 10)]
         async fn first(
             &self,
@@ -59,5 +59,11 @@ mod shadowing {
 
 fn main() {
     use saga_runtime::Saga;
-    assert_eq!(shadowing::Shadowed::definition().steps.len(), 2);
+    let steps = shadowing::Shadowed::definition().steps;
+    assert_eq!(steps.len(), 2);
+    assert_eq!(
+        steps[0].timeout,
+        Some(std::time::Duration::from_millis(250))
+    );
+    assert_eq!(steps[1].timeout, None);
 }

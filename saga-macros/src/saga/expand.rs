@@ -249,6 +249,12 @@ fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
         },
         None => quote!(::core::option::Option::None),
     };
+    let timeout = match step.timeout_ms {
+        Some(ms) => quote! {
+            ::core::option::Option::Some(::core::time::Duration::from_millis(#ms))
+        },
+        None => quote!(::core::option::Option::None),
+    };
     let input_type = step.input.as_ref().map(type_to_string).unwrap_or_default();
     let output_type = step.output.as_ref().map(type_to_string).unwrap_or_default();
     quote! {
@@ -258,6 +264,7 @@ fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
             retry: #retry,
             compensation: #compensation,
             circuit_breaker: #breaker,
+            timeout: #timeout,
             input_type: #input_type,
             output_type: #output_type,
         }

@@ -34,6 +34,9 @@ pub struct SagaDef {
 pub struct StepDef {
     pub ident: Ident,
     pub order: Option<SpannedValue<u32>>,
+    /// `#[saga_step(n, timeout_ms = ..)]`: one attempt's time limit in
+    /// milliseconds (positive); `None` for the engine's default.
+    pub timeout_ms: Option<u64>,
     pub input: Option<Type>,
     pub output: Option<Type>,
     pub takes_ctx: bool,
@@ -130,6 +133,7 @@ fn build_saga(cx: &Ctxt, parsed: ParsedSaga) -> Result<SagaDef, TokenStream> {
                 steps.push(StepDef {
                     ident: method.ident,
                     order: step.order,
+                    timeout_ms: step.timeout_ms,
                     input: step.sig.input,
                     output: step.sig.output,
                     takes_ctx: step.sig.takes_ctx,

@@ -67,6 +67,9 @@ pub enum Role {
 pub struct StepAttrs {
     /// `n` of `#[saga_step(n)]`; `None` if it was invalid.
     pub order: Option<SpannedValue<u32>>,
+    /// `timeout_ms` of `#[saga_step(n, timeout_ms = ..)]`; `None` if absent
+    /// or invalid.
+    pub timeout_ms: Option<u64>,
     pub sig: Signature,
     pub retry: Option<PolicyArgs>,
     pub compensation_retry: Option<PolicyArgs>,
@@ -326,7 +329,7 @@ fn parse_method(cx: &Ctxt, method: &ImplItemFn, attrs: Vec<Attribute>) -> Option
                 ),
             );
         }
-        let order = parse_step_number(cx, step_attr);
+        let StepArgs { order, timeout_ms } = parse_step_args(cx, step_attr);
         let sig = parse_signature(cx, method, Kind::Step);
         let retry = helpers
             .retry_policy
@@ -344,6 +347,7 @@ fn parse_method(cx: &Ctxt, method: &ImplItemFn, attrs: Vec<Attribute>) -> Option
             ident: ident.clone(),
             role: Role::Step(Box::new(StepAttrs {
                 order,
+                timeout_ms,
                 sig,
                 retry,
                 compensation_retry,
@@ -411,17 +415,96 @@ fn list_args(cx: &Ctxt, attr: &Attribute, needs: &str, example: &str) -> Option<
     }
 }
 
-fn parse_step_number(cx: &Ctxt, attr: &Attribute) -> Option<SpannedValue<u32>> {
+/// `#[saga_step(n)]` or `#[saga_step(n, timeout_ms = ..)]`: the number
+/// first, then `key = value` settings.
+fn parse_step_args(cx: &Ctxt, attr: &Attribute) -> StepArgs {
     let example = "#[saga_step(1)]";
-    let items = list_args(cx, attr, "the step's number", example)?;
-    if items.len() > 1 {
-        cx.error_spanned_by(
-            &items[1],
-            "`#[saga_step]` takes only the step's number, e.g. `#[saga_step(1)]`",
-        );
-        return None;
+    let Some(items) = list_args(cx, attr, "the step's number", example) else {
+        return StepArgs::default();
+    };
+    let is_setting = |item: &NestedMeta| {
+        matches!(
+            item,
+            NestedMeta::Meta(Meta::NameValue(_)) | NestedMeta::NameValueInvalidExpr(_)
+        )
+    };
+    // Settings written before the number: the number is either missing or
+    // misplaced, and the integer literal after them (if any) is taken as it.
+    let late_number = if is_setting(&items[0]) {
+        let late = items
+            .iter()
+            .position(|item| matches!(item, NestedMeta::Lit(Lit::Int(_))));
+        if late.is_none() {
+            cx.error_spanned_by(
+                &items[0],
+                "`#[saga_step]` needs the step's number before its settings: \
+                 `#[saga_step(1, timeout_ms = 30_000)]`",
+            );
+        }
+        late
+    } else {
+        Some(0)
+    };
+    let mut number = None;
+    let mut settings = Vec::new();
+    for (i, item) in items.into_iter().enumerate() {
+        if Some(i) == late_number {
+            if i > 0 {
+                cx.error_spanned_by(
+                    &item,
+                    "the step's number goes first, before the settings: \
+                     `#[saga_step(1, timeout_ms = 30_000)]`",
+                );
+            }
+            number = Some(item);
+        } else if matches!(item, NestedMeta::Lit(_)) {
+            cx.error_spanned_by(
+                &item,
+                "`#[saga_step]` takes the step's number, then optional `key = value` \
+                 settings: `#[saga_step(1)]` or `#[saga_step(1, timeout_ms = 30_000)]`",
+            );
+        } else {
+            settings.push(item);
+        }
     }
-    let number = match &items[0] {
+    let order = number.and_then(|item| parse_step_number(cx, &item));
+    let keys = key_values(cx, "saga_step", &["timeout_ms"], &[], settings);
+    let timeout_ms = keys
+        .get("timeout_ms")
+        .and_then(name_value)
+        .and_then(|expr| timeout_ms(cx, expr, raw_value(attr, "timeout_ms")));
+    StepArgs { order, timeout_ms }
+}
+
+/// The tokens after the first `key =` in `#[name(..)]`, up to the next
+/// comma, as written: syn reads `-5` as one literal spanning only the `-`,
+/// and an error about the value should underline all of it.
+fn raw_value(attr: &Attribute, key: &str) -> Option<TokenStream> {
+    use proc_macro2::TokenTree;
+    let Meta::List(list) = &attr.meta else {
+        return None;
+    };
+    let tokens: Vec<TokenTree> = list.tokens.clone().into_iter().collect();
+    let mut args = tokens.split(|t| matches!(t, TokenTree::Punct(p) if p.as_char() == ','));
+    args.find_map(|arg| match arg {
+        [TokenTree::Ident(k), TokenTree::Punct(eq), value @ ..]
+            if k == key && eq.as_char() == '=' && !value.is_empty() =>
+        {
+            Some(value.iter().cloned().collect())
+        }
+        _ => None,
+    })
+}
+
+/// What `#[saga_step(..)]` says, as far as it is valid.
+#[derive(Default)]
+struct StepArgs {
+    order: Option<SpannedValue<u32>>,
+    timeout_ms: Option<u64>,
+}
+
+fn parse_step_number(cx: &Ctxt, item: &NestedMeta) -> Option<SpannedValue<u32>> {
+    let number = match item {
         NestedMeta::Lit(lit @ Lit::Int(_)) => UInt::from_value(lit),
         other => {
             cx.error_spanned_by(
@@ -438,7 +521,7 @@ fn parse_step_number(cx: &Ctxt, attr: &Attribute) -> Option<SpannedValue<u32>> {
             return None;
         }
     };
-    let span = items[0].span();
+    let span = item.span();
     match u32::try_from(number.0) {
         Ok(0) => {
             cx.error_at(
@@ -455,6 +538,104 @@ fn parse_step_number(cx: &Ctxt, attr: &Attribute) -> Option<SpannedValue<u32>> {
                     "step number `{}` is out of range: number the steps 1, 2, 3, ... (at most {})",
                     number.0,
                     u32::MAX
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// The value of `timeout_ms = ..`: a positive integer literal, in
+/// milliseconds.
+///
+/// `raw` is the value as written, for the one error whose span syn does
+/// not keep whole.
+fn timeout_ms(cx: &Ctxt, expr: &Expr, raw: Option<TokenStream>) -> Option<u64> {
+    const DEFAULT: &str = "or remove `timeout_ms` to use the engine's default \
+                           (`EngineBuilder::step_timeout`, 5 minutes)";
+    let int = match expr {
+        Expr::Group(group) => return timeout_ms(cx, &group.expr, None),
+        // syn reads `-5` as one literal; `-(5)` or `-N` is an expression.
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Int(int), ..
+        }) if !int.base10_digits().starts_with('-') => int,
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Int(_), ..
+        })
+        | Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            ..
+        }) => {
+            cx.error_spanned_by(
+                raw.unwrap_or_else(|| expr.to_token_stream()),
+                format!(
+                    "`timeout_ms` can't be negative: give how long one attempt may run as a \
+                     positive number of milliseconds, e.g. `timeout_ms = 30_000`, {DEFAULT}"
+                ),
+            );
+            return None;
+        }
+        Expr::Lit(syn::ExprLit { lit, .. }) => {
+            let what = match lit {
+                Lit::Str(_) | Lit::ByteStr(_) | Lit::CStr(_) => "a string",
+                Lit::Float(_) => "a floating-point number",
+                Lit::Bool(_) => "a boolean",
+                Lit::Char(_) | Lit::Byte(_) => "a character",
+                _ => "this literal",
+            };
+            cx.error_spanned_by(
+                expr,
+                format!(
+                    "`timeout_ms` is a whole number of milliseconds, not {what}: write e.g. \
+                     `timeout_ms = 30_000` for 30 seconds"
+                ),
+            );
+            return None;
+        }
+        other => {
+            cx.error_spanned_by(
+                other,
+                "`timeout_ms` needs the number of milliseconds written as an integer literal, \
+                 e.g. `timeout_ms = 30_000`: the macro reads it at compile time and can't \
+                 evaluate constants or expressions",
+            );
+            return None;
+        }
+    };
+    const INTEGER_TYPES: &[&str] = &[
+        "", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize",
+    ];
+    if !INTEGER_TYPES.contains(&int.suffix()) {
+        cx.error_spanned_by(
+            int,
+            format!(
+                "`timeout_ms` is in milliseconds and takes no unit: write \
+                 `timeout_ms = 30_000` for 30 seconds, not `{int}`"
+            ),
+        );
+        return None;
+    }
+    match int.base10_parse::<u64>() {
+        Ok(0) => {
+            cx.error_spanned_by(
+                int,
+                format!(
+                    "`timeout_ms = 0` would cancel every attempt before it could succeed: give \
+                     how long one attempt may run as a positive number of milliseconds, e.g. \
+                     `timeout_ms = 30_000`, {DEFAULT}"
+                ),
+            );
+            None
+        }
+        Ok(ms) => Some(ms),
+        Err(_) => {
+            cx.error_spanned_by(
+                int,
+                format!(
+                    "`timeout_ms = {}` is out of range: give how long one attempt may run in \
+                     milliseconds, at most {}",
+                    int.base10_digits(),
+                    u64::MAX
                 ),
             );
             None
@@ -1213,5 +1394,155 @@ fn parse_return(cx: &Ctxt, sig: &syn::Signature, kind: Kind) -> Option<Type> {
             }
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syn::parse_quote;
+
+    /// `parse_step_args` on `attr`: the result and every error message.
+    fn step_args(attr: Attribute) -> (StepArgs, Vec<String>) {
+        let cx = Ctxt::new();
+        let args = parse_step_args(&cx, &attr);
+        let errors = match cx.check() {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.iter().map(ToString::to_string).collect(),
+        };
+        (args, errors)
+    }
+
+    /// The one error `attr` gives.
+    fn one_error(attr: Attribute) -> String {
+        let (_, errors) = step_args(attr);
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        errors.into_iter().next().unwrap_or_default()
+    }
+
+    #[test]
+    fn step_number_with_and_without_timeout() {
+        let (args, errors) = step_args(parse_quote!(#[saga_step(2)]));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.order.as_deref().copied(), Some(2));
+        assert_eq!(args.timeout_ms, None);
+
+        let (args, errors) = step_args(parse_quote!(#[saga_step(1, timeout_ms = 30_000)]));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.order.as_deref().copied(), Some(1));
+        assert_eq!(args.timeout_ms, Some(30_000));
+
+        let (args, errors) = step_args(parse_quote!(#[saga_step(3, timeout_ms = 1u64,)]));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.timeout_ms, Some(1));
+
+        let (args, errors) =
+            step_args(parse_quote!(#[saga_step(1, timeout_ms = 18446744073709551615)]));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(args.timeout_ms, Some(u64::MAX));
+    }
+
+    #[test]
+    fn timeout_values_that_are_not_positive_integers() {
+        let zero = one_error(parse_quote!(#[saga_step(1, timeout_ms = 0)]));
+        assert!(zero.starts_with("`timeout_ms = 0` would cancel every attempt"));
+        assert!(zero.contains("`EngineBuilder::step_timeout`, 5 minutes"));
+
+        // One literal when last, a negation when followed by a comma.
+        for attr in [
+            parse_quote!(#[saga_step(1, timeout_ms = -5)]),
+            parse_quote!(#[saga_step(1, timeout_ms = -5,)]),
+            parse_quote!(#[saga_step(1, timeout_ms = -(5))]),
+        ] {
+            let negative = one_error(attr);
+            assert!(negative.starts_with("`timeout_ms` can't be negative"));
+        }
+
+        for (attr, what) in [
+            (
+                parse_quote!(#[saga_step(1, timeout_ms = "30s")]),
+                "a string",
+            ),
+            (
+                parse_quote!(#[saga_step(1, timeout_ms = 1.5)]),
+                "a floating-point number",
+            ),
+            (
+                parse_quote!(#[saga_step(1, timeout_ms = true)]),
+                "a boolean",
+            ),
+        ] {
+            let message = one_error(attr);
+            assert!(
+                message.contains(&format!("a whole number of milliseconds, not {what}")),
+                "{message}"
+            );
+        }
+
+        let path = one_error(parse_quote!(#[saga_step(1, timeout_ms = TIMEOUT)]));
+        assert!(path.contains("can't evaluate constants"), "{path}");
+        let call = one_error(parse_quote!(#[saga_step(1, timeout_ms = secs(30))]));
+        assert!(call.contains("can't evaluate constants"), "{call}");
+
+        let unit = one_error(parse_quote!(#[saga_step(1, timeout_ms = 30s)]));
+        assert!(unit.contains("takes no unit"), "{unit}");
+
+        let big = one_error(parse_quote!(#[saga_step(1, timeout_ms = 18446744073709551616)]));
+        assert!(
+            big.starts_with("`timeout_ms = 18446744073709551616` is out of range"),
+            "{big}"
+        );
+        let huge = one_error(
+            parse_quote!(#[saga_step(1, timeout_ms = 1_000_000_000_000_000_000_000_000_000_000_000_000_000)]),
+        );
+        assert!(huge.contains("is out of range"), "{huge}");
+    }
+
+    #[test]
+    fn raw_values_as_written() {
+        let attr: Attribute = parse_quote!(#[saga_step(1, x = 2, timeout_ms = -5_000, y = 3)]);
+        let raw = raw_value(&attr, "timeout_ms").map(|t| t.to_string());
+        assert_eq!(raw.as_deref(), Some("- 5_000"));
+        assert!(raw_value(&attr, "z").is_none());
+    }
+
+    #[test]
+    fn keys_of_saga_step() {
+        let (args, errors) =
+            step_args(parse_quote!(#[saga_step(1, timeout_ms = 5, timeout_ms = 6)]));
+        assert_eq!(
+            errors,
+            ["`timeout_ms` is given twice in `#[saga_step]`; keep one"]
+        );
+        assert_eq!(args.timeout_ms, Some(5));
+
+        let unknown = one_error(parse_quote!(#[saga_step(1, timout_ms = 5)]));
+        assert!(unknown.contains("did you mean `timeout_ms`?"), "{unknown}");
+
+        let bare = one_error(parse_quote!(#[saga_step(1, timeout_ms)]));
+        assert_eq!(bare, "write `timeout_ms = value` in `#[saga_step]`");
+    }
+
+    #[test]
+    fn the_number_comes_first() {
+        let (args, errors) = step_args(parse_quote!(#[saga_step(timeout_ms = 5)]));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("`#[saga_step]` needs the step's number before"));
+        assert_eq!(args.timeout_ms, Some(5));
+
+        let (args, errors) = step_args(parse_quote!(#[saga_step(timeout_ms = 5, 2)]));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("the step's number goes first"));
+        assert_eq!(args.order.as_deref().copied(), Some(2));
+        assert_eq!(args.timeout_ms, Some(5));
+
+        let extra = one_error(parse_quote!(#[saga_step(1, 2)]));
+        assert!(extra.starts_with("`#[saga_step]` takes the step's number, then optional"));
+
+        let word = one_error(parse_quote!(#[saga_step(first)]));
+        assert_eq!(
+            word,
+            "expected the step's number as an integer literal, e.g. `#[saga_step(1)]`"
+        );
     }
 }

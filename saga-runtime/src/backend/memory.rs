@@ -2,11 +2,12 @@
 //! examples and single-process deployments that can lose their state.
 //!
 //! It keeps the same contract as the Redis backend (leases with fencing,
-//! visibility timeouts, fresh copies on load) so that code tested against it
-//! behaves the same in production. Time is tokio's, so tests under a paused
-//! clock control lock and key expiry exactly.
+//! visibility timeouts, delivery counts, delayed messages, retention, fresh
+//! copies on load) so that code tested against it behaves the same in
+//! production. Time is tokio's, so tests under a paused clock control lock
+//! expiry, redelivery and retry delays exactly.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -17,13 +18,20 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    Backend, BackendError, DeadLetter, Delivery, Lease, ProcessCommit, ProcessInstance, Settle,
+    truncate_payload, BackendError, Created, DeadLetter, DeadLetterQuery, Delivery, Heartbeat,
+    Housekeeping, Housekept, Lease, Leases, Locked, Page, ProcessCommit, ProcessInstance,
+    ProcessStore, QueueMessage, Retention, Settle, TaskCommit, TaskQuery, TaskStore, WorkItem,
+    WorkQueue,
 };
-use crate::task::{TaskId, TaskInstance, Timestamp};
+use crate::process::Envelope;
+use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 
 /// The default visibility timeout: how long a delivered, unsettled message
 /// stays invisible before it is delivered again.
-pub const DEFAULT_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The default size limit of a dead-lettered payload (256 KiB).
+pub const DEFAULT_DEAD_LETTER_PAYLOAD_LIMIT: usize = 256 * 1024;
 
 /// In-memory backend. Cheap to clone; clones share the store.
 #[derive(Clone)]
@@ -37,23 +45,26 @@ struct Shared {
     task_changed: Notify,
     cancels: broadcast::Sender<TaskId>,
     visibility_timeout: Duration,
+    payload_limit: usize,
 }
 
 #[derive(Default)]
 struct State {
     tasks: HashMap<TaskId, TaskInstance>,
+    /// When a finished task's keys go.
+    expiry: HashMap<TaskId, Instant>,
     locks: HashMap<TaskId, (String, Instant)>,
     fences: HashMap<TaskId, u64>,
-    claims: HashMap<String, Instant>,
+    claims: HashMap<TaskId, HashSet<String>>,
+    cancels: HashMap<TaskId, (Timestamp, String)>,
     ready: VecDeque<Message>,
     delayed: Vec<(Instant, Message)>,
     in_flight: HashMap<String, (Message, Instant)>,
-    dead: Vec<DeadLetter>,
-    cancels: HashMap<TaskId, Timestamp>,
+    dead: VecDeque<DeadLetter>,
     next_id: u64,
     instances: HashMap<(String, String), ProcessInstance>,
     index: HashMap<(String, String, String), String>,
-    scheduled: Vec<(u64, String)>,
+    scheduled: Vec<(u64, Envelope)>,
     endpoints: HashMap<String, Vec<String>>,
     leases: HashMap<String, (String, Instant)>,
 }
@@ -61,8 +72,9 @@ struct State {
 #[derive(Clone)]
 struct Message {
     id: String,
-    payload: String,
-    deliveries: u64,
+    raw: Vec<u8>,
+    /// Deliveries not answered so far.
+    deliveries: u32,
 }
 
 impl Default for MemoryBackend {
@@ -79,13 +91,24 @@ impl MemoryBackend {
 
     /// An empty store whose unsettled messages are redelivered after `timeout`.
     pub fn with_visibility_timeout(timeout: Duration) -> Self {
+        MemoryBackend::build(timeout, DEFAULT_DEAD_LETTER_PAYLOAD_LIMIT)
+    }
+
+    /// The same store settings, but dead-lettered payloads keep at most
+    /// `bytes` (default 256 KiB). Call it on a fresh store.
+    pub fn with_dead_letter_payload_limit(self, bytes: usize) -> Self {
+        MemoryBackend::build(self.shared.visibility_timeout, bytes)
+    }
+
+    fn build(visibility_timeout: Duration, payload_limit: usize) -> Self {
         MemoryBackend {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::default()),
                 queue_changed: Notify::new(),
                 task_changed: Notify::new(),
                 cancels: broadcast::channel(1024).0,
-                visibility_timeout: timeout,
+                visibility_timeout,
+                payload_limit,
             }),
         }
     }
@@ -106,13 +129,22 @@ impl MemoryBackend {
 }
 
 impl State {
-    fn push(&mut self, payload: &str) {
+    fn push(&mut self, raw: Vec<u8>, deliveries: u32, delay: Duration) {
         self.next_id += 1;
-        self.ready.push_back(Message {
+        let message = Message {
             id: format!("m-{}", self.next_id),
-            payload: payload.to_owned(),
-            deliveries: 0,
-        });
+            raw,
+            deliveries,
+        };
+        if delay.is_zero() {
+            self.ready.push_back(message);
+        } else {
+            self.delayed.push((Instant::now() + delay, message));
+        }
+    }
+
+    fn push_item(&mut self, item: &WorkItem, delay: Duration) {
+        self.push(item.encode().into_bytes(), 0, delay);
     }
 
     fn check_write(&self, task: &TaskInstance, lease: &Lease) -> Result<(), BackendError> {
@@ -146,39 +178,33 @@ impl State {
         version
     }
 
-    fn claim(&mut self, key: &str, ttl: Duration, now: Instant) -> bool {
-        match self.claims.get(key) {
-            Some(expires) if *expires > now => false,
-            _ => {
-                self.claims.insert(key.to_owned(), now + ttl);
-                true
-            }
-        }
-    }
-
     fn lock_held_by(&self, lease: &Lease, now: Instant) -> bool {
         matches!(self.locks.get(&lease.task_id), Some((token, exp)) if *token == lease.token && *exp > now)
     }
 
     /// Moves due delayed messages and expired in-flight ones back to ready.
     fn promote(&mut self, now: Instant) {
+        let mut due: Vec<(Instant, Message)> = Vec::new();
         let mut i = 0;
         while i < self.delayed.len() {
             if self.delayed[i].0 <= now {
-                let (_, m) = self.delayed.swap_remove(i);
-                self.ready.push_back(m);
+                due.push(self.delayed.swap_remove(i));
             } else {
                 i += 1;
             }
         }
-        let expired: Vec<String> = self
+        due.sort_by_key(|(at, m)| (*at, m.id.len(), m.id.clone()));
+        self.ready.extend(due.into_iter().map(|(_, m)| m));
+        let mut expired: Vec<(String, Instant)> = self
             .in_flight
             .iter()
             .filter(|(_, (_, deadline))| *deadline <= now)
-            .map(|(id, _)| id.clone())
+            .map(|(id, (_, at))| (id.clone(), *at))
             .collect();
-        for id in expired {
+        expired.sort();
+        for (id, _) in expired {
             if let Some((m, _)) = self.in_flight.remove(&id) {
+                // That delivery was never answered: its count stands.
                 self.ready.push_back(m);
             }
         }
@@ -190,101 +216,169 @@ impl State {
         delayed.chain(in_flight).min()
     }
 
-    fn settle(&mut self, settle: Settle<'_>, task_id: Option<TaskId>) {
+    fn park(&mut self, delivery: &Delivery, reason: &str, task_id: Option<TaskId>, limit: usize) {
+        self.in_flight.remove(&delivery.id);
+        let (payload, truncated) = truncate_payload(&delivery.raw, limit);
+        self.dead.push_back(DeadLetter {
+            id: delivery.id.clone(),
+            payload: payload.to_owned(),
+            reason: reason.to_owned(),
+            task_id,
+            at: Timestamp::now(),
+            truncated,
+        });
+    }
+
+    fn settle(&mut self, settle: Settle<'_>, task_id: Option<TaskId>, limit: usize) {
         match settle {
             Settle::Nothing => {}
             Settle::Ack(d) => {
                 self.in_flight.remove(&d.id);
             }
-            Settle::DeadLetter(d, reason) => {
-                self.in_flight.remove(&d.id);
-                self.dead.push(DeadLetter {
-                    id: d.id.clone(),
-                    payload: d.payload.clone(),
-                    reason: reason.to_owned(),
-                    task_id,
-                    at: Timestamp::now(),
-                });
-            }
+            Settle::DeadLetter(d, reason) => self.park(d, reason, task_id, limit),
             Settle::ResolveDeadLetter(id) => self.dead.retain(|d| d.id != id),
         }
+    }
+
+    fn remove_task(&mut self, id: TaskId) {
+        self.tasks.remove(&id);
+        self.expiry.remove(&id);
+        self.locks.remove(&id);
+        self.fences.remove(&id);
+        self.claims.remove(&id);
+        self.cancels.remove(&id);
     }
 }
 
 #[async_trait]
-impl Backend for MemoryBackend {
-    async fn create_task(&self, task: &TaskInstance, message: &str) -> Result<(), BackendError> {
+impl TaskStore for MemoryBackend {
+    async fn create_task(
+        &self,
+        task: &TaskInstance,
+        first: &QueueMessage,
+    ) -> Result<Created, BackendError> {
         {
             let mut state = self.state();
+            if let Some(existing) = state.tasks.get(&task.id) {
+                return Ok(Created::Existing(Box::new(existing.clone())));
+            }
             let mut stored = task.clone();
             stored.version = 1;
             state.tasks.insert(task.id, stored);
-            state.push(message);
+            state.push_item(&WorkItem::Saga(first.clone()), Duration::ZERO);
         }
         self.queue_changed();
         self.task_changed();
-        Ok(())
+        Ok(Created::New)
     }
 
     async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError> {
         Ok(self.state().tasks.get(&id).cloned())
     }
 
-    async fn list_tasks(&self, saga: &str) -> Result<Vec<TaskInstance>, BackendError> {
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError> {
         let state = self.state();
         let mut tasks: Vec<_> = state
             .tasks
             .values()
-            .filter(|t| t.saga == saga)
+            .filter(|t| query.matches(t))
             .cloned()
             .collect();
-        tasks.sort_by_key(|t| (t.created_at, t.id));
+        tasks.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
+        tasks.truncate(query.limit);
         Ok(tasks)
     }
 
-    async fn save_and_claim(
+    async fn lock_and_load(
+        &self,
+        id: TaskId,
+        ttl: Duration,
+    ) -> Result<Option<Locked>, BackendError> {
+        let mut state = self.state();
+        let now = Instant::now();
+        let token = Uuid::new_v4().simple().to_string();
+        if !state.tasks.contains_key(&id) {
+            // No such task: no lease is taken, so a stray message leaves
+            // nothing behind.
+            return Ok(Some(Locked {
+                lease: Lease {
+                    task_id: id,
+                    token,
+                    fence: 0,
+                },
+                task: None,
+                cancel_requested: None,
+            }));
+        }
+        if matches!(state.locks.get(&id), Some((_, exp)) if *exp > now) {
+            return Ok(None);
+        }
+        let fence = {
+            let f = state.fences.entry(id).or_insert(0);
+            *f += 1;
+            *f
+        };
+        state.locks.insert(id, (token.clone(), now + ttl));
+        Ok(Some(Locked {
+            lease: Lease {
+                task_id: id,
+                token,
+                fence,
+            },
+            task: state.tasks.get(&id).cloned(),
+            cancel_requested: state.cancels.get(&id).map(|(at, _)| *at),
+        }))
+    }
+
+    async fn record_attempt(
         &self,
         task: &TaskInstance,
+        _stored_status: TaskStatus,
         lease: &Lease,
         claim: &str,
-        ttl: Duration,
     ) -> Result<(u64, bool), BackendError> {
         let result = {
             let mut state = self.state();
             state.check_write(task, lease)?;
             let version = state.write(task);
-            let claimed = state.claim(claim, ttl, Instant::now());
+            let claimed = state
+                .claims
+                .entry(task.id)
+                .or_default()
+                .insert(claim.to_owned());
             (version, claimed)
         };
         self.task_changed();
         Ok(result)
     }
 
-    async fn commit(
-        &self,
-        task: &TaskInstance,
-        lease: &Lease,
-        enqueue: Option<&str>,
-        settle: Settle<'_>,
-        unless_cancelled: bool,
-    ) -> Result<u64, BackendError> {
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError> {
+        let task = commit.task;
         let version = {
             let mut state = self.state();
-            state.check_write(task, lease)?;
-            if let Some(at) = state.cancels.get(&task.id).filter(|_| unless_cancelled) {
+            state.check_write(task, commit.lease)?;
+            if let Some((at, _)) = state
+                .cancels
+                .get(&task.id)
+                .filter(|_| commit.unless_cancelled)
+            {
                 return Err(BackendError::CancelRequested {
                     task: task.id,
                     at: *at,
                 });
             }
             let version = state.write(task);
-            if let Some(payload) = enqueue {
-                state.push(payload);
+            if let Some(next) = &commit.next {
+                state.push_item(&WorkItem::Saga(next.message.clone()), next.delay);
             }
-            state.settle(settle, Some(task.id));
-            if state.lock_held_by(lease, Instant::now()) {
-                state.locks.remove(&lease.task_id);
+            state.settle(commit.settle, Some(task.id), self.shared.payload_limit);
+            if state.lock_held_by(commit.lease, Instant::now()) {
+                state.locks.remove(&task.id);
             }
+            match commit.expire_after {
+                Some(after) => state.expiry.insert(task.id, Instant::now() + after),
+                None => state.expiry.remove(&task.id),
+            };
             version
         };
         self.queue_changed();
@@ -292,36 +386,28 @@ impl Backend for MemoryBackend {
         Ok(version)
     }
 
-    async fn try_lock(&self, id: TaskId, ttl: Duration) -> Result<Option<Lease>, BackendError> {
+    async fn heartbeat(
+        &self,
+        lease: &Lease,
+        delivery: &Delivery,
+        ttl: Duration,
+    ) -> Result<Heartbeat, BackendError> {
         let mut state = self.state();
         let now = Instant::now();
-        if matches!(state.locks.get(&id), Some((_, exp)) if *exp > now) {
-            return Ok(None);
+        let lock_held = state.lock_held_by(lease, now);
+        if lock_held {
+            state
+                .locks
+                .insert(lease.task_id, (lease.token.clone(), now + ttl));
         }
-        let token = Uuid::new_v4().simple().to_string();
-        let fence = {
-            let f = state.fences.entry(id).or_insert(0);
-            *f += 1;
-            *f
-        };
-        state.locks.insert(id, (token.clone(), now + ttl));
-        Ok(Some(Lease {
-            task_id: id,
-            token,
-            fence,
-        }))
-    }
-
-    async fn extend_lock(&self, lease: &Lease, ttl: Duration) -> Result<bool, BackendError> {
-        let mut state = self.state();
-        let now = Instant::now();
-        if !state.lock_held_by(lease, now) {
-            return Ok(false);
+        let visible_again = now + self.shared.visibility_timeout;
+        if let Some(entry) = state.in_flight.get_mut(&delivery.id) {
+            entry.1 = visible_again;
         }
-        state
-            .locks
-            .insert(lease.task_id, (lease.token.clone(), now + ttl));
-        Ok(true)
+        Ok(Heartbeat {
+            lock_held,
+            cancel_requested: state.cancels.get(&lease.task_id).map(|(at, _)| *at),
+        })
     }
 
     async fn unlock(&self, lease: &Lease) -> Result<bool, BackendError> {
@@ -334,12 +420,72 @@ impl Backend for MemoryBackend {
         }
     }
 
-    async fn try_claim(&self, key: &str, ttl: Duration) -> Result<bool, BackendError> {
-        Ok(self.state().claim(key, ttl, Instant::now()))
+    async fn request_cancel(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+    ) -> Result<Option<Timestamp>, BackendError> {
+        {
+            let mut state = self.state();
+            if let Some((at, by)) = state.cancels.get(&id) {
+                return Ok((by != token).then_some(*at));
+            }
+            if !state.tasks.contains_key(&id) {
+                return Ok(None);
+            }
+            state
+                .cancels
+                .insert(id, (Timestamp::now(), token.to_owned()));
+            state.push_item(&WorkItem::Saga(wake.clone()), Duration::ZERO);
+        }
+        let _ = self.shared.cancels.send(id);
+        self.queue_changed();
+        Ok(None)
     }
 
-    async fn enqueue(&self, payload: &str) -> Result<(), BackendError> {
-        self.state().push(payload);
+    async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
+        Ok(self.state().cancels.get(&id).map(|(at, _)| *at))
+    }
+
+    async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
+        let rx = self.shared.cancels.subscribe();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(id) => return Some((id, rx)),
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn wait_for_change(&self, _id: TaskId, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, self.shared.task_changed.notified()).await;
+    }
+}
+
+#[async_trait]
+impl WorkQueue for MemoryBackend {
+    fn visibility_timeout(&self) -> Duration {
+        self.shared.visibility_timeout
+    }
+
+    async fn enqueue(&self, items: &[WorkItem]) -> Result<(), BackendError> {
+        {
+            let mut state = self.state();
+            for item in items {
+                state.push_item(item, Duration::ZERO);
+            }
+        }
+        self.queue_changed();
+        Ok(())
+    }
+
+    async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError> {
+        self.state().push(payload.to_vec(), 0, Duration::ZERO);
         self.queue_changed();
         Ok(())
     }
@@ -369,8 +515,9 @@ impl Backend for MemoryBackend {
                     m.deliveries += 1;
                     let delivery = Delivery {
                         id: m.id.clone(),
-                        payload: m.payload.clone(),
-                        delivery_count: m.deliveries,
+                        item: WorkItem::decode(&m.raw),
+                        raw: String::from_utf8_lossy(&m.raw).into_owned(),
+                        deliveries: m.deliveries,
                         consumer: consumer.to_owned(),
                     };
                     let visible_again = now + self.shared.visibility_timeout;
@@ -406,8 +553,13 @@ impl Backend for MemoryBackend {
     async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
         {
             let mut state = self.state();
-            if let Some((m, _)) = state.in_flight.remove(&delivery.id) {
-                state.delayed.push((Instant::now() + delay, m));
+            if let Some((mut m, _)) = state.in_flight.remove(&delivery.id) {
+                m.deliveries = m.deliveries.saturating_sub(1);
+                if delay.is_zero() {
+                    state.ready.push_back(m);
+                } else {
+                    state.delayed.push((Instant::now() + delay, m));
+                }
             }
         }
         self.queue_changed();
@@ -421,59 +573,64 @@ impl Backend for MemoryBackend {
         task_id: Option<TaskId>,
     ) -> Result<(), BackendError> {
         self.state()
-            .settle(Settle::DeadLetter(delivery, reason), task_id);
+            .park(delivery, reason, task_id, self.shared.payload_limit);
         Ok(())
     }
 
-    async fn dead_letters(&self) -> Result<Vec<DeadLetter>, BackendError> {
-        Ok(self.state().dead.clone())
+    async fn release_due(&self, _limit: usize) -> Result<usize, BackendError> {
+        // `receive` promotes due messages itself, to the instant.
+        Ok(0)
+    }
+
+    async fn dead_letters(
+        &self,
+        query: &DeadLetterQuery,
+    ) -> Result<Page<DeadLetter>, BackendError> {
+        let state = self.state();
+        let newest_first = state.dead.iter().rev();
+        let start = match &query.after {
+            Some(after) => match state.dead.iter().rev().position(|d| d.id == *after) {
+                Some(i) => i + 1,
+                None => {
+                    return Ok(Page {
+                        items: Vec::new(),
+                        next: None,
+                    })
+                }
+            },
+            None => 0,
+        };
+        let items: Vec<DeadLetter> = newest_first
+            .skip(start)
+            .take(query.limit)
+            .cloned()
+            .collect();
+        let more = state.dead.len() > start + items.len();
+        let next = more.then(|| items.last().map(|d| d.id.clone())).flatten();
+        Ok(Page { items, next })
+    }
+
+    async fn dead_letter_by_id(&self, id: &str) -> Result<Option<DeadLetter>, BackendError> {
+        Ok(self.state().dead.iter().find(|d| d.id == id).cloned())
     }
 
     async fn requeue_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError> {
         let letter = {
             let mut state = self.state();
             let index = state.dead.iter().position(|d| d.id == id);
-            let letter = index.map(|i| state.dead.remove(i));
+            let letter = index.and_then(|i| state.dead.remove(i));
             if let Some(letter) = &letter {
-                state.push(&letter.payload);
+                state.push(letter.payload.clone().into_bytes(), 0, Duration::ZERO);
             }
             letter
         };
         self.queue_changed();
         Ok(letter)
     }
+}
 
-    async fn request_cancel(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
-        let previous = {
-            let mut state = self.state();
-            let previous = state.cancels.get(&id).copied();
-            state.cancels.entry(id).or_insert_with(Timestamp::now);
-            previous
-        };
-        if previous.is_none() {
-            let _ = self.shared.cancels.send(id);
-        }
-        Ok(previous)
-    }
-
-    async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
-        Ok(self.state().cancels.get(&id).copied())
-    }
-
-    async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
-        let rx = self.shared.cancels.subscribe();
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            loop {
-                match rx.recv().await {
-                    Ok(id) => return Some((id, rx)),
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        });
-        Ok(stream.boxed())
-    }
-
+#[async_trait]
+impl ProcessStore for MemoryBackend {
     async fn process_load(
         &self,
         process: &str,
@@ -524,19 +681,17 @@ impl Backend for MemoryBackend {
             if let Some(instance) = commit.instance {
                 let key = (process.to_owned(), instance.id.clone());
                 let stored = state.instances.get(&key).map_or(0, |i| i.version);
+                let conflict = || BackendError::ProcessConflict {
+                    process: process.to_owned(),
+                    instance: instance.id.clone(),
+                };
                 if stored != instance.version {
-                    return Err(BackendError::ProcessConflict {
-                        process: process.to_owned(),
-                        instance: instance.id.clone(),
-                    });
+                    return Err(conflict());
                 }
                 for (field, value) in &commit.add_keys {
                     let ikey = (process.to_owned(), field.clone(), value.clone());
                     if matches!(state.index.get(&ikey), Some(owner) if *owner != instance.id) {
-                        return Err(BackendError::ProcessConflict {
-                            process: process.to_owned(),
-                            instance: instance.id.clone(),
-                        });
+                        return Err(conflict());
                     }
                 }
                 for (field, value) in &commit.remove_keys {
@@ -565,8 +720,8 @@ impl Backend for MemoryBackend {
                     state.instances.insert(key, stored);
                 }
             }
-            for payload in &commit.enqueue {
-                state.push(payload);
+            for envelope in &commit.enqueue {
+                state.push_item(&WorkItem::Process(envelope.clone()), Duration::ZERO);
             }
             for (endpoint, payload) in &commit.endpoints {
                 state
@@ -577,22 +732,11 @@ impl Backend for MemoryBackend {
             }
             state.scheduled.extend(commit.schedule.iter().cloned());
             state.scheduled.sort_by_key(|(due, _)| *due);
-            state.settle(commit.settle, None);
+            state.settle(commit.settle, None, self.shared.payload_limit);
             version
         };
         self.queue_changed();
         Ok(version)
-    }
-
-    async fn process_enqueue(&self, payloads: &[String]) -> Result<(), BackendError> {
-        {
-            let mut state = self.state();
-            for payload in payloads {
-                state.push(payload);
-            }
-        }
-        self.queue_changed();
-        Ok(())
     }
 
     async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError> {
@@ -604,9 +748,9 @@ impl Backend for MemoryBackend {
                 .take_while(|(at, _)| *at <= now_ms)
                 .count()
                 .min(limit);
-            let released: Vec<(u64, String)> = state.scheduled.drain(..due).collect();
-            for (_, payload) in &released {
-                state.push(payload);
+            let released: Vec<(u64, Envelope)> = state.scheduled.drain(..due).collect();
+            for (_, envelope) in released.iter() {
+                state.push_item(&WorkItem::Process(envelope.clone()), Duration::ZERO);
             }
             released.len()
         };
@@ -616,7 +760,7 @@ impl Backend for MemoryBackend {
         Ok(moved)
     }
 
-    async fn process_scheduled(&self) -> Result<Vec<(u64, String)>, BackendError> {
+    async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError> {
         Ok(self.state().scheduled.clone())
     }
 
@@ -628,7 +772,10 @@ impl Backend for MemoryBackend {
             .cloned()
             .unwrap_or_default())
     }
+}
 
+#[async_trait]
+impl Leases for MemoryBackend {
     async fn named_lease(
         &self,
         name: &str,
@@ -656,8 +803,41 @@ impl Backend for MemoryBackend {
         }
         Ok(false)
     }
+}
 
-    async fn wait_for_change(&self, _id: TaskId, timeout: Duration) {
-        let _ = tokio::time::timeout(timeout, self.shared.task_changed.notified()).await;
+#[async_trait]
+impl Housekeeping for MemoryBackend {
+    async fn housekeep(&self, retention: &Retention) -> Result<Housekept, BackendError> {
+        let mut state = self.state();
+        let now = Instant::now();
+        let mut expired: Vec<TaskId> = state
+            .expiry
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        expired.truncate(retention.batch);
+        for id in &expired {
+            state.remove_task(*id);
+        }
+        let before = state.dead.len();
+        if let Some(keep) = retention.dead_letters {
+            let cutoff = Timestamp::now().0.saturating_sub(keep.as_millis() as u64);
+            state.dead.retain(|d| d.at.0 >= cutoff);
+        }
+        let excess = state.dead.len().saturating_sub(retention.dead_letters_max);
+        state.dead.drain(..excess);
+        Ok(Housekept {
+            tasks: expired.len(),
+            dead_letters: before - state.dead.len(),
+            consumers: 0,
+        })
+    }
+}
+
+impl MemoryBackend {
+    /// How many tasks the store holds (for tests of retention).
+    pub fn task_count(&self) -> usize {
+        self.state().tasks.len()
     }
 }

@@ -1,35 +1,53 @@
-//! Storage backends: where tasks, locks, idempotency keys, the work queue and
-//! the dead-letter queue live.
+//! Storage backends: where tasks, leases, the work queue, timers, the
+//! dead-letter queue and process-manager instances live.
 //!
-//! The engine talks to one [`Backend`]. Its operations are shaped around what
-//! the engine needs to keep the invariants, not around a key-value API, so that
-//! a backend can make each of them one atomic round trip (the Redis backend
-//! runs most as one script):
+//! The engine talks to one [`Backend`], which is the sum of small traits, one
+//! per concern:
 //!
-//! - [`Backend::create_task`] stores a task and enqueues its first message;
-//! - [`Backend::save_and_claim`] persists the attempt count *before* a call and
-//!   claims the attempt's idempotency key;
-//! - [`Backend::commit`] records a step's result, enqueues the next message,
-//!   acknowledges (or dead-letters) the current one and releases the lock.
+//! - [`TaskStore`]: task records, their leases (with fencing), attempt claims,
+//!   the atomic commit of a step's outcome, cancellation flags, paged listing;
+//! - [`WorkQueue`]: delivery of [`WorkItem`]s with a visibility timeout,
+//!   release (now or later), dead letters, delayed messages;
+//! - [`ProcessStore`]: process-manager instances, their correlation index,
+//!   outbox and timeouts;
+//! - [`Leases`]: named leases (one poller or janitor at a time);
+//! - [`Housekeeping`]: retention: expired tasks, trimmed dead letters,
+//!   consumers that left.
 //!
-//! Every write of a task carries the [`Lease`] it was made under: a write whose
-//! fencing token is not the latest one issued for the task is refused, so a
-//! worker that lost its lock (a long GC pause, a partition) cannot overwrite
-//! the work of the worker that took over.
+//! Operations are shaped around what the engine needs to keep its invariants,
+//! not around a key-value API, so that a backend can make each of them one
+//! atomic round trip (the Redis backend runs most as one script). Every write
+//! of a task carries the [`Lease`] it was made under: a write whose fencing
+//! token is not the latest one issued for the task is refused, so a worker
+//! that lost its lease (a long pause, a partition) cannot overwrite the work
+//! of the worker that took over.
+//!
+//! Payloads are typed ([`WorkItem`], [`Envelope`]): a backend encodes them
+//! with [`WorkItem::encode`] and decodes deliveries with [`WorkItem::decode`];
+//! it never inspects JSON itself. An entry that does not decode is still
+//! delivered, as a [`Delivery`] whose `item` is an error, so the engine can
+//! dead-letter it on its own without holding anything else up.
+//!
+//! Every implementation must pass the conformance suite
+//! (`saga_runtime::testing::conformance`, feature `conformance`).
 
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod wire;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
-
 use serde_json::Value;
 
-use crate::task::{TaskId, TaskInstance, Timestamp};
+use crate::process::Envelope;
+use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+
+pub use wire::{QueueMessage, WorkItem};
 
 /// A held task lock: a lease, not a mutex. It expires after its TTL unless
 /// extended, and a newer lease makes this one's writes fail.
@@ -44,21 +62,28 @@ pub struct Lease {
     pub fence: u64,
 }
 
-/// A message handed to a worker; acknowledge it, release it or dead-letter it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A message handed to a worker; settle it (commit, acknowledge,
+/// dead-letter) or release it.
+#[derive(Debug, Clone)]
 pub struct Delivery {
-    /// Backend-assigned id (a stream entry id for Redis).
+    /// Backend-assigned id (for Redis: partition and stream entry id).
     pub id: String,
-    /// The raw payload (JSON of [`QueueMessage`] when well-formed).
-    pub payload: String,
-    /// How many times this message was delivered, this time included (0
-    /// when the backend does not know).
-    pub delivery_count: u64,
+    /// The decoded message, or why the entry could not be decoded.
+    pub item: Result<WorkItem, String>,
+    /// The entry as text (lossy for bytes that are not UTF-8), kept for the
+    /// dead-letter queue and logs.
+    pub raw: String,
+    /// Deliveries of this message that were not answered (neither settled
+    /// nor released by a live worker), this one included: 1 for a first
+    /// delivery. A worker that dies while handling it (a poison message that
+    /// aborts the process) leaves its delivery unanswered; the engine
+    /// dead-letters a message once this exceeds its cap.
+    pub deliveries: u32,
     /// The consumer it was delivered to.
     pub consumer: String,
 }
 
-/// What [`Backend::heartbeat`] found.
+/// What [`TaskStore::heartbeat`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heartbeat {
     /// Whether the lease is still held (and was extended).
@@ -67,33 +92,13 @@ pub struct Heartbeat {
     pub cancel_requested: Option<Timestamp>,
 }
 
-/// What the work queue carries: "advance task `task_id` of saga `saga`".
-///
-/// The task record decides what advancing means; `seq` lets a worker tell a
-/// stale duplicate (whose effect is already recorded) from the live message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QueueMessage {
-    /// The task.
-    pub task_id: TaskId,
-    /// The saga the task belongs to.
-    pub saga: String,
-    /// The task's sequence number when this message was enqueued.
-    pub seq: u64,
-}
-
-impl QueueMessage {
-    /// The JSON payload.
-    pub fn to_payload(&self) -> String {
-        serde_json::to_string(self).expect("a QueueMessage always serializes")
-    }
-}
-
 /// A message parked for manual inspection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeadLetter {
-    /// Id to requeue it by.
+    /// Id to requeue or inspect it by.
     pub id: String,
-    /// The raw payload, exactly as it was received.
+    /// The raw payload as it was received, cut to the backend's size limit
+    /// (see `truncated`).
     pub payload: String,
     /// Why it was parked.
     pub reason: String,
@@ -101,9 +106,13 @@ pub struct DeadLetter {
     pub task_id: Option<TaskId>,
     /// When it was parked.
     pub at: Timestamp,
+    /// The payload's size in bytes before it was cut, when it was: a huge
+    /// garbage message keeps only a prefix, and cannot be requeued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<usize>,
 }
 
-/// How [`Backend::commit`] settles the message being processed.
+/// How a write settles the message being processed.
 #[derive(Debug, Clone, Copy)]
 pub enum Settle<'a> {
     /// Nothing to settle (an operator action, not a delivery).
@@ -117,7 +126,44 @@ pub enum Settle<'a> {
     ResolveDeadLetter(&'a str),
 }
 
-/// What [`Backend::try_lock_and_load`] returns when the lock was free.
+/// The message a task commit enqueues: now, or after a delay (a retry's
+/// backoff). A delayed message is durable: no worker waits for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Next {
+    /// The message.
+    pub message: QueueMessage,
+    /// How long until it may be delivered.
+    pub delay: Duration,
+}
+
+/// One atomic write of the saga protocol: the task, the message that
+/// advances it next, the settlement of the current message, and the release
+/// of the lease.
+#[derive(Debug, Clone)]
+pub struct TaskCommit<'a> {
+    /// The task to write (checked against its stored `version`).
+    pub task: &'a TaskInstance,
+    /// The status stored now, under `task.version` (what the task was
+    /// loaded with): a backend that indexes tasks by status moves the entry.
+    pub stored_status: TaskStatus,
+    /// The lease it was changed under (checked against the latest fence).
+    pub lease: &'a Lease,
+    /// The next message, if the task goes on.
+    pub next: Option<Next>,
+    /// What to do with the message being handled.
+    pub settle: Settle<'a>,
+    /// Refuse the write with [`BackendError::CancelRequested`] if
+    /// cancellation of the task was requested: a worker passes it when it
+    /// ends a running task another way (completed, failed), so that an
+    /// accepted cancellation is never overtaken.
+    pub unless_cancelled: bool,
+    /// Remove every key of the task this long after the write (set when the
+    /// task reaches a terminal status and retention is configured). `None`
+    /// keeps the task (and undoes an earlier expiry, for a requeued task).
+    pub expire_after: Option<Duration>,
+}
+
+/// What [`TaskStore::lock_and_load`] returns when the lock was free.
 #[derive(Debug, Clone)]
 pub struct Locked {
     /// The lease now held.
@@ -126,6 +172,131 @@ pub struct Locked {
     pub task: Option<TaskInstance>,
     /// When cancellation was requested, if it was.
     pub cancel_requested: Option<Timestamp>,
+}
+
+/// What [`TaskStore::create_task`] did.
+#[derive(Debug, Clone)]
+pub enum Created {
+    /// The task was stored and its first message enqueued.
+    New,
+    /// A task with this id already existed (a retried start, or a start
+    /// with a reused key); nothing was written. Here it is.
+    Existing(Box<TaskInstance>),
+}
+
+/// Where a page of tasks starts: strictly after this task in the listing
+/// order (newest first: `created_at` descending, then id descending).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TaskCursor {
+    /// The last listed task's creation time.
+    pub created_at: Timestamp,
+    /// The last listed task's id.
+    pub id: TaskId,
+}
+
+impl TaskCursor {
+    /// The cursor just after `task`.
+    pub fn after(task: &TaskInstance) -> Self {
+        TaskCursor {
+            created_at: task.created_at,
+            id: task.id,
+        }
+    }
+
+    /// Whether `task` comes after the cursor in the listing order.
+    pub fn precedes(&self, task: &TaskInstance) -> bool {
+        (task.created_at, task.id) < (self.created_at, self.id)
+    }
+}
+
+impl std::fmt::Display for TaskCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.created_at.0, self.id)
+    }
+}
+
+impl std::str::FromStr for TaskCursor {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("`{s}` is not a task cursor");
+        let (ms, id) = s.split_once('.').ok_or_else(bad)?;
+        Ok(TaskCursor {
+            created_at: Timestamp(ms.parse().map_err(|_| bad())?),
+            id: id.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// One page of the tasks of one saga, as [`TaskStore::list_tasks`] asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskQuery {
+    /// The saga.
+    pub saga: String,
+    /// Only tasks in this status.
+    pub status: Option<TaskStatus>,
+    /// Only tasks created at or after this time.
+    pub created_from: Option<Timestamp>,
+    /// Only tasks created before this time.
+    pub created_to: Option<Timestamp>,
+    /// Only tasks after this one in the listing order.
+    pub after: Option<TaskCursor>,
+    /// At most this many (a backend may cap it).
+    pub limit: usize,
+}
+
+impl TaskQuery {
+    /// Whether `task` matches every filter but the cursor and the limit.
+    pub fn matches(&self, task: &TaskInstance) -> bool {
+        task.saga == self.saga
+            && self.status.is_none_or(|s| s == task.status)
+            && self.created_from.is_none_or(|t| task.created_at >= t)
+            && self.created_to.is_none_or(|t| task.created_at < t)
+            && self.after.is_none_or(|c| c.precedes(task))
+    }
+}
+
+/// One page of dead letters, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadLetterQuery {
+    /// Only entries after (older than) this one.
+    pub after: Option<String>,
+    /// At most this many.
+    pub limit: usize,
+}
+
+/// A page of results and where the next one starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    /// The items, in listing order.
+    pub items: Vec<T>,
+    /// Pass it back to get the next page; `None` on the last page.
+    pub next: Option<String>,
+}
+
+/// What [`Housekeeping::housekeep`] is asked to remove.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Dead letters older than this are removed (`None`: kept).
+    pub dead_letters: Option<Duration>,
+    /// At most this many dead letters are kept (per partition); older ones
+    /// go first.
+    pub dead_letters_max: usize,
+    /// Consumers of the work queue that have held no message for this long
+    /// are removed from their group (they belonged to workers that left).
+    pub idle_consumers: Duration,
+    /// At most this many expired tasks are removed per call.
+    pub batch: usize,
+}
+
+/// What one [`Housekeeping::housekeep`] call removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Housekept {
+    /// Expired tasks whose keys and index entries were removed.
+    pub tasks: usize,
+    /// Dead letters removed.
+    pub dead_letters: usize,
+    /// Idle consumers removed.
+    pub consumers: usize,
 }
 
 /// What happened to a process-manager instance, in its audit log.
@@ -220,17 +391,22 @@ pub struct ProcessCommit<'a> {
     /// Correlation entries to release.
     pub remove_keys: Vec<(String, String)>,
     /// Process-manager envelopes to enqueue.
-    pub enqueue: Vec<String>,
+    pub enqueue: Vec<Envelope>,
     /// Messages for endpoints: `(endpoint, payload)`.
     pub endpoints: Vec<(String, String)>,
-    /// Envelopes to deliver later: `(due, wall-clock ms; payload)`.
-    pub schedule: Vec<(u64, String)>,
+    /// Envelopes to deliver later: `(due, wall-clock ms; envelope)`.
+    pub schedule: Vec<(u64, Envelope)>,
     /// What to do with the message being handled.
     pub settle: Settle<'a>,
 }
 
+/// The error type of backend failures that come from below (a dropped
+/// connection, a refused command): kept as the source of
+/// [`BackendError::Unavailable`].
+pub type SourceError = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A backend failure.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum BackendError {
     /// The stored version is not the one the write was based on.
@@ -275,130 +451,149 @@ pub enum BackendError {
     /// A stored value could not be read.
     #[error("corrupt record: {0}")]
     Corrupt(String),
-    /// The backend could not be reached or failed.
+    /// The backend could not be reached or failed. Transient: the same call
+    /// may succeed later.
     #[error("backend unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[source] SourceError),
 }
 
-/// A store for tasks, locks, idempotency keys and queues.
-///
-/// Every implementation must pass the conformance suite in
-/// `tests/conformance.rs`. Loads return fresh copies.
+impl BackendError {
+    /// [`BackendError::Unavailable`] from any error or message.
+    pub fn unavailable(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        BackendError::Unavailable(Arc::from(error.into()))
+    }
+
+    /// Whether retrying the same call may succeed (the backend was
+    /// unreachable), as opposed to a refusal that will not change.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, BackendError::Unavailable(_))
+    }
+}
+
+/// Task records, their leases and their cancellation flags.
 #[async_trait]
-pub trait Backend: Send + Sync + 'static {
-    /// Stores a new task (version 0 -> 1) and enqueues `message`, atomically.
-    async fn create_task(&self, task: &TaskInstance, message: &str) -> Result<(), BackendError>;
+pub trait TaskStore: Send + Sync + 'static {
+    /// Stores a new task (version 0 -> 1) and enqueues `first`, atomically;
+    /// if a task with that id exists, writes nothing and returns it, so a
+    /// caller may retry a start whose reply was lost.
+    async fn create_task(
+        &self,
+        task: &TaskInstance,
+        first: &QueueMessage,
+    ) -> Result<Created, BackendError>;
 
     /// A fresh copy of the task.
     async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError>;
 
-    /// Every task of `saga` (for reconciliation and operators).
-    async fn list_tasks(&self, saga: &str) -> Result<Vec<TaskInstance>, BackendError>;
+    /// One page of the tasks of one saga, newest first.
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError>;
 
-    /// Writes `task` if the stored version is `task.version` and `lease` is
-    /// the task's latest lease; claims the idempotency key `claim` (`SET NX`
-    /// with `ttl`) in the same step. Returns the new version and whether the
-    /// claim was won. The write happens even when the claim is lost.
-    async fn save_and_claim(
-        &self,
-        task: &TaskInstance,
-        lease: &Lease,
-        claim: &str,
-        ttl: Duration,
-    ) -> Result<(u64, bool), BackendError>;
-
-    /// Atomically: writes `task` (same checks as [`save_and_claim`]), enqueues
-    /// `enqueue`, settles the current message and releases `lease`. Returns
-    /// the new version.
-    ///
-    /// With `unless_cancelled`, the write is refused with
-    /// [`BackendError::CancelRequested`] if cancellation of the task was
-    /// requested: a worker passes it when it ends a running task another way
-    /// (completed, failed), so that an accepted cancellation is never
-    /// overtaken.
-    ///
-    /// [`save_and_claim`]: Backend::save_and_claim
-    async fn commit(
-        &self,
-        task: &TaskInstance,
-        lease: &Lease,
-        enqueue: Option<&str>,
-        settle: Settle<'_>,
-        unless_cancelled: bool,
-    ) -> Result<u64, BackendError>;
-
-    /// Takes the task's lock if it is free and loads the task and its
-    /// cancellation flag: what a worker needs first, in one round trip where
-    /// the backend allows.
-    async fn try_lock_and_load(
+    /// Takes the task's lock if it is free (no waiting) and loads the task
+    /// and its cancellation flag: what a worker needs first, in one round
+    /// trip where the backend allows. For a task that does not exist it
+    /// takes nothing (a stray message must not leave keys behind) and
+    /// returns `task: None` with a lease of fence 0 that holds nothing.
+    async fn lock_and_load(
         &self,
         id: TaskId,
         ttl: Duration,
-    ) -> Result<Option<Locked>, BackendError> {
-        let Some(lease) = self.try_lock(id, ttl).await? else {
-            return Ok(None);
-        };
-        let task = self.load_task(id).await?;
-        let cancel_requested = self.cancel_requested(id).await?;
-        Ok(Some(Locked {
-            lease,
-            task,
-            cancel_requested,
-        }))
-    }
+    ) -> Result<Option<Locked>, BackendError>;
 
-    /// Takes the task's lock if it is free (no waiting).
-    async fn try_lock(&self, id: TaskId, ttl: Duration) -> Result<Option<Lease>, BackendError>;
+    /// Records an attempt before its call: writes `task` if the stored
+    /// version is `task.version` and `lease` holds the latest fence, and
+    /// claims `claim` (an attempt's name, unique per task) in the same step.
+    /// Returns the new version and whether the claim was won; the write
+    /// happens even when the claim is lost. Claims live as long as the task.
+    /// `stored_status` is the status stored under `task.version`.
+    async fn record_attempt(
+        &self,
+        task: &TaskInstance,
+        stored_status: TaskStatus,
+        lease: &Lease,
+        claim: &str,
+    ) -> Result<(u64, bool), BackendError>;
 
-    /// Extends a held lock; `false` if it is no longer held by `lease`.
-    async fn extend_lock(&self, lease: &Lease, ttl: Duration) -> Result<bool, BackendError>;
+    /// Writes a [`TaskCommit`] atomically and releases its lease; returns
+    /// the new version.
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError>;
+
+    /// Called about once a second while a step runs: extends the lease by
+    /// `ttl`, keeps the message from being redelivered and reports a
+    /// cancellation requested in any process.
+    async fn heartbeat(
+        &self,
+        lease: &Lease,
+        delivery: &Delivery,
+        ttl: Duration,
+    ) -> Result<Heartbeat, BackendError>;
 
     /// Releases a held lock; `false` (and no effect) if `lease` no longer
     /// holds it.
     async fn unlock(&self, lease: &Lease) -> Result<bool, BackendError>;
 
-    /// Claims an idempotency key: `true` the first time within `ttl`.
-    async fn try_claim(&self, key: &str, ttl: Duration) -> Result<bool, BackendError>;
+    /// Records a cancellation request and enqueues `wake`, so that a task
+    /// waiting for a delayed retry is cancelled now rather than when the
+    /// retry falls due. `token` identifies this request: if the flag is
+    /// already set by the same token (a retried call whose reply was lost),
+    /// this returns `None` as for the first request. Returns when an earlier
+    /// request was made otherwise. Records nothing for a task that does not
+    /// exist.
+    async fn request_cancel(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+    ) -> Result<Option<Timestamp>, BackendError>;
 
-    /// Enqueues a raw payload.
-    async fn enqueue(&self, payload: &str) -> Result<(), BackendError>;
+    /// When cancellation of the task was requested, if it was.
+    async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError>;
 
-    /// The next message, waiting up to `wait` for one. A message not settled
-    /// within the backend's visibility timeout is delivered again.
+    /// Cancellation requests as they are made, from any process (best effort:
+    /// running steps also see the flag through their heartbeat).
+    async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError>;
+
+    /// Waits until the task may have changed, or `timeout` passed.
+    async fn wait_for_change(&self, id: TaskId, timeout: Duration) {
+        let _ = id;
+        tokio::time::sleep(timeout).await;
+    }
+}
+
+/// The work queue: [`WorkItem`]s delivered to workers, redelivered when not
+/// settled within the visibility timeout, delayed, or dead-lettered.
+#[async_trait]
+pub trait WorkQueue: Send + Sync + 'static {
+    /// How long a delivered, unsettled message stays invisible before it is
+    /// delivered again. The engine sizes its task leases on it, so that a
+    /// dead worker's tasks resume on the order of this timeout.
+    fn visibility_timeout(&self) -> Duration;
+
+    /// Enqueues messages (publishing process-manager messages from outside
+    /// a handler).
+    async fn enqueue(&self, items: &[WorkItem]) -> Result<(), BackendError>;
+
+    /// Enqueues an entry as it is, without encoding: for bridges and for
+    /// tests of bad input. An entry that does not decode is delivered with
+    /// an error `item`.
+    async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError>;
+
+    /// The next message, waiting up to `wait` for one.
     async fn receive(
         &self,
         consumer: &str,
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError>;
 
-    /// Keeps an in-flight message from being redelivered while it is worked on.
+    /// Keeps an in-flight message from being redelivered while it is worked
+    /// on.
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError>;
-
-    /// Called about once a second while a step runs or waits to retry:
-    /// extends the lease by `ttl`, keeps the message from being redelivered
-    /// and reports a cancellation requested in any process. One round trip
-    /// where the backend allows.
-    async fn heartbeat(
-        &self,
-        lease: &Lease,
-        delivery: &Delivery,
-        ttl: Duration,
-    ) -> Result<Heartbeat, BackendError> {
-        let lock_held = self.extend_lock(lease, ttl).await?;
-        self.touch(delivery).await?;
-        let cancel_requested = self.cancel_requested(lease.task_id).await?;
-        Ok(Heartbeat {
-            lock_held,
-            cancel_requested,
-        })
-    }
 
     /// Acknowledges a message: it will not be delivered again.
     async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError>;
 
-    /// Hands a message back unsettled, to be delivered again no sooner than
-    /// `delay` (a backend may take longer: Redis redelivers after its
-    /// visibility timeout).
+    /// Hands a message back unsettled, to be delivered again after `delay`
+    /// (promptly: not after the visibility timeout). The delivery counts as
+    /// answered.
     async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
 
     /// Acknowledges a message and parks a copy on the dead-letter queue.
@@ -409,24 +604,26 @@ pub trait Backend: Send + Sync + 'static {
         task_id: Option<TaskId>,
     ) -> Result<(), BackendError>;
 
-    /// The parked messages, oldest first.
-    async fn dead_letters(&self) -> Result<Vec<DeadLetter>, BackendError>;
+    /// Moves delayed messages that fell due onto the queue, at most `limit`;
+    /// returns how many moved. Backends that promote them on `receive` may
+    /// return 0.
+    async fn release_due(&self, limit: usize) -> Result<usize, BackendError>;
+
+    /// A page of parked messages, newest first.
+    async fn dead_letters(&self, query: &DeadLetterQuery)
+        -> Result<Page<DeadLetter>, BackendError>;
+
+    /// One parked message.
+    async fn dead_letter_by_id(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
 
     /// Moves a parked message back onto the work queue, atomically; returns
     /// it, or `None` if there is no such entry.
     async fn requeue_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
+}
 
-    /// Records a cancellation request; returns when it was first requested
-    /// if it already was.
-    async fn request_cancel(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError>;
-
-    /// When cancellation of the task was requested, if it was.
-    async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError>;
-
-    /// Cancellation requests as they are made, from any process (best effort:
-    /// workers also poll [`cancel_requested`](Backend::cancel_requested)).
-    async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError>;
-
+/// Process-manager instances, their correlation index and timeouts.
+#[async_trait]
+pub trait ProcessStore: Send + Sync + 'static {
     /// The instance `id` of process manager `process`.
     async fn process_load(
         &self,
@@ -448,30 +645,31 @@ pub trait Backend: Send + Sync + 'static {
     /// Writes a [`ProcessCommit`] atomically; returns the instance's new
     /// version (0 when deleted or not written). A version mismatch, an
     /// existing instance when creating, or a correlation entry owned by
-    /// another instance is a [`BackendError::Conflict`].
+    /// another instance is a [`BackendError::ProcessConflict`].
     async fn process_commit(
         &self,
         process: &str,
         commit: ProcessCommit<'_>,
     ) -> Result<u64, BackendError>;
 
-    /// Enqueues process-manager envelopes (publishing from outside a handler).
-    async fn process_enqueue(&self, payloads: &[String]) -> Result<(), BackendError>;
-
     /// Moves scheduled envelopes due at `now_ms` onto the queue, at most
     /// `limit`, each exactly once (even with several pollers); returns how
     /// many moved.
     async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError>;
 
-    /// The scheduled envelopes: `(due ms, payload)`, soonest first.
-    async fn process_scheduled(&self) -> Result<Vec<(u64, String)>, BackendError>;
+    /// The scheduled envelopes: `(due ms, envelope)`, soonest first.
+    async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError>;
 
     /// The messages sent to an endpoint, oldest first (for consumers that
     /// read it, and tests).
     async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError>;
+}
 
-    /// Takes or renews the named lease `name` for `token` (a poller's
-    /// lease); `false` if someone else holds it.
+/// Named leases: one holder at a time (the timer poller, the janitor).
+#[async_trait]
+pub trait Leases: Send + Sync + 'static {
+    /// Takes or renews the named lease `name` for `token`; `false` if
+    /// someone else holds it.
     async fn named_lease(
         &self,
         name: &str,
@@ -481,10 +679,32 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Releases the named lease if `token` holds it.
     async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError>;
+}
 
-    /// Waits until the task may have changed, or `timeout` passed.
-    async fn wait_for_change(&self, id: TaskId, timeout: Duration) {
-        let _ = id;
-        tokio::time::sleep(timeout).await;
+/// Retention: what keeps a backend's size bounded over a year of traffic.
+#[async_trait]
+pub trait Housekeeping: Send + Sync + 'static {
+    /// Removes expired tasks (every key and index entry; their records
+    /// expire on their own where the backend can), dead letters beyond
+    /// `retention`, and consumers that left. Safe to call from several
+    /// processes at once; the engine calls it under a named lease.
+    async fn housekeep(&self, retention: &Retention) -> Result<Housekept, BackendError>;
+}
+
+/// A complete backend: every concern above.
+pub trait Backend: TaskStore + WorkQueue + ProcessStore + Leases + Housekeeping {}
+
+impl<T: TaskStore + WorkQueue + ProcessStore + Leases + Housekeeping> Backend for T {}
+
+/// Cuts a dead-lettered payload to `limit` bytes (on a character
+/// boundary); returns the kept prefix and the original size when cut.
+pub(crate) fn truncate_payload(payload: &str, limit: usize) -> (&str, Option<usize>) {
+    if payload.len() <= limit {
+        return (payload, None);
     }
+    let mut end = limit;
+    while !payload.is_char_boundary(end) {
+        end -= 1;
+    }
+    (&payload[..end], Some(payload.len()))
 }

@@ -76,6 +76,9 @@ pub(crate) struct DispatchEnv<'a> {
     pub now_ms: u64,
     pub delivery: Option<&'a Delivery>,
     pub dead_letter_unmatched: bool,
+    /// How long one handler call may run before it is dropped and counted
+    /// as a failure for `#[on_error]`.
+    pub handler_timeout: std::time::Duration,
 }
 
 impl DispatchEnv<'_> {
@@ -289,17 +292,22 @@ pub(crate) async fn dispatch(
             created,
             &mut ctx,
         );
-        let result = AssertUnwindSafe(run)
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|panic| {
-                let text = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".to_owned());
-                Err(ProcessError::new(format!("handler panicked: {text}")))
-            });
+        let run = tokio::time::timeout(env.handler_timeout, AssertUnwindSafe(run).catch_unwind());
+        let result = match run.await {
+            Ok(result) => result,
+            Err(_) => Ok(Err(ProcessError::new(format!(
+                "handler timed out after {} and was dropped",
+                humantime::format_duration(env.handler_timeout)
+            )))),
+        };
+        let result = result.unwrap_or_else(|panic| {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".to_owned());
+            Err(ProcessError::new(format!("handler panicked: {text}")))
+        });
         let result = match (result, ctx.error.take()) {
             (Ok(_), Some(error)) => Err(ProcessError::new(error)),
             (result, _) => result,
@@ -373,18 +381,15 @@ pub(crate) async fn dispatch(
             match &out.target {
                 Target::Publish => {
                     for subscriber in (env.subscribers)(&out.message_type) {
-                        enqueue.push(
-                            Envelope {
-                                message_id: message_id.clone(),
-                                process: subscriber.to_owned(),
-                                message_type: out.message_type.clone(),
-                                payload: out.payload.clone(),
-                                kind: EnvelopeKind::Message,
-                                instance_id: None,
-                                failures: 0,
-                            }
-                            .to_payload(),
-                        );
+                        enqueue.push(Envelope {
+                            message_id: message_id.clone(),
+                            process: subscriber.to_owned(),
+                            message_type: out.message_type.clone(),
+                            payload: out.payload.clone(),
+                            kind: EnvelopeKind::Message,
+                            instance_id: None,
+                            failures: 0,
+                        });
                     }
                     endpoints.push((
                         "published".to_owned(),
@@ -411,10 +416,7 @@ pub(crate) async fn dispatch(
                     instance_id: Some(instance.id.clone()),
                     failures: 0,
                 };
-                (
-                    env.now_ms + t.delay.as_millis() as u64,
-                    envelope.to_payload(),
-                )
+                (env.now_ms + t.delay.as_millis() as u64, envelope)
             })
             .collect();
         let write = ProcessCommit {
@@ -443,7 +445,7 @@ pub(crate) async fn dispatch(
             Err(e) => return Err(e),
         }
     }
-    Err(BackendError::Unavailable(format!(
+    Err(BackendError::unavailable(format!(
         "process `{process}`: still conflicting after {CONFLICT_RETRIES} attempts; the message will be redelivered"
     )))
 }
@@ -492,10 +494,10 @@ async fn fail(
     let mut instance = instance;
     let reason;
     match action {
-        ErrorAction::Retry => write.enqueue.push(again.to_payload()),
+        ErrorAction::Retry => write.enqueue.push(again),
         ErrorAction::RetryAfter(delay) => write
             .schedule
-            .push((env.now_ms + delay.as_millis() as u64, again.to_payload())),
+            .push((env.now_ms + delay.as_millis() as u64, again)),
         ErrorAction::Skip => {
             if let Some(i) = instance.as_mut() {
                 audit(

@@ -24,6 +24,7 @@ mod context;
 mod dispatch;
 mod envelope;
 mod error;
+mod metrics;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -34,6 +35,7 @@ pub use dispatch::Dispatched;
 pub(crate) use dispatch::{dispatch, DispatchEnv};
 pub use envelope::{Envelope, EnvelopeKind};
 pub use error::{ErrorAction, Failure, FailureKind, ProcessError};
+pub use metrics::ProcessMetrics;
 
 use crate::saga::BoxFuture;
 

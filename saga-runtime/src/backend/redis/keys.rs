@@ -8,7 +8,7 @@
 //! this one" be one script. Partitions spread tasks over slots; one partition
 //! (the default) keeps everything in one slot.
 
-use crate::task::TaskId;
+use crate::task::{TaskId, TaskStatus};
 
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
@@ -64,20 +64,39 @@ impl Keys {
     pub fn cancel(&self, id: TaskId) -> String {
         self.task_key("cancel", id)
     }
-
-    /// An idempotency key. Keys of the form `{task_id}:...` share the task's
-    /// partition; any other key goes to partition 0.
-    pub fn idempotency(&self, claim: &str) -> String {
-        let partition = claim
-            .split(':')
-            .next()
-            .and_then(|id| id.parse::<TaskId>().ok())
-            .map_or(0, |id| self.partition_of(id));
-        format!("{}:idem:{claim}", self.tag(partition))
+    /// The attempts claimed so far: a hash, one field per attempt.
+    pub fn claims(&self, id: TaskId) -> String {
+        self.task_key("claims", id)
     }
 
-    pub fn saga_index(&self, partition: u16, saga: &str) -> String {
-        format!("{}:saga:{saga}", self.tag(partition))
+    /// A partition's index of one saga's tasks (sorted by creation time),
+    /// all of them or those in one status.
+    pub fn index(&self, partition: u16, saga: &str, status: Option<TaskStatus>) -> String {
+        match status {
+            Some(status) => format!("{}:idx:{saga}:{status:?}", self.tag(partition)),
+            None => format!("{}:idx:{saga}", self.tag(partition)),
+        }
+    }
+
+    /// A partition's finished tasks, by when their retention runs out.
+    pub fn expiring(&self, partition: u16) -> String {
+        format!("{}:expiring", self.tag(partition))
+    }
+
+    /// A task's entry in [`expiring`](Self::expiring): enough to find its
+    /// index entries once its record is gone.
+    pub fn expiring_member(id: TaskId, status: TaskStatus, saga: &str) -> String {
+        format!("{id}|{status:?}|{saga}")
+    }
+
+    /// A stream's delayed messages (retry backoffs, hand-backs with a
+    /// delay), by due time.
+    pub fn delayed(&self, stream: u16) -> String {
+        if stream == self.partitions {
+            format!("{}:delayed", self.pm_tag())
+        } else {
+            format!("{}:delayed", self.tag(stream))
+        }
     }
 
     pub fn queue(&self, stream: u16) -> String {
@@ -162,9 +181,12 @@ mod tests {
                 keys.lock(id),
                 keys.fence(id),
                 keys.cancel(id),
-                keys.idempotency(&format!("{id}:upload:3")),
+                keys.claims(id),
                 keys.dead(p),
-                keys.saga_index(p, "create-zip"),
+                keys.delayed(p),
+                keys.expiring(p),
+                keys.index(p, "create-zip", None),
+                keys.index(p, "create-zip", Some(TaskStatus::Running)),
             ] {
                 assert_eq!(tag(&key), expected, "{key}");
             }

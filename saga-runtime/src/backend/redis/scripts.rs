@@ -1,85 +1,145 @@
 //! The Lua scripts. Each one is a single atomic step of the protocol; each
-//! touches only keys of one partition (see `keys.rs`).
+//! touches only the keys it is given, all of one partition (see `keys.rs`).
 //!
-//! Error protocol for writes: a positive integer is the new version; `-1`
-//! means the fencing token is stale (lock lost), `-2` a version conflict,
-//! `-3` a missing task. The second element carries the stored value.
+//! Two rules every script follows:
+//!
+//! - **Refuse before writing.** A script that fails half-way keeps the
+//!   writes it made (Redis has no rollback), so every check (fence, version,
+//!   cancellation) comes before the first write.
+//! - **Settle with `pcall`.** Acknowledging a message whose consumer group
+//!   is gone (Redis restarted empty, failed over) must not fail the write it
+//!   settles: with no group there is nothing pending to acknowledge.
+//!
+//! Time is the server's (`TIME`): delays and expiries do not depend on the
+//! clocks of the machines the workers run on.
+//!
+//! Error protocol of task writes: a positive integer is the new version;
+//! `-1` means the fencing token is stale (lock lost), `-2` a version
+//! conflict, `-3` a missing task, `-5` a recorded cancellation. The second
+//! element carries the stored value.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS: task, saga index, queue. ARGV: doc, id, payload.
+/// Server time in milliseconds, as `now`.
+const NOW: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+";
+
+/// Acknowledges and deletes entry `e` of stream `q` for group `g`; returns
+/// 1 if it was pending.
+const SETTLE_FN: &str = r"
+local function settle(q, g, e)
+  local ok, n = pcall(redis.call, 'XACK', q, g, e)
+  redis.call('XDEL', q, e)
+  if ok then return n end
+  return 0
+end
+";
+
+/// KEYS: task, index (all), index (Pending), queue.
+/// ARGV: doc, id, payload, created ms.
+/// Returns the existing doc when the task exists (nothing written), else nil.
 pub static CREATE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', 1)
-redis.call('SADD', KEYS[2], ARGV[2])
-redis.call('XADD', KEYS[3], '*', 'payload', ARGV[3])
-return 1",
+local existing = redis.call('HGET', KEYS[1], 'doc')
+if existing then return existing end
+redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', 1, 'status', 'Pending')
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
+redis.call('XADD', KEYS[4], '*', 'payload', ARGV[3])
+return false",
     )
 });
 
-/// KEYS: lock, fence, task, cancel. ARGV: token, ttl ms, load (0/1).
-/// Returns nil when locked, else {fence, doc, version, cancel}.
+/// KEYS: lock, fence, task, cancel. ARGV: token, ttl ms.
+/// Returns false when locked, {0} when the task does not exist (nothing
+/// written: a stray message must not leave a fence behind), else
+/// {fence, doc, version, cancel}.
 pub static LOCK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if redis.call('EXISTS', KEYS[3]) == 0 then return {0} end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
 local fence = redis.call('INCR', KEYS[2])
-if ARGV[3] ~= '1' then return {fence} end
 local rec = redis.call('HMGET', KEYS[3], 'doc', 'version')
 return {fence, rec[1], rec[2], redis.call('GET', KEYS[4])}",
     )
 });
 
+/// Checks KEYS[1] (fence) against ARGV[1] and KEYS[2] (task) version
+/// against ARGV[2]; leaves the stored version in `v`.
 const CHECK: &str = r"
 local f = redis.call('GET', KEYS[1])
 if f ~= ARGV[1] then return {-1, f} end
 local v = redis.call('HGET', KEYS[2], 'version')
 if not v then return {-3, false} end
 if v ~= ARGV[2] then return {-2, v} end
-";
-
-const WRITE: &str = r"
 local nv = tonumber(v) + 1
-redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv)
 ";
 
-/// KEYS: fence, task, idempotency key. ARGV: fence, version, doc, ttl ms.
+/// KEYS: fence, task, claims, index (stored status), index (new status).
+/// ARGV: fence, version, doc, claim, new status, id, created ms.
 /// Returns {new version, claimed 0/1}.
-pub static SAVE_AND_CLAIM: LazyLock<Script> = LazyLock::new(|| {
+pub static RECORD_ATTEMPT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{CHECK}{WRITE}
-local claimed = redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[4])
-if claimed then return {{nv, 1}} end
-return {{nv, 0}}"
+        r"{CHECK}
+redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
+if KEYS[4] ~= KEYS[5] then
+  redis.call('ZREM', KEYS[4], ARGV[6])
+  redis.call('ZADD', KEYS[5], ARGV[7], ARGV[6])
+end
+return {{nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}}"
     ))
 });
 
-/// KEYS: fence, task, lock, queue, dead, cancel.
-/// ARGV: fence, version, doc, token, next payload ('' = none), settle
-/// ('none'|'ack'|'dead'|'resolve'), entry id, group, payload, reason, task id,
-/// at, unless-cancelled ('1' refuses the write with {-5, at} if the cancel
-/// flag is set). Returns {new version}.
+/// KEYS: fence, task, lock, queue, dead, cancel, delayed, index (stored
+/// status), index (new status), expiring, claims.
+/// ARGV: 1 fence, 2 version, 3 doc, 4 token, 5 next payload ('' = none),
+/// 6 next delay ms, 7 settle ('none'|'ack'|'dead'|'resolve'), 8 entry id,
+/// 9 group, 10 dead-letter payload, 11 reason, 12 task id, 13 unless
+/// cancelled ('1'), 14 new status, 15 expire after ms ('' = keep), 16
+/// created ms, 17 expiring member of the stored status ('' = none), 18
+/// expiring member of the new status, 19 payload size ('' = not cut), 20
+/// dead-letter cap.
+/// Returns {new version} or {-5, cancel} when refused for a cancellation.
 pub static COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{CHECK}
+        r"{NOW}{SETTLE_FN}{CHECK}
 if ARGV[13] == '1' then
   local c = redis.call('GET', KEYS[6])
   if c then return {{-5, c}} end
 end
-{WRITE}
-if ARGV[5] ~= '' then redis.call('XADD', KEYS[4], '*', 'payload', ARGV[5]) end
-if ARGV[6] == 'ack' or ARGV[6] == 'dead' then
-  redis.call('XACK', KEYS[4], ARGV[8], ARGV[7])
-  redis.call('XDEL', KEYS[4], ARGV[7])
+redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[14])
+if KEYS[8] ~= KEYS[9] then
+  redis.call('ZREM', KEYS[8], ARGV[12])
+  redis.call('ZADD', KEYS[9], ARGV[16], ARGV[12])
 end
-if ARGV[6] == 'dead' then
-  redis.call('XADD', KEYS[5], '*', 'payload', ARGV[9], 'reason', ARGV[10], 'task', ARGV[11], 'at', ARGV[12])
+if ARGV[17] ~= '' then redis.call('ZREM', KEYS[10], ARGV[17]) end
+local task_keys = {{KEYS[2], KEYS[1], KEYS[6], KEYS[11]}}
+if ARGV[15] ~= '' then
+  for _, k in ipairs(task_keys) do redis.call('PEXPIRE', k, ARGV[15]) end
+  redis.call('ZADD', KEYS[10], now + tonumber(ARGV[15]), ARGV[18])
+elseif ARGV[17] ~= '' then
+  for _, k in ipairs(task_keys) do redis.call('PERSIST', k) end
 end
-if ARGV[6] == 'resolve' then redis.call('XDEL', KEYS[5], ARGV[7]) end
+if ARGV[5] ~= '' then
+  if ARGV[6] == '0' then
+    redis.call('XADD', KEYS[4], '*', 'payload', ARGV[5])
+  else
+    redis.call('ZADD', KEYS[7], now + tonumber(ARGV[6]), '0:' .. ARGV[5])
+  end
+end
+if ARGV[7] == 'ack' or ARGV[7] == 'dead' then settle(KEYS[4], ARGV[9], ARGV[8]) end
+if ARGV[7] == 'dead' then
+  local fields = {{'payload', ARGV[10], 'reason', ARGV[11], 'task', ARGV[12], 'at', now}}
+  if ARGV[19] ~= '' then table.insert(fields, 'size') table.insert(fields, ARGV[19]) end
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[20], '*', unpack(fields))
+end
+if ARGV[7] == 'resolve' then redis.call('XDEL', KEYS[5], ARGV[8]) end
 if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end
 return {{nv}}"
     ))
@@ -96,20 +156,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   held = 1
 end
-redis.call('XCLAIM', KEYS[2], ARGV[3], ARGV[4], 0, ARGV[5], 'JUSTID')
+pcall(redis.call, 'XCLAIM', KEYS[2], ARGV[3], ARGV[4], 0, ARGV[5], 'JUSTID')
 return {held, redis.call('GET', KEYS[3])}",
-    )
-});
-
-/// KEYS: lock. ARGV: token, ttl ms. Returns 1 if extended.
-pub static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0",
     )
 });
 
@@ -124,21 +172,79 @@ return 0",
 
 /// KEYS: queue. ARGV: group, entry id. Acknowledge and delete.
 pub static ACK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{SETTLE_FN}
+return settle(KEYS[1], ARGV[1], ARGV[2])"
+    ))
+});
+
+/// KEYS: queue, delayed. ARGV: group, consumer, entry id, delay ms.
+///
+/// Hands a message back: if it is still pending for this consumer, it is
+/// acknowledged and a copy of its payload is enqueued now (or put on the
+/// delayed set), carrying its count of unanswered deliveries (this one
+/// answered). Returns 1 if handed back, 0 if it was no longer ours (settled
+/// meanwhile, or taken over by another consumer).
+pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+local ok, p = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if not ok or #p == 0 or p[1][2] ~= ARGV[2] then return 0 end
+local e = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+if #e == 0 then return 0 end
+local payload, carried = nil, 0
+local f = e[1][2]
+for i = 1, #f, 2 do
+  if f[i] == 'payload' then payload = f[i + 1] end
+  if f[i] == 'unanswered' then carried = tonumber(f[i + 1]) or 0 end
+end
+if not payload then return 0 end
+local unanswered = carried + tonumber(p[1][4]) - 1
+if ARGV[4] == '0' then
+  redis.call('XADD', KEYS[1], '*', 'payload', payload, 'unanswered', unanswered)
+else
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), unanswered .. ':' .. payload)
+end
+return 1"
+    ))
+});
+
+/// KEYS: queue. ARGV: group, consumer, min idle ms, count.
+///
+/// Takes over messages whose consumer stopped settling them (its worker
+/// died). Returns {entry id, delivery count (this one included), fields}
+/// per message; entries deleted from the stream are dropped from the
+/// pending list. The fields are returned raw: an entry that does not decode
+/// is the caller's to dead-letter, without holding the others up.
+pub static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return redis.call('XDEL', KEYS[1], ARGV[2])",
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])
+local out = {}
+for _, p in ipairs(pending) do
+  local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], p[1])
+  if #claimed == 0 or not claimed[1][2] then
+    redis.call('XACK', KEYS[1], ARGV[1], p[1])
+  else
+    out[#out + 1] = {p[1], p[4] + 1, claimed[1][2]}
+  end
+end
+return out",
     )
 });
 
-/// KEYS: queue, dead. ARGV: group, entry id, payload, reason, task id, at.
+/// KEYS: queue, dead. ARGV: group, entry id, payload, reason, task id,
+/// size ('' = not cut), dead-letter cap.
 pub static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[1], ARGV[2])
-return redis.call('XADD', KEYS[2], '*', 'payload', ARGV[3], 'reason', ARGV[4], 'task', ARGV[5], 'at', ARGV[6])",
-    )
+    Script::new(&format!(
+        r"{NOW}{SETTLE_FN}
+settle(KEYS[1], ARGV[1], ARGV[2])
+local fields = {{'payload', ARGV[3], 'reason', ARGV[4], 'task', ARGV[5], 'at', now}}
+if ARGV[6] ~= '' then table.insert(fields, 'size') table.insert(fields, ARGV[6]) end
+return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', unpack(fields))"
+    ))
 });
 
 /// KEYS: dead, queue. ARGV: entry id. Moves a dead letter back onto the
@@ -159,16 +265,123 @@ return fields",
     )
 });
 
-/// KEYS: cancel. ARGV: now ms, channel, task id. Returns the earlier
-/// request's time, or nil (and publishes) for the first request.
+/// KEYS: cancel, task, queue. ARGV: now ms, token, channel, task id, wake
+/// payload.
+///
+/// Records a cancellation request (`<ms>|<token>`), announces it, and
+/// enqueues a wake-up message so that a task waiting for a delayed retry is
+/// cancelled now. The flag expires with the task; nothing is written for a
+/// task that does not exist. Returns nil for a new request (or the same
+/// token's earlier one), else the earlier request's time.
 pub static CANCEL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local prev = redis.call('GET', KEYS[1])
-if prev then return prev end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+if prev then
+  local sep = string.find(prev, '|', 1, true)
+  if sep and string.sub(prev, sep + 1) == ARGV[2] then return false end
+  if sep then return string.sub(prev, 1, sep - 1) end
+  return prev
+end
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl == -2 then return false end
+if ttl > 0 then
+  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2], 'PX', ttl)
+else
+  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. ARGV[2])
+end
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+redis.call('XADD', KEYS[3], '*', 'payload', ARGV[5])
 return false",
+    )
+});
+
+/// KEYS: delayed, queue. ARGV: limit. Moves due delayed messages onto the
+/// queue, each exactly once; returns how many moved.
+pub static RELEASE_DELAYED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])
+for _, m in ipairs(due) do
+  redis.call('ZREM', KEYS[1], m)
+  local sep = string.find(m, ':', 1, true)
+  local n = tonumber(string.sub(m, 1, sep - 1)) or 0
+  local payload = string.sub(m, sep + 1)
+  if n > 0 then
+    redis.call('XADD', KEYS[2], '*', 'payload', payload, 'unanswered', n)
+  else
+    redis.call('XADD', KEYS[2], '*', 'payload', payload)
+  end
+end
+return #due"
+    ))
+});
+
+/// KEYS: expiring. ARGV: limit. The members of tasks whose retention ran
+/// out (`<id>|<status>|<saga>`).
+pub static EXPIRED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])"
+    ))
+});
+
+/// KEYS: expiring, then per task: task, fence, cancel, claims, lock, index
+/// (all), index (status). ARGV: per task: member, id.
+/// Removes every key and index entry of each task still due; returns how
+/// many.
+pub static PURGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+local n = 0
+for i = 1, #ARGV / 2 do
+  local member, id = ARGV[2 * i - 1], ARGV[2 * i]
+  local score = redis.call('ZSCORE', KEYS[1], member)
+  if score and tonumber(score) <= now then
+    local k = 1 + (i - 1) * 7
+    redis.call('DEL', KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5])
+    redis.call('ZREM', KEYS[k + 6], id)
+    redis.call('ZREM', KEYS[k + 7], id)
+    redis.call('ZREM', KEYS[1], member)
+    n = n + 1
+  end
+end
+return n"
+    ))
+});
+
+/// KEYS: dead. ARGV: keep ms ('' = no age limit), max entries. Trims the
+/// dead-letter stream; returns how many entries went.
+pub static TRIM_DEAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+local n = redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[2])
+if ARGV[1] ~= '' then
+  n = n + redis.call('XTRIM', KEYS[1], 'MINID', now - tonumber(ARGV[1]))
+end
+return n"
+    ))
+});
+
+/// KEYS: queue. ARGV: group, idle ms. Removes the consumers that hold no
+/// message and have been idle that long (their workers left); checked and
+/// removed in one step so that a consumer cannot take a message in
+/// between. Returns how many.
+pub static REAP_CONSUMERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+if not ok then return 0 end
+local n = 0
+for _, c in ipairs(consumers) do
+  local info = {}
+  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
+  if tonumber(info['pending']) == 0 and tonumber(info['idle']) >= tonumber(ARGV[2]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
+    n = n + 1
+  end
+end
+return n",
     )
 });
 
@@ -176,21 +389,22 @@ return false",
 /// schedule, dead, then `n_add` correlation keys to claim, `n_rem` to
 /// release, `n_ep` endpoint streams. ARGV: has instance, expected version,
 /// doc, id, delete, n_add, n_rem, n_ep, n_enqueue, n_schedule, settle
-/// ('none'|'ack'|'dead'), entry id, group, payload, reason, at; then the
-/// enqueued payloads, the endpoint payloads, and (due, payload) pairs.
+/// ('none'|'ack'|'dead'), entry id, group, payload, reason, size ('' = not
+/// cut), dead-letter cap, endpoint cap; then the enqueued payloads, the
+/// endpoint payloads, and (due, payload) pairs.
 /// Returns {new version} or {-2, stored version} / {-4, owner} on conflict.
 pub static PROCESS_COMMIT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        r"{NOW}{SETTLE_FN}
 local nadd, nrem, nep = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local nenq, nsch = tonumber(ARGV[9]), tonumber(ARGV[10])
 local version = 0
 if ARGV[1] == '1' then
   local v = redis.call('HGET', KEYS[1], 'version') or '0'
-  if v ~= ARGV[2] then return {-2, v} end
+  if v ~= ARGV[2] then return {{-2, v}} end
   for i = 1, nadd do
     local owner = redis.call('GET', KEYS[5 + i])
-    if owner and owner ~= ARGV[4] then return {-4, owner} end
+    if owner and owner ~= ARGV[4] then return {{-4, owner}} end
   end
   for i = 1, nrem do
     local k = KEYS[5 + nadd + i]
@@ -206,25 +420,27 @@ if ARGV[1] == '1' then
     redis.call('SADD', KEYS[2], ARGV[4])
   end
 end
-local a = 16
+local a = 18
 for i = 1, nenq do redis.call('XADD', KEYS[3], '*', 'payload', ARGV[a + i]) end
 a = a + nenq
-for i = 1, nep do redis.call('XADD', KEYS[5 + nadd + nrem + i], '*', 'payload', ARGV[a + i]) end
+for i = 1, nep do
+  redis.call('XADD', KEYS[5 + nadd + nrem + i], 'MAXLEN', '~', ARGV[18], '*', 'payload', ARGV[a + i])
+end
 a = a + nep
 for i = 1, nsch do redis.call('ZADD', KEYS[4], ARGV[a + 2 * i - 1], ARGV[a + 2 * i]) end
-if ARGV[11] == 'ack' or ARGV[11] == 'dead' then
-  redis.call('XACK', KEYS[3], ARGV[13], ARGV[12])
-  redis.call('XDEL', KEYS[3], ARGV[12])
-end
+if ARGV[11] == 'ack' or ARGV[11] == 'dead' then settle(KEYS[3], ARGV[13], ARGV[12]) end
 if ARGV[11] == 'dead' then
-  redis.call('XADD', KEYS[5], '*', 'payload', ARGV[14], 'reason', ARGV[15], 'task', '', 'at', ARGV[16])
+  local fields = {{'payload', ARGV[14], 'reason', ARGV[15], 'task', '', 'at', now}}
+  if ARGV[16] ~= '' then table.insert(fields, 'size') table.insert(fields, ARGV[16]) end
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[17], '*', unpack(fields))
 end
-return {version}",
-    )
+return {{version}}"
+    ))
 });
 
-/// KEYS: schedule, queue. ARGV: now ms, limit. Moves due entries onto the
-/// queue, each exactly once (ZREM and XADD in one script).
+/// KEYS: schedule, queue. ARGV: now ms, limit. Moves due process-manager
+/// timeouts onto the queue, each exactly once (ZREM and XADD in one
+/// script).
 pub static RELEASE_DUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"

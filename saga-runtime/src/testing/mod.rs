@@ -41,6 +41,9 @@
 //! # }
 //! ```
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +51,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Backend, ProcessInstance};
+use crate::backend::{ProcessInstance, ProcessStore, WorkItem, WorkQueue};
 use crate::process::{
     dispatch, DispatchEnv, Dispatched, Envelope, EnvelopeKind, Message, ProcessManager,
 };
@@ -146,7 +149,7 @@ impl<P: ProcessManager> ProcessTest<P> {
         // Through the queue, like a real delivery, so that dead-lettering
         // and acknowledgement behave as in production.
         self.backend
-            .process_enqueue(&[envelope.to_payload()])
+            .enqueue(&[WorkItem::Process(envelope)])
             .await
             .expect("memory store");
         self.drain()
@@ -204,6 +207,8 @@ impl<P: ProcessManager> ProcessTest<P> {
             now_ms: self.now_ms,
             delivery: Some(delivery),
             dead_letter_unmatched: false,
+            // Virtual time: a handler is never timed out here.
+            handler_timeout: Duration::from_secs(365 * 24 * 60 * 60),
         };
         dispatch(self.pm.as_ref(), &env, envelope)
             .await
@@ -219,8 +224,13 @@ impl<P: ProcessManager> ProcessTest<P> {
             .await
             .expect("memory store")
         {
-            let envelope: Envelope = serde_json::from_str(&delivery.payload).expect("an envelope");
-            outcomes.push(self.dispatch(&envelope, &delivery).await);
+            let Ok(WorkItem::Process(envelope)) = &delivery.item else {
+                panic!(
+                    "the test kit's queue holds only envelopes: {}",
+                    delivery.raw
+                );
+            };
+            outcomes.push(self.dispatch(envelope, &delivery).await);
         }
         outcomes
     }
@@ -290,20 +300,28 @@ impl<P: ProcessManager> ProcessTest<P> {
             .await
             .expect("memory store")
             .into_iter()
-            .filter_map(|(due, raw)| {
-                let envelope: Envelope = serde_json::from_str(&raw).ok()?;
-                Some(Scheduled {
-                    due_in: Duration::from_millis(due.saturating_sub(self.now_ms)),
-                    message_type: envelope.message_type,
-                    instance_id: envelope.instance_id,
-                    retry: envelope.kind == EnvelopeKind::Message,
-                })
+            .map(|(due, envelope)| Scheduled {
+                due_in: Duration::from_millis(due.saturating_sub(self.now_ms)),
+                message_type: envelope.message_type,
+                instance_id: envelope.instance_id,
+                retry: envelope.kind == EnvelopeKind::Message,
             })
             .collect()
     }
 
     /// The dead-lettered messages (strict-routing stops, malformed payloads).
     pub async fn dead_letters(&self) -> Vec<crate::backend::DeadLetter> {
-        self.backend.dead_letters().await.expect("memory store")
+        let query = crate::backend::DeadLetterQuery {
+            after: None,
+            limit: usize::MAX,
+        };
+        let mut letters = self
+            .backend
+            .dead_letters(&query)
+            .await
+            .expect("memory store")
+            .items;
+        letters.reverse();
+        letters
     }
 }

@@ -1,0 +1,168 @@
+//! Named leases and retention: expired tasks, trimmed dead letters, and
+//! consumers that left.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{ms, scripts as s, RedisBackend};
+use crate::backend::{BackendError, Housekeeping, Housekept, Leases, Retention};
+use crate::task::{TaskId, TaskStatus};
+
+/// Tasks purged per script call.
+const PURGE_BATCH: usize = 100;
+
+/// Reads an expiring member `<id>|<status>|<saga>`.
+fn parse_member(member: &str) -> Option<(TaskId, TaskStatus, &str)> {
+    let mut parts = member.splitn(3, '|');
+    let id = parts.next()?.parse().ok()?;
+    let status = match parts.next()? {
+        "Completed" => TaskStatus::Completed,
+        "Compensated" => TaskStatus::Compensated,
+        "Failed" => TaskStatus::Failed,
+        "Cancelled" => TaskStatus::Cancelled,
+        "CompensationFailed" => TaskStatus::CompensationFailed,
+        "DeadLettered" => TaskStatus::DeadLettered,
+        "Pending" => TaskStatus::Pending,
+        "Running" => TaskStatus::Running,
+        "Compensating" => TaskStatus::Compensating,
+        _ => return None,
+    };
+    Some((id, status, parts.next()?))
+}
+
+impl RedisBackend {
+    /// Removes the expired tasks of one partition; returns how many.
+    async fn purge(&self, partition: u16, limit: usize) -> Result<usize, BackendError> {
+        let k = self.keys();
+        let members: Vec<String> = self
+            .run(
+                s::EXPIRED
+                    .key(k.expiring(partition))
+                    .arg(limit.min(PURGE_BATCH * 10)),
+            )
+            .await?;
+        let mut purged = 0;
+        for chunk in members.chunks(PURGE_BATCH) {
+            let mut invocation = s::PURGE.prepare_invoke();
+            invocation.key(k.expiring(partition));
+            let mut any = false;
+            for member in chunk {
+                let Some((id, status, saga)) = parse_member(member) else {
+                    // Not ours to read: drop it so it does not come back.
+                    let _: i64 = redis::cmd("ZREM")
+                        .arg(k.expiring(partition))
+                        .arg(member)
+                        .query_async(&mut self.conn())
+                        .await
+                        .map_err(super::unavailable)?;
+                    continue;
+                };
+                any = true;
+                invocation
+                    .key(k.task(id))
+                    .key(k.fence(id))
+                    .key(k.cancel(id))
+                    .key(k.claims(id))
+                    .key(k.lock(id))
+                    .key(k.index(partition, saga, None))
+                    .key(k.index(partition, saga, Some(status)))
+                    .arg(member)
+                    .arg(id.to_string());
+            }
+            if any {
+                let n: usize = self.run(&invocation).await?;
+                purged += n;
+            }
+        }
+        Ok(purged)
+    }
+}
+
+#[async_trait]
+impl Leases for RedisBackend {
+    async fn named_lease(
+        &self,
+        name: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, BackendError> {
+        let held: i64 = self
+            .run(
+                s::NAMED_LEASE
+                    .key(self.keys().lease(name))
+                    .arg(token)
+                    .arg(ms(ttl)),
+            )
+            .await?;
+        Ok(held == 1)
+    }
+
+    async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError> {
+        let released: i64 = self
+            .run(s::UNLOCK.key(self.keys().lease(name)).arg(token))
+            .await?;
+        Ok(released == 1)
+    }
+}
+
+#[async_trait]
+impl Housekeeping for RedisBackend {
+    async fn housekeep(&self, retention: &Retention) -> Result<Housekept, BackendError> {
+        self.shared.dead_letters_max.store(
+            retention.dead_letters_max,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let k = self.keys();
+        let mut done = Housekept::default();
+        for p in 0..k.partitions() {
+            done.tasks += self
+                .purge(p, retention.batch.saturating_sub(done.tasks))
+                .await?;
+        }
+        for stream in 0..k.streams() {
+            let trimmed: usize = self
+                .run(
+                    s::TRIM_DEAD
+                        .key(k.dead(stream))
+                        .arg(
+                            retention
+                                .dead_letters
+                                .map(ms)
+                                .map(|m| m.to_string())
+                                .unwrap_or_default(),
+                        )
+                        .arg(retention.dead_letters_max),
+                )
+                .await?;
+            done.dead_letters += trimmed;
+            let reaped: usize = self
+                .run(
+                    s::REAP_CONSUMERS
+                        .key(k.queue(stream))
+                        .arg(self.group())
+                        .arg(ms(retention.idle_consumers)),
+                )
+                .await?;
+            done.consumers += reaped;
+        }
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::keys::Keys;
+    use super::*;
+
+    #[test]
+    fn expiring_members_round_trip_even_with_bars_in_the_saga_name() {
+        let id = TaskId::new();
+        let member = Keys::expiring_member(id, TaskStatus::CompensationFailed, "a|b");
+        assert_eq!(
+            parse_member(&member),
+            Some((id, TaskStatus::CompensationFailed, "a|b"))
+        );
+        assert_eq!(parse_member("nonsense"), None);
+    }
+}

@@ -1,0 +1,213 @@
+//! Process-manager instances, their correlation index, outbox and timeouts.
+
+use async_trait::async_trait;
+use redis::Value;
+
+use super::{corrupt, scripts as s, unavailable, RedisBackend};
+use crate::backend::{
+    truncate_payload, BackendError, ProcessCommit, ProcessInstance, ProcessStore, Settle, WorkItem,
+};
+use crate::process::Envelope;
+
+fn parse_instance(
+    doc: Option<String>,
+    version: Option<String>,
+) -> Result<Option<ProcessInstance>, BackendError> {
+    let Some(doc) = doc else { return Ok(None) };
+    let mut instance: ProcessInstance = serde_json::from_str(&doc).map_err(corrupt)?;
+    instance.version = version
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(instance.version);
+    Ok(Some(instance))
+}
+
+#[async_trait]
+impl ProcessStore for RedisBackend {
+    async fn process_load(
+        &self,
+        process: &str,
+        id: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError> {
+        let (doc, version): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.keys().instance(process, id))
+            .arg("doc")
+            .arg("version")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        parse_instance(doc, version)
+    }
+
+    async fn process_find(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError> {
+        let id: Option<String> = redis::cmd("GET")
+            .arg(self.keys().correlation(process, field, value))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        match id {
+            Some(id) => self.process_load(process, &id).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
+        let mut conn = self.conn();
+        let ids: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.keys().instances(process))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let mut list = Vec::new();
+        for chunk in ids.chunks(200) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HMGET")
+                    .arg(self.keys().instance(process, id))
+                    .arg("doc")
+                    .arg("version");
+            }
+            let docs: Vec<(Option<String>, Option<String>)> =
+                pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            for (doc, version) in docs {
+                list.extend(parse_instance(doc, version)?);
+            }
+        }
+        list.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(list)
+    }
+
+    async fn process_commit(
+        &self,
+        process: &str,
+        commit: ProcessCommit<'_>,
+    ) -> Result<u64, BackendError> {
+        let k = self.keys();
+        let pm = k.process_stream();
+        let limit = self.shared.config.dead_letter_payload_limit;
+        let (kind, entry, payload, reason, size) = match commit.settle {
+            Settle::Nothing => ("none", String::new(), "", "", None),
+            Settle::Ack(d) => ("ack", self.entry_of(d, pm)?, "", "", None),
+            Settle::DeadLetter(d, reason) => {
+                let (payload, size) = truncate_payload(&d.raw, limit);
+                ("dead", self.entry_of(d, pm)?, payload, reason, size)
+            }
+            Settle::ResolveDeadLetter(_) => {
+                return Err(corrupt("process commits do not resolve dead letters"))
+            }
+        };
+        let (id, doc, version) = match commit.instance {
+            Some(i) => (
+                i.id.clone(),
+                serde_json::to_string(i).map_err(corrupt)?,
+                i.version,
+            ),
+            None => (String::new(), String::new(), 0),
+        };
+        let mut invocation = s::PROCESS_COMMIT.prepare_invoke();
+        invocation
+            .key(k.instance(process, &id))
+            .key(k.instances(process))
+            .key(k.queue(pm))
+            .key(k.scheduled())
+            .key(k.dead(pm));
+        for (field, value) in commit.add_keys.iter().chain(&commit.remove_keys) {
+            invocation.key(k.correlation(process, field, value));
+        }
+        for (endpoint, _) in &commit.endpoints {
+            invocation.key(k.endpoint(endpoint));
+        }
+        invocation
+            .arg(if commit.instance.is_some() { "1" } else { "0" })
+            .arg(version)
+            .arg(doc)
+            .arg(&id)
+            .arg(if commit.delete { "1" } else { "0" })
+            .arg(commit.add_keys.len())
+            .arg(commit.remove_keys.len())
+            .arg(commit.endpoints.len())
+            .arg(commit.enqueue.len())
+            .arg(commit.schedule.len())
+            .arg(kind)
+            .arg(entry)
+            .arg(self.group())
+            .arg(payload)
+            .arg(reason)
+            .arg(size.map(|s| s.to_string()).unwrap_or_default())
+            .arg(self.dead_letters_max())
+            .arg(self.shared.config.endpoint_max_len);
+        for envelope in &commit.enqueue {
+            invocation.arg(WorkItem::Process(envelope.clone()).encode());
+        }
+        for (_, payload) in &commit.endpoints {
+            invocation.arg(payload);
+        }
+        for (due, envelope) in &commit.schedule {
+            invocation
+                .arg(*due)
+                .arg(WorkItem::Process(envelope.clone()).encode());
+        }
+        let reply: Vec<Value> = self.run(&invocation).await?;
+        match reply.first() {
+            Some(Value::Int(v)) if *v >= 0 => Ok(*v as u64),
+            Some(Value::Int(_)) => Err(BackendError::ProcessConflict {
+                process: process.to_owned(),
+                instance: id,
+            }),
+            _ => Err(corrupt("unexpected reply from the process commit script")),
+        }
+    }
+
+    async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError> {
+        self.run(
+            s::RELEASE_DUE
+                .key(self.keys().scheduled())
+                .key(self.keys().queue(self.keys().process_stream()))
+                .arg(now_ms)
+                .arg(limit),
+        )
+        .await
+    }
+
+    async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError> {
+        let entries: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(self.keys().scheduled())
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(entries
+            .into_iter()
+            .filter_map(|(payload, due)| match WorkItem::decode(&payload) {
+                Ok(WorkItem::Process(envelope)) => Some((due as u64, envelope)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(self.keys().endpoint(endpoint))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(super::entry::entries(&reply)
+            .into_iter()
+            .map(|(_, fields)| {
+                super::entry::fields(fields)
+                    .iter()
+                    .find(|(k, _)| *k == b"payload")
+                    .map(|(_, v)| super::entry::text(v))
+                    .unwrap_or_default()
+            })
+            .collect())
+    }
+}

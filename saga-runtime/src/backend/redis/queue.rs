@@ -1,0 +1,407 @@
+//! The work queue on Streams consumer groups: reading, taking over from
+//! dead consumers, handing back, delayed messages and the dead-letter
+//! stream.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::{AsyncConnectionConfig, RedisError, Value};
+use tokio::time::Instant;
+
+use super::entry::{self, delivery, entries};
+use super::{ms, scripts as s, unavailable, RedisBackend};
+use crate::backend::{
+    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Page, WorkItem,
+    WorkQueue,
+};
+use crate::task::{TaskId, Timestamp};
+
+/// Messages taken over per stream per claim.
+const CLAIM_BATCH: usize = 16;
+
+/// A dead-letter stream entry.
+fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
+    let fields = entry::fields(raw_fields);
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| *k == name.as_bytes())
+            .map(|(_, v)| entry::text(v))
+            .unwrap_or_default()
+    };
+    DeadLetter {
+        id: format!("{stream}/{id}"),
+        payload: field("payload"),
+        reason: field("reason"),
+        task_id: field("task").parse().ok(),
+        at: Timestamp(field("at").parse().unwrap_or(0)),
+        truncated: field("size").parse().ok(),
+    }
+}
+
+/// A stream entry id as `(ms, seq)`, for ordering across streams.
+fn entry_order(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+impl RedisBackend {
+    /// The blocking-read connection of a consumer: its own, with a response
+    /// timeout longer than the block time (the crate's default would cut a
+    /// blocking read off).
+    async fn reader_conn(
+        &self,
+        consumer: &str,
+    ) -> Result<redis::aio::MultiplexedConnection, BackendError> {
+        if let Some(conn) = self.reader(consumer, |r| r.conn.clone()) {
+            return Ok(conn);
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_response_timeout(Some(self.shared.config.block + Duration::from_secs(5)))
+            .set_connection_timeout(Some(Duration::from_secs(5)));
+        let conn = self
+            .shared
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(unavailable)?;
+        self.reader(consumer, |r| r.conn = Some(conn.clone()));
+        Ok(conn)
+    }
+
+    /// Returns the first of `deliveries` and buffers the rest for `consumer`.
+    fn hand_out(&self, consumer: &str, deliveries: Vec<Delivery>) -> Option<Delivery> {
+        let mut it = deliveries.into_iter();
+        let first = it.next();
+        let rest: Vec<Delivery> = it.collect();
+        if !rest.is_empty() {
+            self.reader(consumer, |r| r.buffered.extend(rest));
+        }
+        first
+    }
+
+    /// Takes over messages whose consumer stopped settling them; returns
+    /// the first and buffers the rest.
+    async fn claim(&self, consumer: &str) -> Result<Option<Delivery>, BackendError> {
+        let mut claimed = Vec::new();
+        for p in 0..self.keys().streams() {
+            let reply: Value = self
+                .run(
+                    s::CLAIM
+                        .key(self.keys().queue(p))
+                        .arg(self.group())
+                        .arg(consumer)
+                        .arg(ms(self.shared.config.visibility_timeout))
+                        .arg(CLAIM_BATCH),
+                )
+                .await?;
+            for item in entry::items(&reply) {
+                if let [id, count, fields] = entry::items(item).as_slice() {
+                    let id = entry::text(id);
+                    let count = entry::text(count).parse().unwrap_or(1);
+                    tracing::info!(message = %id, consumer, deliveries = count, "took over a message whose worker stopped");
+                    claimed.push(delivery(p, &id, fields, count, consumer));
+                }
+            }
+        }
+        Ok(self.hand_out(consumer, claimed))
+    }
+
+    async fn read_new(
+        &self,
+        consumer: &str,
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BackendError> {
+        let mut conn = self.reader_conn(consumer).await?;
+        let block = wait.min(self.shared.config.block);
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(self.group())
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(ms(block))
+            .arg("STREAMS");
+        let streams = self.keys().streams();
+        for p in 0..streams {
+            cmd.arg(self.keys().queue(p));
+        }
+        for _ in 0..streams {
+            cmd.arg(">");
+        }
+        let reply: Result<Value, RedisError> = cmd.query_async(&mut conn).await;
+        match reply {
+            Ok(reply) => {
+                // COUNT is per stream: a read over several streams may
+                // return one entry from each. All of them are now pending
+                // for this consumer; hand out one and buffer the others.
+                let mut deliveries = Vec::new();
+                for stream in entry::items(&reply) {
+                    let [key, list] = entry::items(stream)[..] else {
+                        continue;
+                    };
+                    let key = entry::text(key);
+                    let Some(p) = (0..streams).find(|p| self.keys().queue(*p) == key) else {
+                        continue;
+                    };
+                    for (id, fields) in entries(list) {
+                        deliveries.push(delivery(p, &id, fields, 1, consumer));
+                    }
+                }
+                Ok(self.hand_out(consumer, deliveries))
+            }
+            Err(e) => {
+                // Drop the connection so the next read reconnects; recreate
+                // the groups if the server lost them (a restart without
+                // persistence, a failover): then the read simply found
+                // nothing this time.
+                self.reader(consumer, |r| r.conn = None);
+                if e.code() == Some("NOGROUP") {
+                    tracing::warn!("the server lost the consumer groups; recreating them");
+                    self.ensure_groups().await?;
+                    return Ok(None);
+                }
+                Err(unavailable(e))
+            }
+        }
+    }
+
+    fn queue_of(&self, item: &WorkItem) -> String {
+        let k = self.keys();
+        match item.task_id() {
+            Some(id) => k.queue(k.partition_of(id)),
+            None => k.queue(k.process_stream()),
+        }
+    }
+}
+
+#[async_trait]
+impl WorkQueue for RedisBackend {
+    fn visibility_timeout(&self) -> Duration {
+        self.shared.config.visibility_timeout
+    }
+
+    async fn enqueue(&self, items: &[WorkItem]) -> Result<(), BackendError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for item in items {
+            pipe.cmd("XADD")
+                .arg(self.queue_of(item))
+                .arg("*")
+                .arg("payload")
+                .arg(item.encode())
+                .ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError> {
+        let _: String = redis::cmd("XADD")
+            .arg(self.keys().queue(0))
+            .arg("*")
+            .arg("payload")
+            .arg(payload)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn receive(
+        &self,
+        consumer: &str,
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BackendError> {
+        if let Some(buffered) = self.reader(consumer, |r| r.buffered.pop_front()) {
+            return Ok(Some(buffered));
+        }
+        let claim_every =
+            (self.shared.config.visibility_timeout / 2).max(Duration::from_millis(50));
+        let due = self.reader(consumer, |r| {
+            let due = r.last_claim.is_none_or(|at| at.elapsed() >= claim_every);
+            if due {
+                r.last_claim = Some(Instant::now());
+            }
+            due
+        });
+        if due {
+            if let Some(delivery) = self.claim(consumer).await? {
+                return Ok(Some(delivery));
+            }
+        }
+        self.read_new(consumer, wait).await
+    }
+
+    async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError> {
+        let (p, entry) = self.locate(delivery)?;
+        let _: Value = redis::cmd("XCLAIM")
+            .arg(self.keys().queue(p))
+            .arg(self.group())
+            .arg(&delivery.consumer)
+            .arg(0)
+            .arg(entry)
+            .arg("JUSTID")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
+        let (p, entry) = self.locate(delivery)?;
+        let _: i64 = self
+            .run(
+                s::ACK
+                    .key(self.keys().queue(p))
+                    .arg(self.group())
+                    .arg(entry),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
+        let (p, entry) = self.locate(delivery)?;
+        let _: i64 = self
+            .run(
+                s::RELEASE
+                    .key(self.keys().queue(p))
+                    .key(self.keys().delayed(p))
+                    .arg(self.group())
+                    .arg(&delivery.consumer)
+                    .arg(entry)
+                    .arg(delay.as_millis().min(u64::MAX as u128) as u64),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &str,
+        task_id: Option<TaskId>,
+    ) -> Result<(), BackendError> {
+        let (p, entry) = self.locate(delivery)?;
+        let (payload, size) =
+            truncate_payload(&delivery.raw, self.shared.config.dead_letter_payload_limit);
+        let _: String = self
+            .run(
+                s::DEAD_LETTER
+                    .key(self.keys().queue(p))
+                    .key(self.keys().dead(p))
+                    .arg(self.group())
+                    .arg(entry)
+                    .arg(payload)
+                    .arg(reason)
+                    .arg(task_id.map(|t| t.to_string()).unwrap_or_default())
+                    .arg(size.map(|s| s.to_string()).unwrap_or_default())
+                    .arg(self.dead_letters_max()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn release_due(&self, limit: usize) -> Result<usize, BackendError> {
+        let mut moved = 0;
+        for p in 0..self.keys().streams() {
+            let n: usize = self
+                .run(
+                    s::RELEASE_DELAYED
+                        .key(self.keys().delayed(p))
+                        .key(self.keys().queue(p))
+                        .arg(limit),
+                )
+                .await?;
+            moved += n;
+        }
+        Ok(moved)
+    }
+
+    async fn dead_letters(
+        &self,
+        query: &DeadLetterQuery,
+    ) -> Result<Page<DeadLetter>, BackendError> {
+        // Newest first across streams, by entry id then stream; a cursor is
+        // the last letter's id.
+        let after = match &query.after {
+            Some(id) => match self.keys().split_id(id) {
+                Some((p, entry)) => Some((entry_order(entry), p)),
+                None => {
+                    return Err(BackendError::Corrupt(format!(
+                        "`{id}` is not a dead-letter id"
+                    )))
+                }
+            },
+            None => None,
+        };
+        let mut conn = self.conn();
+        let mut letters: Vec<((u64, u64), u16, DeadLetter)> = Vec::new();
+        for p in 0..self.keys().streams() {
+            let end = match after {
+                None => "+".to_owned(),
+                // Entries of later streams with the cursor's id come after
+                // it in the order; of earlier streams, before.
+                Some(((ms, seq), cp)) if p < cp => format!("{ms}-{seq}"),
+                Some(((ms, seq), _)) => format!("({ms}-{seq}"),
+            };
+            let reply: Value = redis::cmd("XREVRANGE")
+                .arg(self.keys().dead(p))
+                .arg(&end)
+                .arg("-")
+                .arg("COUNT")
+                .arg(query.limit + 1)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            for (id, fields) in entries(&reply) {
+                letters.push((entry_order(&id), p, dead_letter(p, &id, fields)));
+            }
+        }
+        letters.sort_by_key(|l| std::cmp::Reverse((l.0, l.1)));
+        let more = letters.len() > query.limit;
+        letters.truncate(query.limit);
+        let items: Vec<DeadLetter> = letters.into_iter().map(|(_, _, l)| l).collect();
+        let next = more.then(|| items.last().map(|l| l.id.clone())).flatten();
+        Ok(Page { items, next })
+    }
+
+    async fn dead_letter_by_id(&self, id: &str) -> Result<Option<DeadLetter>, BackendError> {
+        let Some((p, entry)) = self.keys().split_id(id) else {
+            return Ok(None);
+        };
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(self.keys().dead(p))
+            .arg(entry)
+            .arg(entry)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(entries(&reply)
+            .first()
+            .map(|(id, fields)| dead_letter(p, id, fields)))
+    }
+
+    async fn requeue_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError> {
+        let Some((p, entry)) = self.keys().split_id(id) else {
+            return Ok(None);
+        };
+        let fields: Value = self
+            .run(
+                s::REQUEUE
+                    .key(self.keys().dead(p))
+                    .key(self.keys().queue(p))
+                    .arg(entry),
+            )
+            .await?;
+        Ok(match fields {
+            Value::Nil => None,
+            fields => Some(dead_letter(p, entry, &fields)),
+        })
+    }
+}

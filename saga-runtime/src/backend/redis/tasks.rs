@@ -1,0 +1,493 @@
+//! Task records, leases, attempt claims, commits and cancellation flags.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::{BoxStream, StreamExt};
+use redis::Value;
+use uuid::Uuid;
+
+use super::keys::Keys;
+use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
+use crate::backend::{
+    truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, QueueMessage,
+    Settle, TaskCommit, TaskQuery, TaskStore, WorkItem,
+};
+use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+
+/// A stored cancellation flag (`<ms>|<token>`; plain `<ms>` is accepted).
+fn cancel_time(stored: Option<String>) -> Option<Timestamp> {
+    let stored = stored?;
+    let ms = stored.split('|').next()?;
+    ms.parse().ok().map(Timestamp)
+}
+
+fn parse_doc(
+    doc: Option<String>,
+    version: Option<String>,
+) -> Result<Option<TaskInstance>, BackendError> {
+    let Some(doc) = doc else { return Ok(None) };
+    let mut task: TaskInstance = serde_json::from_str(&doc).map_err(corrupt)?;
+    task.version = version.and_then(|v| v.parse().ok()).unwrap_or(task.version);
+    Ok(Some(task))
+}
+
+fn doc(task: &TaskInstance) -> Result<String, BackendError> {
+    serde_json::to_string(task).map_err(corrupt)
+}
+
+impl RedisBackend {
+    /// Reads a write script's `{code, stored}` reply.
+    fn check_write(
+        reply: &[Value],
+        task: &TaskInstance,
+        lease: &Lease,
+    ) -> Result<u64, BackendError> {
+        let code = match reply.first() {
+            Some(Value::Int(code)) => *code,
+            _ => return Err(corrupt("unexpected reply from a write script")),
+        };
+        let stored = reply.get(1).map(super::entry::text);
+        match code {
+            v if v > 0 => Ok(v as u64),
+            -1 => Err(BackendError::LockLost {
+                task: task.id,
+                fence: lease.fence,
+            }),
+            -2 => Err(BackendError::Conflict {
+                task: task.id,
+                expected: task.version,
+                actual: stored.and_then(|s| s.parse().ok()).unwrap_or(0),
+            }),
+            -3 => Err(BackendError::NotFound(task.id)),
+            -5 => Err(BackendError::CancelRequested {
+                task: task.id,
+                at: cancel_time(stored).unwrap_or_else(Timestamp::now),
+            }),
+            _ => Err(corrupt("unexpected reply from a write script")),
+        }
+    }
+
+    /// One partition's page of a saga's tasks, newest first.
+    async fn list_partition(
+        &self,
+        partition: u16,
+        query: &TaskQuery,
+    ) -> Result<Vec<TaskInstance>, BackendError> {
+        let k = self.keys();
+        let index = k.index(partition, &query.saga, query.status);
+        let mut conn = self.conn();
+        let limit = query.limit.max(1);
+        // The page ends (exclusive) at the cursor or `created_to`,
+        // whichever is earlier; tasks created in the cursor's millisecond
+        // are compared by id.
+        let cursor_ms = query.after.map(|c| c.created_at.0);
+        let to_ms = query.created_to.map(|t| t.0);
+        let upper = match (cursor_ms, to_ms) {
+            (Some(c), Some(t)) => Some(c.min(t)),
+            (c, t) => c.or(t),
+        };
+        let upper = upper.map_or("+inf".to_owned(), |u| format!("({u}"));
+        let lower = query
+            .created_from
+            .map_or("-inf".to_owned(), |f| f.0.to_string());
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZRANGE")
+            .arg(&index)
+            .arg(&upper)
+            .arg(&lower)
+            .arg("BYSCORE")
+            .arg("REV")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit);
+        let ties_wanted = match (query.after, to_ms) {
+            (Some(c), Some(t)) => c.created_at.0 < t,
+            (Some(_), None) => true,
+            _ => false,
+        } && query
+            .after
+            .is_some_and(|c| query.created_from.is_none_or(|f| c.created_at >= f));
+        if let Some(c) = query.after.filter(|_| ties_wanted) {
+            pipe.cmd("ZRANGE")
+                .arg(&index)
+                .arg(c.created_at.0)
+                .arg(c.created_at.0)
+                .arg("BYSCORE");
+        } else {
+            pipe.cmd("ECHO").arg("");
+        }
+        let (older, ties): (Vec<String>, Value) =
+            pipe.query_async(&mut conn).await.map_err(unavailable)?;
+        let mut ids: Vec<String> = match query.after.filter(|_| ties_wanted) {
+            Some(c) => {
+                let cursor = c.id.to_string();
+                let mut same: Vec<String> = super::entry::items(&ties)
+                    .into_iter()
+                    .map(super::entry::text)
+                    .filter(|id| *id < cursor)
+                    .collect();
+                same.sort_unstable_by(|a, b| b.cmp(a));
+                same
+            }
+            None => Vec::new(),
+        };
+        ids.extend(older);
+        ids.truncate(limit);
+        self.load_many(&ids, query).await
+    }
+
+    async fn load_many(
+        &self,
+        ids: &[String],
+        query: &TaskQuery,
+    ) -> Result<Vec<TaskInstance>, BackendError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            let id: TaskId = id.parse().map_err(corrupt)?;
+            pipe.cmd("HMGET")
+                .arg(self.keys().task(id))
+                .arg("doc")
+                .arg("version");
+        }
+        let docs: Vec<(Option<String>, Option<String>)> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut tasks = Vec::new();
+        for (doc, version) in docs {
+            // An index entry whose task just expired: skip it (the janitor
+            // removes the entry).
+            tasks.extend(parse_doc(doc, version)?.filter(|t| query.matches(t)));
+        }
+        Ok(tasks)
+    }
+}
+
+#[async_trait]
+impl TaskStore for RedisBackend {
+    async fn create_task(
+        &self,
+        task: &TaskInstance,
+        first: &QueueMessage,
+    ) -> Result<Created, BackendError> {
+        let k = self.keys();
+        let p = k.partition_of(task.id);
+        let existing: Option<String> = self
+            .run(
+                s::CREATE
+                    .key(k.task(task.id))
+                    .key(k.index(p, &task.saga, None))
+                    .key(k.index(p, &task.saga, Some(TaskStatus::Pending)))
+                    .key(k.queue(p))
+                    .arg(doc(task)?)
+                    .arg(task.id.to_string())
+                    .arg(WorkItem::Saga(first.clone()).encode())
+                    .arg(task.created_at.0),
+            )
+            .await?;
+        match existing {
+            None => Ok(Created::New),
+            Some(stored) => {
+                let task = parse_doc(Some(stored), None)?
+                    .ok_or_else(|| corrupt("create returned no record"))?;
+                Ok(Created::Existing(Box::new(task)))
+            }
+        }
+    }
+
+    async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError> {
+        let (doc, version): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.keys().task(id))
+            .arg("doc")
+            .arg("version")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        parse_doc(doc, version)
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError> {
+        let mut tasks = Vec::new();
+        for p in 0..self.keys().partitions() {
+            tasks.extend(self.list_partition(p, query).await?);
+        }
+        tasks.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
+        tasks.truncate(query.limit);
+        Ok(tasks)
+    }
+
+    async fn lock_and_load(
+        &self,
+        id: TaskId,
+        ttl: Duration,
+    ) -> Result<Option<Locked>, BackendError> {
+        let k = self.keys();
+        let token = Uuid::new_v4().simple().to_string();
+        let reply: Option<Vec<Value>> = self
+            .run(
+                s::LOCK
+                    .key(k.lock(id))
+                    .key(k.fence(id))
+                    .key(k.task(id))
+                    .key(k.cancel(id))
+                    .arg(&token)
+                    .arg(ms(ttl)),
+            )
+            .await?;
+        let Some(reply) = reply else {
+            return Ok(None);
+        };
+        let text = |i: usize| {
+            reply
+                .get(i)
+                .filter(|v| !matches!(v, Value::Nil))
+                .map(super::entry::text)
+        };
+        let fence: u64 = text(0).and_then(|f| f.parse().ok()).unwrap_or(0);
+        if fence == 0 {
+            // No such task; no lease was taken.
+            return Ok(Some(Locked {
+                lease: Lease {
+                    task_id: id,
+                    token,
+                    fence: 0,
+                },
+                task: None,
+                cancel_requested: None,
+            }));
+        }
+        Ok(Some(Locked {
+            lease: Lease {
+                task_id: id,
+                token,
+                fence,
+            },
+            task: parse_doc(text(1), text(2))?,
+            cancel_requested: cancel_time(text(3)),
+        }))
+    }
+
+    async fn record_attempt(
+        &self,
+        task: &TaskInstance,
+        stored_status: TaskStatus,
+        lease: &Lease,
+        claim: &str,
+    ) -> Result<(u64, bool), BackendError> {
+        let k = self.keys();
+        let p = k.partition_of(task.id);
+        let reply: Vec<Value> = self
+            .run(
+                s::RECORD_ATTEMPT
+                    .key(k.fence(task.id))
+                    .key(k.task(task.id))
+                    .key(k.claims(task.id))
+                    .key(k.index(p, &task.saga, Some(stored_status)))
+                    .key(k.index(p, &task.saga, Some(task.status)))
+                    .arg(lease.fence)
+                    .arg(task.version)
+                    .arg(doc(task)?)
+                    .arg(claim)
+                    .arg(format!("{:?}", task.status))
+                    .arg(task.id.to_string())
+                    .arg(task.created_at.0),
+            )
+            .await?;
+        let version = Self::check_write(&reply, task, lease)?;
+        Ok((version, matches!(reply.get(1), Some(Value::Int(1)))))
+    }
+
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError> {
+        let k = self.keys();
+        let task = commit.task;
+        let p = k.partition_of(task.id);
+        let limit = self.shared.config.dead_letter_payload_limit;
+        let (kind, entry, payload, reason, size) = match commit.settle {
+            Settle::Nothing => ("none", String::new(), "", "", None),
+            Settle::Ack(d) => ("ack", self.entry_of(d, p)?, "", "", None),
+            Settle::DeadLetter(d, reason) => {
+                let (payload, size) = truncate_payload(&d.raw, limit);
+                ("dead", self.entry_of(d, p)?, payload, reason, size)
+            }
+            Settle::ResolveDeadLetter(id) => {
+                let (lp, entry) = k
+                    .split_id(id)
+                    .ok_or_else(|| corrupt(format!("bad dead letter id {id}")))?;
+                if lp != p {
+                    return Err(corrupt(format!(
+                        "dead letter {id} is not in task {}'s partition",
+                        task.id
+                    )));
+                }
+                ("resolve", entry.to_owned(), "", "", None)
+            }
+        };
+        let (next, delay) = match &commit.next {
+            Some(next) => (
+                WorkItem::Saga(next.message.clone()).encode(),
+                next.delay.as_millis().min(u64::MAX as u128) as u64,
+            ),
+            None => (String::new(), 0),
+        };
+        // A task leaving a terminal status (a requeue) leaves the expiry set.
+        let stored_member = if commit.stored_status.is_terminal() {
+            Keys::expiring_member(task.id, commit.stored_status, &task.saga)
+        } else {
+            String::new()
+        };
+        let reply: Vec<Value> = self
+            .run(
+                s::COMMIT
+                    .key(k.fence(task.id))
+                    .key(k.task(task.id))
+                    .key(k.lock(task.id))
+                    .key(k.queue(p))
+                    .key(k.dead(p))
+                    .key(k.cancel(task.id))
+                    .key(k.delayed(p))
+                    .key(k.index(p, &task.saga, Some(commit.stored_status)))
+                    .key(k.index(p, &task.saga, Some(task.status)))
+                    .key(k.expiring(p))
+                    .key(k.claims(task.id))
+                    .arg(commit.lease.fence)
+                    .arg(task.version)
+                    .arg(doc(task)?)
+                    .arg(&commit.lease.token)
+                    .arg(next)
+                    .arg(delay)
+                    .arg(kind)
+                    .arg(entry)
+                    .arg(self.group())
+                    .arg(payload)
+                    .arg(reason)
+                    .arg(task.id.to_string())
+                    .arg(if commit.unless_cancelled { "1" } else { "0" })
+                    .arg(format!("{:?}", task.status))
+                    .arg(
+                        commit
+                            .expire_after
+                            .map(ms)
+                            .map(|m| m.to_string())
+                            .unwrap_or_default(),
+                    )
+                    .arg(task.created_at.0)
+                    .arg(stored_member)
+                    .arg(Keys::expiring_member(task.id, task.status, &task.saga))
+                    .arg(size.map(|s| s.to_string()).unwrap_or_default())
+                    .arg(self.dead_letters_max()),
+            )
+            .await?;
+        Self::check_write(&reply, task, commit.lease)
+    }
+
+    async fn heartbeat(
+        &self,
+        lease: &Lease,
+        delivery: &Delivery,
+        ttl: Duration,
+    ) -> Result<Heartbeat, BackendError> {
+        let k = self.keys();
+        let p = k.partition_of(lease.task_id);
+        let entry = self.entry_of(delivery, p)?;
+        let (held, cancel): (i64, Option<String>) = self
+            .run(
+                s::HEARTBEAT
+                    .key(k.lock(lease.task_id))
+                    .key(k.queue(p))
+                    .key(k.cancel(lease.task_id))
+                    .arg(&lease.token)
+                    .arg(ms(ttl))
+                    .arg(self.group())
+                    .arg(&delivery.consumer)
+                    .arg(entry),
+            )
+            .await?;
+        Ok(Heartbeat {
+            lock_held: held == 1,
+            cancel_requested: cancel_time(cancel),
+        })
+    }
+
+    async fn unlock(&self, lease: &Lease) -> Result<bool, BackendError> {
+        let released: i64 = self
+            .run(
+                s::UNLOCK
+                    .key(self.keys().lock(lease.task_id))
+                    .arg(&lease.token),
+            )
+            .await?;
+        Ok(released == 1)
+    }
+
+    async fn request_cancel(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+    ) -> Result<Option<Timestamp>, BackendError> {
+        let k = self.keys();
+        let previous: Option<String> = self
+            .run(
+                s::CANCEL
+                    .key(k.cancel(id))
+                    .key(k.task(id))
+                    .key(k.queue(k.partition_of(id)))
+                    .arg(Timestamp::now().0)
+                    .arg(token)
+                    .arg(k.cancel_channel())
+                    .arg(id.to_string())
+                    .arg(WorkItem::Saga(wake.clone()).encode()),
+            )
+            .await?;
+        Ok(cancel_time(previous))
+    }
+
+    async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
+        let at: Option<String> = redis::cmd("GET")
+            .arg(self.keys().cancel(id))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(cancel_time(at))
+    }
+
+    async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let client = self.shared.client.clone();
+        let channel = self.keys().cancel_channel();
+        // Resubscribes after a disconnect; ends when the receiver is dropped.
+        tokio::spawn(async move {
+            loop {
+                match client.get_async_pubsub().await {
+                    Ok(mut pubsub) => {
+                        if pubsub.subscribe(&channel).await.is_ok() {
+                            let mut messages = pubsub.on_message();
+                            while let Some(msg) = messages.next().await {
+                                let Ok(text) = msg.get_payload::<String>() else {
+                                    continue;
+                                };
+                                if let Ok(id) = text.parse::<TaskId>() {
+                                    if tx.send(id).is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "cancellation subscription failed; retrying")
+                    }
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        Ok(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed())
+    }
+}

@@ -1,0 +1,266 @@
+//! [`EngineBuilder`]: what an engine runs and how.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use super::Engine;
+use crate::backend::memory::MemoryBackend;
+use crate::backend::Backend;
+use crate::error::Error;
+use crate::policy::RetryPolicy;
+use crate::process::{ErasedProcess, ProcessManager};
+use crate::runtime::{Runtime, Settings};
+use crate::saga::{ErasedSaga, Saga};
+
+/// Configures an [`Engine`].
+pub struct EngineBuilder {
+    backend: Option<Arc<dyn Backend>>,
+    sagas: Vec<Arc<dyn ErasedSaga>>,
+    processes: Vec<Arc<dyn ErasedProcess>>,
+    workers: usize,
+    settings: Settings,
+}
+
+impl EngineBuilder {
+    pub(super) fn new() -> Self {
+        EngineBuilder {
+            backend: None,
+            sagas: Vec::new(),
+            processes: Vec::new(),
+            workers: 4,
+            settings: Settings::default(),
+        }
+    }
+
+    /// Registers a saga (its dependencies live in `saga`).
+    pub fn saga<S: Saga>(mut self, saga: S) -> Self {
+        self.sagas.push(Arc::new(saga));
+        self
+    }
+
+    /// Registers a process manager (its dependencies live in `pm`).
+    pub fn process_manager<P: ProcessManager>(mut self, pm: P) -> Self {
+        self.processes.push(Arc::new(pm));
+        self
+    }
+
+    /// Uses `backend` instead of a fresh [`MemoryBackend`].
+    pub fn backend(mut self, backend: impl Backend) -> Self {
+        self.backend = Some(Arc::new(backend));
+        self
+    }
+
+    /// Uses a shared backend.
+    pub fn backend_arc(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// Background workers started by [`build`](Self::build) (default 4).
+    /// Use 0 for a process that only starts and inspects tasks and leaves
+    /// the work to [`Engine::run_workers`] elsewhere.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// How long one attempt of a step (or compensation, or process-manager
+    /// handler) may run when its `#[saga_step(n, timeout_ms = ..)]` says
+    /// nothing (default 5 minutes). A timed-out attempt's
+    /// `ctx.cancelled()` fires; after the [stop grace](Self::stop_grace) it
+    /// is dropped and counts as a transient failure.
+    pub fn step_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.step_timeout = timeout;
+        self
+    }
+
+    /// How long an attempt asked to stop (its timeout ran out, or its task
+    /// was cancelled) has to return before it is dropped (default 5 s).
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.settings.stop_grace = grace;
+        self
+    }
+
+    /// TTL of the task lease (default: the backend's visibility timeout).
+    /// The lease is renewed while a step runs, so this bounds how long a
+    /// dead worker's task stays blocked, not how long a step may run.
+    pub fn lock_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.lease_ttl = Some(ttl);
+        self
+    }
+
+    /// How soon a message for a locked task is tried again (default 100 ms).
+    pub fn lock_retry_delay(mut self, delay: Duration) -> Self {
+        self.settings.lock_retry_delay = delay;
+        self
+    }
+
+    /// How often a running step renews its lease and polls for a
+    /// cancellation requested in another process (default 1 s, and at least
+    /// three times per lease). Requests made through this engine reach the
+    /// step at once.
+    pub fn cancel_poll_interval(mut self, interval: Duration) -> Self {
+        self.settings.heartbeat = interval;
+        self
+    }
+
+    /// How long a graceful shutdown waits for running steps (default 30 s)
+    /// before handing their messages back for redelivery.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.settings.shutdown_grace = grace;
+        self
+    }
+
+    /// Deliveries a message may go through without any worker settling it
+    /// (each one's worker died handling it) before it is dead-lettered as
+    /// poison (default 10). A saga task whose message is poison ends
+    /// `DeadLettered`.
+    pub fn max_deliveries(mut self, n: u32) -> Self {
+        self.settings.max_deliveries = n;
+        self
+    }
+
+    /// How long a task that ended `Completed`, `Compensated`, `Failed` or
+    /// `Cancelled` is kept (default 7 days; `None` keeps it for ever). Every
+    /// key of the task goes when it expires.
+    pub fn retention(mut self, keep: Option<Duration>) -> Self {
+        self.settings.retention = keep;
+        self
+    }
+
+    /// How long a task that ended `CompensationFailed` or `DeadLettered`,
+    /// and a dead letter, is kept for an operator (default 30 days; `None`
+    /// keeps them for ever).
+    pub fn attention_retention(mut self, keep: Option<Duration>) -> Self {
+        self.settings.attention_retention = keep;
+        self
+    }
+
+    /// The most dead letters kept (per queue partition; default 100,000):
+    /// older ones are removed first.
+    pub fn max_dead_letters(mut self, n: usize) -> Self {
+        self.settings.dead_letters_max = n;
+        self
+    }
+
+    /// How long a queue consumer may sit idle with nothing in hand before
+    /// housekeeping removes it from its group (default 10 minutes): a worker
+    /// process that exited leaves its consumers behind.
+    pub fn idle_consumer_timeout(mut self, idle: Duration) -> Self {
+        self.settings.idle_consumers = idle;
+        self
+    }
+
+    /// How often housekeeping runs (default 30 s; one engine at a time).
+    pub fn housekeeping_interval(mut self, every: Duration) -> Self {
+        self.settings.housekeeping_interval = every;
+        self
+    }
+
+    /// How `start`, `wait`, `task` and `cancel` retry a backend that is
+    /// briefly unreachable (default: exponential from 50 ms, capped at 1 s,
+    /// 30 retries: about 25 s) before returning [`Error::Unavailable`].
+    pub fn client_retry(mut self, policy: RetryPolicy) -> Self {
+        self.settings.client_retry = policy;
+        self
+    }
+
+    /// Dead-letter continuing messages that match no instance, instead of
+    /// only logging and counting them (default: off).
+    pub fn dead_letter_unmatched(mut self, yes: bool) -> Self {
+        self.settings.dead_letter_unmatched = yes;
+        self
+    }
+
+    /// How often due retries and timeouts are moved onto the queue
+    /// (default 100 ms; one engine at a time).
+    pub fn timeout_poll_interval(mut self, interval: Duration) -> Self {
+        self.settings.timer_poll = interval;
+        self
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        let s = &self.settings;
+        let positive = [
+            ("step_timeout", s.step_timeout),
+            ("cancel_poll_interval", s.heartbeat),
+            ("timeout_poll_interval", s.timer_poll),
+            ("housekeeping_interval", s.housekeeping_interval),
+        ];
+        for (name, value) in positive {
+            if value.is_zero() {
+                return Err(Error::Config(format!("`{name}` must be longer than zero")));
+            }
+        }
+        if s.max_deliveries == 0 {
+            return Err(Error::Config(
+                "`max_deliveries` must be at least 1: every message needs one delivery".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Builds the engine and starts its background workers.
+    pub async fn build(self) -> Result<Engine, Error> {
+        self.check()?;
+        let mut sagas = HashMap::new();
+        for saga in self.sagas {
+            let name = saga.definition().name;
+            if sagas.insert(name, saga).is_some() {
+                return Err(Error::DuplicateSaga(name.to_owned()));
+            }
+        }
+        let mut processes = HashMap::new();
+        let mut routes: HashMap<&'static str, Vec<&'static str>> = HashMap::new();
+        for pm in self.processes {
+            let def = pm.definition();
+            for (i, handler) in def.handlers.iter().enumerate() {
+                if def.handlers[..i]
+                    .iter()
+                    .any(|h| h.message_type == handler.message_type)
+                {
+                    return Err(Error::DuplicateMessageType {
+                        process: def.name.to_owned(),
+                        message_type: handler.message_type.to_owned(),
+                    });
+                }
+                routes
+                    .entry(handler.message_type)
+                    .or_default()
+                    .push(def.name);
+            }
+            if processes.insert(def.name, pm).is_some() {
+                return Err(Error::DuplicateSaga(def.name.to_owned()));
+            }
+        }
+        let backend = self
+            .backend
+            .unwrap_or_else(|| Arc::new(MemoryBackend::new()));
+        let rt = Arc::new(Runtime::new(
+            backend,
+            sagas,
+            processes,
+            routes,
+            self.settings,
+        ));
+        let listener = rt.clone();
+        let mut cancellations = rt.backend.cancellations().await?;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = listener.shutdown.cancelled() => return,
+                    next = cancellations.next() => match next {
+                        Some(id) => listener.signal_cancel(id),
+                        None => return,
+                    },
+                }
+            }
+        });
+        let engine = Engine::from_runtime(rt);
+        engine.spawn_workers(self.workers);
+        Ok(engine)
+    }
+}

@@ -1,0 +1,356 @@
+//! Starting, waiting for, listing and cancelling tasks.
+//!
+//! Every call here rides out a backend that is briefly unreachable (a
+//! dropped connection, a restarting Redis): it retries under the engine's
+//! client retry policy, then gives up with [`Error::Unavailable`]. Retrying
+//! is safe because each call is idempotent: a task's id is chosen before it
+//! is created, so a start whose reply was lost finds its own task on the
+//! retry instead of creating a second one.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::{CancelResult, Engine};
+use crate::backend::{BackendError, Created, QueueMessage, TaskCursor, TaskQuery};
+use crate::error::Error;
+use crate::policy::Backoff;
+use crate::saga::Saga;
+use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+
+/// Which tasks [`Engine::tasks`] lists, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// Only this saga's tasks (default: every registered saga).
+    pub saga: Option<String>,
+    /// Only tasks in this status.
+    pub status: Option<TaskStatus>,
+    /// Only tasks created at or after this time.
+    pub created_from: Option<Timestamp>,
+    /// Only tasks created before this time.
+    pub created_to: Option<Timestamp>,
+    /// Where the page starts: a [`TaskPage::next`] from the previous page.
+    pub cursor: Option<String>,
+    /// Page size (default 50, at most 1000).
+    pub limit: usize,
+}
+
+impl TaskFilter {
+    /// Every task, 50 per page.
+    pub fn new() -> Self {
+        TaskFilter::default()
+    }
+
+    /// Only the tasks of `saga`.
+    pub fn saga(mut self, saga: impl Into<String>) -> Self {
+        self.saga = Some(saga.into());
+        self
+    }
+
+    /// Only the tasks in `status`.
+    pub fn status(mut self, status: TaskStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Only the tasks created in `[from, to)`.
+    pub fn created_between(mut self, from: Timestamp, to: Timestamp) -> Self {
+        self.created_from = Some(from);
+        self.created_to = Some(to);
+        self
+    }
+
+    /// The page after the one that returned `cursor` as its `next`.
+    pub fn after(mut self, cursor: impl Into<String>) -> Self {
+        self.cursor = Some(cursor.into());
+        self
+    }
+
+    /// At most `n` tasks per page.
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = n;
+        self
+    }
+
+    fn page_size(&self) -> usize {
+        match self.limit {
+            0 => 50,
+            n => n.min(1000),
+        }
+    }
+}
+
+/// One page of [`Engine::tasks`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskPage {
+    /// The tasks, newest first.
+    pub tasks: Vec<TaskInstance>,
+    /// The cursor of the next page (`TaskFilter::after`); `None` on the last.
+    pub next: Option<String>,
+}
+
+/// A deterministic task id for an idempotent start: the same saga and key
+/// always name the same task.
+fn keyed_id(saga: &str, key: &str) -> TaskId {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6f1c_9a2e_5b7d_4c3a_9e8f_1a2b_3c4d_5e6f);
+    TaskId(uuid::Uuid::new_v5(
+        &NAMESPACE,
+        format!("{saga}\u{0}{key}").as_bytes(),
+    ))
+}
+
+impl Engine {
+    /// Runs `call` until it succeeds, fails for good, or the backend stayed
+    /// unreachable for the whole client retry policy.
+    pub(crate) async fn retrying<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        mut call: F,
+    ) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, BackendError>>,
+    {
+        let mut schedule = self.rt.settings.client_retry.schedule(0);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            match call().await {
+                Ok(value) => return Ok(value),
+                Err(error) if error.is_transient() => match schedule.next_backoff() {
+                    Some(delay) => {
+                        tracing::debug!(operation, %error, ?delay, "backend unavailable; retrying");
+                        tokio::time::sleep(delay).await;
+                    }
+                    None => {
+                        return Err(Error::Unavailable {
+                            operation,
+                            attempts,
+                            source: error,
+                        })
+                    }
+                },
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    /// Starts a task of saga `S`; returns at once with its id.
+    pub async fn start<S: Saga>(&self, input: S::Input) -> Result<TaskId, Error> {
+        let task = self.new_task::<S>(TaskId::new(), &input)?;
+        match self.create(&task).await? {
+            Created::New => {}
+            // A retry after a lost reply: the task is ours.
+            Created::Existing(_) => {}
+        }
+        Ok(task.id)
+    }
+
+    /// Starts a task of saga `S` at most once per `key`: calling it again
+    /// with the same key (a retried request, a redelivered command) returns
+    /// the same task's id without starting another, for as long as the
+    /// task is retained. A reused key with a different input is an error.
+    pub async fn start_with_key<S: Saga>(
+        &self,
+        key: &str,
+        input: S::Input,
+    ) -> Result<TaskId, Error> {
+        let task = self.new_task::<S>(keyed_id(S::NAME, key), &input)?;
+        match self.create(&task).await? {
+            Created::New => Ok(task.id),
+            Created::Existing(existing) if existing.input == task.input => Ok(task.id),
+            Created::Existing(_) => Err(Error::KeyReused {
+                key: key.to_owned(),
+                task: task.id,
+            }),
+        }
+    }
+
+    fn new_task<S: Saga>(&self, id: TaskId, input: &S::Input) -> Result<TaskInstance, Error> {
+        let def = S::definition();
+        if !self.rt.sagas.contains_key(def.name) {
+            return Err(Error::UnknownSaga(def.name.to_owned()));
+        }
+        let input = serde_json::to_value(input)?;
+        let steps = def.steps.iter().map(|s| (s.name.to_owned(), s.order));
+        let mut task = TaskInstance::new(def.name, input, steps);
+        task.id = id;
+        Ok(task)
+    }
+
+    async fn create(&self, task: &TaskInstance) -> Result<Created, Error> {
+        let first = QueueMessage {
+            task_id: task.id,
+            saga: task.saga.clone(),
+            seq: 0,
+        };
+        let created = self
+            .retrying("start", || self.rt.backend.create_task(task, &first))
+            .await?;
+        if let Created::Existing(existing) = &created {
+            if existing.saga != task.saga {
+                return Err(Error::WrongSaga {
+                    task: task.id,
+                    expected: task.saga.clone(),
+                    actual: existing.saga.clone(),
+                });
+            }
+        } else {
+            tracing::info!(task_id = %task.id, saga = %task.saga, trace_id = %task.trace_id, "task started");
+        }
+        Ok(created)
+    }
+
+    /// A fresh copy of the task, if it exists.
+    pub async fn task(&self, id: TaskId) -> Result<Option<TaskInstance>, Error> {
+        self.retrying("task", || self.rt.backend.load_task(id))
+            .await
+    }
+
+    /// One page of tasks, newest first; pass [`TaskPage::next`] to
+    /// [`TaskFilter::after`] for the next one.
+    pub async fn tasks(&self, filter: TaskFilter) -> Result<TaskPage, Error> {
+        let limit = filter.page_size();
+        let after = filter
+            .cursor
+            .as_deref()
+            .map(|c| c.parse::<TaskCursor>().map_err(Error::InvalidCursor))
+            .transpose()?;
+        let sagas: Vec<String> = match &filter.saga {
+            Some(saga) => vec![saga.clone()],
+            None => self.sagas().iter().map(|d| d.name.to_owned()).collect(),
+        };
+        let mut tasks = Vec::new();
+        for saga in sagas {
+            let query = TaskQuery {
+                saga,
+                status: filter.status,
+                created_from: filter.created_from,
+                created_to: filter.created_to,
+                after,
+                limit: limit + 1,
+            };
+            let page = self
+                .retrying("tasks", || self.rt.backend.list_tasks(&query))
+                .await?;
+            tasks.extend(page);
+        }
+        tasks.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
+        let more = tasks.len() > limit;
+        tasks.truncate(limit);
+        let next = more
+            .then(|| tasks.last().map(|t| TaskCursor::after(t).to_string()))
+            .flatten();
+        Ok(TaskPage { tasks, next })
+    }
+
+    /// Every retained task of the saga named `saga`, oldest first (read in
+    /// pages; for large sets prefer [`tasks`](Self::tasks)).
+    pub async fn tasks_of(&self, saga: &str) -> Result<Vec<TaskInstance>, Error> {
+        let mut all = Vec::new();
+        let mut filter = TaskFilter::new().saga(saga).limit(1000);
+        loop {
+            let page = self.tasks(filter.clone()).await?;
+            all.extend(page.tasks);
+            match page.next {
+                Some(next) => filter = filter.after(next),
+                None => break,
+            }
+        }
+        all.reverse();
+        Ok(all)
+    }
+
+    /// Waits until the task reaches a terminal status and returns it.
+    pub async fn wait(&self, id: TaskId) -> Result<TaskInstance, Error> {
+        loop {
+            let task = self
+                .retrying("wait", || self.rt.backend.load_task(id))
+                .await?;
+            match task {
+                None => return Err(Error::TaskNotFound(id)),
+                Some(task) if task.status.is_terminal() => return Ok(task),
+                Some(_) => {
+                    self.rt
+                        .backend
+                        .wait_for_change(id, Duration::from_millis(50))
+                        .await
+                }
+            }
+        }
+    }
+
+    /// [`cancel`](Self::cancel) by saga name, for callers that only have the
+    /// name (the HTTP routes). Fails with [`Error::WrongSaga`] when the task
+    /// belongs to another saga.
+    pub(crate) async fn cancel_by_name(
+        &self,
+        saga: &str,
+        id: TaskId,
+    ) -> Result<CancelResult, Error> {
+        let Some(task) = self.task(id).await? else {
+            return Ok(CancelResult::NotFound);
+        };
+        if task.saga != saga {
+            return Err(Error::WrongSaga {
+                task: id,
+                expected: saga.to_owned(),
+                actual: task.saga,
+            });
+        }
+        match task.status {
+            TaskStatus::Completed => return Ok(CancelResult::AlreadyCompleted),
+            TaskStatus::Cancelled => return Ok(CancelResult::AlreadyCancelled),
+            _ if task.cancelled_at.is_some() => return Ok(CancelResult::AlreadyCancelled),
+            TaskStatus::Pending | TaskStatus::Running => {}
+            other => return Ok(CancelResult::NotCancellable(other)),
+        }
+        // One token per request: a retry whose first try's reply was lost
+        // is recognised as the same request.
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let wake = QueueMessage {
+            task_id: id,
+            saga: task.saga.clone(),
+            seq: task.seq,
+        };
+        let earlier = self
+            .retrying("cancel", || {
+                self.rt.backend.request_cancel(id, &token, &wake)
+            })
+            .await?;
+        if earlier.is_some() {
+            return Ok(CancelResult::AlreadyCancelled);
+        }
+        // The task may have ended between the status check and the request.
+        // From here on a worker cannot complete or fail it (its commit is
+        // refused while the flag is set), so what the store says now decides.
+        match self.task(id).await?.map(|t| t.status) {
+            Some(TaskStatus::Completed) => return Ok(CancelResult::AlreadyCompleted),
+            Some(
+                status @ (TaskStatus::Failed
+                | TaskStatus::DeadLettered
+                | TaskStatus::Compensated
+                | TaskStatus::CompensationFailed),
+            ) => return Ok(CancelResult::NotCancellable(status)),
+            // It expired meanwhile; nothing was recorded.
+            None => return Ok(CancelResult::NotFound),
+            _ => {}
+        }
+        self.rt.signal_cancel(id);
+        tracing::info!(task_id = %id, saga, "cancellation requested");
+        Ok(CancelResult::Cancelled)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_ids_depend_on_saga_and_key_only() {
+        assert_eq!(keyed_id("s", "k"), keyed_id("s", "k"));
+        assert_ne!(keyed_id("s", "k"), keyed_id("s", "k2"));
+        assert_ne!(keyed_id("s", "k"), keyed_id("t", "k"));
+        // The separator keeps ("ab", "c") and ("a", "bc") apart.
+        assert_ne!(keyed_id("ab", "c"), keyed_id("a", "bc"));
+    }
+}

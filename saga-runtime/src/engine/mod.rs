@@ -1,0 +1,119 @@
+//! The engine: start, wait for, list and cancel tasks; publish to process
+//! managers; manage the dead-letter queue; run workers.
+//!
+//! - `builder`: [`EngineBuilder`], registration and settings;
+//! - `client`: starting, waiting, listing, cancelling (riding out transient
+//!   backend errors);
+//! - `operator`: the dead-letter queue;
+//! - `processes`: publishing and inspecting process managers;
+//! - `lifecycle`: the workers and background duties of this process.
+
+mod builder;
+mod client;
+mod lifecycle;
+mod operator;
+mod processes;
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::runtime::Runtime;
+use crate::saga::{BoxFuture, Cancellable};
+use crate::task::TaskId;
+use crate::task::TaskStatus;
+
+pub use crate::backend::{DeadLetter, ProcessInstance};
+pub use crate::process::ProcessMetrics;
+pub use builder::EngineBuilder;
+pub use client::{TaskFilter, TaskPage};
+pub use operator::{DeadLetterFilter, DeadLetterPage};
+
+/// The result of [`Engine::cancel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum CancelResult {
+    /// Cancellation was recorded: the running step's token is signalled and
+    /// the completed steps will be compensated in reverse order; the task
+    /// ends `Cancelled` (or `CompensationFailed`).
+    Cancelled,
+    /// No such task.
+    NotFound,
+    /// The task already completed; nothing to cancel.
+    AlreadyCompleted,
+    /// Cancellation was already requested (or the task is cancelled).
+    AlreadyCancelled,
+    /// The task already ended another way (failed, compensated, dead-lettered)
+    /// or is compensating after a failure: cancelling has no meaning.
+    NotCancellable(TaskStatus),
+}
+
+/// Stops the background workers when the last [`Engine`] handle is dropped.
+struct Owner(CancellationToken);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// Starts, inspects and cancels tasks. Cheap to clone; every clone is the
+/// same engine. Dropping the last clone stops its background workers.
+#[derive(Clone)]
+pub struct Engine {
+    rt: Arc<Runtime>,
+    _owner: Arc<Owner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<_> = self.rt.sagas.keys().collect();
+        names.sort();
+        f.debug_struct("Engine")
+            .field("sagas", &names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// A builder with the in-memory backend and 4 background workers.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::new()
+    }
+
+    fn from_runtime(rt: Arc<Runtime>) -> Self {
+        let owner = Owner(rt.shutdown.clone());
+        Engine {
+            rt,
+            _owner: Arc::new(owner),
+        }
+    }
+
+    /// The definitions of the registered sagas, sorted by name.
+    pub fn sagas(&self) -> Vec<&'static crate::saga::SagaDefinition> {
+        let mut defs: Vec<_> = self.rt.sagas.values().map(|s| s.definition()).collect();
+        defs.sort_by_key(|d| d.name);
+        defs
+    }
+
+    /// The backend, for operators and tests.
+    pub fn backend(&self) -> &Arc<dyn crate::backend::Backend> {
+        &self.rt.backend
+    }
+
+    /// Requests cancellation of a task of a `#[cancellable]` saga.
+    ///
+    /// Returns once the request is recorded: the running step's
+    /// [`StepContext::cancelled`](crate::StepContext::cancelled) fires (in
+    /// whichever process runs it), a task waiting to retry is woken, then
+    /// the completed steps are compensated in reverse order.
+    /// [`wait`](Self::wait) for the final status.
+    // Returns a boxed future whose type does not mention `S`: the
+    // `Cancellable` bound is then checked once, at the call, and a saga
+    // without `#[cancellable]` gets one error instead of one per use of the
+    // future.
+    pub fn cancel<S: Cancellable>(&self, id: TaskId) -> BoxFuture<'_, Result<CancelResult, Error>> {
+        Box::pin(self.cancel_by_name(S::NAME, id))
+    }
+}

@@ -1,0 +1,181 @@
+//! The dead-letter queue: list it page by page, requeue what was fixed.
+
+use super::Engine;
+use crate::backend::{DeadLetter, DeadLetterQuery, Next, QueueMessage, Settle, TaskCommit};
+use crate::error::Error;
+use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus};
+
+/// Which dead letters [`Engine::dead_letters`] lists, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    /// Where the page starts: a [`DeadLetterPage::next`].
+    pub cursor: Option<String>,
+    /// Page size (default 50, at most 1000).
+    pub limit: usize,
+}
+
+impl DeadLetterFilter {
+    /// The newest 50.
+    pub fn new() -> Self {
+        DeadLetterFilter::default()
+    }
+
+    /// The page after the one that returned `cursor` as its `next`.
+    pub fn after(mut self, cursor: impl Into<String>) -> Self {
+        self.cursor = Some(cursor.into());
+        self
+    }
+
+    /// At most `n` per page.
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = n;
+        self
+    }
+}
+
+/// One page of [`Engine::dead_letters`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterPage {
+    /// The dead letters, newest first.
+    pub letters: Vec<DeadLetter>,
+    /// The cursor of the next page; `None` on the last.
+    pub next: Option<String>,
+}
+
+impl Engine {
+    /// One page of the messages parked on the dead-letter queue, newest
+    /// first.
+    pub async fn dead_letters(&self, filter: DeadLetterFilter) -> Result<DeadLetterPage, Error> {
+        let query = DeadLetterQuery {
+            after: filter.cursor,
+            limit: match filter.limit {
+                0 => 50,
+                n => n.min(1000),
+            },
+        };
+        let page = self
+            .retrying("dead_letters", || self.rt.backend.dead_letters(&query))
+            .await?;
+        Ok(DeadLetterPage {
+            letters: page.items,
+            next: page.next,
+        })
+    }
+
+    /// One dead letter.
+    pub async fn dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, Error> {
+        self.retrying("dead_letter", || self.rt.backend.dead_letter_by_id(id))
+            .await
+    }
+
+    /// Puts a dead-lettered message back on the queue (`dead_letter_id` is
+    /// a [`DeadLetter::id`]).
+    ///
+    /// For a task parked by `on_exhausted = dead_letter` or as poison, the
+    /// failed step (or compensation) gets a fresh retry budget (attempt
+    /// numbers keep counting, so attempt claims stay unique) and the task
+    /// resumes where it stopped.
+    pub async fn requeue(&self, dead_letter_id: &str) -> Result<(), Error> {
+        let backend = &self.rt.backend;
+        let letter = self
+            .dead_letter(dead_letter_id)
+            .await?
+            .ok_or_else(|| Error::DeadLetterNotFound(dead_letter_id.to_owned()))?;
+        if let Some(size) = letter.truncated {
+            return Err(Error::DeadLetterTruncated {
+                id: dead_letter_id.to_owned(),
+                size,
+            });
+        }
+        let parked = match letter.task_id {
+            Some(id) => self
+                .task(id)
+                .await?
+                .is_some_and(|t| t.status == TaskStatus::DeadLettered),
+            None => false,
+        };
+        if !parked {
+            // Bad input (or a task that moved on): put the raw message back.
+            return match backend.requeue_dead_letter(dead_letter_id).await? {
+                Some(_) => Ok(()),
+                None => Err(Error::DeadLetterNotFound(dead_letter_id.to_owned())),
+            };
+        }
+        let id = letter.task_id.expect("parked implies a task id");
+        // The task is parked, so its lock is normally free; wait at most one
+        // lease for a straggler to let go.
+        let deadline = tokio::time::Instant::now() + self.rt.lease_ttl();
+        let locked = loop {
+            if let Some(locked) = backend.lock_and_load(id, self.rt.lease_ttl()).await? {
+                break locked;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Backend(crate::backend::BackendError::unavailable(
+                    format!("task {id} stayed locked; try the requeue again"),
+                )));
+            }
+            tokio::time::sleep(self.rt.settings.lock_retry_delay).await;
+        };
+        let Some(mut task) = locked.task.filter(|t| t.status == TaskStatus::DeadLettered) else {
+            backend.unlock(&locked.lease).await?;
+            return Err(Error::DeadLetterNotFound(dead_letter_id.to_owned()));
+        };
+        resume(&mut task, dead_letter_id);
+        task.seq += 1;
+        let next = Next {
+            message: QueueMessage {
+                task_id: task.id,
+                saga: task.saga.clone(),
+                seq: task.seq,
+            },
+            delay: std::time::Duration::ZERO,
+        };
+        let committed = backend
+            .commit(TaskCommit {
+                task: &task,
+                stored_status: TaskStatus::DeadLettered,
+                lease: &locked.lease,
+                next: Some(next),
+                settle: Settle::ResolveDeadLetter(dead_letter_id),
+                unless_cancelled: false,
+                expire_after: None,
+            })
+            .await;
+        if committed.is_err() {
+            let _ = backend.unlock(&locked.lease).await;
+        }
+        committed?;
+        Ok(())
+    }
+}
+
+/// Gives a parked task a fresh retry budget where it stopped: the failed
+/// step, or the compensation it was running.
+fn resume(task: &mut TaskInstance, dead_letter_id: &str) {
+    let compensating = task.cancelled_at.is_some()
+        || task
+            .steps
+            .iter()
+            .any(|s| matches!(s.status, StepStatus::Compensating | StepStatus::Compensated));
+    for step in &mut task.steps {
+        match step.status {
+            StepStatus::Failed if !compensating => {
+                step.status = StepStatus::Pending;
+                step.retry_base = step.attempt_count;
+            }
+            StepStatus::Compensating => {
+                step.compensation_retry_base = step.compensation_attempts;
+            }
+            _ => {}
+        }
+    }
+    task.error = None;
+    task.audit(
+        AuditEntry::new(AuditAction::Requeued).details(format!("dead letter {dead_letter_id}")),
+    );
+    task.set_status(if compensating {
+        TaskStatus::Compensating
+    } else {
+        TaskStatus::Running
+    });
+}

@@ -1,0 +1,102 @@
+//! Publishing to process managers and looking at their instances.
+
+use super::Engine;
+use crate::backend::{ProcessInstance, WorkItem};
+use crate::error::Error;
+use crate::process::{Envelope, EnvelopeKind, Message, ProcessManager, ProcessMetrics};
+
+impl Engine {
+    /// Publishes `msg` to every registered process manager that handles its
+    /// type; returns how many that is (0 is logged: nothing handles it).
+    pub async fn publish<M: Message>(&self, msg: M) -> Result<usize, Error> {
+        self.publish_with_id(&uuid::Uuid::new_v4().to_string(), msg)
+            .await
+    }
+
+    /// [`publish`](Self::publish) with the message's own id: publishing the
+    /// same id twice (a producer's retry) is recognised by the instance and
+    /// the duplicate changes nothing.
+    pub async fn publish_with_id<M: Message>(
+        &self,
+        message_id: &str,
+        msg: M,
+    ) -> Result<usize, Error> {
+        let payload = serde_json::to_value(&msg)?;
+        let subscribers = self.rt.subscribers(M::TYPE);
+        if subscribers.is_empty() {
+            tracing::warn!(
+                message_type = M::TYPE,
+                "published message has no process manager to handle it"
+            );
+            return Ok(0);
+        }
+        let items: Vec<WorkItem> = subscribers
+            .iter()
+            .map(|process| {
+                WorkItem::Process(Envelope {
+                    message_id: message_id.to_owned(),
+                    process: (*process).to_owned(),
+                    message_type: M::TYPE.to_owned(),
+                    payload: payload.clone(),
+                    kind: EnvelopeKind::Message,
+                    instance_id: None,
+                    failures: 0,
+                })
+            })
+            .collect();
+        // A retry may enqueue a message twice; the instance drops the
+        // duplicate by its id.
+        self.retrying("publish", || self.rt.backend.enqueue(&items))
+            .await?;
+        Ok(items.len())
+    }
+
+    /// The instance `id` of process manager `P`.
+    pub async fn process_instance<P: ProcessManager>(
+        &self,
+        id: &str,
+    ) -> Result<Option<ProcessInstance>, Error> {
+        self.retrying("process_instance", || {
+            self.rt.backend.process_load(P::NAME, id)
+        })
+        .await
+    }
+
+    /// The instance of `P` whose correlated state field `field` is `value`.
+    pub async fn find_process<P: ProcessManager>(
+        &self,
+        field: &str,
+        value: &str,
+    ) -> Result<Option<ProcessInstance>, Error> {
+        self.retrying("find_process", || {
+            self.rt.backend.process_find(P::NAME, field, value)
+        })
+        .await
+    }
+
+    /// The state of instance `id` of `P`, decoded.
+    pub async fn process_state<P: ProcessManager>(
+        &self,
+        id: &str,
+    ) -> Result<Option<P::State>, Error> {
+        match self.process_instance::<P>(id).await? {
+            Some(instance) => Ok(Some(serde_json::from_value(instance.state)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every instance of `P`.
+    pub async fn process_instances<P: ProcessManager>(
+        &self,
+    ) -> Result<Vec<ProcessInstance>, Error> {
+        self.retrying("process_instances", || {
+            self.rt.backend.process_list(P::NAME)
+        })
+        .await
+    }
+
+    /// Process-manager counters of this engine.
+    pub fn process_metrics(&self) -> &ProcessMetrics {
+        &self.rt.metrics
+    }
+}

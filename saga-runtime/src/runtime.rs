@@ -1,0 +1,220 @@
+//! What the engine and its workers share: the backend, the registered sagas
+//! and process managers, the settings, the circuit breakers and the
+//! cancellation tokens of the tasks running in this process.
+//!
+//! It lives apart from both so that data flows one way: the engine builds a
+//! [`Runtime`] and starts workers on it; workers never reach back into the
+//! engine.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, Retention};
+use crate::circuit::CircuitBreaker;
+use crate::policy::{BackoffKind, RetryPolicy};
+use crate::process::{ErasedProcess, ProcessMetrics};
+use crate::saga::{ErasedSaga, StepDefinition};
+use crate::task::{TaskId, TaskStatus};
+
+/// Tunables shared by every worker of an engine; see the builder methods of
+/// [`EngineBuilder`](crate::engine::EngineBuilder) for what each one means.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// `None`: the backend's visibility timeout.
+    pub lease_ttl: Option<Duration>,
+    pub lock_retry_delay: Duration,
+    pub receive_wait: Duration,
+    pub heartbeat: Duration,
+    pub shutdown_grace: Duration,
+    pub timer_poll: Duration,
+    pub dead_letter_unmatched: bool,
+    pub step_timeout: Duration,
+    pub stop_grace: Duration,
+    pub max_deliveries: u32,
+    pub retention: Option<Duration>,
+    pub attention_retention: Option<Duration>,
+    pub dead_letters_max: usize,
+    pub idle_consumers: Duration,
+    pub housekeeping_interval: Duration,
+    pub client_retry: RetryPolicy,
+}
+
+/// The default retention of finished tasks: 7 days.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+/// The default retention of tasks that need an operator
+/// (`CompensationFailed`, `DeadLettered`) and of dead letters: 30 days.
+pub const DEFAULT_ATTENTION_RETENTION: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lease_ttl: None,
+            lock_retry_delay: Duration::from_millis(100),
+            receive_wait: Duration::from_secs(1),
+            heartbeat: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(30),
+            timer_poll: Duration::from_millis(100),
+            dead_letter_unmatched: false,
+            step_timeout: Duration::from_secs(5 * 60),
+            stop_grace: Duration::from_secs(5),
+            max_deliveries: 10,
+            retention: Some(DEFAULT_RETENTION),
+            attention_retention: Some(DEFAULT_ATTENTION_RETENTION),
+            dead_letters_max: 100_000,
+            idle_consumers: Duration::from_secs(10 * 60),
+            housekeeping_interval: Duration::from_secs(30),
+            // 50 ms, 100 ms, ... capped at 1 s: about 25 s in all.
+            client_retry: RetryPolicy::new(30, BackoffKind::Exponential, 50)
+                .with_max_delay_ms(1000)
+                .with_jitter(true),
+        }
+    }
+}
+
+impl Settings {
+    /// How long a finished task is kept, by its status (`None`: for ever).
+    pub fn retention_for(&self, status: TaskStatus) -> Option<Duration> {
+        match status {
+            TaskStatus::CompensationFailed | TaskStatus::DeadLettered => self.attention_retention,
+            s if s.is_terminal() => self.retention,
+            _ => None,
+        }
+    }
+
+    /// What the janitor removes.
+    pub fn housekeeping(&self) -> Retention {
+        Retention {
+            dead_letters: self.attention_retention,
+            dead_letters_max: self.dead_letters_max,
+            idle_consumers: self.idle_consumers,
+            batch: 1000,
+        }
+    }
+}
+
+/// The state shared by an engine's handles and its workers.
+pub(crate) struct Runtime {
+    pub backend: Arc<dyn Backend>,
+    pub sagas: HashMap<&'static str, Arc<dyn ErasedSaga>>,
+    pub processes: HashMap<&'static str, Arc<dyn ErasedProcess>>,
+    /// Message type -> the process managers that handle it.
+    pub routes: HashMap<&'static str, Vec<&'static str>>,
+    pub metrics: ProcessMetrics,
+    pub settings: Settings,
+    /// Names this engine's consumers: unique per engine, so two processes
+    /// (two containers whose pid is 1) never share a consumer.
+    pub instance: String,
+    breakers: Mutex<HashMap<(&'static str, &'static str), Arc<CircuitBreaker>>>,
+    running: Mutex<HashMap<TaskId, CancellationToken>>,
+    pub shutdown: CancellationToken,
+}
+
+impl Runtime {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        sagas: HashMap<&'static str, Arc<dyn ErasedSaga>>,
+        processes: HashMap<&'static str, Arc<dyn ErasedProcess>>,
+        routes: HashMap<&'static str, Vec<&'static str>>,
+        settings: Settings,
+    ) -> Self {
+        let random = uuid::Uuid::new_v4().simple().to_string();
+        Runtime {
+            backend,
+            sagas,
+            processes,
+            routes,
+            metrics: ProcessMetrics::default(),
+            settings,
+            instance: format!("{}.{}", std::process::id(), &random[..6]),
+            breakers: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// The task lease's TTL: short, renewed by the heartbeat, so that a
+    /// killed worker's tasks resume once their messages are redelivered.
+    pub fn lease_ttl(&self) -> Duration {
+        self.settings
+            .lease_ttl
+            .unwrap_or_else(|| self.backend.visibility_timeout())
+            .max(Duration::from_millis(30))
+    }
+
+    /// How often a running step's lease is renewed: a third of the lease,
+    /// at most the heartbeat setting.
+    pub fn heartbeat_every(&self) -> Duration {
+        (self.lease_ttl() / 3)
+            .min(self.settings.heartbeat)
+            .max(Duration::from_millis(10))
+    }
+
+    /// The process managers that handle `message_type`.
+    pub fn subscribers(&self, message_type: &str) -> Vec<&'static str> {
+        self.routes.get(message_type).cloned().unwrap_or_default()
+    }
+
+    /// The breaker of one saga step, shared by every task of this engine.
+    pub fn breaker(
+        &self,
+        saga: &'static str,
+        step: &StepDefinition,
+    ) -> Option<Arc<CircuitBreaker>> {
+        let config = step.circuit_breaker?;
+        let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        Some(
+            breakers
+                .entry((saga, step.name))
+                .or_insert_with(|| Arc::new(CircuitBreaker::new(config)))
+                .clone(),
+        )
+    }
+
+    /// Registers the token of a task that starts running here; the token is
+    /// forgotten when the returned guard drops.
+    pub fn register_running(self: &Arc<Self>, id: TaskId) -> Running {
+        let token = CancellationToken::new();
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, token.clone());
+        Running {
+            runtime: self.clone(),
+            id,
+            token,
+        }
+    }
+
+    /// Fires the token of a task running here, if it is.
+    pub fn signal_cancel(&self, id: TaskId) {
+        if let Some(token) = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+        {
+            token.cancel();
+        }
+    }
+}
+
+/// A task running in this process: its cancellation token, registered for
+/// as long as this guard lives (however the run ends, a shutdown included).
+pub(crate) struct Running {
+    runtime: Arc<Runtime>,
+    id: TaskId,
+    pub token: CancellationToken,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.runtime
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}

@@ -1,0 +1,678 @@
+//! What happens next to a task: the saga protocol as a pure function of the
+//! task record and an event, with no I/O.
+//!
+//! A worker that holds a task's lease asks [`plan`] what the task needs now.
+//! The answer is either a call (the next attempt of a step or of a
+//! compensation) or a change to commit without calling anything (begin a
+//! cancellation, give up on a step whose last attempt never reported back,
+//! finish). After a call, [`on_outcome`] turns its result into the task's
+//! next state and the [`Effects`] the commit must carry: the next message,
+//! now or after a backoff delay, or none for a terminal status.
+//!
+//! One delivery of a task's message runs at most one attempt. A retry is a
+//! delayed message, not a sleep: no worker and no lease is held while a
+//! backoff runs, and a crash between attempts loses nothing.
+//!
+//! Everything here mutates the task in memory; the worker persists it.
+//! Keeping the decisions in one place, free of Redis and tokio, is what lets
+//! the tests below go through every transition exhaustively.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::error::StepErrorKind;
+use crate::policy::{Backoff, OnExhausted, RetryPolicy};
+use crate::saga::SagaDefinition;
+use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp};
+
+/// Whether an attempt runs a step or its compensation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Step,
+    Compensation,
+}
+
+/// The attempt a worker is to make: step (or compensation of step) `idx`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Call {
+    pub phase: Phase,
+    pub idx: usize,
+}
+
+impl Call {
+    /// The method called: the step's, or its compensation's.
+    pub fn method(&self, def: &SagaDefinition) -> &'static str {
+        let step = &def.steps[self.idx];
+        match (self.phase, &step.compensation) {
+            (Phase::Compensation, Some(c)) => c.name,
+            _ => step.name,
+        }
+    }
+
+    /// The retry policy that governs this attempt.
+    pub fn policy(&self, def: &SagaDefinition) -> RetryPolicy {
+        let step = &def.steps[self.idx];
+        match (self.phase, &step.compensation) {
+            (Phase::Compensation, Some(c)) => c.retry,
+            _ => step.retry,
+        }
+    }
+
+    /// The call's JSON input: the saga's input for step 1, the previous
+    /// step's output for later steps, the step's own output for its
+    /// compensation.
+    pub fn input(&self, task: &TaskInstance) -> Value {
+        let output = |i: usize| task.steps[i].output.clone().unwrap_or(Value::Null);
+        match (self.phase, self.idx) {
+            (Phase::Step, 0) => task.input.clone(),
+            (Phase::Step, i) => output(i - 1),
+            (Phase::Compensation, i) => output(i),
+        }
+    }
+}
+
+/// What [`plan`] decided.
+#[derive(Debug)]
+pub(crate) enum Plan {
+    /// Make this attempt: [`record_attempt`], persist, call, then
+    /// [`on_outcome`].
+    Call(Call),
+    /// Commit the task as [`plan`] left it, with these effects.
+    Commit(Effects),
+    /// Nothing to do: the task has ended.
+    Nothing,
+}
+
+/// When the task's next message is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NextMove {
+    /// The task has ended: no message.
+    Stop,
+    /// At once.
+    Now,
+    /// After a backoff delay (durable: a scheduled message).
+    After(Duration),
+}
+
+/// What the commit of a transition must carry besides the task.
+#[derive(Debug)]
+pub(crate) struct Effects {
+    pub next: NextMove,
+    /// Park the message on the dead-letter queue with this reason.
+    pub dead_letter: Option<String>,
+    /// Set when this transition ends the running phase (completed, failed,
+    /// dead-lettered, compensating after a failure): the task as it was just
+    /// before that decision. The commit is then refused if cancellation was
+    /// requested meanwhile, and the worker applies [`begin_cancel`] to this
+    /// copy instead, so an accepted cancellation is never overtaken.
+    pub guard: Option<Box<TaskInstance>>,
+}
+
+impl Effects {
+    fn next(next: NextMove) -> Self {
+        Effects {
+            next,
+            dead_letter: None,
+            guard: None,
+        }
+    }
+
+    /// Effects for the task's status as it now stands.
+    fn continue_or_stop(task: &TaskInstance) -> Self {
+        Effects::next(if task.status.is_terminal() {
+            NextMove::Stop
+        } else {
+            NextMove::Now
+        })
+    }
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Outcome {
+    /// It returned `Ok` (the JSON of its output; `null` for a compensation).
+    Succeeded(Value),
+    /// It returned an error.
+    Failed { error: String, kind: StepErrorKind },
+    /// It ran past its timeout and was cancelled and dropped; a transient
+    /// failure.
+    TimedOut { after: Duration },
+    /// The task's cancellation stopped it (steps only).
+    Cancelled { at: Timestamp, error: String },
+    /// The circuit breaker refused the call; no attempt was made (steps only).
+    CircuitOpen(String),
+    /// The attempt's claim was already taken: this attempt number ran (or
+    /// began) elsewhere, so it was not run again.
+    AlreadyClaimed,
+}
+
+/// The attempt just recorded by [`record_attempt`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    /// 1-based, counting across crashes and requeues.
+    pub number: u32,
+    /// The attempt's claim, unique within the task: `{method}:{number}`.
+    pub claim: String,
+}
+
+/// The reason a poisoned message is dead-lettered with.
+pub(crate) fn poison_reason(deliveries: u32) -> String {
+    format!(
+        "delivered {deliveries} times without completing (each delivery's worker stopped \
+         before settling it: a crash, an abort, or running out of memory)"
+    )
+}
+
+/// Decides what the task needs now. `cancel` is the cancellation flag as
+/// read with the lease taken.
+pub(crate) fn plan(
+    task: &mut TaskInstance,
+    def: &SagaDefinition,
+    cancel: Option<Timestamp>,
+    worker: &str,
+) -> Plan {
+    if task.status.is_terminal() {
+        return Plan::Nothing;
+    }
+    if let Some(at) = cancel {
+        if task.cancelled_at.is_none()
+            && matches!(task.status, TaskStatus::Pending | TaskStatus::Running)
+        {
+            begin_cancel(task, def, at);
+            return Plan::Commit(Effects::continue_or_stop(task));
+        }
+    }
+    match task.status {
+        TaskStatus::Pending | TaskStatus::Running => plan_step(task, def, worker),
+        TaskStatus::Compensating => plan_compensation(task, def, worker),
+        _ => Plan::Nothing,
+    }
+}
+
+fn plan_step(task: &mut TaskInstance, def: &SagaDefinition, worker: &str) -> Plan {
+    let Some(idx) = task
+        .steps
+        .iter()
+        .position(|s| s.status != StepStatus::Completed)
+    else {
+        // Every step is recorded complete (a crash right after the last
+        // step's commit was refused): finish.
+        task.output = task.steps.last().and_then(|s| s.output.clone());
+        task.set_status(TaskStatus::Completed);
+        return Plan::Commit(Effects::next(NextMove::Stop));
+    };
+    let call = Call {
+        phase: Phase::Step,
+        idx,
+    };
+    let rec = &mut task.steps[idx];
+    if rec.status == StepStatus::Running {
+        abandoned(task, def, call, worker);
+    }
+    let rec = &task.steps[idx];
+    let used = rec.attempt_count - rec.retry_base;
+    if used > call.policy(def).max_retries {
+        let error = rec.error.clone().unwrap_or_default();
+        return Plan::Commit(exhausted(task, def, idx, error, false));
+    }
+    Plan::Call(call)
+}
+
+fn plan_compensation(task: &mut TaskInstance, def: &SagaDefinition, worker: &str) -> Plan {
+    let Some(idx) = next_compensable(task, def) else {
+        finish_or_compensate(task, def);
+        return Plan::Commit(Effects::continue_or_stop(task));
+    };
+    let call = Call {
+        phase: Phase::Compensation,
+        idx,
+    };
+    let rec = &task.steps[idx];
+    if rec.status == StepStatus::Compensating
+        && rec.compensation_attempts > 0
+        && rec.next_attempt_at.is_none()
+    {
+        abandoned(task, def, call, worker);
+    }
+    let rec = &task.steps[idx];
+    if rec.compensation_attempts - rec.compensation_retry_base > call.policy(def).max_retries {
+        let error = rec.compensation_error.clone().unwrap_or_default();
+        compensation_failed(task, def, idx, error);
+        return Plan::Commit(Effects::next(NextMove::Stop));
+    }
+    Plan::Call(call)
+}
+
+/// The last attempt began (it was recorded) but never reported back: its
+/// worker died, hung past its lease, or lost the lease. It counts as a
+/// failed attempt.
+fn abandoned(task: &mut TaskInstance, def: &SagaDefinition, call: Call, worker: &str) {
+    let method = call.method(def);
+    let rec = &mut task.steps[call.idx];
+    let attempt = match call.phase {
+        Phase::Step => rec.attempt_count,
+        Phase::Compensation => rec.compensation_attempts,
+    };
+    let error =
+        format!("attempt {attempt} did not report back (its worker stopped or lost its lease)");
+    match call.phase {
+        Phase::Step => {
+            rec.status = StepStatus::Pending;
+            rec.error = Some(error.clone());
+        }
+        Phase::Compensation => rec.compensation_error = Some(error.clone()),
+    }
+    task.audit(
+        AuditEntry::new(AuditAction::AttemptAbandoned)
+            .step(method)
+            .attempt(attempt)
+            .error(error)
+            .worker(worker),
+    );
+}
+
+/// Marks the attempt as begun, before the call: the attempt count is
+/// persisted first, so a crash during the call does not reset it.
+pub(crate) fn record_attempt(task: &mut TaskInstance, def: &SagaDefinition, call: Call) -> Attempt {
+    let method = call.method(def);
+    let rec = &mut task.steps[call.idx];
+    rec.next_attempt_at = None;
+    let number = match call.phase {
+        Phase::Step => {
+            rec.attempt_count += 1;
+            rec.status = StepStatus::Running;
+            rec.started_at.get_or_insert_with(Timestamp::now);
+            rec.attempt_count
+        }
+        Phase::Compensation => {
+            rec.compensation_attempts += 1;
+            rec.status = StepStatus::Compensating;
+            rec.compensation_attempts
+        }
+    };
+    if call.phase == Phase::Step && task.status == TaskStatus::Pending {
+        task.set_status(TaskStatus::Running);
+    }
+    Attempt {
+        number,
+        claim: format!("{method}:{number}"),
+    }
+}
+
+/// Applies the outcome of an attempt (or of a refused call) to the task.
+pub(crate) fn on_outcome(
+    task: &mut TaskInstance,
+    def: &SagaDefinition,
+    call: Call,
+    outcome: Outcome,
+    worker: &str,
+) -> Effects {
+    match call.phase {
+        Phase::Step => step_outcome(task, def, call, outcome, worker),
+        Phase::Compensation => compensation_outcome(task, def, call, outcome, worker),
+    }
+}
+
+fn step_outcome(
+    task: &mut TaskInstance,
+    def: &SagaDefinition,
+    call: Call,
+    outcome: Outcome,
+    worker: &str,
+) -> Effects {
+    let idx = call.idx;
+    let name = def.steps[idx].name;
+    let attempt = task.steps[idx].attempt_count;
+    let (error, kind) = match outcome {
+        Outcome::Succeeded(output) => {
+            let rec = &mut task.steps[idx];
+            rec.status = StepStatus::Completed;
+            rec.completed_at = Some(Timestamp::now());
+            rec.output = Some(output.clone());
+            task.audit(
+                AuditEntry::new(AuditAction::StepCompleted)
+                    .step(name)
+                    .attempt(attempt)
+                    .worker(worker),
+            );
+            if idx + 1 < task.steps.len() {
+                task.set_status(TaskStatus::Running);
+                return Effects::next(NextMove::Now);
+            }
+            let before = Box::new(task.clone());
+            task.output = Some(output);
+            task.set_status(TaskStatus::Completed);
+            return Effects {
+                next: NextMove::Stop,
+                dead_letter: None,
+                guard: Some(before),
+            };
+        }
+        Outcome::Cancelled { at, error } => {
+            let error = format!("cancelled: {error}");
+            let rec = &mut task.steps[idx];
+            rec.status = StepStatus::Failed;
+            rec.error = Some(error.clone());
+            task.audit(failed(Phase::Step, name, attempt, &error, None, true).worker(worker));
+            begin_cancel(task, def, at);
+            return Effects::continue_or_stop(task);
+        }
+        Outcome::CircuitOpen(error) => {
+            task.audit(
+                AuditEntry::new(AuditAction::CircuitOpen)
+                    .step(name)
+                    .error(&error),
+            );
+            return exhausted(task, def, idx, error, false);
+        }
+        Outcome::AlreadyClaimed => {
+            // Someone else began this attempt number (a duplicate delivery,
+            // a worker whose lease expired, a store restored from an older
+            // copy). Never run one attempt twice: skip to the next number
+            // without spending the retry budget (the skipped attempt did
+            // not fail here).
+            task.audit(
+                AuditEntry::new(AuditAction::DuplicateAttempt)
+                    .step(name)
+                    .attempt(attempt),
+            );
+            let rec = &mut task.steps[idx];
+            rec.retry_base += 1;
+            rec.status = StepStatus::Pending;
+            return Effects::next(NextMove::Now);
+        }
+        Outcome::Failed { error, kind } => (error, kind),
+        Outcome::TimedOut { after } => (timed_out(after), StepErrorKind::Transient),
+    };
+    task.steps[idx].error = Some(error.clone());
+    match kind {
+        StepErrorKind::InvalidPayload => exhausted(task, def, idx, error, true),
+        StepErrorKind::Permanent => {
+            task.audit(failed(Phase::Step, name, attempt, &error, None, true).worker(worker));
+            exhausted(task, def, idx, error, false)
+        }
+        StepErrorKind::Transient => {
+            let rec = &task.steps[idx];
+            let used = rec.attempt_count - rec.retry_base;
+            let delay = call
+                .policy(def)
+                .schedule(used.saturating_sub(1))
+                .next_backoff();
+            task.audit(failed(Phase::Step, name, attempt, &error, delay, false).worker(worker));
+            match delay {
+                Some(delay) => {
+                    let rec = &mut task.steps[idx];
+                    rec.status = StepStatus::Pending;
+                    rec.next_attempt_at = Some(after(delay));
+                    Effects::next(retry(delay))
+                }
+                None => exhausted(task, def, idx, error, false),
+            }
+        }
+    }
+}
+
+fn compensation_outcome(
+    task: &mut TaskInstance,
+    def: &SagaDefinition,
+    call: Call,
+    outcome: Outcome,
+    worker: &str,
+) -> Effects {
+    let idx = call.idx;
+    let method = call.method(def);
+    let attempt = task.steps[idx].compensation_attempts;
+    let (error, retryable) = match outcome {
+        Outcome::Succeeded(_) => {
+            task.steps[idx].status = StepStatus::Compensated;
+            task.audit(
+                AuditEntry::new(AuditAction::StepCompensated)
+                    .step(def.steps[idx].name)
+                    .attempt(attempt)
+                    .worker(worker),
+            );
+            if next_compensable(task, def).is_none() {
+                finish_or_compensate(task, def);
+            }
+            return Effects::continue_or_stop(task);
+        }
+        Outcome::Failed { error, kind } => (error, kind == StepErrorKind::Transient),
+        Outcome::TimedOut { after } => (timed_out(after), true),
+        Outcome::AlreadyClaimed => (
+            format!(
+                "attempt {attempt} of `{method}` was already claimed; counted as failed \
+                 instead of running twice"
+            ),
+            true,
+        ),
+        // Compensation never sees the task's cancellation and has no
+        // breaker; treat these defensively as failures.
+        Outcome::Cancelled { error, .. } | Outcome::CircuitOpen(error) => (error, true),
+    };
+    task.steps[idx].compensation_error = Some(error.clone());
+    let used = attempt - task.steps[idx].compensation_retry_base;
+    let delay = if retryable {
+        call.policy(def)
+            .schedule(used.saturating_sub(1))
+            .next_backoff()
+    } else {
+        None
+    };
+    task.audit(
+        failed(
+            Phase::Compensation,
+            method,
+            attempt,
+            &error,
+            delay,
+            !retryable,
+        )
+        .worker(worker),
+    );
+    match delay {
+        Some(delay) => {
+            task.steps[idx].next_attempt_at = Some(after(delay));
+            Effects::next(retry(delay))
+        }
+        None => {
+            compensation_failed(task, def, idx, error);
+            Effects::next(NextMove::Stop)
+        }
+    }
+}
+
+/// A poison message: its deliveries kept killing their workers. The task is
+/// parked on the dead-letter queue; an operator requeues it once fixed.
+pub(crate) fn poisoned(task: &mut TaskInstance, def: &SagaDefinition, deliveries: u32) -> Effects {
+    let reason = poison_reason(deliveries);
+    let step = task
+        .steps
+        .iter()
+        .position(|s| matches!(s.status, StepStatus::Running | StepStatus::Compensating));
+    let mut entry = AuditEntry::new(AuditAction::DeadLettered).error(&reason);
+    if let Some(idx) = step {
+        let rec = &mut task.steps[idx];
+        if rec.status == StepStatus::Running {
+            rec.status = StepStatus::Failed;
+            rec.error = Some(reason.clone());
+        }
+        entry = entry.step(def.steps[idx].name);
+    }
+    task.error = Some(format!("saga `{}`: {reason}", def.name));
+    task.audit(entry);
+    task.set_status(TaskStatus::DeadLettered);
+    Effects {
+        next: NextMove::Stop,
+        dead_letter: Some(format!("saga `{}` task {}: {reason}", def.name, task.id)),
+        guard: None,
+    }
+}
+
+/// Records a cancellation and moves to compensating the completed steps (or
+/// straight to `Cancelled` when there is nothing to undo).
+pub(crate) fn begin_cancel(task: &mut TaskInstance, def: &SagaDefinition, at: Timestamp) {
+    task.cancelled_at = Some(at);
+    for rec in &mut task.steps {
+        // A step waiting for its retry (or whose attempt never reported
+        // back) will not run again.
+        if matches!(rec.status, StepStatus::Running)
+            || (rec.status == StepStatus::Pending && rec.attempt_count > rec.retry_base)
+        {
+            rec.status = StepStatus::Failed;
+            rec.next_attempt_at = None;
+            rec.error
+                .get_or_insert_with(|| "cancelled before the step completed".to_owned());
+        }
+    }
+    let trace = task.trace_id.clone();
+    task.audit(AuditEntry::new(AuditAction::CancellationRequested).trace(&trace));
+    finish_or_compensate(task, def);
+}
+
+/// Moves to `Compensating` if a completed step has a compensation, else
+/// straight to the final status.
+fn finish_or_compensate(task: &mut TaskInstance, def: &SagaDefinition) {
+    if next_compensable(task, def).is_some() {
+        task.set_status(TaskStatus::Compensating);
+    } else if task.cancelled_at.is_some() {
+        task.set_status(TaskStatus::Cancelled);
+    } else {
+        task.set_status(TaskStatus::Compensated);
+    }
+}
+
+/// The last completed step that has a compensation (or whose compensation
+/// is under way).
+fn next_compensable(task: &TaskInstance, def: &SagaDefinition) -> Option<usize> {
+    task.steps.iter().enumerate().rev().find_map(|(i, rec)| {
+        let has = def.steps.get(i).is_some_and(|d| d.compensation.is_some());
+        (has && matches!(rec.status, StepStatus::Completed | StepStatus::Compensating)).then_some(i)
+    })
+}
+
+/// The step used up its retries (or failed permanently): its
+/// `on_exhausted` action decides.
+fn exhausted(
+    task: &mut TaskInstance,
+    def: &SagaDefinition,
+    idx: usize,
+    error: String,
+    invalid_payload: bool,
+) -> Effects {
+    let name = def.steps[idx].name;
+    let trace_id = task.trace_id.clone();
+    let rec = &mut task.steps[idx];
+    rec.status = StepStatus::Failed;
+    rec.next_attempt_at = None;
+    rec.error = Some(error.clone());
+    rec.trace_id = Some(trace_id);
+    task.error = Some(format!("step `{name}` failed: {error}"));
+    let action = if invalid_payload {
+        OnExhausted::DeadLetter
+    } else {
+        def.steps[idx].retry.on_exhausted
+    };
+    let before = Some(Box::new(task.clone()));
+    let mut dead_letter = None;
+    match action {
+        OnExhausted::Compensate => finish_or_compensate(task, def),
+        OnExhausted::Fail => task.set_status(TaskStatus::Failed),
+        OnExhausted::DeadLetter => {
+            let reason = format!("saga `{}` step `{name}`: {error}", def.name);
+            task.audit(
+                AuditEntry::new(AuditAction::DeadLettered)
+                    .step(name)
+                    .error(&reason),
+            );
+            task.set_status(TaskStatus::DeadLettered);
+            dead_letter = Some(reason);
+        }
+    }
+    Effects {
+        dead_letter,
+        guard: before,
+        ..Effects::continue_or_stop(task)
+    }
+}
+
+/// A compensation failed for good: the terminal `CompensationFailed`, with
+/// everything an operator needs in the step record and the audit log.
+fn compensation_failed(task: &mut TaskInstance, def: &SagaDefinition, idx: usize, error: String) {
+    let step_name = def.steps[idx].name;
+    let trace_id = task.trace_id.clone();
+    let rec = &mut task.steps[idx];
+    rec.status = StepStatus::CompensationFailed;
+    rec.next_attempt_at = None;
+    rec.compensation_error = Some(error.clone());
+    rec.trace_id = Some(trace_id.clone());
+    let details = json!({
+        "step": step_name,
+        "error": error,
+        "trace_id": trace_id,
+        "attempt_count": rec.attempt_count,
+        "compensation_attempts": rec.compensation_attempts,
+    });
+    let attempts = rec.compensation_attempts;
+    tracing::error!(
+        task_id = %task.id, saga = def.name, step = step_name, %trace_id, %error,
+        "compensation FAILED; manual intervention required"
+    );
+    task.error = Some(format!(
+        "compensation of step `{step_name}` failed: {error}"
+    ));
+    task.audit(
+        AuditEntry::new(AuditAction::CompensationFailed)
+            .step(step_name)
+            .attempt(attempts)
+            .error(&error)
+            .trace(&trace_id)
+            .details(details.to_string()),
+    );
+    task.set_status(TaskStatus::CompensationFailed);
+}
+
+fn timed_out(after: Duration) -> String {
+    format!(
+        "attempt timed out after {} and was cancelled",
+        humantime::format_duration(after)
+    )
+}
+
+fn retry(delay: Duration) -> NextMove {
+    if delay.is_zero() {
+        NextMove::Now
+    } else {
+        NextMove::After(delay)
+    }
+}
+
+fn after(delay: Duration) -> Timestamp {
+    let now = Timestamp::now();
+    Timestamp(
+        now.0
+            .saturating_add(delay.as_millis().min(u64::MAX as u128) as u64),
+    )
+}
+
+fn failed(
+    phase: Phase,
+    step: &str,
+    attempt: u32,
+    error: &str,
+    retry_in: Option<Duration>,
+    permanent: bool,
+) -> AuditEntry {
+    let retry_in_ms = retry_in.map(|d| d.as_millis() as u64);
+    let action = match phase {
+        Phase::Step => AuditAction::AttemptFailed {
+            retry_in_ms,
+            permanent,
+        },
+        Phase::Compensation => AuditAction::CompensationAttemptFailed { retry_in_ms },
+    };
+    AuditEntry::new(action)
+        .step(step)
+        .attempt(attempt)
+        .error(error)
+}

@@ -1,0 +1,969 @@
+//! The backend conformance suite: what every [`Backend`] must do for the
+//! engine to keep its guarantees. The in-memory and Redis backends pass it;
+//! run it against your own with [`backend_conformance!`](crate::backend_conformance):
+//!
+//! ```ignore
+//! use std::sync::Arc;
+//! use saga_runtime::backend::Backend;
+//! use saga_runtime::testing::conformance::VISIBILITY;
+//!
+//! // A fresh, empty backend whose visibility timeout is `VISIBILITY`, and
+//! // whatever must live as long as it (a server process, a temp dir).
+//! async fn fresh() -> (Arc<dyn Backend>, ()) {
+//!     (Arc::new(MyBackend::new(VISIBILITY)), ())
+//! }
+//!
+//! saga_runtime::backend_conformance!(fresh);
+//! ```
+//!
+//! Each case takes a fresh backend and real (not paused) time: backends
+//! that talk to a server cannot follow tokio's paused clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::json;
+
+use crate::backend::{
+    Backend, BackendError, Created, DeadLetterQuery, Delivery, InstanceStatus, Lease, Next,
+    ProcessCommit, ProcessInstance, QueueMessage, Retention, Settle, TaskCommit, TaskCursor,
+    TaskQuery, WorkItem,
+};
+use crate::process::{Envelope, EnvelopeKind};
+use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+
+/// The visibility timeout the backend under test must be built with.
+pub const VISIBILITY: Duration = Duration::from_millis(400);
+const TTL: Duration = Duration::from_secs(30);
+const WAIT: Duration = Duration::from_millis(50);
+
+/// A task of saga `saga` with two steps.
+pub fn task(saga: &str) -> TaskInstance {
+    TaskInstance::new(
+        saga,
+        json!({"n": 1}),
+        [("one".to_owned(), 1), ("two".to_owned(), 2)],
+    )
+}
+
+/// The message that advances `t` at its current sequence number.
+pub fn message(t: &TaskInstance) -> QueueMessage {
+    QueueMessage {
+        task_id: t.id,
+        saga: t.saga.clone(),
+        seq: t.seq,
+    }
+}
+
+fn item(t: &TaskInstance) -> WorkItem {
+    WorkItem::Saga(message(t))
+}
+
+fn envelope(n: u32) -> Envelope {
+    Envelope {
+        message_id: format!("m-{n}"),
+        process: "pm".into(),
+        message_type: "T".into(),
+        payload: json!({"n": n}),
+        kind: EnvelopeKind::Message,
+        instance_id: None,
+        failures: 0,
+    }
+}
+
+/// Receives until a message arrives (or panics after a few seconds),
+/// moving due delayed messages as the engine's timer poller would.
+pub async fn receive(b: &dyn Backend, consumer: &str) -> Delivery {
+    for _ in 0..100 {
+        b.release_due(100).await.unwrap();
+        if let Some(d) = b.receive(consumer, WAIT).await.unwrap() {
+            return d;
+        }
+    }
+    panic!("no message arrived");
+}
+
+/// Asserts that nothing is delivered for `d`.
+pub async fn nothing_for(b: &dyn Backend, consumer: &str, d: Duration) {
+    let until = tokio::time::Instant::now() + d;
+    while tokio::time::Instant::now() < until {
+        b.release_due(100).await.unwrap();
+        if let Some(m) = b.receive(consumer, WAIT).await.unwrap() {
+            panic!("unexpected message {m:?}");
+        }
+    }
+}
+
+async fn create(b: &dyn Backend, t: &TaskInstance) {
+    let created = b.create_task(t, &message(t)).await.unwrap();
+    assert!(matches!(created, Created::New), "{created:?}");
+}
+
+async fn lock(b: &dyn Backend, id: TaskId) -> Lease {
+    b.lock_and_load(id, TTL)
+        .await
+        .unwrap()
+        .expect("the lock is free")
+        .lease
+}
+
+fn commit<'a>(task: &'a TaskInstance, lease: &'a Lease, settle: Settle<'a>) -> TaskCommit<'a> {
+    TaskCommit {
+        task,
+        stored_status: task.status,
+        lease,
+        next: None,
+        settle,
+        unless_cancelled: false,
+        expire_after: None,
+    }
+}
+
+fn query(saga: &str) -> TaskQuery {
+    TaskQuery {
+        saga: saga.into(),
+        status: None,
+        created_from: None,
+        created_to: None,
+        after: None,
+        limit: 100,
+    }
+}
+
+/// Creating is idempotent by id; loads are fresh copies; listing is by
+/// saga.
+pub async fn create_load_and_fresh_copies(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let mut loaded = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!(loaded.version, 1);
+    assert_eq!(loaded.input, json!({"n": 1}));
+    loaded.status = TaskStatus::Completed;
+    loaded.steps.clear();
+    let again = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!(
+        again.status,
+        TaskStatus::Pending,
+        "mutating a loaded copy must not change the store"
+    );
+    assert_eq!(again.steps.len(), 2);
+    assert!(b.load_task(TaskId::new()).await.unwrap().is_none());
+
+    // A retried create finds the task instead of writing a second one.
+    let mut retry = t.clone();
+    retry.input = json!({"n": 2});
+    match b.create_task(&retry, &message(&retry)).await.unwrap() {
+        Created::Existing(existing) => assert_eq!(existing.input, json!({"n": 1})),
+        Created::New => panic!("a second create of one id must not write"),
+    }
+    let d = receive(&*b, "a").await;
+    b.ack(&d).await.unwrap();
+    nothing_for(&*b, "a", WAIT * 2).await;
+
+    let other = task("other");
+    create(&*b, &other).await;
+    let listed: Vec<TaskId> = b
+        .list_tasks(&query("s"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(listed, [t.id]);
+}
+
+/// Two writers from one version: exactly one wins.
+pub async fn versions_and_concurrent_updates(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let lease = lock(&*b, t.id).await;
+    let base = b.load_task(t.id).await.unwrap().unwrap();
+    let (mut w1, mut w2) = (base.clone(), base.clone());
+    w1.status = TaskStatus::Running;
+    w2.status = TaskStatus::Failed;
+    let (r1, r2) = tokio::join!(
+        b.record_attempt(&w1, TaskStatus::Pending, &lease, "one:1"),
+        b.record_attempt(&w2, TaskStatus::Pending, &lease, "one:2")
+    );
+    let wins = [&r1, &r2].iter().filter(|r| r.is_ok()).count();
+    assert_eq!(wins, 1, "{r1:?} {r2:?}");
+    let loser = if r1.is_ok() { r2 } else { r1 };
+    assert!(
+        matches!(
+            loser,
+            Err(BackendError::Conflict {
+                expected: 1,
+                actual: 2,
+                ..
+            })
+        ),
+        "{loser:?}"
+    );
+    assert_eq!(b.load_task(t.id).await.unwrap().unwrap().version, 2);
+}
+
+/// An attempt's claim is won once per task; the write happens either way.
+pub async fn attempt_claims(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let lease = lock(&*b, t.id).await;
+    let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+    let (v, claimed) = b
+        .record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
+        .await
+        .unwrap();
+    assert!(claimed);
+    cur.version = v;
+    let (v2, claimed) = b
+        .record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
+        .await
+        .unwrap();
+    assert!(!claimed, "the same attempt twice");
+    assert_eq!(v2, v + 1, "the write happens even when the claim is lost");
+    cur.version = v2;
+    let (_, claimed) = b
+        .record_attempt(&cur, TaskStatus::Pending, &lease, "one:2")
+        .await
+        .unwrap();
+    assert!(claimed, "the next attempt");
+
+    let other = task("s");
+    create(&*b, &other).await;
+    let lease = lock(&*b, other.id).await;
+    let (_, claimed) = b
+        .record_attempt(
+            &other_version(&*b, other.id).await,
+            TaskStatus::Pending,
+            &lease,
+            "one:1",
+        )
+        .await
+        .unwrap();
+    assert!(claimed, "claims belong to their task");
+}
+
+async fn other_version(b: &dyn Backend, id: TaskId) -> TaskInstance {
+    b.load_task(id).await.unwrap().unwrap()
+}
+
+/// One holder at a time; a heartbeat extends; an expired lease is taken
+/// with a larger fence; a stale holder can neither extend nor release.
+pub async fn lock_contention_expiry_extension_and_stale_release(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let short = Duration::from_millis(300);
+    let first = b.lock_and_load(t.id, short).await.unwrap().unwrap().lease;
+    assert!(first.fence >= 1);
+    assert!(
+        b.lock_and_load(t.id, TTL).await.unwrap().is_none(),
+        "contention: no second holder"
+    );
+
+    // A heartbeat keeps it past its original TTL.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(b.heartbeat(&first, &d, short).await.unwrap().lock_held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        b.lock_and_load(t.id, TTL).await.unwrap().is_none(),
+        "extended lock still held"
+    );
+
+    // The holder dies: the lease expires and another worker gets a larger fence.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = lock(&*b, t.id).await;
+    assert!(second.fence > first.fence, "fencing tokens increase");
+    assert!(
+        !b.unlock(&first).await.unwrap(),
+        "a stale holder cannot release"
+    );
+    assert!(
+        !b.heartbeat(&first, &d, TTL).await.unwrap().lock_held,
+        "nor extend"
+    );
+    assert!(
+        b.lock_and_load(t.id, TTL).await.unwrap().is_none(),
+        "still held by the second"
+    );
+    assert!(b.unlock(&second).await.unwrap());
+    assert!(b.lock_and_load(t.id, TTL).await.unwrap().is_some());
+}
+
+/// A message for a task that does not exist takes no lease and leaves
+/// nothing behind.
+pub async fn locking_a_missing_task_takes_nothing(b: Arc<dyn Backend>) {
+    let id = TaskId::new();
+    let locked = b.lock_and_load(id, TTL).await.unwrap().unwrap();
+    assert!(locked.task.is_none());
+    assert_eq!(locked.lease.fence, 0, "no fence for a missing task");
+    let again = b.lock_and_load(id, TTL).await.unwrap();
+    assert!(
+        again.is_some_and(|l| l.task.is_none()),
+        "and no lock either"
+    );
+}
+
+/// Writes under a lease that was taken over are refused.
+pub async fn stale_fence_writes_are_refused(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let old = b
+        .lock_and_load(t.id, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .unwrap()
+        .lease;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let new = lock(&*b, t.id).await;
+    let cur = b.load_task(t.id).await.unwrap().unwrap();
+    let stale = b
+        .record_attempt(&cur, TaskStatus::Pending, &old, "one:1")
+        .await;
+    assert!(
+        matches!(stale, Err(BackendError::LockLost { .. })),
+        "{stale:?}"
+    );
+    let d = receive(&*b, "c").await;
+    let stale = b.commit(commit(&cur, &old, Settle::Ack(&d))).await;
+    assert!(
+        matches!(stale, Err(BackendError::LockLost { .. })),
+        "{stale:?}"
+    );
+    assert!(b.commit(commit(&cur, &new, Settle::Ack(&d))).await.is_ok());
+}
+
+/// An unsettled message comes back after the visibility timeout, counted
+/// as an unanswered delivery; touching it keeps it.
+pub async fn redelivery_after_visibility_timeout_and_touch(b: Arc<dyn Backend>) {
+    assert_eq!(b.visibility_timeout(), VISIBILITY);
+    let t = task("s");
+    create(&*b, &t).await;
+    let first = receive(&*b, "a").await;
+    assert_eq!(first.item, Ok(item(&t)));
+    assert_eq!(first.deliveries, 1);
+    // Unsettled: delivered again after the visibility timeout, to anyone.
+    let again = receive(&*b, "b").await;
+    assert_eq!(again.item, first.item);
+    assert_eq!(again.deliveries, 2, "the first delivery was never answered");
+    // Touching keeps it from being redelivered while it is worked on: other
+    // consumers polling meanwhile (past the visibility timeout) get nothing.
+    for _ in 0..4 {
+        nothing_for(&*b, "d", VISIBILITY / 3).await;
+        b.touch(&again).await.unwrap();
+    }
+    b.ack(&again).await.unwrap();
+    nothing_for(&*b, "c", VISIBILITY * 2).await;
+}
+
+/// A released message comes back promptly (not after the visibility
+/// timeout), after its delay, and its release counts as an answer.
+pub async fn release_is_prompt_delayed_and_answers_the_delivery(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let start = tokio::time::Instant::now();
+    b.release(&d, Duration::ZERO).await.unwrap();
+    let d = receive(&*b, "b").await;
+    assert!(
+        start.elapsed() < VISIBILITY,
+        "released at once, not after the visibility timeout ({:?})",
+        start.elapsed()
+    );
+    assert_eq!(d.deliveries, 1, "a released delivery counts as answered");
+
+    // Left to expire, it counts.
+    let d = receive(&*b, "c").await;
+    assert_eq!(d.deliveries, 2);
+    let delay = Duration::from_millis(300);
+    let start = tokio::time::Instant::now();
+    b.release(&d, delay).await.unwrap();
+    nothing_for(&*b, "a", delay / 2).await;
+    let d = receive(&*b, "a").await;
+    assert!(start.elapsed() >= delay, "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < VISIBILITY + delay,
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(d.deliveries, 2, "the count survives a hand-back");
+    assert_eq!(d.item, Ok(item(&t)));
+    b.ack(&d).await.unwrap();
+    // Releasing a message that was settled meanwhile does not resurrect it.
+    b.release(&d, Duration::ZERO).await.unwrap();
+    nothing_for(&*b, "a", VISIBILITY * 2).await;
+}
+
+/// The commit records the task, enqueues the next message (now or after a
+/// delay), acknowledges the current one and releases the lease, at once.
+pub async fn commit_is_atomic_enqueue_ack_and_unlock(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let lease = lock(&*b, t.id).await;
+    let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+    cur.status = TaskStatus::Running;
+    cur.seq += 1;
+    let mut c = commit(&cur, &lease, Settle::Ack(&d));
+    c.stored_status = TaskStatus::Pending;
+    c.next = Some(Next {
+        message: message(&cur),
+        delay: Duration::ZERO,
+    });
+    assert_eq!(b.commit(c).await.unwrap(), 2);
+    let lease = b
+        .lock_and_load(t.id, TTL)
+        .await
+        .unwrap()
+        .expect("commit released the lock")
+        .lease;
+    let n = receive(&*b, "a").await;
+    assert_eq!(
+        n.item,
+        Ok(item(&cur)),
+        "the next message, not the acknowledged one"
+    );
+
+    // A delayed next message: durable, and not delivered before its time.
+    cur.version = 2;
+    cur.seq += 1;
+    let delay = Duration::from_millis(300);
+    let mut c = commit(&cur, &lease, Settle::Ack(&n));
+    c.next = Some(Next {
+        message: message(&cur),
+        delay,
+    });
+    let start = tokio::time::Instant::now();
+    b.commit(c).await.unwrap();
+    nothing_for(&*b, "a", delay / 2).await;
+    let late = receive(&*b, "a").await;
+    assert!(start.elapsed() >= delay, "{:?}", start.elapsed());
+    assert_eq!(late.item, Ok(item(&cur)));
+    assert_eq!(late.deliveries, 1);
+    b.ack(&late).await.unwrap();
+    nothing_for(&*b, "a", VISIBILITY * 2).await;
+}
+
+/// A commit with `unless_cancelled` is refused once cancellation was
+/// requested, and writes nothing.
+pub async fn an_accepted_cancellation_refuses_guarded_commits(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let lease = lock(&*b, t.id).await;
+    assert!(b
+        .request_cancel(t.id, "tok", &message(&t))
+        .await
+        .unwrap()
+        .is_none());
+    let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+    cur.status = TaskStatus::Completed;
+    let mut c = commit(&cur, &lease, Settle::Ack(&d));
+    c.stored_status = TaskStatus::Pending;
+    c.unless_cancelled = true;
+    let refused = b.commit(c).await;
+    assert!(
+        matches!(refused, Err(BackendError::CancelRequested { .. })),
+        "{refused:?}"
+    );
+    let stored = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!((stored.status, stored.version), (TaskStatus::Pending, 1));
+}
+
+/// Entries that do not decode are delivered on their own, with the reason.
+pub async fn undecodable_entries_are_delivered_alone(b: Arc<dyn Backend>) {
+    let t = task("s");
+    b.enqueue_raw(&[0xff, 0xfe, b'x']).await.unwrap();
+    create(&*b, &t).await;
+    b.enqueue_raw(b"{not json").await.unwrap();
+    let mut good = 0;
+    let mut bad = Vec::new();
+    for _ in 0..3 {
+        let d = receive(&*b, "a").await;
+        match &d.item {
+            Ok(i) => {
+                assert_eq!(*i, item(&t));
+                good += 1;
+            }
+            Err(reason) => bad.push(reason.clone()),
+        }
+        b.dead_letter(&d, "bad", None).await.unwrap();
+    }
+    assert_eq!(good, 1);
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(bad.iter().all(|r| r.starts_with("malformed")), "{bad:?}");
+}
+
+/// Dead letters: parked, paged newest first, found by id, requeued; huge
+/// payloads keep a prefix.
+pub async fn dead_lettering_paging_and_requeue(b: Arc<dyn Backend>) {
+    b.enqueue_raw(b"garbage").await.unwrap();
+    let d = receive(&*b, "a").await;
+    b.dead_letter(&d, "malformed", None).await.unwrap();
+    nothing_for(&*b, "a", VISIBILITY * 2).await;
+    let all = DeadLetterQuery {
+        after: None,
+        limit: 100,
+    };
+    let letters = b.dead_letters(&all).await.unwrap().items;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        (letters[0].payload.as_str(), letters[0].reason.as_str()),
+        ("garbage", "malformed")
+    );
+    assert_eq!(
+        b.dead_letter_by_id(&letters[0].id).await.unwrap().as_ref(),
+        Some(&letters[0])
+    );
+    let requeued = b
+        .requeue_dead_letter(&letters[0].id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(requeued.payload, "garbage");
+    assert!(b.dead_letters(&all).await.unwrap().items.is_empty());
+    let back = receive(&*b, "a").await;
+    assert_eq!(back.raw, "garbage");
+    assert!(b
+        .requeue_dead_letter(&letters[0].id)
+        .await
+        .unwrap()
+        .is_none());
+
+    // Paging: newest first, no letter twice, none missed.
+    b.dead_letter(&back, "0", None).await.unwrap();
+    for n in 1..5 {
+        b.enqueue_raw(format!("g{n}").as_bytes()).await.unwrap();
+        let d = receive(&*b, "a").await;
+        b.dead_letter(&d, &n.to_string(), None).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut page = DeadLetterQuery {
+        after: None,
+        limit: 2,
+    };
+    loop {
+        let got = b.dead_letters(&page).await.unwrap();
+        assert!(got.items.len() <= 2);
+        seen.extend(got.items.iter().map(|l| l.reason.clone()));
+        match got.next {
+            Some(next) => page.after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["4", "3", "2", "1", "0"]);
+
+    // A huge payload keeps a prefix, and says how big it was.
+    let huge = "x".repeat(300 * 1024);
+    b.enqueue_raw(huge.as_bytes()).await.unwrap();
+    let d = receive(&*b, "a").await;
+    b.dead_letter(&d, "huge", None).await.unwrap();
+    let newest = b.dead_letters(&all).await.unwrap().items.remove(0);
+    assert_eq!(newest.truncated, Some(huge.len()));
+    assert!(newest.payload.len() < huge.len() && huge.starts_with(&newest.payload));
+
+    // Dead-lettering through commit, then resolving through commit.
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let lease = lock(&*b, t.id).await;
+    let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+    cur.status = TaskStatus::DeadLettered;
+    let mut c = commit(&cur, &lease, Settle::DeadLetter(&d, "exhausted"));
+    c.stored_status = TaskStatus::Pending;
+    cur.version = b.commit(c).await.unwrap();
+    let parked = b.dead_letters(&all).await.unwrap().items.remove(0);
+    assert_eq!(parked.task_id, Some(t.id));
+    let lease = lock(&*b, t.id).await;
+    b.commit(commit(&cur, &lease, Settle::ResolveDeadLetter(&parked.id)))
+        .await
+        .unwrap();
+    assert!(b.dead_letter_by_id(&parked.id).await.unwrap().is_none());
+}
+
+/// Cancellation: a flag, a notification, a wake-up message; the same
+/// request retried is recognised.
+pub async fn cancellation_flags_and_notifications(b: Arc<dyn Backend>) {
+    let mut stream = b.cancellations().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await; // let a subscription settle
+    let t = task("s");
+    create(&*b, &t).await;
+    let first_message = receive(&*b, "a").await;
+    b.ack(&first_message).await.unwrap();
+
+    assert!(b.cancel_requested(t.id).await.unwrap().is_none());
+    let wake = message(&t);
+    assert!(
+        b.request_cancel(t.id, "r1", &wake).await.unwrap().is_none(),
+        "first request"
+    );
+    let first = b.cancel_requested(t.id).await.unwrap().expect("flag set");
+    assert!(
+        b.request_cancel(t.id, "r1", &wake).await.unwrap().is_none(),
+        "the same request retried"
+    );
+    assert_eq!(
+        b.request_cancel(t.id, "r2", &wake).await.unwrap(),
+        Some(first),
+        "another request sees the first"
+    );
+    let notified = tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .unwrap();
+    assert_eq!(notified, Some(t.id));
+    let woken = receive(&*b, "a").await;
+    assert_eq!(woken.item, Ok(WorkItem::Saga(wake)), "the wake-up message");
+
+    let lease = lock(&*b, t.id).await;
+    let beat = b.heartbeat(&lease, &woken, TTL).await.unwrap();
+    assert!(beat.lock_held && beat.cancel_requested == Some(first));
+    b.unlock(&lease).await.unwrap();
+    assert!(!b.heartbeat(&lease, &woken, TTL).await.unwrap().lock_held);
+    let locked = b.lock_and_load(t.id, TTL).await.unwrap().unwrap();
+    assert_eq!(locked.task.unwrap().id, t.id);
+    assert_eq!(locked.cancel_requested, Some(first));
+
+    let missing = TaskId::new();
+    assert!(b
+        .request_cancel(
+            missing,
+            "r",
+            &QueueMessage {
+                task_id: missing,
+                saga: "s".into(),
+                seq: 0
+            }
+        )
+        .await
+        .unwrap()
+        .is_none());
+    assert!(
+        b.cancel_requested(missing).await.unwrap().is_none(),
+        "nothing recorded for a task that does not exist"
+    );
+}
+
+/// A finished task's keys and index entries go once its retention passes;
+/// a task requeued from a terminal status is kept again.
+pub async fn retention_removes_finished_tasks(b: Arc<dyn Backend>) {
+    let retention = Retention {
+        dead_letters: None,
+        dead_letters_max: 1000,
+        idle_consumers: Duration::from_secs(3600),
+        batch: 100,
+    };
+    let keep = task("r");
+    let gone = task("r");
+    for t in [&keep, &gone] {
+        create(&*b, t).await;
+    }
+    for _ in 0..2 {
+        let d = receive(&*b, "a").await;
+        b.ack(&d).await.unwrap();
+    }
+    for t in [&keep, &gone] {
+        let lease = lock(&*b, t.id).await;
+        let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+        cur.status = TaskStatus::DeadLettered;
+        let mut c = commit(&cur, &lease, Settle::Nothing);
+        c.stored_status = TaskStatus::Pending;
+        c.expire_after = Some(Duration::from_millis(200));
+        b.commit(c).await.unwrap();
+    }
+    // `keep` is requeued before it expires: it stays.
+    let lease = lock(&*b, keep.id).await;
+    let mut cur = b.load_task(keep.id).await.unwrap().unwrap();
+    cur.status = TaskStatus::Running;
+    let mut c = commit(&cur, &lease, Settle::Nothing);
+    c.stored_status = TaskStatus::DeadLettered;
+    b.commit(c).await.unwrap();
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut purged = 0;
+    for _ in 0..3 {
+        purged += b.housekeep(&retention).await.unwrap().tasks;
+    }
+    assert_eq!(purged, 1);
+    assert!(b.load_task(gone.id).await.unwrap().is_none());
+    assert!(b
+        .lock_and_load(gone.id, TTL)
+        .await
+        .unwrap()
+        .unwrap()
+        .task
+        .is_none());
+    let listed: Vec<TaskId> = b
+        .list_tasks(&query("r"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(listed, [keep.id]);
+    let mut dead = query("r");
+    dead.status = Some(TaskStatus::DeadLettered);
+    assert!(b.list_tasks(&dead).await.unwrap().is_empty());
+    let mut running = query("r");
+    running.status = Some(TaskStatus::Running);
+    assert_eq!(b.list_tasks(&running).await.unwrap().len(), 1);
+}
+
+/// Listing pages through a saga's tasks newest first, by status and time,
+/// with ties in one millisecond broken by id.
+pub async fn paged_listing_by_status_and_time(b: Arc<dyn Backend>) {
+    let base = Timestamp::now().0 - 10_000;
+    let mut tasks = Vec::new();
+    for n in 0..7u64 {
+        let mut t = task("p");
+        // Two pairs share a millisecond.
+        t.created_at = Timestamp(base + [0, 1, 1, 2, 3, 3, 4][n as usize]);
+        create(&*b, &t).await;
+        tasks.push(t);
+    }
+    // Two of them are running.
+    for t in &tasks[..2] {
+        let lease = lock(&*b, t.id).await;
+        let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+        cur.status = TaskStatus::Running;
+        b.record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
+            .await
+            .unwrap();
+    }
+    let mut expected = tasks.clone();
+    expected.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
+    let expected: Vec<TaskId> = expected.iter().map(|t| t.id).collect();
+
+    let mut seen = Vec::new();
+    let mut q = query("p");
+    q.limit = 2;
+    loop {
+        let page = b.list_tasks(&q).await.unwrap();
+        assert!(page.len() <= 2);
+        seen.extend(page.iter().map(|t| t.id));
+        match page.last() {
+            Some(last) if page.len() == 2 => q.after = Some(TaskCursor::after(last)),
+            _ => break,
+        }
+    }
+    assert_eq!(seen, expected, "every task once, newest first");
+
+    let mut running = query("p");
+    running.status = Some(TaskStatus::Running);
+    let mut ids: Vec<TaskId> = b
+        .list_tasks(&running)
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    ids.sort();
+    let mut want: Vec<TaskId> = tasks[..2].iter().map(|t| t.id).collect();
+    want.sort();
+    assert_eq!(ids, want);
+
+    let mut window = query("p");
+    window.created_from = Some(Timestamp(base + 1));
+    window.created_to = Some(Timestamp(base + 3));
+    assert_eq!(b.list_tasks(&window).await.unwrap().len(), 3);
+}
+
+/// Dead letters beyond the cap go, oldest first.
+pub async fn housekeeping_caps_dead_letters(b: Arc<dyn Backend>) {
+    for n in 0..5 {
+        b.enqueue_raw(format!("g{n}").as_bytes()).await.unwrap();
+        let d = receive(&*b, "a").await;
+        b.dead_letter(&d, &n.to_string(), None).await.unwrap();
+    }
+    let retention = Retention {
+        dead_letters: Some(Duration::from_secs(3600)),
+        dead_letters_max: 3,
+        idle_consumers: Duration::from_secs(3600),
+        batch: 100,
+    };
+    let done = b.housekeep(&retention).await.unwrap();
+    assert_eq!(done.dead_letters, 2);
+    let all = DeadLetterQuery {
+        after: None,
+        limit: 100,
+    };
+    let reasons: Vec<String> = b
+        .dead_letters(&all)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|l| l.reason)
+        .collect();
+    assert_eq!(reasons, ["4", "3", "2"]);
+}
+
+fn instance(id: &str) -> ProcessInstance {
+    let now = Timestamp::now();
+    ProcessInstance {
+        process: "pm".into(),
+        id: id.into(),
+        state: json!({"n": 0}),
+        status: InstanceStatus::Active,
+        version: 0,
+        keys: Vec::new(),
+        processed: Vec::new(),
+        audit_log: Vec::new(),
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+fn write<'a>(i: &'a ProcessInstance, add: &[(&str, &str)]) -> ProcessCommit<'a> {
+    ProcessCommit {
+        instance: Some(i),
+        delete: false,
+        add_keys: add
+            .iter()
+            .map(|(f, v)| (f.to_string(), v.to_string()))
+            .collect(),
+        remove_keys: Vec::new(),
+        enqueue: Vec::new(),
+        endpoints: Vec::new(),
+        schedule: Vec::new(),
+        settle: Settle::Nothing,
+    }
+}
+
+/// Instances: optimistic versions, exclusive correlation entries, delete.
+pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backend>) {
+    let mut a = instance("a");
+    assert_eq!(
+        b.process_commit("pm", write(&a, &[("order", "42")]))
+            .await
+            .unwrap(),
+        1
+    );
+    // Creating it again (version 0) conflicts: two racing starters make one instance.
+    let again = b.process_commit("pm", write(&instance("a"), &[])).await;
+    assert!(
+        matches!(again, Err(BackendError::ProcessConflict { .. })),
+        "{again:?}"
+    );
+    // Another instance cannot claim a correlation value that "a" owns.
+    let stolen = b
+        .process_commit("pm", write(&instance("b"), &[("order", "42")]))
+        .await;
+    assert!(
+        matches!(stolen, Err(BackendError::ProcessConflict { .. })),
+        "{stolen:?}"
+    );
+    assert!(
+        b.process_load("pm", "b").await.unwrap().is_none(),
+        "a refused commit writes nothing"
+    );
+
+    let found = b.process_find("pm", "order", "42").await.unwrap().unwrap();
+    assert_eq!((found.id.as_str(), found.version), ("a", 1));
+    a.version = 1;
+    a.state = json!({"n": 1});
+    assert_eq!(b.process_commit("pm", write(&a, &[])).await.unwrap(), 2);
+    let stale = b.process_commit("pm", write(&a, &[])).await;
+    assert!(
+        matches!(stale, Err(BackendError::ProcessConflict { .. })),
+        "stale version: {stale:?}"
+    );
+
+    // Deleting releases the correlation entries.
+    a.version = 2;
+    let mut delete = write(&a, &[]);
+    delete.delete = true;
+    delete.remove_keys = vec![("order".into(), "42".into())];
+    b.process_commit("pm", delete).await.unwrap();
+    assert!(b.process_load("pm", "a").await.unwrap().is_none());
+    assert!(b.process_find("pm", "order", "42").await.unwrap().is_none());
+    assert!(b.process_list("pm").await.unwrap().is_empty());
+}
+
+/// The outbox, scheduled timeouts moved exactly once, named leases.
+pub async fn process_outbox_schedule_and_single_delivery_of_due_entries(b: Arc<dyn Backend>) {
+    let i = instance("x");
+    let mut c = write(&i, &[]);
+    c.endpoints = vec![("billing".into(), "invoice-1".into())];
+    c.schedule = vec![(1_000, envelope(1)), (5_000, envelope(2))];
+    c.enqueue = vec![envelope(0)];
+    b.process_commit("pm", c).await.unwrap();
+    assert_eq!(b.endpoint_messages("billing").await.unwrap(), ["invoice-1"]);
+    assert_eq!(
+        receive(&*b, "c").await.item,
+        Ok(WorkItem::Process(envelope(0)))
+    );
+    assert_eq!(b.process_scheduled().await.unwrap().len(), 2);
+
+    // Two pollers racing at t=2000: the due entry moves exactly once.
+    let (m1, m2) = tokio::join!(
+        b.process_release_due(2_000, 10),
+        b.process_release_due(2_000, 10)
+    );
+    assert_eq!(m1.unwrap() + m2.unwrap(), 1);
+    assert_eq!(
+        receive(&*b, "c").await.item,
+        Ok(WorkItem::Process(envelope(1)))
+    );
+    assert_eq!(b.process_scheduled().await.unwrap(), [(5_000, envelope(2))]);
+
+    // Named leases: one holder at a time, renewable by it, released by it only.
+    assert!(b.named_lease("poller", "p1", TTL).await.unwrap());
+    assert!(!b.named_lease("poller", "p2", TTL).await.unwrap());
+    assert!(b.named_lease("poller", "p1", TTL).await.unwrap(), "renewal");
+    assert!(!b.release_named_lease("poller", "p2").await.unwrap());
+    assert!(b.release_named_lease("poller", "p1").await.unwrap());
+    assert!(b
+        .named_lease("poller", "p2", Duration::from_millis(100))
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(
+        b.named_lease("poller", "p1", TTL).await.unwrap(),
+        "an expired lease is free"
+    );
+}
+
+/// Generates one `#[tokio::test]` per conformance case, each on a fresh
+/// backend from `$factory`: an async fn returning
+/// `(Arc<dyn Backend>, Guard)`, where the guard lives as long as the case
+/// (a server process, a temporary directory; `()` if nothing).
+#[macro_export]
+macro_rules! backend_conformance {
+    ($factory:path) => {
+        $crate::__conformance_cases!(
+            $factory;
+            create_load_and_fresh_copies,
+            versions_and_concurrent_updates,
+            attempt_claims,
+            lock_contention_expiry_extension_and_stale_release,
+            locking_a_missing_task_takes_nothing,
+            stale_fence_writes_are_refused,
+            redelivery_after_visibility_timeout_and_touch,
+            release_is_prompt_delayed_and_answers_the_delivery,
+            commit_is_atomic_enqueue_ack_and_unlock,
+            an_accepted_cancellation_refuses_guarded_commits,
+            undecodable_entries_are_delivered_alone,
+            dead_lettering_paging_and_requeue,
+            cancellation_flags_and_notifications,
+            retention_removes_finished_tasks,
+            paged_listing_by_status_and_time,
+            housekeeping_caps_dead_letters,
+            process_instances_versions_and_correlation_entries,
+            process_outbox_schedule_and_single_delivery_of_due_entries,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_cases {
+    ($factory:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let (backend, _guard) = $factory().await;
+                $crate::testing::conformance::$case(backend).await;
+            }
+        )*
+    };
+}

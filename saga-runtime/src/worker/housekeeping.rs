@@ -1,0 +1,59 @@
+//! Housekeeping: what keeps a deployment's storage bounded over a year of
+//! traffic. Finished tasks expire after their retention, dead letters are
+//! trimmed by age and count, and the queue forgets consumers of workers
+//! that left.
+//!
+//! One engine at a time does it, the one holding the `housekeeping` lease.
+
+use std::sync::Arc;
+
+use crate::runtime::Runtime;
+
+/// Runs until the engine shuts down.
+pub(crate) async fn run(rt: Arc<Runtime>) {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let every = rt.settings.housekeeping_interval;
+    let lease_ttl = every * 3;
+    loop {
+        tokio::select! {
+            _ = rt.shutdown.cancelled() => break,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match rt
+            .backend
+            .named_lease("housekeeping", &token, lease_ttl)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(error) => {
+                tracing::warn!(%error, "housekeeping lease failed; will retry");
+                continue;
+            }
+        }
+        let retention = rt.settings.housekeeping();
+        loop {
+            match rt.backend.housekeep(&retention).await {
+                Ok(done) => {
+                    if done != Default::default() {
+                        tracing::info!(
+                            tasks = done.tasks,
+                            dead_letters = done.dead_letters,
+                            consumers = done.consumers,
+                            "housekeeping removed expired records"
+                        );
+                    }
+                    // A full batch of tasks: more may be waiting.
+                    if done.tasks < retention.batch {
+                        break;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "housekeeping failed; will retry");
+                    break;
+                }
+            }
+        }
+    }
+    let _ = rt.backend.release_named_lease("housekeeping", &token).await;
+}

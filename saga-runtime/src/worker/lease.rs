@@ -1,0 +1,136 @@
+//! A task's lease while a worker holds it: renewed by a heartbeat while a
+//! step runs, released however the run ends.
+//!
+//! The lease is short (the backend's visibility timeout by default) so that
+//! a killed worker's tasks resume within seconds. The heartbeat renews it
+//! and the message's visibility a few times per lease, and brings back a
+//! cancellation requested in any process.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{BackendError, Delivery, Lease};
+use crate::runtime::Runtime;
+use crate::task::Timestamp;
+
+/// Releases the lock if processing stops before a commit released it (an
+/// error, or the future being dropped at shutdown), so the task is not
+/// blocked for a whole lease.
+pub(super) struct LeaseGuard {
+    rt: Arc<Runtime>,
+    lease: Option<Lease>,
+}
+
+impl LeaseGuard {
+    pub fn new(rt: &Arc<Runtime>, lease: &Lease) -> Self {
+        LeaseGuard {
+            rt: rt.clone(),
+            lease: Some(lease.clone()),
+        }
+    }
+
+    /// The commit released the lease.
+    pub fn disarm(&mut self) {
+        self.lease = None;
+    }
+
+    /// Releases the lease now.
+    pub async fn release(mut self) {
+        if let Some(lease) = self.lease.take() {
+            if let Err(error) = self.rt.backend.unlock(&lease).await {
+                tracing::debug!(%error, task_id = %lease.task_id, "unlock failed; the lease expires on its own");
+            }
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if let (Some(lease), Ok(handle)) =
+            (self.lease.take(), tokio::runtime::Handle::try_current())
+        {
+            let backend = self.rt.backend.clone();
+            handle.spawn(async move {
+                let _ = backend.unlock(&lease).await;
+            });
+        }
+    }
+}
+
+/// The heartbeat of one held lease.
+pub(super) struct Heartbeat<'a> {
+    pub rt: &'a Runtime,
+    pub lease: &'a Lease,
+    pub delivery: &'a Delivery,
+    /// Fired when cancellation of the task is requested.
+    pub cancel: &'a CancellationToken,
+    /// When the cancellation was requested, once known.
+    pub cancelled_at: Mutex<Option<Timestamp>>,
+}
+
+impl Heartbeat<'_> {
+    /// Renews the lease and the message until the lease is lost; relays
+    /// cancellation. Completes only when the lease is lost (or cannot be
+    /// renewed for a whole lease: another worker may have taken the task,
+    /// so the step must stop rather than run twice at once).
+    pub async fn beat(&self) -> BackendError {
+        let ttl = self.rt.lease_ttl();
+        let tick = self.rt.heartbeat_every();
+        let mut extended_at = Instant::now();
+        loop {
+            tokio::time::sleep(tick).await;
+            match self
+                .rt
+                .backend
+                .heartbeat(self.lease, self.delivery, ttl)
+                .await
+            {
+                Ok(beat) if !beat.lock_held => return self.lost(),
+                Ok(beat) => {
+                    extended_at = Instant::now();
+                    if let Some(at) = beat.cancel_requested {
+                        self.cancelled(at);
+                    }
+                }
+                Err(error) => {
+                    let since = extended_at.elapsed();
+                    if since + tick >= ttl {
+                        tracing::warn!(%error, ?since, task_id = %self.lease.task_id, "heartbeats failing for a whole lease; abandoning the step");
+                        return self.lost();
+                    }
+                    tracing::debug!(%error, "heartbeat failed; will retry");
+                }
+            }
+        }
+    }
+
+    fn lost(&self) -> BackendError {
+        BackendError::LockLost {
+            task: self.lease.task_id,
+            fence: self.lease.fence,
+        }
+    }
+
+    pub fn cancelled(&self, at: Timestamp) {
+        self.cancelled_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(at);
+        self.cancel.cancel();
+    }
+
+    /// When cancellation was requested: as the heartbeat saw it, else as
+    /// the store says, else now (the in-process signal came first).
+    pub async fn cancelled_at(&self) -> Timestamp {
+        let seen = *self.cancelled_at.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = seen {
+            return at;
+        }
+        match self.rt.backend.cancel_requested(self.lease.task_id).await {
+            Ok(Some(at)) => at,
+            _ => Timestamp::now(),
+        }
+    }
+}

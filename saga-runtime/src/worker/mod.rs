@@ -1,0 +1,151 @@
+//! Workers: the loop that takes messages off the queue and the background
+//! duties (timers, housekeeping) that keep a deployment healthy.
+//!
+//! - [`run`] (this file): receive, route by kind, cap poison messages;
+//! - `saga`: advance one saga task by one attempt;
+//! - `lease`: keep a task's lease and message alive while a step runs;
+//! - `process`: deliver one message to a process manager;
+//! - `timers`: move due retries and timeouts onto the queue;
+//! - `housekeeping`: retention (expired tasks, dead letters, idle consumers).
+
+mod housekeeping;
+mod lease;
+mod process;
+mod saga;
+mod timers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) use housekeeping::run as housekeeping;
+pub(crate) use timers::run as timers;
+
+use crate::backend::{Delivery, WorkItem};
+use crate::runtime::Runtime;
+use crate::saga::state_machine::poison_reason;
+
+/// Pulls messages until the engine shuts down.
+pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
+    let consumer = format!("{}-{name}", rt.instance);
+    let mut backoff = ErrorBackoff::default();
+    loop {
+        let received = tokio::select! {
+            _ = rt.shutdown.cancelled() => return,
+            r = rt.backend.receive(&consumer, rt.settings.receive_wait) => r,
+        };
+        match received {
+            Ok(Some(delivery)) => {
+                backoff.reset();
+                let grace = async {
+                    rt.shutdown.cancelled().await;
+                    tokio::time::sleep(rt.settings.shutdown_grace).await;
+                };
+                tokio::select! {
+                    _ = handle(&rt, &delivery) => {}
+                    _ = grace => {
+                        tracing::warn!(message = %delivery.id, "shutdown grace period over; handing the message back");
+                        release(&rt, &delivery, Duration::ZERO).await;
+                        return;
+                    }
+                }
+            }
+            // An empty read is a success too: the backend answered.
+            Ok(None) => backoff.reset(),
+            Err(error) => {
+                let delay = backoff.next();
+                tracing::warn!(%error, ?delay, "receiving a message failed; retrying");
+                tokio::select! {
+                    _ = rt.shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Doubling delays between failed receives, from 50 ms to 5 s; back to
+/// 50 ms as soon as the backend answers.
+#[derive(Debug)]
+struct ErrorBackoff(Duration);
+
+impl Default for ErrorBackoff {
+    fn default() -> Self {
+        ErrorBackoff(Duration::from_millis(50))
+    }
+}
+
+impl ErrorBackoff {
+    fn reset(&mut self) {
+        *self = ErrorBackoff::default();
+    }
+
+    fn next(&mut self) -> Duration {
+        let delay = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(5));
+        delay
+    }
+}
+
+async fn handle(rt: &Arc<Runtime>, delivery: &Delivery) {
+    let item = match &delivery.item {
+        Ok(item) => item,
+        Err(reason) => return dead_letter(rt, delivery, reason.clone(), None).await,
+    };
+    match item {
+        WorkItem::Saga(message) => saga::handle(rt, delivery, message).await,
+        WorkItem::Process(envelope) => {
+            // A saga message's cap is applied with its task's lease held
+            // (the task is parked too); a process message has nothing else
+            // to update.
+            if delivery.deliveries > rt.settings.max_deliveries {
+                rt.metrics.count_dead_lettered();
+                let reason = poison_reason(delivery.deliveries - 1);
+                return dead_letter(rt, delivery, reason, None).await;
+            }
+            process::handle(rt, delivery, envelope).await
+        }
+    }
+}
+
+/// Parks a message on the dead-letter queue, on its own.
+async fn dead_letter(
+    rt: &Runtime,
+    delivery: &Delivery,
+    reason: String,
+    task: Option<crate::task::TaskId>,
+) {
+    tracing::error!(message = %delivery.id, %reason, "dead-lettering message");
+    if let Err(error) = rt.backend.dead_letter(delivery, &reason, task).await {
+        tracing::warn!(%error, "dead-lettering failed; the message will be redelivered");
+    }
+}
+
+/// Hands a message back for redelivery after `delay`. A failed release is
+/// retried briefly: left pending, the message would wait out the
+/// visibility timeout and count as a delivery that was never answered.
+async fn release(rt: &Runtime, delivery: &Delivery, delay: Duration) {
+    for attempt in 0..3u32 {
+        match rt.backend.release(delivery, delay).await {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::debug!(%error, attempt, "handing a message back failed");
+                tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
+            }
+        }
+    }
+    tracing::warn!(message = %delivery.id, "could not hand the message back; it is redelivered after the visibility timeout");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_backoff_doubles_to_five_seconds_and_resets() {
+        let mut b = ErrorBackoff::default();
+        let delays: Vec<u128> = (0..9).map(|_| b.next().as_millis()).collect();
+        assert_eq!(delays, [50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        b.reset();
+        assert_eq!(b.next(), Duration::from_millis(50));
+    }
+}

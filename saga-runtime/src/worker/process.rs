@@ -1,0 +1,157 @@
+//! Delivering one message to a process manager: the routing, correlation
+//! and atomic save are `process::dispatch`'s; this adds what a worker owns:
+//! the pessimistic instance lease, keeping the message alive while the
+//! handler runs, and metrics.
+
+use std::sync::Arc;
+
+use tracing::Instrument;
+
+use crate::backend::{Backend, BackendError, Delivery};
+use crate::process::{dispatch, Concurrency, Correlation, DispatchEnv, Envelope, ErasedProcess};
+use crate::runtime::Runtime;
+use crate::task::Timestamp;
+
+/// Handles one process-manager envelope.
+pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &Envelope) {
+    let Some(pm) = rt.processes.get(envelope.process.as_str()).cloned() else {
+        let mut known: Vec<_> = rt.processes.keys().copied().collect();
+        known.sort_unstable();
+        let reason = format!(
+            "unknown process manager `{}`: this worker runs [{}]",
+            envelope.process,
+            known.join(", ")
+        );
+        rt.metrics.count_dead_lettered();
+        return super::dead_letter(rt, delivery, reason, None).await;
+    };
+    let backend = &rt.backend;
+    // Pessimistic mode: one handler per instance at a time.
+    let lease = if pm.definition().concurrency == Concurrency::Pessimistic {
+        let name = match instance_lock_name(pm.as_ref(), backend.as_ref(), envelope).await {
+            Ok(name) => name,
+            Err(error) => {
+                tracing::warn!(%error, "resolving the instance failed; message handed back");
+                return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+            }
+        };
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        match backend.named_lease(&name, &token, rt.lease_ttl()).await {
+            Ok(true) => Some(NamedLeaseGuard {
+                rt: rt.clone(),
+                name,
+                token,
+            }),
+            _ => return super::release(rt, delivery, rt.settings.lock_retry_delay).await,
+        }
+    } else {
+        None
+    };
+    let subscribers = |t: &str| rt.subscribers(t);
+    let env = DispatchEnv {
+        backend: backend.as_ref(),
+        subscribers: &subscribers,
+        now_ms: Timestamp::now().0,
+        delivery: Some(delivery),
+        dead_letter_unmatched: rt.settings.dead_letter_unmatched,
+        handler_timeout: rt.settings.step_timeout,
+    };
+    let span = tracing::info_span!(
+        "process_message",
+        process = %envelope.process,
+        message_type = %envelope.message_type,
+        message_id = %envelope.message_id,
+    );
+    // Keep the message (and the pessimistic lease) alive while the handler
+    // and its conflict re-runs take their time, so no other worker takes
+    // the message over meanwhile.
+    let keep_alive = async {
+        loop {
+            tokio::time::sleep(rt.heartbeat_every()).await;
+            let _ = backend.touch(delivery).await;
+            if let Some(lease) = &lease {
+                let _ = backend
+                    .named_lease(&lease.name, &lease.token, rt.lease_ttl())
+                    .await;
+            }
+        }
+    };
+    let result = tokio::select! {
+        result = dispatch(pm.as_ref(), &env, envelope).instrument(span) => result,
+        never = keep_alive => never,
+    };
+    if let Some(mut lease) = lease {
+        // Release inline; the guard's spawned release is for abnormal exits.
+        let (name, token) = (
+            std::mem::take(&mut lease.name),
+            std::mem::take(&mut lease.token),
+        );
+        let _ = backend.release_named_lease(&name, &token).await;
+    }
+    match result {
+        Ok(outcome) => rt.metrics.count(&outcome),
+        Err(error) => {
+            tracing::warn!(%error, "process message not recorded; it will be redelivered");
+            super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+    }
+}
+
+/// The pessimistic lock of the instance a message is for: the instance's
+/// id when it exists, else (a message that may create it) its correlation
+/// value, so that two racing starters serialise too.
+async fn instance_lock_name(
+    pm: &dyn ErasedProcess,
+    backend: &dyn Backend,
+    envelope: &Envelope,
+) -> Result<String, BackendError> {
+    let process = &envelope.process;
+    if let Some(id) = &envelope.instance_id {
+        return Ok(format!("pm-lock:{process}:{id}"));
+    }
+    let key = pm
+        .message_key(&envelope.message_type, &envelope.payload)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let found = match pm
+        .definition()
+        .handler(&envelope.message_type)
+        .map(|h| h.correlation)
+    {
+        Some(Correlation::Field { state_field, .. }) => {
+            backend.process_find(process, state_field, &key).await?
+        }
+        _ => backend.process_load(process, &key).await?,
+    };
+    Ok(match found {
+        Some(instance) => format!("pm-lock:{process}:{}", instance.id),
+        None => format!("pm-lock:{process}:new:{key}"),
+    })
+}
+
+/// Releases a pessimistic lease however handling ends (including the
+/// future being dropped at shutdown).
+struct NamedLeaseGuard {
+    rt: Arc<Runtime>,
+    name: String,
+    token: String,
+}
+
+impl Drop for NamedLeaseGuard {
+    fn drop(&mut self) {
+        if self.name.is_empty() {
+            return; // released already
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let backend = self.rt.backend.clone();
+            let (name, token) = (
+                std::mem::take(&mut self.name),
+                std::mem::take(&mut self.token),
+            );
+            handle.spawn(async move {
+                let _ = backend.release_named_lease(&name, &token).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! Advancing one saga task by one step of the protocol.
+//!
+//! A message says "advance task T". The worker takes the task's lease (or
+//! hands the message back for later: it never waits), loads the task, asks
+//! the state machine what the task needs, makes at most one attempt (a step
+//! or a compensation, with its timeout, under a heartbeat), and commits the
+//! outcome, the next message (now, or after a backoff delay) and the
+//! acknowledgement in one atomic write. A crash anywhere before that write
+//! leaves the message unacknowledged, so it is delivered again and the task
+//! resumes from what was persisted: attempt counts are written before every
+//! call, and a step whose completion was recorded is never run again.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use serde_json::Value;
+use tracing::Instrument;
+
+use super::lease::{Heartbeat, LeaseGuard};
+use crate::backend::{BackendError, Delivery, Lease, Next, QueueMessage, Settle, TaskCommit};
+use crate::context::StepContext;
+use crate::error::{StepError, StepErrorKind};
+use crate::runtime::Runtime;
+use crate::saga::state_machine::{self as sm, Call, Effects, NextMove, Outcome, Phase, Plan};
+use crate::saga::{ErasedSaga, SagaDefinition};
+use crate::task::{TaskInstance, TaskStatus};
+
+/// Handles one saga message.
+pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &QueueMessage) {
+    let Some(saga) = rt.sagas.get(message.saga.as_str()).cloned() else {
+        let mut known: Vec<_> = rt.sagas.keys().copied().collect();
+        known.sort_unstable();
+        let reason = format!(
+            "unknown saga `{}`: this worker runs [{}]; requeue it once a worker that knows it is deployed",
+            message.saga,
+            known.join(", ")
+        );
+        return super::dead_letter(rt, delivery, reason, Some(message.task_id)).await;
+    };
+    let locked = match rt
+        .backend
+        .lock_and_load(message.task_id, rt.lease_ttl())
+        .await
+    {
+        Ok(Some(locked)) => locked,
+        Ok(None) => {
+            tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
+            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "locking failed; message handed back");
+            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+    };
+    let lease = locked.lease;
+    let guard = LeaseGuard::new(rt, &lease);
+    let Some(task) = locked.task else {
+        let reason = format!("task {} does not exist", message.task_id);
+        super::dead_letter(rt, delivery, reason, Some(message.task_id)).await;
+        return guard.release().await;
+    };
+    if task.saga != message.saga {
+        let reason = format!(
+            "message names saga `{}` but task {} belongs to `{}`",
+            message.saga, task.id, task.saga
+        );
+        super::dead_letter(rt, delivery, reason, Some(task.id)).await;
+        return guard.release().await;
+    }
+    if task.seq != message.seq || task.status.is_terminal() {
+        tracing::debug!(task_id = %task.id, "stale duplicate message acknowledged");
+        if let Err(error) = rt.backend.ack(delivery).await {
+            tracing::debug!(%error, "acknowledging a stale message failed; it comes back and is dropped again");
+        }
+        return guard.release().await;
+    }
+    let run = Run {
+        rt,
+        saga: saga.as_ref(),
+        def: saga.definition(),
+        lease: &lease,
+        delivery,
+        worker: &delivery.consumer,
+    };
+    let id = task.id;
+    let result = run.advance(task, locked.cancel_requested).await;
+    match result {
+        Ok(()) => {
+            let mut guard = guard;
+            guard.disarm();
+        }
+        Err(error) => {
+            tracing::warn!(task_id = %id, %error, "could not record the outcome; the message will be redelivered");
+            super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+            guard.release().await;
+        }
+    }
+}
+
+/// One delivery's work on one task, under its lease.
+struct Run<'a> {
+    rt: &'a Arc<Runtime>,
+    saga: &'a dyn ErasedSaga,
+    def: &'static SagaDefinition,
+    lease: &'a Lease,
+    delivery: &'a Delivery,
+    worker: &'a str,
+}
+
+impl Run<'_> {
+    async fn advance(
+        &self,
+        mut task: TaskInstance,
+        cancel: Option<crate::task::Timestamp>,
+    ) -> Result<(), BackendError> {
+        // The status stored under the task's current version.
+        let mut stored = task.status;
+        if self.delivery.deliveries > self.rt.settings.max_deliveries {
+            let effects = sm::poisoned(&mut task, self.def, self.delivery.deliveries - 1);
+            return self.commit(task, stored, effects).await;
+        }
+        let effects = match sm::plan(&mut task, self.def, cancel, self.worker) {
+            Plan::Nothing => {
+                self.rt.backend.ack(self.delivery).await?;
+                return Ok(());
+            }
+            Plan::Commit(effects) => effects,
+            Plan::Call(call) => self.attempt(&mut task, &mut stored, call).await?,
+        };
+        self.commit(task, stored, effects).await
+    }
+
+    /// Makes one attempt: asks the breaker, records the attempt and claims
+    /// it, calls under a timeout and a heartbeat, and turns the result into
+    /// the task's next state.
+    async fn attempt(
+        &self,
+        task: &mut TaskInstance,
+        stored: &mut TaskStatus,
+        call: Call,
+    ) -> Result<Effects, BackendError> {
+        let step = &self.def.steps[call.idx];
+        let breaker = match call.phase {
+            Phase::Step => self.rt.breaker(self.def.name, step),
+            Phase::Compensation => None,
+        };
+        let permit = match breaker.as_deref().map(|b| b.try_acquire()) {
+            Some(Err(open)) => {
+                let outcome = Outcome::CircuitOpen(open.to_string());
+                return Ok(sm::on_outcome(task, self.def, call, outcome, self.worker));
+            }
+            Some(Ok(permit)) => Some(permit),
+            None => None,
+        };
+        let attempt = sm::record_attempt(task, self.def, call);
+        let (version, claimed) = self
+            .rt
+            .backend
+            .record_attempt(task, *stored, self.lease, &attempt.claim)
+            .await?;
+        task.version = version;
+        *stored = task.status;
+        if !claimed {
+            drop(permit);
+            let outcome = Outcome::AlreadyClaimed;
+            return Ok(sm::on_outcome(task, self.def, call, outcome, self.worker));
+        }
+        let outcome = self.call(task, call, attempt.number).await?;
+        if let Some(permit) = permit {
+            match &outcome {
+                Outcome::Succeeded(_) => permit.success(),
+                // A permanent error proves the endpoint answered.
+                Outcome::Failed {
+                    kind: StepErrorKind::Permanent | StepErrorKind::InvalidPayload,
+                    ..
+                } => permit.success(),
+                Outcome::Failed { .. } | Outcome::TimedOut { .. } => permit.failure(),
+                _ => drop(permit),
+            }
+        }
+        Ok(sm::on_outcome(task, self.def, call, outcome, self.worker))
+    }
+
+    /// Calls the step (or compensation). The attempt gets the step's
+    /// timeout; when it runs out, or the task is cancelled, the attempt's
+    /// `ctx.cancelled()` fires and it has a short grace to return before it
+    /// is dropped.
+    async fn call(
+        &self,
+        task: &TaskInstance,
+        call: Call,
+        attempt: u32,
+    ) -> Result<Outcome, BackendError> {
+        let step = &self.def.steps[call.idx];
+        let method = call.method(self.def);
+        let running = self.rt.register_running(task.id);
+        // The attempt's own token: fired by its timeout, and (for a step)
+        // by the task's cancellation. Compensation undoes work; cancelling
+        // it would leave things half-undone, so it never sees the task's
+        // cancellation.
+        let attempt_token = match call.phase {
+            Phase::Step => running.token.child_token(),
+            Phase::Compensation => tokio_util::sync::CancellationToken::new(),
+        };
+        let ctx = StepContext {
+            task_id: task.id,
+            saga: self.def.name,
+            step: method,
+            attempt,
+            trace_id: task.trace_id.clone(),
+            token: attempt_token.clone(),
+        };
+        let span = tracing::info_span!(
+            "saga_step",
+            task_id = %task.id,
+            saga = self.def.name,
+            step = method,
+            attempt,
+            trace_id = %task.trace_id,
+            compensation = call.phase == Phase::Compensation,
+        );
+        let input = call.input(task);
+        let invoke = async {
+            match call.phase {
+                Phase::Step => self.saga.execute_step(step.order, input, &ctx).await,
+                Phase::Compensation => self
+                    .saga
+                    .compensate_step(step.order, input, &ctx)
+                    .await
+                    .map(|()| Value::Null),
+            }
+        }
+        .instrument(span);
+        // A panicking step is a failed attempt, not a dead worker.
+        let invoke = AssertUnwindSafe(invoke).catch_unwind().map(|r| {
+            r.unwrap_or_else(|panic| {
+                Err(StepError::transient(format!(
+                    "step panicked: {}",
+                    panic_message(&*panic)
+                )))
+            })
+        });
+        tokio::pin!(invoke);
+
+        let heartbeat = Heartbeat {
+            rt: self.rt,
+            lease: self.lease,
+            delivery: self.delivery,
+            cancel: &running.token,
+            cancelled_at: Mutex::new(None),
+        };
+        let beat = heartbeat.beat();
+        tokio::pin!(beat);
+        let timeout = step.timeout.unwrap_or(self.rt.settings.step_timeout);
+        let cancellable = call.phase == Phase::Step;
+
+        enum Stop {
+            TimedOut,
+            Cancelled,
+        }
+        let stop = tokio::select! {
+            result = &mut invoke => {
+                return Ok(match result {
+                    Ok(output) => Outcome::Succeeded(output),
+                    Err(error) if cancellable && running.token.is_cancelled() => Outcome::Cancelled {
+                        at: heartbeat.cancelled_at().await,
+                        error: error.to_string(),
+                    },
+                    Err(error) => Outcome::Failed { error: error.to_string(), kind: error.kind() },
+                });
+            }
+            _ = sleep(timeout) => Stop::TimedOut,
+            _ = running.token.cancelled(), if cancellable => Stop::Cancelled,
+            lost = &mut beat => return Err(lost),
+        };
+        attempt_token.cancel();
+        let grace = self.rt.settings.stop_grace;
+        let late = tokio::select! {
+            result = &mut invoke => Some(result),
+            _ = tokio::time::sleep(grace) => None,
+            lost = &mut beat => return Err(lost),
+        };
+        if late.is_none() {
+            tracing::warn!(task_id = %task.id, step = method, attempt, ?grace, "the attempt ignored its cancellation; dropped");
+        }
+        Ok(match (stop, late) {
+            // It finished its work during the grace: keep the result rather
+            // than redo a side effect that happened.
+            (_, Some(Ok(output))) => Outcome::Succeeded(output),
+            (Stop::TimedOut, _) => Outcome::TimedOut { after: timeout },
+            (Stop::Cancelled, late) => Outcome::Cancelled {
+                at: heartbeat.cancelled_at().await,
+                error: match late {
+                    Some(Err(error)) => error.to_string(),
+                    _ => format!(
+                        "the attempt did not stop within {} of the cancellation and was dropped",
+                        humantime::format_duration(grace)
+                    ),
+                },
+            },
+        })
+    }
+
+    /// Writes the outcome, the next message, the acknowledgement (or dead
+    /// letter) and the lease's release at once. A write that would end a
+    /// running task is refused while a cancellation is recorded; the
+    /// cancellation is then applied instead.
+    async fn commit(
+        &self,
+        mut task: TaskInstance,
+        stored: TaskStatus,
+        effects: Effects,
+    ) -> Result<(), BackendError> {
+        let Effects {
+            next,
+            dead_letter,
+            guard,
+        } = effects;
+        let guarded = guard.is_some();
+        match self
+            .write(&mut task, stored, next, dead_letter.as_deref(), guarded)
+            .await
+        {
+            Err(BackendError::CancelRequested { at, .. }) => {
+                let mut task = *guard.expect("only guarded commits are refused");
+                sm::begin_cancel(&mut task, self.def, at);
+                let next = if task.status.is_terminal() {
+                    NextMove::Stop
+                } else {
+                    NextMove::Now
+                };
+                self.write(&mut task, stored, next, None, false).await
+            }
+            other => other,
+        }
+    }
+
+    async fn write(
+        &self,
+        task: &mut TaskInstance,
+        stored: TaskStatus,
+        next: NextMove,
+        dead_letter: Option<&str>,
+        unless_cancelled: bool,
+    ) -> Result<(), BackendError> {
+        let delay = match next {
+            NextMove::Stop => None,
+            NextMove::Now => Some(Duration::ZERO),
+            NextMove::After(delay) => Some(delay),
+        };
+        let next = delay.map(|delay| {
+            task.seq += 1;
+            Next {
+                message: QueueMessage {
+                    task_id: task.id,
+                    saga: task.saga.clone(),
+                    seq: task.seq,
+                },
+                delay,
+            }
+        });
+        let settle = match dead_letter {
+            Some(reason) => Settle::DeadLetter(self.delivery, reason),
+            None => Settle::Ack(self.delivery),
+        };
+        self.rt
+            .backend
+            .commit(TaskCommit {
+                task,
+                stored_status: stored,
+                lease: self.lease,
+                next,
+                settle,
+                unless_cancelled,
+                expire_after: self.rt.settings.retention_for(task.status),
+            })
+            .await?;
+        if task.status.is_terminal() {
+            tracing::info!(task_id = %task.id, saga = self.def.name, status = %task.status, "task finished");
+        }
+        Ok(())
+    }
+}
+
+/// `tokio::time::sleep` that saturates instead of panicking on a timeout too
+/// large to add to the clock.
+async fn sleep(duration: Duration) {
+    match tokio::time::Instant::now().checked_add(duration) {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
