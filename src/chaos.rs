@@ -18,6 +18,9 @@ pub struct ChaosConfig {
     pub failure_rate: f64,
     /// Whether to record executions (off for benchmarks).
     pub record: bool,
+    /// A poison input: a step given it aborts the whole process, every
+    /// time (as a crash in native code or running out of memory would).
+    pub poison: Option<u64>,
 }
 
 /// The saga's dependencies.
@@ -65,6 +68,9 @@ impl Chaos {
     }
 
     async fn work(&self, n: u64, ctx: &StepContext) -> Result<u64, StepError> {
+        if self.config.poison == Some(n) {
+            std::process::abort();
+        }
         let start = now_us();
         let (work, fail) = {
             let mut rng = rand::thread_rng();

@@ -58,6 +58,7 @@ async fn workers_reconnect_after_a_redis_restart_and_every_task_finishes() {
         max_work: Duration::from_millis(30),
         failure_rate: 0.0,
         record: true,
+        poison: None,
     };
     let engine = Engine::builder()
         .backend(backend(&redis).await)

@@ -104,6 +104,25 @@ impl TestRedis {
         self.spawn();
     }
 
+    /// Every key, sorted (for retention checks).
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut self.conn()).unwrap();
+        keys.sort();
+        keys
+    }
+
+    /// Bytes the server uses (`INFO memory`'s `used_memory`).
+    pub fn used_memory(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(&mut self.conn())
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// A synchronous connection for assertions.
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.url())

@@ -1,9 +1,12 @@
-//! A worker process for the crash tests and the benchmark: runs the `chaos`
+//! A worker process for the fault tests and the benchmark: runs the `chaos`
 //! saga's workers against the Redis at `REDIS_URL` until killed.
 //!
-//! Environment: `REDIS_URL`, `WORKERS` (default 2), `LOCK_TTL_MS` (default
-//! 2000), `VISIBILITY_MS` (default 1000), `MAX_WORK_MS` (default 20),
-//! `FAILURE_RATE` (default 0.1), `RECORD` (default 1).
+//! Environment (all optional): `REDIS_URL`, `WORKERS` (2), `VISIBILITY_MS`
+//! (1000), `LOCK_TTL_MS` (the engine's default: the visibility timeout),
+//! `MAX_WORK_MS` (20), `FAILURE_RATE` (0.1), `RECORD` (1), `POISON` (an
+//! input whose steps abort the process), `MAX_DELIVERIES` (10),
+//! `TIMER_POLL_MS` (20), `HOUSEKEEPING_MS` (30000), `IDLE_CONSUMER_MS`
+//! (600000).
 
 use std::time::Duration;
 
@@ -16,6 +19,13 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+fn env_ms(name: &str) -> Option<Duration> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
 }
 
 #[tokio::main]
@@ -34,19 +44,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_work: Duration::from_millis(env("MAX_WORK_MS", 20)),
         failure_rate: env("FAILURE_RATE", 0.1),
         record: env("RECORD", 1) == 1,
+        poison: std::env::var("POISON").ok().and_then(|v| v.parse().ok()),
     };
-    let engine = Engine::builder()
+    let mut builder = Engine::builder()
         .backend(backend)
         .saga(Chaos::new(
             recorder,
             format!("pid-{}", std::process::id()),
             chaos,
         ))
-        .lock_ttl(Duration::from_millis(env("LOCK_TTL_MS", 2000)))
         .lock_retry_delay(Duration::from_millis(50))
-        .workers(0)
-        .build()
-        .await?;
+        .max_deliveries(env("MAX_DELIVERIES", 10))
+        .timeout_poll_interval(Duration::from_millis(env("TIMER_POLL_MS", 20)))
+        .housekeeping_interval(Duration::from_millis(env("HOUSEKEEPING_MS", 30_000)))
+        .idle_consumer_timeout(Duration::from_millis(env("IDLE_CONSUMER_MS", 600_000)))
+        .workers(0);
+    if let Some(ttl) = env_ms("LOCK_TTL_MS") {
+        builder = builder.lock_ttl(ttl);
+    }
+    let engine = builder.build().await?;
     engine.run_workers(env("WORKERS", 2)).await?;
     Ok(())
 }

@@ -113,24 +113,28 @@ impl Engine {
         let mut schedule = self.rt.settings.client_retry.schedule(0);
         let mut attempts = 0u32;
         loop {
-            attempts += 1;
-            match call().await {
-                Ok(value) => return Ok(value),
-                Err(error) if error.is_transient() => match schedule.next_backoff() {
-                    Some(delay) => {
-                        tracing::debug!(operation, %error, ?delay, "backend unavailable; retrying");
-                        tokio::time::sleep(delay).await;
-                    }
-                    None => {
-                        return Err(Error::Unavailable {
-                            operation,
-                            attempts,
-                            source: error,
-                        })
-                    }
-                },
-                Err(error) => return Err(error.into()),
+            // A dropped connection is only noticed when used, and the
+            // failure sets up a fresh one: each try gets one immediate
+            // second chance on it before we back off.
+            let mut last = None;
+            for _ in 0..2 {
+                attempts += 1;
+                match call().await {
+                    Ok(value) => return Ok(value),
+                    Err(error) if error.is_transient() => last = Some(error),
+                    Err(error) => return Err(error.into()),
+                }
             }
+            let error = last.expect("both tries failed");
+            let Some(delay) = schedule.next_backoff() else {
+                return Err(Error::Unavailable {
+                    operation,
+                    attempts,
+                    source: error,
+                });
+            };
+            tracing::debug!(operation, %error, ?delay, "backend unavailable; retrying");
+            tokio::time::sleep(delay).await;
         }
     }
 

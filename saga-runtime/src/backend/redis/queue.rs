@@ -16,8 +16,12 @@ use crate::backend::{
 };
 use crate::task::{TaskId, Timestamp};
 
-/// Messages taken over per stream per claim.
-const CLAIM_BATCH: usize = 16;
+/// Messages taken over per stream per claim. One: a message claimed but
+/// not yet started is not kept alive by anyone, and would be claimed again
+/// (and counted as another unanswered delivery) if it waited behind others
+/// longer than the visibility timeout. A claim that finds something is
+/// followed at once by another, so a backlog still drains quickly.
+const CLAIM_BATCH: usize = 1;
 
 /// A dead-letter stream entry.
 fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
@@ -231,6 +235,8 @@ impl WorkQueue for RedisBackend {
         });
         if due {
             if let Some(delivery) = self.claim(consumer).await? {
+                // More may be waiting: claim again on the next receive.
+                self.reader(consumer, |r| r.last_claim = None);
                 return Ok(Some(delivery));
             }
         }

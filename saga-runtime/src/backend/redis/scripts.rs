@@ -351,7 +351,8 @@ return n"
 });
 
 /// KEYS: dead. ARGV: keep ms ('' = no age limit), max entries. Trims the
-/// dead-letter stream; returns how many entries went.
+/// dead-letter stream (and removes it once empty); returns how many
+/// entries went.
 pub static TRIM_DEAD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}
@@ -359,6 +360,7 @@ local n = redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[2])
 if ARGV[1] ~= '' then
   n = n + redis.call('XTRIM', KEYS[1], 'MINID', now - tonumber(ARGV[1]))
 end
+if redis.call('XLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
 return n"
     ))
 });
