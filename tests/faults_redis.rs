@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use common::redis_server::TestRedis;
 use redis::Value;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
-use saga_runtime::backend::TaskStore;
 use saga_runtime::prelude::*;
 use saga_runtime::{Error, TaskFilter};
 use sagas::chaos::{Chaos, ChaosConfig};
