@@ -298,17 +298,9 @@ impl TaskStore for MemoryBackend {
         let now = Instant::now();
         let token = Uuid::new_v4().simple().to_string();
         if !state.tasks.contains_key(&id) {
-            // No such task: no lease is taken, so a stray message leaves
-            // nothing behind.
-            return Ok(Some(Locked {
-                lease: Lease {
-                    task_id: id,
-                    token,
-                    fence: 0,
-                },
-                task: None,
-                cancel_requested: None,
-            }));
+            // No lease for a task that does not exist: a stray message
+            // leaves nothing behind.
+            return Ok(Some(Locked::missing(id)));
         }
         if matches!(state.locks.get(&id), Some((_, exp)) if *exp > now) {
             return Ok(None);
@@ -832,12 +824,5 @@ impl Housekeeping for MemoryBackend {
             dead_letters: before - state.dead.len(),
             consumers: 0,
         })
-    }
-}
-
-impl MemoryBackend {
-    /// How many tasks the store holds (for tests of retention).
-    pub fn task_count(&self) -> usize {
-        self.state().tasks.len()
     }
 }

@@ -174,6 +174,22 @@ pub struct Locked {
     pub cancel_requested: Option<Timestamp>,
 }
 
+impl Locked {
+    /// The answer for a task that does not exist: no lease was taken (fence
+    /// 0 holds nothing).
+    pub fn missing(task_id: TaskId) -> Self {
+        Locked {
+            lease: Lease {
+                task_id,
+                token: String::new(),
+                fence: 0,
+            },
+            task: None,
+            cancel_requested: None,
+        }
+    }
+}
+
 /// What [`TaskStore::create_task`] did.
 #[derive(Debug, Clone)]
 pub enum Created {

@@ -33,10 +33,3 @@ pub struct Envelope {
     #[serde(default)]
     pub failures: u32,
 }
-
-impl Envelope {
-    /// The JSON payload for the queue.
-    pub fn to_payload(&self) -> String {
-        serde_json::to_string(self).expect("an Envelope always serializes")
-    }
-}

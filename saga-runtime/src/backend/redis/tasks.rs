@@ -249,16 +249,7 @@ impl TaskStore for RedisBackend {
         };
         let fence: u64 = text(0).and_then(|f| f.parse().ok()).unwrap_or(0);
         if fence == 0 {
-            // No such task; no lease was taken.
-            return Ok(Some(Locked {
-                lease: Lease {
-                    task_id: id,
-                    token,
-                    fence: 0,
-                },
-                task: None,
-                cancel_requested: None,
-            }));
+            return Ok(Some(Locked::missing(id)));
         }
         Ok(Some(Locked {
             lease: Lease {
