@@ -676,3 +676,7 @@ fn failed(
         .attempt(attempt)
         .error(error)
 }
+
+#[cfg(test)]
+#[path = "state_machine/tests.rs"]
+mod tests;
