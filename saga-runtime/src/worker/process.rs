@@ -114,15 +114,18 @@ async fn instance_lock_name(
         .ok()
         .flatten()
         .unwrap_or_default();
-    let found = match pm
+    let correlation = pm
         .definition()
         .handler(&envelope.message_type)
-        .map(|h| h.correlation)
-    {
+        .map(|h| h.correlation);
+    let found = match correlation {
         Some(Correlation::Field { state_field, .. }) => {
             backend.process_find(process, state_field, &key).await?
         }
-        _ => backend.process_load(process, &key).await?,
+        // Correlated by id, the instance's id is the key itself: one lock
+        // name whether or not the instance exists yet, so the message that
+        // creates it and the ones that race it serialise on the same lock.
+        _ => return Ok(format!("pm-lock:{process}:{key}")),
     };
     Ok(match found {
         Some(instance) => format!("pm-lock:{process}:{}", instance.id),

@@ -156,10 +156,17 @@ impl Run<'_> {
         };
         let attempt = sm::record_attempt(task, self.def, call);
         let (version, claimed) = self
-            .rt
-            .backend
-            .record_attempt(task, *stored, self.lease, &attempt.claim)
-            .await?;
+            .persist(task.id, task.version, || {
+                self.rt
+                    .backend
+                    .record_attempt(task, *stored, self.lease, &attempt.claim)
+            })
+            .await?
+            // Our write landed but its reply was lost: whether the claim
+            // was won is unknown, so count it as not won. A step then
+            // skips to the next attempt number without spending its
+            // budget; one attempt number never runs twice.
+            .unwrap_or_else(|version| (version, false));
         task.version = version;
         *stored = task.status;
         if !claimed {
@@ -365,22 +372,68 @@ impl Run<'_> {
             Some(reason) => Settle::DeadLetter(self.delivery, reason),
             None => Settle::Ack(self.delivery),
         };
-        self.rt
-            .backend
-            .commit(TaskCommit {
-                task,
-                stored_status: stored,
-                lease: self.lease,
-                next,
-                settle,
-                unless_cancelled,
-                expire_after: self.rt.settings.retention_for(task.status),
+        let commit = TaskCommit {
+            task,
+            stored_status: stored,
+            lease: self.lease,
+            next,
+            settle,
+            unless_cancelled,
+            expire_after: self.rt.settings.retention_for(task.status),
+        };
+        // Written now, or by an earlier try whose reply was lost: either way
+        // the commit landed.
+        let _landed: Result<u64, u64> = self
+            .persist(task.id, task.version, || {
+                self.rt.backend.commit(commit.clone())
             })
             .await?;
         if task.status.is_terminal() {
             tracing::info!(task_id = %task.id, saga = self.def.name, status = %task.status, "task finished");
         }
         Ok(())
+    }
+}
+
+impl Run<'_> {
+    /// Runs a write of the task made under this delivery's lease, riding
+    /// out a dropped connection: the write is tried again a few times, and
+    /// a retry refused with a version conflict is checked against the
+    /// store, because the earlier try may have landed with its reply lost.
+    /// Under our lease nobody else writes the task, so a stored version one
+    /// past ours is our own write: `Ok(Err(new version))`.
+    ///
+    /// Without this a blip between a step's call and its commit would make
+    /// the redelivery see an attempt that "never reported back", and a step
+    /// without retries would fail its task over a network hiccup.
+    async fn persist<T, F, Fut>(
+        &self,
+        id: crate::task::TaskId,
+        version: u64,
+        mut write: F,
+    ) -> Result<Result<T, u64>, BackendError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, BackendError>>,
+    {
+        const DELAYS_MS: [u64; 6] = [0, 10, 50, 100, 250, 500];
+        let mut retried = false;
+        for delay in DELAYS_MS {
+            match write().await {
+                Ok(value) => return Ok(Ok(value)),
+                Err(BackendError::Conflict { actual, .. }) if retried && actual == version + 1 => {
+                    tracing::debug!(task_id = %id, "an earlier try of the write landed; its reply was lost");
+                    return Ok(Err(actual));
+                }
+                Err(error) if error.is_transient() => {
+                    tracing::debug!(task_id = %id, %error, "writing the task failed; trying again");
+                    retried = true;
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        write().await.map(Ok)
     }
 }
 
