@@ -327,14 +327,22 @@ impl Engine {
         // The task may have ended between the status check and the request.
         // From here on a worker cannot complete or fail it (its commit is
         // refused while the flag is set), so what the store says now decides.
-        match self.task(id).await?.map(|t| t.status) {
-            Some(TaskStatus::Completed) => return Ok(CancelResult::AlreadyCompleted),
-            Some(
+        let now = self.task(id).await?;
+        match now.as_ref().map(|t| (t.status, t.cancelled_at.is_some())) {
+            Some((TaskStatus::Completed, _)) => return Ok(CancelResult::AlreadyCompleted),
+            // Compensating after a failure that committed just before the
+            // flag was set (a refused commit would have applied the
+            // cancellation instead, setting `cancelled_at`).
+            Some((TaskStatus::Compensating, false)) => {
+                return Ok(CancelResult::NotCancellable(TaskStatus::Compensating))
+            }
+            Some((
                 status @ (TaskStatus::Failed
                 | TaskStatus::DeadLettered
                 | TaskStatus::Compensated
                 | TaskStatus::CompensationFailed),
-            ) => return Ok(CancelResult::NotCancellable(status)),
+                _,
+            )) => return Ok(CancelResult::NotCancellable(status)),
             // It expired meanwhile; nothing was recorded.
             None => return Ok(CancelResult::NotFound),
             _ => {}

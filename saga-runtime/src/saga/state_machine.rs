@@ -196,11 +196,18 @@ fn plan_step(task: &mut TaskInstance, def: &SagaDefinition, worker: &str) -> Pla
         .iter()
         .position(|s| s.status != StepStatus::Completed)
     else {
-        // Every step is recorded complete (a crash right after the last
-        // step's commit was refused): finish.
+        // Every step is recorded complete but the task is not: not a state
+        // the worker writes, but finishing is the only sensible reading.
+        // Completing ends the running phase, so the commit is guarded like
+        // the last step's own.
+        let before = Box::new(task.clone());
         task.output = task.steps.last().and_then(|s| s.output.clone());
         task.set_status(TaskStatus::Completed);
-        return Plan::Commit(Effects::next(NextMove::Stop));
+        return Plan::Commit(Effects {
+            next: NextMove::Stop,
+            dead_letter: None,
+            guard: Some(before),
+        });
     };
     let call = Call {
         phase: Phase::Step,
@@ -486,6 +493,10 @@ fn compensation_outcome(
 /// parked on the dead-letter queue; an operator requeues it once fixed.
 pub(crate) fn poisoned(task: &mut TaskInstance, def: &SagaDefinition, deliveries: u32) -> Effects {
     let reason = poison_reason(deliveries);
+    // Parking a task that is still running its steps ends the running
+    // phase: guarded, so an accepted cancellation is not overtaken.
+    let before = matches!(task.status, TaskStatus::Pending | TaskStatus::Running)
+        .then(|| Box::new(task.clone()));
     let step = task
         .steps
         .iter()
@@ -505,7 +516,7 @@ pub(crate) fn poisoned(task: &mut TaskInstance, def: &SagaDefinition, deliveries
     Effects {
         next: NextMove::Stop,
         dead_letter: Some(format!("saga `{}` task {}: {reason}", def.name, task.id)),
-        guard: None,
+        guard: before,
     }
 }
 
