@@ -121,14 +121,17 @@ async fn a_step_longer_than_the_lock_ttl_keeps_its_lease_and_runs_once() {
                 .saga(Slow {
                     calls: calls.clone(),
                 })
-                .lock_ttl(Duration::from_millis(300))
+                // A step three times as long as its lease. (A worker gives
+                // a step up when it cannot renew the lease in time, so the
+                // lease must leave the heartbeat room on a loaded machine.)
+                .lock_ttl(Duration::from_secs(1))
                 .workers(2)
                 .build()
                 .await
                 .unwrap(),
         );
     }
-    let id = engines[0].start::<Slow>(2500).await.unwrap();
+    let id = engines[0].start::<Slow>(3000).await.unwrap();
     let task = engines[1].wait(id).await.unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
     assert_eq!(
@@ -199,6 +202,10 @@ async fn bad_input_on_the_stream_is_dead_lettered_and_other_tasks_finish() {
     let engine = Engine::builder()
         .backend(backend(&redis).await)
         .saga(Double)
+        // The message for an unknown saga goes back twice (1 s, 2 s) for a
+        // worker that knows it, then is dead-lettered.
+        .max_deliveries(2)
+        .timeout_poll_interval(Duration::from_millis(20))
         .build()
         .await
         .unwrap();

@@ -126,6 +126,36 @@ impl MemoryBackend {
     fn task_changed(&self) {
         self.shared.task_changed.notify_waiters();
     }
+
+    fn hand_back(
+        &self,
+        delivery: &Delivery,
+        delay: Duration,
+        answered: bool,
+    ) -> Result<(), BackendError> {
+        {
+            let mut state = self.state();
+            if let Some((mut m, _)) = state.in_flight.remove(&delivery.id) {
+                if answered {
+                    m.deliveries = m.deliveries.saturating_sub(1);
+                }
+                if delay.is_zero() {
+                    state.ready.push_back(m);
+                } else {
+                    state.delayed.push((later(delay), m));
+                }
+            }
+        }
+        self.queue_changed();
+        Ok(())
+    }
+}
+
+/// `now + d`, saturating at a century for durations too large to add.
+fn later(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
 impl State {
@@ -139,7 +169,7 @@ impl State {
         if delay.is_zero() {
             self.ready.push_back(message);
         } else {
-            self.delayed.push((Instant::now() + delay, message));
+            self.delayed.push((later(delay), message));
         }
     }
 
@@ -361,14 +391,19 @@ impl TaskStore for MemoryBackend {
             }
             let version = state.write(task);
             if let Some(next) = &commit.next {
-                state.push_item(&WorkItem::Saga(next.message.clone()), next.delay);
+                // A cancelled task does not wait out a backoff.
+                let delay = match state.cancels.contains_key(&task.id) {
+                    true => Duration::ZERO,
+                    false => next.delay,
+                };
+                state.push_item(&WorkItem::Saga(next.message.clone()), delay);
             }
             state.settle(commit.settle, Some(task.id), self.shared.payload_limit);
             if state.lock_held_by(commit.lease, Instant::now()) {
                 state.locks.remove(&task.id);
             }
             match commit.expire_after {
-                Some(after) => state.expiry.insert(task.id, Instant::now() + after),
+                Some(after) => state.expiry.insert(task.id, later(after)),
                 None => state.expiry.remove(&task.id),
             };
             version
@@ -492,7 +527,7 @@ impl WorkQueue for MemoryBackend {
         // never give its thread to the worker holding the lock. A network
         // backend yields on its I/O anyway.
         tokio::task::yield_now().await;
-        let deadline = Instant::now() + wait;
+        let deadline = later(wait);
         loop {
             // Register interest before looking, so a push between the look
             // and the wait is not missed.
@@ -543,19 +578,11 @@ impl WorkQueue for MemoryBackend {
     }
 
     async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        {
-            let mut state = self.state();
-            if let Some((mut m, _)) = state.in_flight.remove(&delivery.id) {
-                m.deliveries = m.deliveries.saturating_sub(1);
-                if delay.is_zero() {
-                    state.ready.push_back(m);
-                } else {
-                    state.delayed.push((Instant::now() + delay, m));
-                }
-            }
-        }
-        self.queue_changed();
-        Ok(())
+        self.hand_back(delivery, delay, true)
+    }
+
+    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
+        self.hand_back(delivery, delay, false)
     }
 
     async fn dead_letter(
@@ -817,8 +844,22 @@ impl Housekeeping for MemoryBackend {
             let cutoff = Timestamp::now().0.saturating_sub(keep.as_millis() as u64);
             state.dead.retain(|d| d.at.0 >= cutoff);
         }
-        let excess = state.dead.len().saturating_sub(retention.dead_letters_max);
-        state.dead.drain(..excess);
+        // Oldest first, but the letter of a task still parked stays: it is
+        // what an operator requeues the task by.
+        let mut excess = state.dead.len().saturating_sub(retention.dead_letters_max);
+        let parked: HashSet<TaskId> = state
+            .tasks
+            .values()
+            .filter(|t| t.status == TaskStatus::DeadLettered)
+            .map(|t| t.id)
+            .collect();
+        state.dead.retain(|d| {
+            let keep = excess == 0 || d.task_id.is_some_and(|t| parked.contains(&t));
+            if !keep {
+                excess -= 1;
+            }
+            keep
+        });
         Ok(Housekept {
             tasks: expired.len(),
             dead_letters: before - state.dead.len(),

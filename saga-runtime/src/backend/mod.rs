@@ -471,6 +471,10 @@ pub enum BackendError {
     /// may succeed later.
     #[error("backend unavailable: {0}")]
     Unavailable(#[source] SourceError),
+    /// The backend refused the operation (a script error, a bad argument):
+    /// trying again will not help.
+    #[error("backend refused the operation: {0}")]
+    Rejected(#[source] SourceError),
 }
 
 impl BackendError {
@@ -611,6 +615,20 @@ pub trait WorkQueue: Send + Sync + 'static {
     /// (promptly: not after the visibility timeout). The delivery counts as
     /// answered.
     async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
+
+    /// Hands a message back like [`release`](Self::release), but its
+    /// delivery counts as unanswered: for a message this worker cannot
+    /// handle (its saga is not deployed here yet), so that one no worker
+    /// can handle still reaches the delivery cap.
+    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
+
+    /// `consumer` is leaving (a graceful shutdown): hands back what was
+    /// delivered to it and not handed out yet, so that nothing waits out
+    /// the visibility timeout.
+    async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
+        let _ = consumer;
+        Ok(())
+    }
 
     /// Acknowledges a message and parks a copy on the dead-letter queue.
     async fn dead_letter(

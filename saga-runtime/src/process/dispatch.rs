@@ -416,7 +416,7 @@ pub(crate) async fn dispatch(
                     instance_id: Some(instance.id.clone()),
                     failures: 0,
                 };
-                (env.now_ms + t.delay.as_millis() as u64, envelope)
+                (due(env.now_ms, t.delay), envelope)
             })
             .collect();
         let write = ProcessCommit {
@@ -448,6 +448,12 @@ pub(crate) async fn dispatch(
     Err(BackendError::unavailable(format!(
         "process `{process}`: still conflicting after {CONFLICT_RETRIES} attempts; the message will be redelivered"
     )))
+}
+
+/// When something `delay` from `now_ms` is due, saturating rather than
+/// overflowing for absurd delays.
+fn due(now_ms: u64, delay: std::time::Duration) -> u64 {
+    now_ms.saturating_add(delay.as_millis().min(u64::MAX as u128) as u64)
 }
 
 /// The id of a message a handler emits: derived from the message being
@@ -486,7 +492,13 @@ async fn fail(
         instance_id: instance.as_ref().map(|i| i.id.clone()),
         failures: envelope.failures + 1,
     };
-    let action = pm.on_error(&failure);
+    // `#[on_error]` is user code too: a panic there stops the instance
+    // rather than the worker.
+    let action = std::panic::catch_unwind(AssertUnwindSafe(|| pm.on_error(&failure)))
+        .unwrap_or_else(|_| {
+            tracing::error!(process, message_type = %envelope.message_type, "#[on_error] panicked; stopping the instance");
+            ErrorAction::Stop
+        });
     tracing::warn!(process, message_type = %envelope.message_type, %error, failures = failure.failures, ?action, "process handler failed");
     let mut again = envelope.clone();
     again.failures += 1;
@@ -495,9 +507,7 @@ async fn fail(
     let reason;
     match action {
         ErrorAction::Retry => write.enqueue.push(again),
-        ErrorAction::RetryAfter(delay) => write
-            .schedule
-            .push((env.now_ms + delay.as_millis() as u64, again)),
+        ErrorAction::RetryAfter(delay) => write.schedule.push((due(env.now_ms, delay), again)),
         ErrorAction::Skip => {
             if let Some(i) = instance.as_mut() {
                 audit(

@@ -520,6 +520,14 @@ pub(crate) fn poisoned(task: &mut TaskInstance, def: &SagaDefinition, deliveries
     }
 }
 
+/// Parks a task whose saga no worker runs: `DeadLettered` with the reason,
+/// without the saga's definition (the worker does not have it).
+pub(crate) fn park(task: &mut TaskInstance, reason: &str) {
+    task.error = Some(reason.to_owned());
+    task.audit(AuditEntry::new(AuditAction::DeadLettered).error(reason));
+    task.set_status(TaskStatus::DeadLettered);
+}
+
 /// Records a cancellation and moves to compensating the completed steps (or
 /// straight to `Cancelled` when there is nothing to undo).
 pub(crate) fn begin_cancel(task: &mut TaskInstance, def: &SagaDefinition, at: Timestamp) {

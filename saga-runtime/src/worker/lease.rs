@@ -64,6 +64,8 @@ pub(super) struct Heartbeat<'a> {
     pub rt: &'a Runtime,
     pub lease: &'a Lease,
     pub delivery: &'a Delivery,
+    /// When the lease was requested: it runs from then at the latest.
+    pub leased_at: Instant,
     /// Fired when cancellation of the task is requested.
     pub cancel: &'a CancellationToken,
     /// When the cancellation was requested, once known.
@@ -72,38 +74,44 @@ pub(super) struct Heartbeat<'a> {
 
 impl Heartbeat<'_> {
     /// Renews the lease and the message until the lease is lost; relays
-    /// cancellation. Completes only when the lease is lost (or cannot be
-    /// renewed for a whole lease: another worker may have taken the task,
-    /// so the step must stop rather than run twice at once).
+    /// cancellation. Completes only when the lease is lost, or may be:
+    /// the lease counts from when its last renewal was *sent*, and the step
+    /// is given up a tick before it could expire even while a renewal hangs
+    /// (a partition that drops packets rather than connections). Another
+    /// worker can take the task only after the lease expired, so two never
+    /// run it at once.
     pub async fn beat(&self) -> BackendError {
         let ttl = self.rt.lease_ttl();
         let tick = self.rt.heartbeat_every();
-        let mut extended_at = Instant::now();
+        let mut renewed = self.leased_at;
         loop {
-            tokio::time::sleep(tick).await;
-            match self
-                .rt
-                .backend
-                .heartbeat(self.lease, self.delivery, ttl)
-                .await
-            {
-                Ok(beat) if !beat.lock_held => return self.lost(),
-                Ok(beat) => {
-                    extended_at = Instant::now();
+            let deadline = renewed + ttl.saturating_sub(tick);
+            tokio::time::sleep_until((Instant::now() + tick).min(deadline)).await;
+            if Instant::now() >= deadline {
+                return self.given_up(renewed);
+            }
+            let sent = Instant::now();
+            let beat = self.rt.backend.heartbeat(self.lease, self.delivery, ttl);
+            match tokio::time::timeout_at(deadline, beat).await {
+                Err(_) => return self.given_up(renewed),
+                Ok(Ok(beat)) if !beat.lock_held => return self.lost(),
+                Ok(Ok(beat)) => {
+                    renewed = sent;
                     if let Some(at) = beat.cancel_requested {
                         self.cancelled(at);
                     }
                 }
-                Err(error) => {
-                    let since = extended_at.elapsed();
-                    if since + tick >= ttl {
-                        tracing::warn!(%error, ?since, task_id = %self.lease.task_id, "heartbeats failing for a whole lease; abandoning the step");
-                        return self.lost();
-                    }
-                    tracing::debug!(%error, "heartbeat failed; will retry");
-                }
+                Ok(Err(error)) => tracing::debug!(%error, "heartbeat failed; will retry"),
             }
         }
+    }
+
+    fn given_up(&self, renewed: Instant) -> BackendError {
+        tracing::warn!(
+            task_id = %self.lease.task_id, since = ?renewed.elapsed(),
+            "the lease could not be renewed and is about to expire; abandoning the step"
+        );
+        self.lost()
     }
 
     fn lost(&self) -> BackendError {

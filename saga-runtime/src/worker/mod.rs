@@ -14,8 +14,11 @@ mod process;
 mod saga;
 mod timers;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures::FutureExt;
 
 pub(crate) use housekeeping::run as housekeeping;
 pub(crate) use timers::run as timers;
@@ -25,27 +28,42 @@ use crate::runtime::Runtime;
 use crate::saga::state_machine::poison_reason;
 
 /// Pulls messages until the engine shuts down.
+///
+/// On shutdown the read in flight is let finish (it returns within the
+/// receive wait) and whatever it got is handed back, as is anything the
+/// backend buffered for this consumer: a message a leaving worker took must
+/// not wait out the visibility timeout.
 pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
     let consumer = format!("{}-{name}", rt.instance);
     let mut backoff = ErrorBackoff::default();
-    loop {
-        let received = tokio::select! {
-            _ = rt.shutdown.cancelled() => return,
-            r = rt.backend.receive(&consumer, rt.settings.receive_wait) => r,
-        };
+    while !rt.shutdown.is_cancelled() {
+        let received = rt
+            .backend
+            .receive(&consumer, rt.settings.receive_wait)
+            .await;
         match received {
+            Ok(Some(delivery)) if rt.shutdown.is_cancelled() => {
+                release(&rt, &delivery, Duration::ZERO).await;
+            }
             Ok(Some(delivery)) => {
                 backoff.reset();
                 let grace = async {
                     rt.shutdown.cancelled().await;
                     tokio::time::sleep(rt.settings.shutdown_grace).await;
                 };
+                // A panic anywhere in handling (user code outside a step,
+                // a bug of ours) must not end this loop: the process would
+                // look alive and handle nothing.
+                let work = AssertUnwindSafe(handle(&rt, &delivery)).catch_unwind();
                 tokio::select! {
-                    _ = handle(&rt, &delivery) => {}
+                    done = work => if done.is_err() {
+                        tracing::error!(message = %delivery.id, "handling the message panicked; it is handed back");
+                        release(&rt, &delivery, rt.settings.lock_retry_delay).await;
+                    },
                     _ = grace => {
                         tracing::warn!(message = %delivery.id, "shutdown grace period over; handing the message back");
                         release(&rt, &delivery, Duration::ZERO).await;
-                        return;
+                        break;
                     }
                 }
             }
@@ -55,11 +73,14 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
                 let delay = backoff.next();
                 tracing::warn!(%error, ?delay, "receiving a message failed; retrying");
                 tokio::select! {
-                    _ = rt.shutdown.cancelled() => return,
+                    _ = rt.shutdown.cancelled() => {}
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
         }
+    }
+    if let Err(error) = rt.backend.leave(&consumer).await {
+        tracing::warn!(%error, "handing back this worker's buffered messages failed; they are redelivered after the visibility timeout");
     }
 }
 

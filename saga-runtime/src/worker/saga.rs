@@ -30,15 +30,9 @@ use crate::task::{TaskInstance, TaskStatus};
 /// Handles one saga message.
 pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &QueueMessage) {
     let Some(saga) = rt.sagas.get(message.saga.as_str()).cloned() else {
-        let mut known: Vec<_> = rt.sagas.keys().copied().collect();
-        known.sort_unstable();
-        let reason = format!(
-            "unknown saga `{}`: this worker runs [{}]; requeue it once a worker that knows it is deployed",
-            message.saga,
-            known.join(", ")
-        );
-        return super::dead_letter(rt, delivery, reason, Some(message.task_id)).await;
+        return unknown_saga(rt, delivery, message).await;
     };
+    let leased_at = tokio::time::Instant::now();
     let locked = match rt
         .backend
         .lock_and_load(message.task_id, rt.lease_ttl())
@@ -81,6 +75,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
         saga: saga.as_ref(),
         def: saga.definition(),
         lease: &lease,
+        leased_at,
         delivery,
         worker: &delivery.consumer,
     };
@@ -91,10 +86,93 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
             let mut guard = guard;
             guard.disarm();
         }
+        // The store refused the write itself (not a lost connection, not
+        // a lost lease): handing the message back would loop. Park it with
+        // the reason, on its own.
+        Err(error @ (BackendError::Rejected(_) | BackendError::Corrupt(_))) => {
+            let reason = format!(
+                "saga `{}` task {id}: the store refused the write: {error}",
+                message.saga
+            );
+            super::dead_letter(rt, delivery, reason, Some(id)).await;
+            guard.release().await;
+        }
         Err(error) => {
             tracing::warn!(task_id = %id, %error, "could not record the outcome; the message will be redelivered");
             super::release(rt, delivery, rt.settings.lock_retry_delay).await;
             guard.release().await;
+        }
+    }
+}
+
+/// A message for a saga this worker does not run: during a rolling deploy
+/// that adds a saga, a worker of the old version gets it. It goes back
+/// with growing delays (1 s, 2 s, 4 s, ... up to 5 minutes) for a worker
+/// that knows the saga; each such hand-back counts as an unanswered
+/// delivery, so a message no worker ever knows is, at the delivery cap,
+/// dead-lettered and its task parked `DeadLettered` (waitable, listable,
+/// and requeueable once the saga is deployed).
+async fn unknown_saga(rt: &Arc<Runtime>, delivery: &Delivery, message: &QueueMessage) {
+    let mut known: Vec<_> = rt.sagas.keys().copied().collect();
+    known.sort_unstable();
+    if delivery.deliveries <= rt.settings.max_deliveries {
+        let delay = Duration::from_secs(1 << (delivery.deliveries - 1).min(8))
+            .min(Duration::from_secs(300));
+        tracing::warn!(
+            saga = %message.saga, task_id = %message.task_id, ?delay,
+            "this worker does not run the saga (runs [{}]); handed back for a worker that does",
+            known.join(", ")
+        );
+        if let Err(error) = rt.backend.defer(delivery, delay).await {
+            tracing::debug!(%error, "handing the message back failed; it is redelivered after the visibility timeout");
+        }
+        return;
+    }
+    let reason = format!(
+        "unknown saga `{}`: no worker that runs it took the message in {} deliveries (this one runs [{}]); requeue it once a worker that knows it is deployed",
+        message.saga,
+        delivery.deliveries - 1,
+        known.join(", ")
+    );
+    let parked = async {
+        let Some(locked) = rt
+            .backend
+            .lock_and_load(message.task_id, rt.lease_ttl())
+            .await?
+        else {
+            return Ok(false);
+        };
+        let guard = LeaseGuard::new(rt, &locked.lease);
+        let Some(mut task) = locked
+            .task
+            .filter(|t| t.seq == message.seq && !t.status.is_terminal())
+        else {
+            guard.release().await;
+            return Ok(false);
+        };
+        let stored = task.status;
+        sm::park(&mut task, &reason);
+        let mut guard = guard;
+        rt.backend
+            .commit(TaskCommit {
+                task: &task,
+                stored_status: stored,
+                lease: &locked.lease,
+                next: None,
+                settle: Settle::DeadLetter(delivery, &reason),
+                unless_cancelled: false,
+                expire_after: rt.settings.retention_for(task.status),
+            })
+            .await?;
+        guard.disarm();
+        Ok::<_, BackendError>(true)
+    };
+    match parked.await {
+        Ok(true) => {}
+        Ok(false) => super::dead_letter(rt, delivery, reason, Some(message.task_id)).await,
+        Err(error) => {
+            tracing::warn!(%error, "parking the task failed; the message comes back");
+            super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
     }
 }
@@ -105,6 +183,7 @@ struct Run<'a> {
     saga: &'a dyn ErasedSaga,
     def: &'static SagaDefinition,
     lease: &'a Lease,
+    leased_at: tokio::time::Instant,
     delivery: &'a Delivery,
     worker: &'a str,
 }
@@ -255,6 +334,7 @@ impl Run<'_> {
             rt: self.rt,
             lease: self.lease,
             delivery: self.delivery,
+            leased_at: self.leased_at,
             cancel: &running.token,
             cancelled_at: Mutex::new(None),
         };

@@ -68,7 +68,8 @@ impl RedisBackend {
                     .key(k.index(partition, saga, None))
                     .key(k.index(partition, saga, Some(status)))
                     .arg(member)
-                    .arg(id.to_string());
+                    .arg(id.to_string())
+                    .arg(format!("{status:?}"));
             }
             if any {
                 let n: usize = self.run(&invocation).await?;
@@ -76,6 +77,79 @@ impl RedisBackend {
             }
         }
         Ok(purged)
+    }
+}
+
+impl RedisBackend {
+    /// Trims a dead-letter stream to `max` entries, oldest first, but keeps
+    /// the letter of a task still parked `DeadLettered`: it is what an
+    /// operator requeues the task by, and a flood of garbage must not take
+    /// it away. Those go with their task's retention.
+    async fn cap_dead_letters(&self, stream: u16, max: usize) -> Result<usize, BackendError> {
+        let dead = self.keys().dead(stream);
+        let mut conn = self.conn();
+        let len: usize = redis::cmd("XLEN")
+            .arg(&dead)
+            .query_async(&mut conn)
+            .await
+            .map_err(super::unavailable)?;
+        let mut excess = len.saturating_sub(max);
+        let mut removed = 0;
+        let mut start = "-".to_owned();
+        while excess > 0 {
+            let reply: redis::Value = redis::cmd("XRANGE")
+                .arg(&dead)
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut conn)
+                .await
+                .map_err(super::unavailable)?;
+            let entries = super::entry::entries(&reply);
+            let Some((last, _)) = entries.last() else {
+                break;
+            };
+            start = format!("({last}");
+            let tasks: Vec<Option<TaskId>> = entries
+                .iter()
+                .map(|(_, fields)| {
+                    super::entry::fields(fields)
+                        .iter()
+                        .find(|(k, _)| *k == b"task")
+                        .and_then(|(_, v)| super::entry::text(v).parse().ok())
+                })
+                .collect();
+            let mut pipe = redis::pipe();
+            for task in &tasks {
+                match task {
+                    Some(id) => pipe.cmd("HGET").arg(self.keys().task(*id)).arg("status"),
+                    None => pipe.cmd("ECHO").arg(""),
+                };
+            }
+            let statuses: Vec<Option<String>> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(super::unavailable)?;
+            let mut doomed = Vec::new();
+            for (((id, _), task), status) in entries.iter().zip(&tasks).zip(statuses) {
+                let parked = task.is_some() && status.as_deref() == Some("DeadLettered");
+                if !parked && doomed.len() < excess {
+                    doomed.push(id.clone());
+                }
+            }
+            if !doomed.is_empty() {
+                let n: usize = redis::cmd("XDEL")
+                    .arg(&dead)
+                    .arg(&doomed)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(super::unavailable)?;
+                removed += n;
+                excess = excess.saturating_sub(doomed.len());
+            }
+        }
+        Ok(removed)
     }
 }
 
@@ -123,19 +197,19 @@ impl Housekeeping for RedisBackend {
         for stream in 0..k.streams() {
             let trimmed: usize = self
                 .run(
-                    s::TRIM_DEAD
-                        .key(k.dead(stream))
-                        .arg(
-                            retention
-                                .dead_letters
-                                .map(ms)
-                                .map(|m| m.to_string())
-                                .unwrap_or_default(),
-                        )
-                        .arg(retention.dead_letters_max),
+                    s::TRIM_DEAD.key(k.dead(stream)).arg(
+                        retention
+                            .dead_letters
+                            .map(ms)
+                            .map(|m| m.to_string())
+                            .unwrap_or_default(),
+                    ),
                 )
                 .await?;
             done.dead_letters += trimmed;
+            done.dead_letters += self
+                .cap_dead_letters(stream, retention.dead_letters_max)
+                .await?;
             let reaped: usize = self
                 .run(
                     s::REAP_CONSUMERS

@@ -118,16 +118,43 @@ struct Reader {
     buffered: std::collections::VecDeque<Delivery>,
 }
 
+/// A Redis error as a backend error: transient when the connection failed
+/// or the server asks to wait (loading, busy, failing over), a refusal
+/// otherwise (a script error: the same call would fail again).
 fn unavailable(e: RedisError) -> BackendError {
-    BackendError::Unavailable(Arc::new(e))
+    use redis::RetryMethod;
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || !matches!(e.retry_method(), RetryMethod::NoRetry)
+        || matches!(
+            e.code(),
+            Some(
+                "BUSY"
+                    | "OOM"
+                    | "LOADING"
+                    | "MASTERDOWN"
+                    | "TRYAGAIN"
+                    | "CLUSTERDOWN"
+                    | "READONLY"
+                    | "NOGROUP"
+            )
+        );
+    match transient {
+        true => BackendError::Unavailable(Arc::new(e)),
+        false => BackendError::Rejected(Arc::new(e)),
+    }
 }
 
 fn corrupt(what: impl std::fmt::Display) -> BackendError {
     BackendError::Corrupt(what.to_string())
 }
 
+/// A duration for Redis, in milliseconds: at least 1, and at most about
+/// 31 years (Redis refuses expiry times past its range).
 fn ms(d: Duration) -> u64 {
-    d.as_millis().clamp(1, u64::MAX as u128) as u64
+    d.as_millis().clamp(1, 1_000_000_000_000) as u64
 }
 
 impl RedisBackend {
@@ -179,10 +206,14 @@ impl RedisBackend {
         &self.shared.config.group
     }
 
-    fn dead_letters_max(&self) -> usize {
+    /// The hard ceiling of a dead-letter stream between two housekeeping
+    /// passes: ten times the cap housekeeping trims to (precisely, and
+    /// sparing the letters of parked tasks).
+    fn dead_letters_ceiling(&self) -> usize {
         self.shared
             .dead_letters_max
             .load(std::sync::atomic::Ordering::Relaxed)
+            .saturating_mul(10)
     }
 
     /// Creates the consumer group of every queue (idempotent). Reading from

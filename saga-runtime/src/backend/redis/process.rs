@@ -138,7 +138,7 @@ impl ProcessStore for RedisBackend {
             .arg(payload)
             .arg(reason)
             .arg(size.map(|s| s.to_string()).unwrap_or_default())
-            .arg(self.dead_letters_max())
+            .arg(self.dead_letters_ceiling())
             .arg(self.shared.config.endpoint_max_len);
         for envelope in &commit.enqueue {
             invocation.arg(WorkItem::Process(envelope.clone()).encode());

@@ -171,6 +171,28 @@ impl RedisBackend {
         }
     }
 
+    async fn hand_back(
+        &self,
+        delivery: &Delivery,
+        delay: Duration,
+        answered: bool,
+    ) -> Result<(), BackendError> {
+        let (p, entry) = self.locate(delivery)?;
+        let _: i64 = self
+            .run(
+                s::RELEASE
+                    .key(self.keys().queue(p))
+                    .key(self.keys().delayed(p))
+                    .arg(self.group())
+                    .arg(&delivery.consumer)
+                    .arg(entry)
+                    .arg(delay.as_millis().min(1 << 40) as u64)
+                    .arg(if answered { "1" } else { "0" }),
+            )
+            .await?;
+        Ok(())
+    }
+
     fn queue_of(&self, item: &WorkItem) -> String {
         let k = self.keys();
         match item.task_id() {
@@ -205,8 +227,14 @@ impl WorkQueue for RedisBackend {
     }
 
     async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError> {
+        // A well-formed message still goes where its task's keys are: the
+        // commit that settles it must touch one partition only.
+        let queue = match WorkItem::decode(payload) {
+            Ok(item) => self.queue_of(&item),
+            Err(_) => self.keys().queue(0),
+        };
         let _: String = redis::cmd("XADD")
-            .arg(self.keys().queue(0))
+            .arg(queue)
             .arg("*")
             .arg("payload")
             .arg(payload)
@@ -272,18 +300,21 @@ impl WorkQueue for RedisBackend {
     }
 
     async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        let (p, entry) = self.locate(delivery)?;
-        let _: i64 = self
-            .run(
-                s::RELEASE
-                    .key(self.keys().queue(p))
-                    .key(self.keys().delayed(p))
-                    .arg(self.group())
-                    .arg(&delivery.consumer)
-                    .arg(entry)
-                    .arg(delay.as_millis().min(u64::MAX as u128) as u64),
-            )
-            .await?;
+        self.hand_back(delivery, delay, true).await
+    }
+
+    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
+        self.hand_back(delivery, delay, false).await
+    }
+
+    async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
+        let buffered: Vec<Delivery> = self.reader(consumer, |r| {
+            r.conn = None;
+            r.buffered.drain(..).collect()
+        });
+        for delivery in &buffered {
+            self.hand_back(delivery, Duration::ZERO, true).await?;
+        }
         Ok(())
     }
 
@@ -307,7 +338,7 @@ impl WorkQueue for RedisBackend {
                     .arg(reason)
                     .arg(task_id.map(|t| t.to_string()).unwrap_or_default())
                     .arg(size.map(|s| s.to_string()).unwrap_or_default())
-                    .arg(self.dead_letters_max()),
+                    .arg(self.dead_letters_ceiling()),
             )
             .await?;
         Ok(())

@@ -105,14 +105,24 @@ return {{nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}}"
 /// created ms, 17 expiring member of the stored status ('' = none), 18
 /// expiring member of the new status, 19 payload size ('' = not cut), 20
 /// dead-letter cap.
+/// A next message due later is enqueued at once instead when the task's
+/// cancellation was requested: the cancellation must not wait out a
+/// backoff (its own wake-up message may be stale by now).
 /// Returns {new version} or {-5, cancel} when refused for a cancellation.
 pub static COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}{SETTLE_FN}{CHECK}
-if ARGV[13] == '1' then
-  local c = redis.call('GET', KEYS[6])
-  if c then return {{-5, c}} end
+local cancelled = redis.call('EXISTS', KEYS[6]) == 1
+if ARGV[13] == '1' and cancelled then return {{-5, redis.call('GET', KEYS[6])}} end
+local expire = tonumber(ARGV[15])
+if ARGV[15] ~= '' and (not expire or expire < 1 or expire > 1e13) then
+  return redis.error_reply('expire-after out of range: ' .. ARGV[15])
 end
+local delay = tonumber(ARGV[6])
+if not delay or delay < 0 or delay > 1e13 then
+  return redis.error_reply('delay out of range: ' .. ARGV[6])
+end
+if cancelled then delay = 0 end
 redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[14])
 if KEYS[8] ~= KEYS[9] then
   redis.call('ZREM', KEYS[8], ARGV[12])
@@ -121,16 +131,16 @@ end
 if ARGV[17] ~= '' then redis.call('ZREM', KEYS[10], ARGV[17]) end
 local task_keys = {{KEYS[2], KEYS[1], KEYS[6], KEYS[11]}}
 if ARGV[15] ~= '' then
-  for _, k in ipairs(task_keys) do redis.call('PEXPIRE', k, ARGV[15]) end
-  redis.call('ZADD', KEYS[10], now + tonumber(ARGV[15]), ARGV[18])
+  for _, k in ipairs(task_keys) do redis.call('PEXPIRE', k, expire) end
+  redis.call('ZADD', KEYS[10], now + expire, ARGV[18])
 elseif ARGV[17] ~= '' then
   for _, k in ipairs(task_keys) do redis.call('PERSIST', k) end
 end
 if ARGV[5] ~= '' then
-  if ARGV[6] == '0' then
+  if delay == 0 then
     redis.call('XADD', KEYS[4], '*', 'payload', ARGV[5])
   else
-    redis.call('ZADD', KEYS[7], now + tonumber(ARGV[6]), '0:' .. ARGV[5])
+    redis.call('ZADD', KEYS[7], now + delay, '0:' .. ARGV[5])
   end
 end
 if ARGV[7] == 'ack' or ARGV[7] == 'dead' then settle(KEYS[4], ARGV[9], ARGV[8]) end
@@ -146,7 +156,8 @@ return {{nv}}"
 });
 
 /// KEYS: lock, queue, cancel. ARGV: token, ttl ms, group, consumer, entry id.
-/// Extends the lock, resets the message's idle time, reads the cancel flag.
+/// Extends the lock and resets the message's idle time (while the lock is
+/// held), reads the cancel flag.
 /// Returns {held 0/1, cancel}.
 pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -154,9 +165,11 @@ pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
 local held = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  -- Keep the message only while the lease is ours: a worker that lost
+  -- its lease must not take the message back from the one that took over.
+  pcall(redis.call, 'XCLAIM', KEYS[2], ARGV[3], ARGV[4], 0, ARGV[5], 'JUSTID')
   held = 1
 end
-pcall(redis.call, 'XCLAIM', KEYS[2], ARGV[3], ARGV[4], 0, ARGV[5], 'JUSTID')
 return {held, redis.call('GET', KEYS[3])}",
     )
 });
@@ -178,12 +191,12 @@ return settle(KEYS[1], ARGV[1], ARGV[2])"
     ))
 });
 
-/// KEYS: queue, delayed. ARGV: group, consumer, entry id, delay ms.
+/// KEYS: queue, delayed. ARGV: group, consumer, entry id, delay ms,
+/// answered ('1': this delivery counts as answered).
 ///
 /// Hands a message back: if it is still pending for this consumer, it is
 /// acknowledged and a copy of its payload is enqueued now (or put on the
-/// delayed set), carrying its count of unanswered deliveries (this one
-/// answered). Returns 1 if handed back, 0 if it was no longer ours (settled
+/// delayed set), carrying its count of unanswered deliveries. Returns 1 if handed back, 0 if it was no longer ours (settled
 /// meanwhile, or taken over by another consumer).
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -201,7 +214,8 @@ for i = 1, #f, 2 do
   if f[i] == 'unanswered' then carried = tonumber(f[i + 1]) or 0 end
 end
 if not payload then return 0 end
-local unanswered = carried + tonumber(p[1][4]) - 1
+local unanswered = carried + tonumber(p[1][4])
+if ARGV[5] == '1' then unanswered = unanswered - 1 end
 if ARGV[4] == '0' then
   redis.call('XADD', KEYS[1], '*', 'payload', payload, 'unanswered', unanswered)
 else
@@ -327,38 +341,46 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])"
 });
 
 /// KEYS: expiring, then per task: task, fence, cancel, claims, lock, index
-/// (all), index (status). ARGV: per task: member, id.
+/// (all), index (its status when it expired). ARGV: per task: member, id,
+/// that status.
 /// Removes every key and index entry of each task still due; returns how
-/// many.
+/// many. A task whose record exists again was re-created under the same
+/// id (a keyed start after the old one expired): only the old one's
+/// leftovers go.
 pub static PURGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}
 local n = 0
-for i = 1, #ARGV / 2 do
-  local member, id = ARGV[2 * i - 1], ARGV[2 * i]
+for i = 1, #ARGV / 3 do
+  local member, id, old = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local score = redis.call('ZSCORE', KEYS[1], member)
+  local k = 1 + (i - 1) * 7
   if score and tonumber(score) <= now then
-    local k = 1 + (i - 1) * 7
-    redis.call('DEL', KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5])
-    redis.call('ZREM', KEYS[k + 6], id)
-    redis.call('ZREM', KEYS[k + 7], id)
+    local status = redis.call('HGET', KEYS[k + 1], 'status')
+    if status then
+      if status ~= old then redis.call('ZREM', KEYS[k + 7], id) end
+    else
+      redis.call('DEL', KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5])
+      redis.call('ZREM', KEYS[k + 6], id)
+      redis.call('ZREM', KEYS[k + 7], id)
+      n = n + 1
+    end
     redis.call('ZREM', KEYS[1], member)
-    n = n + 1
   end
 end
 return n"
     ))
 });
 
-/// KEYS: dead. ARGV: keep ms ('' = no age limit), max entries. Trims the
-/// dead-letter stream (and removes it once empty); returns how many
-/// entries went.
+/// KEYS: dead. ARGV: keep ms ('' = no age limit). Trims the dead-letter
+/// stream by age (and removes it once empty); returns how many entries
+/// went. The count cap is applied from Rust, entry by entry.
 pub static TRIM_DEAD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}
-local n = redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[2])
+local n = 0
 if ARGV[1] ~= '' then
-  n = n + redis.call('XTRIM', KEYS[1], 'MINID', now - tonumber(ARGV[1]))
+  n = redis.call('XTRIM', KEYS[1], 'MINID', now - tonumber(ARGV[1]))
 end
 if redis.call('XLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
 return n"

@@ -11,7 +11,7 @@ use super::keys::Keys;
 use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, QueueMessage,
-    Settle, TaskCommit, TaskQuery, TaskStore, WorkItem,
+    Settle, TaskCommit, TaskCursor, TaskQuery, TaskStore, WorkItem,
 };
 use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 
@@ -68,20 +68,52 @@ impl RedisBackend {
         }
     }
 
-    /// One partition's page of a saga's tasks, newest first.
+    /// One partition's page of a saga's tasks, newest first. Index entries
+    /// whose task just expired (the janitor has not removed them yet) are
+    /// skipped, and reading goes on past them: a short page would read as
+    /// the last one and hide every older task.
     async fn list_partition(
         &self,
         partition: u16,
         query: &TaskQuery,
     ) -> Result<Vec<TaskInstance>, BackendError> {
-        let k = self.keys();
-        let index = k.index(partition, &query.saga, query.status);
-        let mut conn = self.conn();
         let limit = query.limit.max(1);
+        let mut after = query.after;
+        let mut tasks = Vec::new();
+        loop {
+            let ids = self.index_page(partition, query, after, limit).await?;
+            let Some((last_id, last_ms)) = ids.last().cloned() else {
+                break;
+            };
+            let full = ids.len() == limit;
+            let ids: Vec<String> = ids.into_iter().map(|(id, _)| id).collect();
+            tasks.extend(self.load_many(&ids, query).await?);
+            if tasks.len() >= limit || !full {
+                break;
+            }
+            after = Some(TaskCursor {
+                created_at: Timestamp(last_ms),
+                id: last_id.parse().map_err(corrupt)?,
+            });
+        }
+        tasks.truncate(limit);
+        Ok(tasks)
+    }
+
+    /// Up to `limit` entries `(id, created ms)` of one partition's index,
+    /// newest first, strictly after `after`.
+    async fn index_page(
+        &self,
+        partition: u16,
+        query: &TaskQuery,
+        after: Option<TaskCursor>,
+        limit: usize,
+    ) -> Result<Vec<(String, u64)>, BackendError> {
+        let index = self.keys().index(partition, &query.saga, query.status);
         // The page ends (exclusive) at the cursor or `created_to`,
         // whichever is earlier; tasks created in the cursor's millisecond
         // are compared by id.
-        let cursor_ms = query.after.map(|c| c.created_at.0);
+        let cursor_ms = after.map(|c| c.created_at.0);
         let to_ms = query.created_to.map(|t| t.0);
         let upper = match (cursor_ms, to_ms) {
             (Some(c), Some(t)) => Some(c.min(t)),
@@ -91,7 +123,20 @@ impl RedisBackend {
         let lower = query
             .created_from
             .map_or("-inf".to_owned(), |f| f.0.to_string());
+        let ties = after.filter(|c| {
+            to_ms.is_none_or(|t| c.created_at.0 < t)
+                && query.created_from.is_none_or(|f| c.created_at >= f)
+        });
         let mut pipe = redis::pipe();
+        match ties {
+            Some(c) => pipe
+                .cmd("ZRANGE")
+                .arg(&index)
+                .arg(c.created_at.0)
+                .arg(c.created_at.0)
+                .arg("BYSCORE"),
+            None => pipe.cmd("ECHO").arg(""),
+        };
         pipe.cmd("ZRANGE")
             .arg(&index)
             .arg(&upper)
@@ -100,41 +145,29 @@ impl RedisBackend {
             .arg("REV")
             .arg("LIMIT")
             .arg(0)
-            .arg(limit);
-        let ties_wanted = match (query.after, to_ms) {
-            (Some(c), Some(t)) => c.created_at.0 < t,
-            (Some(_), None) => true,
-            _ => false,
-        } && query
-            .after
-            .is_some_and(|c| query.created_from.is_none_or(|f| c.created_at >= f));
-        if let Some(c) = query.after.filter(|_| ties_wanted) {
-            pipe.cmd("ZRANGE")
-                .arg(&index)
-                .arg(c.created_at.0)
-                .arg(c.created_at.0)
-                .arg("BYSCORE");
-        } else {
-            pipe.cmd("ECHO").arg("");
-        }
-        let (older, ties): (Vec<String>, Value) =
-            pipe.query_async(&mut conn).await.map_err(unavailable)?;
-        let mut ids: Vec<String> = match query.after.filter(|_| ties_wanted) {
+            .arg(limit)
+            .arg("WITHSCORES");
+        let (same, older): (Value, Vec<(String, f64)>) = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut ids: Vec<(String, u64)> = match ties {
             Some(c) => {
                 let cursor = c.id.to_string();
-                let mut same: Vec<String> = super::entry::items(&ties)
+                let mut same: Vec<(String, u64)> = super::entry::items(&same)
                     .into_iter()
                     .map(super::entry::text)
                     .filter(|id| *id < cursor)
+                    .map(|id| (id, c.created_at.0))
                     .collect();
-                same.sort_unstable_by(|a, b| b.cmp(a));
+                same.sort_unstable_by(|a, b| b.0.cmp(&a.0));
                 same
             }
             None => Vec::new(),
         };
-        ids.extend(older);
+        ids.extend(older.into_iter().map(|(id, ms)| (id, ms as u64)));
         ids.truncate(limit);
-        self.load_many(&ids, query).await
+        Ok(ids)
     }
 
     async fn load_many(
@@ -320,7 +353,7 @@ impl TaskStore for RedisBackend {
         let (next, delay) = match &commit.next {
             Some(next) => (
                 WorkItem::Saga(next.message.clone()).encode(),
-                next.delay.as_millis().min(u64::MAX as u128) as u64,
+                next.delay.as_millis().min(1_000_000_000_000) as u64,
             ),
             None => (String::new(), 0),
         };
@@ -369,7 +402,7 @@ impl TaskStore for RedisBackend {
                     .arg(stored_member)
                     .arg(Keys::expiring_member(task.id, task.status, &task.saga))
                     .arg(size.map(|s| s.to_string()).unwrap_or_default())
-                    .arg(self.dead_letters_max()),
+                    .arg(self.dead_letters_ceiling()),
             )
             .await?;
         Self::check_write(&reply, task, commit.lease)

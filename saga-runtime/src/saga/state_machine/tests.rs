@@ -174,6 +174,62 @@ static CAPPED: SagaDefinition = SagaDefinition {
     )],
 };
 
+/// One step: exponential 200 ms, 5 retries (the documented 200..3200 ms).
+static EXP5: SagaDefinition = SagaDefinition {
+    name: "exp-five",
+    type_name: "ExpFive",
+    cancellable: false,
+    steps: &[step(
+        "expo",
+        1,
+        RetryPolicy::new(5, BackoffKind::Exponential, 200),
+        None,
+    )],
+};
+
+/// One step: linear 200 ms, 4 retries.
+static LIN4: SagaDefinition = SagaDefinition {
+    name: "lin-four",
+    type_name: "LinFour",
+    cancellable: false,
+    steps: &[step(
+        "linear",
+        1,
+        RetryPolicy::new(4, BackoffKind::Linear, 200),
+        None,
+    )],
+};
+
+/// One step: constant 1000 ms with jitter, 3 retries.
+static JITTER: SagaDefinition = SagaDefinition {
+    name: "jitter",
+    type_name: "Jitter",
+    cancellable: false,
+    steps: &[step(
+        "jittery",
+        1,
+        RetryPolicy::new(3, BackoffKind::Constant, 1000).with_jitter(true),
+        None,
+    )],
+};
+
+/// `make` (compensated by `unmake`: constant 0 ms, 1 retry), then `fail`
+/// (no retry, no compensation).
+static ZERO_UNDO: SagaDefinition = SagaDefinition {
+    name: "zero-undo",
+    type_name: "ZeroUndo",
+    cancellable: true,
+    steps: &[
+        step(
+            "make",
+            1,
+            RetryPolicy::NO_RETRY,
+            undo("unmake", RetryPolicy::new(1, BackoffKind::Constant, 0)),
+        ),
+        step("fail", 2, RetryPolicy::NO_RETRY, None),
+    ],
+};
+
 // ---------------------------------------------------------------- helpers
 
 fn fresh(def: &SagaDefinition) -> TaskInstance {
@@ -687,6 +743,87 @@ fn max_delay_caps_the_exponential_backoff() {
 }
 
 #[test]
+fn exponential_backoff_follows_the_documented_schedule_up_to_3200_ms() {
+    let mut t = fresh(&EXP5);
+    let mut want = vec![sc(T::Pending, T::Running)];
+    for (n, delay) in [(1, 200), (2, 400), (3, 800), (4, 1600), (5, 3200)] {
+        let ran = run(&mut t, &EXP5, transient("x"));
+        assert_eq!(
+            ran.attempt,
+            Attempt {
+                number: n,
+                claim: format!("expo:{n}")
+            }
+        );
+        assert_effects(&ran.effects, after_ms(delay), None, false);
+        let rec = &t.steps[0];
+        assert_eq!(rec.status, S::Pending);
+        assert_eq!((rec.attempt_count, rec.retry_base), (n, 0));
+        assert_due(rec, &ran, delay);
+        assert_eq!(t.status, T::Running);
+        want.push(af("expo", n, Some(delay), false));
+    }
+    let ran = run(&mut t, &EXP5, transient("x"));
+    assert_eq!(ran.attempt.number, 6, "max_retries = 5: six calls");
+    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    want.push(af("expo", 6, None, false));
+    want.push(sc(T::Running, T::Compensated));
+    assert_eq!(lines(&t, 0), want);
+    assert_eq!(t.status, T::Compensated);
+    let rec = &t.steps[0];
+    assert_eq!(rec.status, S::Failed);
+    assert_eq!(rec.attempt_count, 6);
+    assert_eq!(rec.next_attempt_at, None);
+}
+
+#[test]
+fn linear_backoff_grows_by_its_base_each_retry() {
+    let mut t = fresh(&LIN4);
+    let mut want = vec![sc(T::Pending, T::Running)];
+    for (n, delay) in [(1, 200), (2, 400), (3, 600), (4, 800)] {
+        let ran = run(&mut t, &LIN4, transient("x"));
+        assert_eq!(ran.attempt.claim, format!("linear:{n}"));
+        assert_effects(&ran.effects, after_ms(delay), None, false);
+        assert_eq!(t.steps[0].status, S::Pending);
+        assert_eq!(t.steps[0].attempt_count, n);
+        assert_due(&t.steps[0], &ran, delay);
+        want.push(af("linear", n, Some(delay), false));
+    }
+    let ran = run(&mut t, &LIN4, transient("x"));
+    assert_eq!(ran.attempt.number, 5, "max_retries = 4: five calls");
+    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    want.push(af("linear", 5, None, false));
+    want.push(sc(T::Running, T::Compensated));
+    assert_eq!(lines(&t, 0), want);
+    assert_eq!(t.steps[0].status, S::Failed);
+}
+
+#[test]
+fn jittered_delays_stay_between_half_and_full_and_agree_with_audit_and_due_time() {
+    let mut t = fresh(&JITTER);
+    for n in 1..=3 {
+        let ran = run(&mut t, &JITTER, transient("x"));
+        let NextMove::After(d) = ran.effects.next else {
+            panic!("expected a delayed retry, got {:?}", ran.effects.next)
+        };
+        assert!(d >= ms(500) && d <= ms(1000), "jittered delay {d:?}");
+        assert!(ran.effects.guard.is_none());
+        assert_eq!(ran.effects.dead_letter, None);
+        let d_ms = d.as_millis() as u64;
+        assert_eq!(
+            lines(&t, t.audit_log.len() - 1),
+            [af("jittery", n, Some(d_ms), false)]
+        );
+        assert_eq!(t.steps[0].status, S::Pending);
+        assert_due(&t.steps[0], &ran, d_ms);
+    }
+    let ran = run(&mut t, &JITTER, transient("x"));
+    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_eq!(t.status, T::Compensated);
+    assert_eq!(t.steps[0].attempt_count, 4);
+}
+
+#[test]
 fn a_zero_delay_retry_is_due_now() {
     let mut t = completed(&BOOK, 2);
     let n = t.audit_log.len();
@@ -971,6 +1108,36 @@ fn an_invalid_payload_dead_letters_whatever_on_exhausted_says() {
     );
 }
 
+#[test]
+fn a_permanent_error_under_dead_letter_parks_the_task() {
+    let mut t = completed(&PARK2, 1);
+    let n = t.audit_log.len();
+    let ran = run(&mut t, &PARK2, permanent("gone"));
+    let reason = "saga `park-two` step `second`: gone";
+    assert_effects(&ran.effects, NextMove::Stop, Some(reason), true);
+    assert_eq!(t.status, T::DeadLettered);
+    assert!(t.finished_at.is_some());
+    assert_eq!(statuses(&t), [S::Completed, S::Failed]);
+    let rec = &t.steps[1];
+    assert_eq!(rec.attempt_count, 1, "two retries left, none used");
+    assert_eq!(rec.error.as_deref(), Some("gone"));
+    assert_eq!(rec.next_attempt_at, None);
+    assert_eq!(rec.trace_id.as_deref(), Some(t.trace_id.as_str()));
+    assert_eq!(t.error.as_deref(), Some("step `second` failed: gone"));
+    assert_eq!(
+        lines(&t, n),
+        [
+            af("second", 1, None, true),
+            on(AuditAction::DeadLettered, "second", None),
+            sc(T::Running, T::DeadLettered),
+        ]
+    );
+    assert_eq!(t.audit_log[n + 1].error.as_deref(), Some(reason));
+    let guard = ran.effects.guard.unwrap();
+    assert_eq!(guard.status, T::Running);
+    assert_eq!(guard.steps[1].status, S::Failed);
+}
+
 // --------------------------------------------------------------- timeout
 
 #[test]
@@ -1073,6 +1240,86 @@ fn an_open_circuit_on_a_pending_task_ends_it_at_once() {
         ]
     );
     assert_eq!(e.guard.unwrap().status, T::Pending);
+}
+
+#[test]
+fn an_open_circuit_applies_on_exhausted_fail_and_dead_letter() {
+    // on_exhausted = fail.
+    let mut t = completed(&FAIL2, 1);
+    let n = t.audit_log.len();
+    let call = expect_call(plan(&mut t, &FAIL2, None, W));
+    assert_eq!(call, step_call(1));
+    let e = on_outcome(&mut t, &FAIL2, call, Outcome::CircuitOpen("open".into()), W);
+    assert_effects(&e, NextMove::Stop, None, true);
+    assert_eq!(t.status, T::Failed);
+    assert!(t.finished_at.is_some());
+    assert_eq!(statuses(&t), [S::Completed, S::Failed]);
+    let rec = &t.steps[1];
+    assert_eq!((rec.attempt_count, rec.retry_base), (0, 0));
+    assert_eq!(rec.error.as_deref(), Some("open"));
+    assert_eq!(t.error.as_deref(), Some("step `second` failed: open"));
+    assert_eq!(
+        lines(&t, n),
+        [
+            on(AuditAction::CircuitOpen, "second", None),
+            sc(T::Running, T::Failed),
+        ]
+    );
+    assert_eq!(e.guard.unwrap().status, T::Running);
+
+    // on_exhausted = dead_letter.
+    let mut t = completed(&PARK2, 1);
+    let n = t.audit_log.len();
+    let call = expect_call(plan(&mut t, &PARK2, None, W));
+    let e = on_outcome(&mut t, &PARK2, call, Outcome::CircuitOpen("open".into()), W);
+    let reason = "saga `park-two` step `second`: open";
+    assert_effects(&e, NextMove::Stop, Some(reason), true);
+    assert_eq!(t.status, T::DeadLettered);
+    assert_eq!(statuses(&t), [S::Completed, S::Failed]);
+    assert_eq!(t.steps[1].attempt_count, 0);
+    assert_eq!(
+        lines(&t, n),
+        [
+            on(AuditAction::CircuitOpen, "second", None),
+            on(AuditAction::DeadLettered, "second", None),
+            sc(T::Running, T::DeadLettered),
+        ]
+    );
+    assert_eq!(t.audit_log[n + 1].error.as_deref(), Some(reason));
+}
+
+#[test]
+fn an_open_circuit_while_a_retry_waits_fails_the_step_and_clears_its_due_time() {
+    let mut t = fresh(&BOOK);
+    run(&mut t, &BOOK, transient("503"));
+    assert!(t.steps[0].next_attempt_at.is_some());
+    let n = t.audit_log.len();
+    let call = expect_call(plan(&mut t, &BOOK, None, W));
+    assert_eq!(call, step_call(0));
+    let e = on_outcome(&mut t, &BOOK, call, Outcome::CircuitOpen("open".into()), W);
+    assert_effects(&e, NextMove::Stop, None, true);
+    assert_eq!(
+        t.status,
+        T::Compensated,
+        "nothing completed: nothing to undo"
+    );
+    let rec = &t.steps[0];
+    assert_eq!(rec.status, S::Failed);
+    assert_eq!(rec.attempt_count, 1, "the refused call was not recorded");
+    assert_eq!(rec.next_attempt_at, None);
+    assert_eq!(rec.error.as_deref(), Some("open"));
+    assert_eq!(rec.trace_id.as_deref(), Some(t.trace_id.as_str()));
+    assert_eq!(
+        lines(&t, n),
+        [
+            on(AuditAction::CircuitOpen, "reserve", None),
+            sc(T::Running, T::Compensated),
+        ]
+    );
+    let guard = e.guard.unwrap();
+    assert_eq!(guard.status, T::Running);
+    assert_eq!(guard.steps[0].status, S::Failed);
+    assert_eq!(guard.steps[0].next_attempt_at, None);
 }
 
 // ------------------------------------------------------- already claimed
@@ -1374,6 +1621,63 @@ fn a_step_skipped_by_a_claimed_attempt_has_not_failed_when_cancelled() {
 }
 
 #[test]
+fn a_step_that_failed_then_skipped_a_claimed_number_has_failed_when_cancelled() {
+    let mut t = completed(&BOOK, 1);
+    run(&mut t, &BOOK, transient("503"));
+    let ran = run(&mut t, &BOOK, Outcome::AlreadyClaimed);
+    assert_eq!(ran.attempt.claim, "charge:2");
+    let rec = &t.steps[1];
+    assert_eq!(rec.status, S::Pending);
+    assert_eq!((rec.attempt_count, rec.retry_base), (2, 1));
+    assert_eq!(rec.next_attempt_at, None);
+    let n = t.audit_log.len();
+    let e = expect_commit(plan(&mut t, &BOOK, Some(Timestamp(6)), W));
+    assert_effects(&e, NextMove::Now, None, false);
+    assert_eq!(t.status, T::Compensating);
+    assert_eq!(t.cancelled_at, Some(Timestamp(6)));
+    let rec = &t.steps[1];
+    assert_eq!(rec.status, S::Failed, "attempt 1 ran and failed");
+    assert_eq!(rec.error.as_deref(), Some("503"));
+    assert_eq!((rec.attempt_count, rec.retry_base), (2, 1));
+    assert_eq!(
+        lines(&t, n),
+        [
+            bare(AuditAction::CancellationRequested),
+            sc(T::Running, T::Compensating),
+        ]
+    );
+}
+
+#[test]
+fn a_cancel_flag_on_a_running_task_whose_steps_all_completed_undoes_them_all() {
+    let mut t = completed(&BOOK, 4);
+    // As if the last commit had not changed the status.
+    t.status = T::Running;
+    t.output = None;
+    t.finished_at = None;
+    let n = t.audit_log.len();
+    let at = Timestamp(5);
+    let e = expect_commit(plan(&mut t, &BOOK, Some(at), W));
+    assert_effects(&e, NextMove::Now, None, false);
+    assert_eq!(t.status, T::Compensating);
+    assert_eq!(t.cancelled_at, Some(at));
+    assert_eq!(t.output, None);
+    assert_eq!(t.finished_at, None);
+    assert_eq!(statuses(&t), [S::Completed; 4]);
+    assert_eq!(
+        lines(&t, n),
+        [
+            bare(AuditAction::CancellationRequested),
+            sc(T::Running, T::Compensating),
+        ]
+    );
+    let call = expect_call(plan(&mut t, &BOOK, Some(at), W));
+    assert_eq!(call, comp_call(3));
+    assert_eq!(call.method(&BOOK), "retract");
+    assert_eq!(call.input(&t), out(3));
+}
+
+#[test]
 fn a_cancelled_outcome_fails_the_step_and_begins_cancellation() {
     let mut t = completed(&BOOK, 1);
     let n = t.audit_log.len();
@@ -1560,6 +1864,38 @@ fn an_abandoned_last_allowed_attempt_exhausts_the_step() {
     let reason = format!("saga `park-two` step `second`: {}", abandoned_error(3));
     assert_effects(&e, NextMove::Stop, Some(&reason), true);
     assert_eq!(t.status, T::DeadLettered);
+}
+
+#[test]
+fn an_abandoned_attempt_after_a_skipped_number_exhausts_a_single_call_budget() {
+    let mut t = fresh(&ONCE);
+    run(&mut t, &ONCE, Outcome::AlreadyClaimed); // only:1 ran elsewhere
+    let (call, a) = crash(&mut t, &ONCE); // only:2, the one real call, dies
+    assert_eq!((call, a.claim.as_str()), (step_call(0), "only:2"));
+    let n = t.audit_log.len();
+    let e = expect_commit(plan(&mut t, &ONCE, None, W2));
+    assert_effects(&e, NextMove::Stop, None, true);
+    assert_eq!(t.status, T::Compensated);
+    let rec = &t.steps[0];
+    assert_eq!(rec.status, S::Failed);
+    assert_eq!((rec.attempt_count, rec.retry_base), (2, 1));
+    assert_eq!(rec.error, Some(abandoned_error(2)));
+    assert_eq!(rec.next_attempt_at, None);
+    assert_eq!(
+        t.error,
+        Some(format!("step `only` failed: {}", abandoned_error(2)))
+    );
+    assert_eq!(
+        lines(&t, n),
+        [
+            on(AuditAction::AttemptAbandoned, "only", Some(2)),
+            sc(T::Running, T::Compensated),
+        ]
+    );
+    assert_eq!(t.audit_log[n].worker.as_deref(), Some(W2));
+    let guard = e.guard.unwrap();
+    assert_eq!(guard.status, T::Running);
+    assert_eq!(guard.steps[0].status, S::Failed);
 }
 
 #[test]
@@ -1839,6 +2175,88 @@ fn a_permanent_or_invalid_compensation_error_fails_at_once() {
 }
 
 #[test]
+fn a_compensation_timing_out_on_its_last_attempt_fails_it() {
+    let mut t = completed(&FAIL2, 1);
+    begin_cancel(&mut t, &FAIL2, Timestamp(2));
+    assert_eq!(t.status, T::Compensating);
+    let n = t.audit_log.len();
+    let ran = run(&mut t, &FAIL2, Outcome::TimedOut { after: ms(250) });
+    assert_eq!(ran.call, comp_call(0));
+    assert_eq!(ran.attempt.claim, "undo_first:1");
+    let error = "attempt timed out after 250ms and was cancelled";
+    assert_effects(&ran.effects, NextMove::Stop, None, false);
+    assert_eq!(t.status, T::CompensationFailed);
+    assert!(t.finished_at.is_some());
+    let rec = &t.steps[0];
+    assert_eq!(rec.status, S::CompensationFailed);
+    assert_eq!(rec.compensation_error.as_deref(), Some(error));
+    assert_eq!(rec.compensation_attempts, 1);
+    assert_eq!(rec.next_attempt_at, None);
+    assert_eq!(rec.trace_id.as_deref(), Some(t.trace_id.as_str()));
+    assert_eq!(
+        t.error,
+        Some(format!("compensation of step `first` failed: {error}"))
+    );
+    assert_eq!(
+        lines(&t, n),
+        [
+            caf("undo_first", 1, None),
+            on(AuditAction::CompensationFailed, "first", Some(1)),
+            sc(T::Compensating, T::CompensationFailed),
+        ]
+    );
+    let entry = &t.audit_log[n + 1];
+    let details: Value = serde_json::from_str(entry.details.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        details,
+        json!({
+            "step": "first",
+            "error": error,
+            "trace_id": t.trace_id,
+            "attempt_count": 1,
+            "compensation_attempts": 1,
+        })
+    );
+}
+
+#[test]
+fn a_zero_delay_compensation_retry_is_due_now_and_not_taken_for_abandoned() {
+    let mut t = completed(&ZERO_UNDO, 1);
+    let ran = run(&mut t, &ZERO_UNDO, permanent("no"));
+    assert_effects(&ran.effects, NextMove::Now, None, true);
+    assert_eq!(t.status, T::Compensating);
+    let n = t.audit_log.len();
+    let ran = run(&mut t, &ZERO_UNDO, transient("busy"));
+    assert_eq!(ran.call, comp_call(0));
+    assert_eq!(ran.attempt.claim, "unmake:1");
+    assert_effects(&ran.effects, NextMove::Now, None, false);
+    let rec = &t.steps[0];
+    assert_eq!(rec.status, S::Compensating);
+    assert_eq!(rec.compensation_attempts, 1);
+    assert_eq!(rec.compensation_error.as_deref(), Some("busy"));
+    assert_due(rec, &ran, 0);
+    let before = t.clone();
+    let call = expect_call(plan(&mut t, &ZERO_UNDO, None, W2));
+    assert_eq!(call, comp_call(0));
+    assert_eq!(t, before, "a due retry is not an abandoned attempt");
+    assert_eq!(record_attempt(&mut t, &ZERO_UNDO, call).claim, "unmake:2");
+    assert_eq!(t.steps[0].next_attempt_at, None);
+    let e = on_outcome(&mut t, &ZERO_UNDO, call, transient("busy"), W);
+    assert_effects(&e, NextMove::Stop, None, false);
+    assert_eq!(t.status, T::CompensationFailed);
+    assert_eq!(statuses(&t), [S::CompensationFailed, S::Failed]);
+    assert_eq!(
+        lines(&t, n),
+        [
+            caf("unmake", 1, Some(0)),
+            caf("unmake", 2, None),
+            on(AuditAction::CompensationFailed, "make", Some(2)),
+            sc(T::Compensating, T::CompensationFailed),
+        ]
+    );
+}
+
+#[test]
 fn a_timed_out_compensation_is_retried() {
     let mut t = book_compensating();
     let n = t.audit_log.len();
@@ -2026,6 +2444,78 @@ fn a_poisoned_compensation_keeps_its_step_compensating() {
 }
 
 #[test]
+fn a_poisoned_compensation_waiting_for_its_retry_resumes_after_a_requeue_without_abandoning() {
+    let mut t = book_compensating();
+    run(&mut t, &BOOK, transient("locked")); // unship:1, waits 50 ms
+    let due = t.steps[2].next_attempt_at;
+    assert!(due.is_some());
+    let n = t.audit_log.len();
+    let e = poisoned(&mut t, &BOOK, 4);
+    let letter = format!("saga `book` task {}: {}", t.id, poison_reason(4));
+    assert_effects(&e, NextMove::Stop, Some(&letter), false);
+    assert_eq!(t.status, T::DeadLettered);
+    let rec = &t.steps[2];
+    assert_eq!(rec.status, S::Compensating);
+    assert_eq!(rec.compensation_attempts, 1);
+    assert_eq!(rec.compensation_error.as_deref(), Some("locked"));
+    assert_eq!(rec.next_attempt_at, due);
+    assert_eq!(
+        lines(&t, n),
+        [
+            on(AuditAction::DeadLettered, "ship", None),
+            sc(T::Compensating, T::DeadLettered),
+        ]
+    );
+    // What an operator's requeue does.
+    t.steps[2].compensation_retry_base = t.steps[2].compensation_attempts;
+    t.error = None;
+    t.set_status(T::Compensating);
+    let n = t.audit_log.len();
+    let call = expect_call(plan(&mut t, &BOOK, None, W));
+    assert_eq!(call, comp_call(2));
+    assert!(
+        lines(&t, n).is_empty(),
+        "the waiting retry had not begun: nothing abandoned"
+    );
+    assert_eq!(record_attempt(&mut t, &BOOK, call).claim, "unship:2");
+    let e = on_outcome(&mut t, &BOOK, call, transient("locked"), W);
+    assert_effects(&e, after_ms(50), None, false);
+    assert_eq!(lines(&t, n), [caf("unship", 2, Some(50))]);
+}
+
+#[test]
+fn a_poisoned_task_waiting_for_a_step_retry_keeps_that_step_pending() {
+    // The crash came before the retry's attempt was recorded.
+    let mut t = completed(&BOOK, 1);
+    run(&mut t, &BOOK, transient("503"));
+    let due = t.steps[1].next_attempt_at;
+    let before = t.clone();
+    let n = t.audit_log.len();
+    let e = poisoned(&mut t, &BOOK, 6);
+    let reason = poison_reason(6);
+    let letter = format!("saga `book` task {}: {reason}", t.id);
+    assert_effects(&e, NextMove::Stop, Some(&letter), true);
+    assert_eq!(*e.guard.unwrap(), before);
+    assert_eq!(t.status, T::DeadLettered);
+    assert_eq!(t.error, Some(format!("saga `book`: {reason}")));
+    assert_eq!(
+        statuses(&t),
+        [S::Completed, S::Pending, S::Pending, S::Pending]
+    );
+    let rec = &t.steps[1];
+    assert_eq!((rec.attempt_count, rec.retry_base), (1, 0));
+    assert_eq!(rec.error.as_deref(), Some("503"));
+    assert_eq!(rec.next_attempt_at, due, "left as it was");
+    assert_eq!(
+        lines(&t, n),
+        [
+            bare(AuditAction::DeadLettered),
+            sc(T::Running, T::DeadLettered),
+        ]
+    );
+}
+
+#[test]
 fn a_poisoned_task_with_no_attempt_under_way_names_no_step() {
     let mut t = fresh(&BOOK);
     let before = t.clone();
@@ -2046,6 +2536,28 @@ fn a_poisoned_task_with_no_attempt_under_way_names_no_step() {
             sc(T::Pending, T::DeadLettered),
         ]
     );
+}
+
+#[test]
+fn park_dead_letters_a_task_without_its_definition() {
+    let mut t = completed(&BOOK, 1);
+    run(&mut t, &BOOK, transient("503"));
+    let steps = t.steps.clone();
+    let n = t.audit_log.len();
+    park(&mut t, "unknown saga `book`");
+    assert_eq!(t.status, T::DeadLettered);
+    assert!(t.finished_at.is_some());
+    assert_eq!(t.error.as_deref(), Some("unknown saga `book`"));
+    assert_eq!(t.steps, steps, "no step record is touched");
+    assert_eq!(
+        lines(&t, n),
+        [
+            bare(AuditAction::DeadLettered),
+            sc(T::Running, T::DeadLettered),
+        ]
+    );
+    assert_eq!(t.audit_log[n].error.as_deref(), Some("unknown saga `book`"));
+    assert!(matches!(plan(&mut t, &BOOK, None, W), Plan::Nothing));
 }
 
 #[test]
@@ -2193,4 +2705,68 @@ fn a_refused_poisoning_cancelled_on_its_guard_fails_the_running_step_and_compens
         Some("cancelled before the step completed")
     );
     assert_eq!(expect_call(plan(&mut g, &BOOK, None, W)), comp_call(0));
+}
+
+#[test]
+fn a_refused_compensation_decision_cancelled_on_its_guard_ends_cancelled() {
+    let mut t = completed(&BOOK, 3);
+    let ran = run(&mut t, &BOOK, permanent("webhook gone"));
+    assert_eq!(t.status, T::Compensating);
+    let mut g = *ran.effects.guard.unwrap();
+    assert_eq!(g.status, T::Running);
+    assert_eq!(g.cancelled_at, None);
+    let n = g.audit_log.len();
+    let at = Timestamp(11);
+    begin_cancel(&mut g, &BOOK, at);
+    assert_eq!(g.status, T::Compensating);
+    assert_eq!(g.cancelled_at, Some(at));
+    assert_eq!(
+        statuses(&g),
+        [S::Completed, S::Completed, S::Completed, S::Failed]
+    );
+    assert_eq!(g.steps[3].error.as_deref(), Some("webhook gone"));
+    assert_eq!(
+        lines(&g, n),
+        [
+            bare(AuditAction::CancellationRequested),
+            sc(T::Running, T::Compensating),
+        ]
+    );
+    let n = g.audit_log.len();
+    let mut claims = Vec::new();
+    for _ in 0..2 {
+        claims.push(run(&mut g, &BOOK, undone()).attempt.claim);
+    }
+    assert_eq!(claims, ["unship:1", "release:1"]);
+    assert_eq!(g.status, T::Cancelled, "cancelled, not compensated");
+    assert_eq!(
+        lines(&g, n),
+        [
+            on(AuditAction::StepCompensated, "ship", Some(1)),
+            on(AuditAction::StepCompensated, "reserve", Some(1)),
+            sc(T::Compensating, T::Cancelled),
+        ]
+    );
+
+    // The guard of an open circuit on a pending task: nothing to undo.
+    let mut t = fresh(&BOOK);
+    let call = expect_call(plan(&mut t, &BOOK, None, W));
+    let e = on_outcome(&mut t, &BOOK, call, Outcome::CircuitOpen("open".into()), W);
+    let mut g = *e.guard.unwrap();
+    assert_eq!(g.status, T::Pending);
+    begin_cancel(&mut g, &BOOK, Timestamp(12));
+    assert_eq!(g.status, T::Cancelled);
+    assert!(g.finished_at.is_some());
+    assert_eq!(
+        statuses(&g),
+        [S::Failed, S::Pending, S::Pending, S::Pending]
+    );
+    assert_eq!(
+        lines(&g, 0),
+        [
+            on(AuditAction::CircuitOpen, "reserve", None),
+            bare(AuditAction::CancellationRequested),
+            sc(T::Pending, T::Cancelled),
+        ]
+    );
 }
