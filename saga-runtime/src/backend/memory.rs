@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::{
     truncate_payload, BackendError, Created, DeadLetter, DeadLetterQuery, Delivery, Heartbeat,
-    Housekeeping, Housekept, Lease, Leases, Locked, Page, ProcessCommit, ProcessInstance,
+    Housekeeping, Housekept, Interest, Lease, Leases, Locked, Page, ProcessCommit, ProcessInstance,
     ProcessStore, QueueMessage, Retention, Settle, TaskCommit, TaskQuery, TaskStore, WorkItem,
     WorkQueue,
 };
@@ -520,6 +520,7 @@ impl WorkQueue for MemoryBackend {
     async fn receive(
         &self,
         consumer: &str,
+        interest: Interest,
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError> {
         // Nothing below suspends when a message is ready, so without this a
@@ -538,7 +539,15 @@ impl WorkQueue for MemoryBackend {
                 let mut state = self.state();
                 let now = Instant::now();
                 state.promote(now);
-                if let Some(mut m) = state.ready.pop_front() {
+                let taken = if interest == Interest::ALL {
+                    (!state.ready.is_empty()).then_some(0)
+                } else {
+                    state
+                        .ready
+                        .iter()
+                        .position(|m| interest.takes(&WorkItem::decode(&m.raw)))
+                };
+                if let Some(mut m) = taken.and_then(|i| state.ready.remove(i)) {
                     m.deliveries += 1;
                     let delivery = Delivery {
                         id: m.id.clone(),

@@ -475,6 +475,11 @@ pub enum BackendError {
     /// trying again will not help.
     #[error("backend refused the operation: {0}")]
     Rejected(#[source] SourceError),
+    /// The backend's configuration contradicts the data it finds (for
+    /// example another partition count than the deployment was created
+    /// with). The message says what to change.
+    #[error("backend misconfigured: {0}")]
+    Misconfigured(String),
 }
 
 impl BackendError {
@@ -579,6 +584,36 @@ pub trait TaskStore: Send + Sync + 'static {
     }
 }
 
+/// The kinds of work a worker takes: an engine that runs no process
+/// managers must not take (and dead-letter) their messages, nor one that
+/// runs no sagas saga messages, when deployments share a Redis. An entry
+/// that does not decode is for anyone (to dead-letter with the reason); on
+/// Redis, for the workers that read the stream it was written to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interest {
+    /// Saga task messages.
+    pub sagas: bool,
+    /// Process-manager messages and timeouts.
+    pub processes: bool,
+}
+
+impl Interest {
+    /// Every kind.
+    pub const ALL: Interest = Interest {
+        sagas: true,
+        processes: true,
+    };
+
+    /// Whether a worker with this interest takes `item`.
+    pub fn takes(&self, item: &Result<WorkItem, String>) -> bool {
+        match item {
+            Ok(WorkItem::Process(_)) => self.processes,
+            Ok(WorkItem::Saga(_)) => self.sagas,
+            Err(_) => true,
+        }
+    }
+}
+
 /// The work queue: [`WorkItem`]s delivered to workers, redelivered when not
 /// settled within the visibility timeout, delayed, or dead-lettered.
 #[async_trait]
@@ -597,10 +632,12 @@ pub trait WorkQueue: Send + Sync + 'static {
     /// an error `item`.
     async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError>;
 
-    /// The next message, waiting up to `wait` for one.
+    /// The next message of a kind in `interest`, waiting up to `wait` for
+    /// one. Messages of other kinds stay for workers that take them.
     async fn receive(
         &self,
         consumer: &str,
+        interest: Interest,
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError>;
 

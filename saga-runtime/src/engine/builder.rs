@@ -107,8 +107,13 @@ impl EngineBuilder {
         self
     }
 
-    /// How long a graceful shutdown waits for running steps (default 30 s)
-    /// before handing their messages back for redelivery.
+    /// How long a graceful shutdown waits for running steps (default 30 s).
+    /// A step still running then sees `ctx.cancelled()` fire, gets the
+    /// [`stop_grace`](Self::stop_grace) to return, and is handed to another
+    /// worker as *interrupted*: made again at once, without counting
+    /// against its retry budget (a redeploy does not fail a step that
+    /// allows no retries). Side effects of the interrupted attempt may have
+    /// happened: steps use [`StepContext::idempotency_key`](crate::StepContext::idempotency_key).
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.settings.shutdown_grace = grace;
         self

@@ -145,6 +145,11 @@ pub(crate) enum Outcome {
     /// The attempt's claim was already taken: this attempt number ran (or
     /// began) elsewhere, so it was not run again.
     AlreadyClaimed,
+    /// Its worker shut down gracefully and the attempt outlived the grace
+    /// period: stopped by the engine, not failed. It is made again at once
+    /// and does not count against the retry budget (a redeploy must not
+    /// fail a step that allows no retries).
+    Interrupted,
 }
 
 /// The attempt just recorded by [`record_attempt`].
@@ -279,6 +284,18 @@ fn abandoned(task: &mut TaskInstance, def: &SagaDefinition, call: Call, worker: 
     );
 }
 
+/// The audit entry of an attempt its worker's shutdown interrupted.
+fn interrupted(method: &str, attempt: u32, worker: &str) -> AuditEntry {
+    AuditEntry::new(AuditAction::AttemptAbandoned)
+        .step(method)
+        .attempt(attempt)
+        .error(format!(
+            "attempt {attempt} was interrupted by its worker's shutdown; made again, \
+             not counted against the retry budget"
+        ))
+        .worker(worker)
+}
+
 /// Marks the attempt as begun, before the call: the attempt count is
 /// persisted first, so a crash during the call does not reset it.
 pub(crate) fn record_attempt(task: &mut TaskInstance, def: &SagaDefinition, call: Call) -> Attempt {
@@ -389,6 +406,13 @@ fn step_outcome(
             rec.status = StepStatus::Pending;
             return Effects::next(NextMove::Now);
         }
+        Outcome::Interrupted => {
+            task.audit(interrupted(name, attempt, worker));
+            let rec = &mut task.steps[idx];
+            rec.retry_base += 1;
+            rec.status = StepStatus::Pending;
+            return Effects::next(NextMove::Now);
+        }
         Outcome::Failed { error, kind } => (error, kind),
         Outcome::TimedOut { after } => (timed_out(after), StepErrorKind::Transient),
     };
@@ -443,6 +467,15 @@ fn compensation_outcome(
                 finish_or_compensate(task, def);
             }
             return Effects::continue_or_stop(task);
+        }
+        Outcome::Interrupted => {
+            task.audit(interrupted(method, attempt, worker));
+            let rec = &mut task.steps[idx];
+            rec.compensation_retry_base += 1;
+            // Due now: a compensation with no next attempt due is one that
+            // never reported back.
+            rec.next_attempt_at = Some(Timestamp::now());
+            return Effects::next(NextMove::Now);
         }
         Outcome::Failed { error, kind } => (error, kind == StepErrorKind::Transient),
         Outcome::TimedOut { after } => (timed_out(after), true),

@@ -26,8 +26,8 @@ use futures::StreamExt;
 use serde_json::json;
 
 use crate::backend::{
-    Backend, BackendError, Created, DeadLetterQuery, Delivery, InstanceStatus, Lease, Next,
-    ProcessCommit, ProcessInstance, QueueMessage, Retention, Settle, TaskCommit, TaskCursor,
+    Backend, BackendError, Created, DeadLetterQuery, Delivery, InstanceStatus, Interest, Lease,
+    Next, ProcessCommit, ProcessInstance, QueueMessage, Retention, Settle, TaskCommit, TaskCursor,
     TaskQuery, WorkItem,
 };
 use crate::process::{Envelope, EnvelopeKind};
@@ -77,7 +77,7 @@ fn envelope(n: u32) -> Envelope {
 pub async fn receive(b: &dyn Backend, consumer: &str) -> Delivery {
     for _ in 0..100 {
         b.release_due(100).await.unwrap();
-        if let Some(d) = b.receive(consumer, WAIT).await.unwrap() {
+        if let Some(d) = b.receive(consumer, Interest::ALL, WAIT).await.unwrap() {
             return d;
         }
     }
@@ -89,7 +89,7 @@ pub async fn nothing_for(b: &dyn Backend, consumer: &str, d: Duration) {
     let until = tokio::time::Instant::now() + d;
     while tokio::time::Instant::now() < until {
         b.release_due(100).await.unwrap();
-        if let Some(m) = b.receive(consumer, WAIT).await.unwrap() {
+        if let Some(m) = b.receive(consumer, Interest::ALL, WAIT).await.unwrap() {
             panic!("unexpected message {m:?}");
         }
     }
@@ -492,6 +492,45 @@ pub async fn undecodable_entries_are_delivered_alone(b: Arc<dyn Backend>) {
     assert_eq!(good, 1);
     assert_eq!(bad.len(), 2, "{bad:?}");
     assert!(bad.iter().all(|r| r.starts_with("malformed")), "{bad:?}");
+}
+
+/// A worker takes only the kinds of work it runs; the others stay for the
+/// workers that run them. One message at a time: nothing read is left
+/// waiting for the consumer.
+pub async fn workers_take_only_what_they_run(b: Arc<dyn Backend>) {
+    let t = task("s");
+    b.enqueue(&[WorkItem::Process(envelope(1))]).await.unwrap();
+    create(&*b, &t).await;
+    let sagas = Interest {
+        sagas: true,
+        processes: false,
+    };
+    let processes = Interest {
+        sagas: false,
+        processes: true,
+    };
+    let mut got = None;
+    for _ in 0..50 {
+        got = b.receive("s", sagas, WAIT).await.unwrap();
+        if got.is_some() {
+            break;
+        }
+    }
+    let d = got.expect("the saga message");
+    assert_eq!(d.item, Ok(item(&t)));
+    assert!(b.receive("s", sagas, WAIT).await.unwrap().is_none());
+    b.ack(&d).await.unwrap();
+    let mut got = None;
+    for _ in 0..50 {
+        got = b.receive("p", processes, WAIT).await.unwrap();
+        if got.is_some() {
+            break;
+        }
+    }
+    let d = got.expect("the process message");
+    assert_eq!(d.item, Ok(WorkItem::Process(envelope(1))));
+    b.ack(&d).await.unwrap();
+    nothing_for(&*b, "x", Duration::from_millis(200)).await;
 }
 
 /// Dead letters: parked, paged newest first, found by id, requeued; huge
@@ -943,6 +982,7 @@ macro_rules! backend_conformance {
             commit_is_atomic_enqueue_ack_and_unlock,
             an_accepted_cancellation_refuses_guarded_commits,
             undecodable_entries_are_delivered_alone,
+            workers_take_only_what_they_run,
             dead_lettering_paging_and_requeue,
             cancellation_flags_and_notifications,
             retention_removes_finished_tasks,

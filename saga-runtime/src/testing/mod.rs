@@ -220,7 +220,7 @@ impl<P: ProcessManager> ProcessTest<P> {
         let mut outcomes = Vec::new();
         while let Some(delivery) = self
             .backend
-            .receive("test", Duration::ZERO)
+            .receive("test", crate::backend::Interest::ALL, Duration::ZERO)
             .await
             .expect("memory store")
         {

@@ -23,9 +23,12 @@ use futures::FutureExt;
 pub(crate) use housekeeping::run as housekeeping;
 pub(crate) use timers::run as timers;
 
-use crate::backend::{Delivery, WorkItem};
+use crate::backend::{Delivery, Interest, WorkItem};
 use crate::runtime::Runtime;
-use crate::saga::state_machine::poison_reason;
+
+/// Time a handling that outlived the shutdown grace gets to record where it
+/// stopped (an interrupted attempt's commit) before it is dropped.
+const HANDOVER: Duration = Duration::from_secs(10);
 
 /// Pulls messages until the engine shuts down.
 ///
@@ -36,10 +39,14 @@ use crate::saga::state_machine::poison_reason;
 pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
     let consumer = format!("{}-{name}", rt.instance);
     let mut backoff = ErrorBackoff::default();
+    let interest = Interest {
+        sagas: !rt.sagas.is_empty(),
+        processes: !rt.processes.is_empty(),
+    };
     while !rt.shutdown.is_cancelled() {
         let received = rt
             .backend
-            .receive(&consumer, rt.settings.receive_wait)
+            .receive(&consumer, interest, rt.settings.receive_wait)
             .await;
         match received {
             Ok(Some(delivery)) if rt.shutdown.is_cancelled() => {
@@ -47,18 +54,22 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
             }
             Ok(Some(delivery)) => {
                 backoff.reset();
+                // A running step is stopped by its own handling once the
+                // grace is over (and its interruption committed); this is the
+                // backstop for anything else that would hold the shutdown up.
                 let grace = async {
                     rt.shutdown.cancelled().await;
-                    tokio::time::sleep(rt.settings.shutdown_grace).await;
+                    let settings = &rt.settings;
+                    let backstop = settings.shutdown_grace + settings.stop_grace + HANDOVER;
+                    tokio::time::sleep(backstop).await;
                 };
                 // A panic anywhere in handling (user code outside a step,
                 // a bug of ours) must not end this loop: the process would
                 // look alive and handle nothing.
                 let work = AssertUnwindSafe(handle(&rt, &delivery)).catch_unwind();
                 tokio::select! {
-                    done = work => if done.is_err() {
-                        tracing::error!(message = %delivery.id, "handling the message panicked; it is handed back");
-                        release(&rt, &delivery, rt.settings.lock_retry_delay).await;
+                    done = work => if let Err(panic) = done {
+                        panicked(&rt, &delivery, &panic_message(&*panic)).await;
                     },
                     _ = grace => {
                         tracing::warn!(message = %delivery.id, "shutdown grace period over; handing the message back");
@@ -114,18 +125,60 @@ async fn handle(rt: &Arc<Runtime>, delivery: &Delivery) {
     };
     match item {
         WorkItem::Saga(message) => saga::handle(rt, delivery, message).await,
-        WorkItem::Process(envelope) => {
-            // A saga message's cap is applied with its task's lease held
-            // (the task is parked too); a process message has nothing else
-            // to update.
-            if delivery.deliveries > rt.settings.max_deliveries {
-                rt.metrics.count_dead_lettered();
-                let reason = poison_reason(delivery.deliveries - 1);
-                return dead_letter(rt, delivery, reason, None).await;
-            }
-            process::handle(rt, delivery, envelope).await
-        }
+        WorkItem::Process(envelope) => process::handle(rt, delivery, envelope).await,
     }
+}
+
+/// The delay before a message this worker cannot handle (another version
+/// can) comes back: 1 s, 2 s, 4 s, ... up to 5 minutes, by delivery.
+fn another_version_delay(deliveries: u32) -> Duration {
+    Duration::from_secs(1 << deliveries.saturating_sub(1).min(8)).min(Duration::from_secs(300))
+}
+
+/// A panic while handling a message (not in a step: that is a failed
+/// attempt) is a bug, ours or in user code around the steps, and likely to
+/// happen again: the message goes back as an *unanswered* delivery, so
+/// that one that panics every time reaches the delivery cap and is
+/// dead-lettered instead of looping.
+async fn panicked(rt: &Arc<Runtime>, delivery: &Delivery, what: &str) {
+    if delivery.deliveries > rt.settings.max_deliveries {
+        rt.metrics.count_dead_lettered();
+        let reason = format!(
+            "handling the message panicked on each of its last deliveries ({} in all): {what}",
+            delivery.deliveries - 1
+        );
+        // A saga task is parked with its message, so that it ends.
+        let task = match &delivery.item {
+            Ok(WorkItem::Saga(message)) => {
+                let parked = AssertUnwindSafe(saga::park(rt, delivery, message, &reason))
+                    .catch_unwind()
+                    .await;
+                if let Ok(Ok(true)) = parked {
+                    return;
+                }
+                Some(message.task_id)
+            }
+            _ => None,
+        };
+        return dead_letter(rt, delivery, reason, task).await;
+    }
+    tracing::error!(message = %delivery.id, panic = what, "handling the message panicked; it is handed back");
+    if let Err(error) = rt
+        .backend
+        .defer(delivery, rt.settings.lock_retry_delay)
+        .await
+    {
+        tracing::debug!(%error, "handing the message back failed; it is redelivered after the visibility timeout");
+    }
+}
+
+/// The text of a panic's payload.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
 /// Parks a message on the dead-letter queue, on its own.

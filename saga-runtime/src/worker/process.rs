@@ -10,21 +10,19 @@ use tracing::Instrument;
 use crate::backend::{Backend, BackendError, Delivery};
 use crate::process::{dispatch, Concurrency, Correlation, DispatchEnv, Envelope, ErasedProcess};
 use crate::runtime::Runtime;
+use crate::saga::state_machine::poison_reason;
 use crate::task::Timestamp;
 
 /// Handles one process-manager envelope.
 pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &Envelope) {
     let Some(pm) = rt.processes.get(envelope.process.as_str()).cloned() else {
-        let mut known: Vec<_> = rt.processes.keys().copied().collect();
-        known.sort_unstable();
-        let reason = format!(
-            "unknown process manager `{}`: this worker runs [{}]",
-            envelope.process,
-            known.join(", ")
-        );
-        rt.metrics.count_dead_lettered();
-        return super::dead_letter(rt, delivery, reason, None).await;
+        return unknown(rt, delivery, envelope).await;
     };
+    if delivery.deliveries > rt.settings.max_deliveries {
+        rt.metrics.count_dead_lettered();
+        let reason = poison_reason(delivery.deliveries - 1);
+        return super::dead_letter(rt, delivery, reason, None).await;
+    }
     let backend = &rt.backend;
     // Pessimistic mode: one handler per instance at a time.
     let lease = if pm.definition().concurrency == Concurrency::Pessimistic {
@@ -95,6 +93,35 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
     }
+}
+
+/// A message for a process manager this worker does not run: a process
+/// that runs only sagas, or an older version during a rolling deploy that
+/// adds the process manager. Like a saga it does not know, it goes back
+/// with growing delays for a worker that runs it, and is dead-lettered only
+/// past the delivery cap.
+async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
+    let mut known: Vec<_> = rt.processes.keys().copied().collect();
+    known.sort_unstable();
+    let why = format!(
+        "unknown process manager `{}` (this worker runs [{}])",
+        envelope.process,
+        known.join(", ")
+    );
+    if delivery.deliveries <= rt.settings.max_deliveries {
+        let delay = super::another_version_delay(delivery.deliveries);
+        tracing::warn!(?delay, "{why}; handed back for a worker that runs it");
+        if let Err(error) = rt.backend.defer(delivery, delay).await {
+            tracing::debug!(%error, "handing the message back failed; it is redelivered after the visibility timeout");
+        }
+        return;
+    }
+    rt.metrics.count_dead_lettered();
+    let reason = format!(
+        "{why}; no worker that runs it took the message in {} deliveries: requeue it once one is deployed",
+        delivery.deliveries - 1
+    );
+    super::dead_letter(rt, delivery, reason, None).await
 }
 
 /// The pessimistic lock of the instance a message is for: the instance's

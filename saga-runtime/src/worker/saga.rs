@@ -30,7 +30,12 @@ use crate::task::{TaskInstance, TaskStatus};
 /// Handles one saga message.
 pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &QueueMessage) {
     let Some(saga) = rt.sagas.get(message.saga.as_str()).cloned() else {
-        return unknown_saga(rt, delivery, message).await;
+        let why = format!(
+            "unknown saga `{}` (this worker runs [{}])",
+            message.saga,
+            known_sagas(rt)
+        );
+        return another_version(rt, delivery, message, why).await;
     };
     let leased_at = tokio::time::Instant::now();
     let locked = match rt
@@ -42,6 +47,16 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
         Ok(None) => {
             tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+        // A record this worker cannot parse: written by a newer version
+        // (during a rolling deploy), or damaged. Handing it back as
+        // answered would loop for ever.
+        Err(BackendError::Corrupt(error)) => {
+            let why = format!(
+                "this worker cannot read the record of task {} ({error}); a newer version may have written it",
+                message.task_id
+            );
+            return another_version(rt, delivery, message, why).await;
         }
         Err(error) => {
             tracing::warn!(%error, "locking failed; message handed back");
@@ -63,12 +78,24 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
         super::dead_letter(rt, delivery, reason, Some(task.id)).await;
         return guard.release().await;
     }
-    if task.seq != message.seq || task.status.is_terminal() {
+    // A cancellation not applied yet makes any message of the task current:
+    // the wake-up `cancel` enqueues carries the sequence number it read
+    // before its request landed, and a failed attempt may have committed
+    // its delayed retry in between. Under the lease, nobody else is
+    // advancing the task.
+    let cancel_pending = locked.cancel_requested.is_some()
+        && task.cancelled_at.is_none()
+        && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
+    if (task.seq != message.seq && !cancel_pending) || task.status.is_terminal() {
         tracing::debug!(task_id = %task.id, "stale duplicate message acknowledged");
         if let Err(error) = rt.backend.ack(delivery).await {
             tracing::debug!(%error, "acknowledging a stale message failed; it comes back and is dropped again");
         }
         return guard.release().await;
+    }
+    if let Some(why) = incompatible(&task, saga.definition()) {
+        guard.release().await;
+        return another_version(rt, delivery, message, why).await;
     }
     let run = Run {
         rt,
@@ -105,76 +132,110 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
     }
 }
 
-/// A message for a saga this worker does not run: during a rolling deploy
-/// that adds a saga, a worker of the old version gets it. It goes back
-/// with growing delays (1 s, 2 s, 4 s, ... up to 5 minutes) for a worker
-/// that knows the saga; each such hand-back counts as an unanswered
-/// delivery, so a message no worker ever knows is, at the delivery cap,
-/// dead-lettered and its task parked `DeadLettered` (waitable, listable,
-/// and requeueable once the saga is deployed).
-async fn unknown_saga(rt: &Arc<Runtime>, delivery: &Delivery, message: &QueueMessage) {
+fn known_sagas(rt: &Runtime) -> String {
     let mut known: Vec<_> = rt.sagas.keys().copied().collect();
     known.sort_unstable();
+    known.join(", ")
+}
+
+/// Why a task cannot be advanced by this worker's definition of its saga:
+/// it was started by a version with other steps (a deploy changed the
+/// saga while the task was in flight). Advancing it would run the wrong
+/// steps, or index past the ones this version has.
+fn incompatible(task: &TaskInstance, def: &SagaDefinition) -> Option<String> {
+    let recorded: Vec<&str> = task.steps.iter().map(|s| s.name.as_str()).collect();
+    let defined: Vec<&str> = def.steps.iter().map(|s| s.name).collect();
+    (recorded != defined).then(|| {
+        format!(
+            "task {} was started with steps [{}]; this worker's saga `{}` has [{}]",
+            task.id,
+            recorded.join(", "),
+            def.name,
+            defined.join(", ")
+        )
+    })
+}
+
+/// A message this worker cannot handle but another version may: a saga
+/// it does not run (a rolling deploy that adds one), a task started with
+/// other steps, a record it cannot parse. It goes back with growing delays
+/// (1 s, 2 s, 4 s, ... up to 5 minutes) for a worker that can; each such
+/// hand-back counts as an unanswered delivery, so a message no worker ever
+/// handles is, at the delivery cap, dead-lettered and its task parked
+/// `DeadLettered` (waitable, listable, and requeueable once a compatible
+/// version is deployed).
+async fn another_version(
+    rt: &Arc<Runtime>,
+    delivery: &Delivery,
+    message: &QueueMessage,
+    why: String,
+) {
     if delivery.deliveries <= rt.settings.max_deliveries {
-        let delay = Duration::from_secs(1 << (delivery.deliveries - 1).min(8))
-            .min(Duration::from_secs(300));
-        tracing::warn!(
-            saga = %message.saga, task_id = %message.task_id, ?delay,
-            "this worker does not run the saga (runs [{}]); handed back for a worker that does",
-            known.join(", ")
-        );
+        let delay = super::another_version_delay(delivery.deliveries);
+        tracing::warn!(task_id = %message.task_id, ?delay, "{why}; handed back for a worker that can handle it");
         if let Err(error) = rt.backend.defer(delivery, delay).await {
             tracing::debug!(%error, "handing the message back failed; it is redelivered after the visibility timeout");
         }
         return;
     }
     let reason = format!(
-        "unknown saga `{}`: no worker that runs it took the message in {} deliveries (this one runs [{}]); requeue it once a worker that knows it is deployed",
-        message.saga,
+        "{why}; no worker able to handle it took the message in {} deliveries: requeue it once a compatible version is deployed",
         delivery.deliveries - 1,
-        known.join(", ")
     );
-    let parked = async {
-        let Some(locked) = rt
-            .backend
-            .lock_and_load(message.task_id, rt.lease_ttl())
-            .await?
-        else {
-            return Ok(false);
-        };
-        let guard = LeaseGuard::new(rt, &locked.lease);
-        let Some(mut task) = locked
-            .task
-            .filter(|t| t.seq == message.seq && !t.status.is_terminal())
-        else {
-            guard.release().await;
-            return Ok(false);
-        };
-        let stored = task.status;
-        sm::park(&mut task, &reason);
-        let mut guard = guard;
-        rt.backend
-            .commit(TaskCommit {
-                task: &task,
-                stored_status: stored,
-                lease: &locked.lease,
-                next: None,
-                settle: Settle::DeadLetter(delivery, &reason),
-                unless_cancelled: false,
-                expire_after: rt.settings.retention_for(task.status),
-            })
-            .await?;
-        guard.disarm();
-        Ok::<_, BackendError>(true)
-    };
-    match parked.await {
+    match park(rt, delivery, message, &reason).await {
         Ok(true) => {}
-        Ok(false) => super::dead_letter(rt, delivery, reason, Some(message.task_id)).await,
+        // No task to park, or one this worker cannot even read: the
+        // message goes to the dead-letter queue on its own.
+        Ok(false) | Err(BackendError::Corrupt(_)) => {
+            super::dead_letter(rt, delivery, reason, Some(message.task_id)).await
+        }
         Err(error) => {
             tracing::warn!(%error, "parking the task failed; the message comes back");
             super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
     }
+}
+
+/// Parks the task `message` is for as `DeadLettered` with `reason`, and the
+/// message with it, in one commit. `Ok(false)` when there is nothing to
+/// park (no such task, ended, or the message is stale).
+pub(super) async fn park(
+    rt: &Arc<Runtime>,
+    delivery: &Delivery,
+    message: &QueueMessage,
+    reason: &str,
+) -> Result<bool, BackendError> {
+    let Some(locked) = rt
+        .backend
+        .lock_and_load(message.task_id, rt.lease_ttl())
+        .await?
+    else {
+        return Ok(false);
+    };
+    let guard = LeaseGuard::new(rt, &locked.lease);
+    let Some(mut task) = locked
+        .task
+        .filter(|t| t.seq == message.seq && !t.status.is_terminal())
+    else {
+        guard.release().await;
+        return Ok(false);
+    };
+    let stored = task.status;
+    sm::park(&mut task, reason);
+    let mut guard = guard;
+    rt.backend
+        .commit(TaskCommit {
+            task: &task,
+            stored_status: stored,
+            lease: &locked.lease,
+            next: None,
+            settle: Settle::DeadLetter(delivery, reason),
+            unless_cancelled: false,
+            expire_after: rt.settings.retention_for(task.status),
+        })
+        .await?;
+    guard.disarm();
+    Ok(true)
 }
 
 /// One delivery's work on one task, under its lease.
@@ -324,7 +385,7 @@ impl Run<'_> {
             r.unwrap_or_else(|panic| {
                 Err(StepError::transient(format!(
                     "step panicked: {}",
-                    panic_message(&*panic)
+                    super::panic_message(&*panic)
                 )))
             })
         });
@@ -343,9 +404,17 @@ impl Run<'_> {
         let timeout = step.timeout.unwrap_or(self.rt.settings.step_timeout);
         let cancellable = call.phase == Phase::Step;
 
+        // The engine is shutting down and the attempt outlived the grace
+        // period: stop it and hand it to another worker uncounted.
+        let interrupt = async {
+            self.rt.shutdown.cancelled().await;
+            tokio::time::sleep(self.rt.settings.shutdown_grace).await;
+        };
+
         enum Stop {
             TimedOut,
             Cancelled,
+            Interrupted,
         }
         let stop = tokio::select! {
             result = &mut invoke => {
@@ -360,6 +429,7 @@ impl Run<'_> {
             }
             _ = sleep(timeout) => Stop::TimedOut,
             _ = running.token.cancelled(), if cancellable => Stop::Cancelled,
+            _ = interrupt => Stop::Interrupted,
             lost = &mut beat => return Err(lost),
         };
         attempt_token.cancel();
@@ -377,6 +447,7 @@ impl Run<'_> {
             // than redo a side effect that happened.
             (_, Some(Ok(output))) => Outcome::Succeeded(output),
             (Stop::TimedOut, _) => Outcome::TimedOut { after: timeout },
+            (Stop::Interrupted, _) => Outcome::Interrupted,
             (Stop::Cancelled, late) => Outcome::Cancelled {
                 at: heartbeat.cancelled_at().await,
                 error: match late {
@@ -524,12 +595,4 @@ async fn sleep(duration: Duration) {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_owned())
 }

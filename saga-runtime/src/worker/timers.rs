@@ -58,9 +58,9 @@ async fn move_due(rt: &Runtime) {
             }
         }
     }
-    if rt.processes.is_empty() {
-        return;
-    }
+    // Process-manager timeouts too, whether or not this engine runs any
+    // process managers: the lease holder moves every timer of the
+    // deployment, and may well be a process that runs only sagas.
     loop {
         match rt
             .backend

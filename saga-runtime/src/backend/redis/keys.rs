@@ -147,6 +147,12 @@ impl Keys {
         format!("{}:lease:{name}", self.pm_tag())
     }
 
+    /// The deployment's layout (its partition count), recorded by the first
+    /// backend to connect.
+    pub fn layout(&self) -> String {
+        format!("{}:layout", self.prefix)
+    }
+
     pub fn cancel_channel(&self) -> String {
         format!("{}:cancellations", self.prefix)
     }

@@ -53,7 +53,9 @@ pub struct RedisConfig {
     /// one Redis.
     pub prefix: String,
     /// Number of partitions (default 1). Each partition is one hash slot on
-    /// Redis Cluster.
+    /// Redis Cluster. Fixed for the life of a deployment's data: connecting
+    /// with another count than the one recorded under `prefix` fails with
+    /// [`BackendError::Misconfigured`].
     pub partitions: u16,
     /// Consumer group name (default `workers`).
     pub group: String,
@@ -111,11 +113,13 @@ struct Shared {
 struct Reader {
     conn: Option<MultiplexedConnection>,
     last_claim: Option<Instant>,
-    /// Entries already delivered to this consumer by one read (a read over
-    /// several streams returns up to one per stream; a claim up to
-    /// `CLAIM_BATCH`) and not yet handed out. They are pending for this
-    /// consumer, so they must be handed out, not dropped.
-    buffered: std::collections::VecDeque<Delivery>,
+    /// The stream the next read looks at first: reads go round the
+    /// streams so that none is starved by a busy one.
+    next_stream: u16,
+    /// A read failed: a message may have been given to this consumer with
+    /// the reply lost. The next read looks at its own pending messages
+    /// first, rather than leave them for a visibility timeout.
+    recover: bool,
 }
 
 /// A Redis error as a backend error: transient when the connection failed
@@ -157,6 +161,9 @@ fn ms(d: Duration) -> u64 {
     d.as_millis().clamp(1, 1_000_000_000_000) as u64
 }
 
+/// The largest `MAXLEN` Redis accepts (a signed 64-bit integer).
+const MAXLEN_LIMIT: u64 = i64::MAX as u64;
+
 impl RedisBackend {
     /// Connects with the default [`RedisConfig`].
     pub async fn connect(url: &str) -> Result<Self, BackendError> {
@@ -185,8 +192,37 @@ impl RedisBackend {
                 dead_letters_max: std::sync::atomic::AtomicUsize::new(100_000),
             }),
         };
+        backend.check_layout().await?;
         backend.ensure_groups().await?;
         Ok(backend)
+    }
+
+    /// Refuses a partition count other than the one the deployment's data
+    /// was written with: a task's keys are found by its id modulo the
+    /// count, so a different count would not find the tasks in flight (nor
+    /// their queues). The first backend to connect records it.
+    async fn check_layout(&self) -> Result<(), BackendError> {
+        let partitions = self.keys().partitions();
+        let key = self.keys().layout();
+        let (_, stored): (Option<String>, String) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(partitions)
+            .arg("NX")
+            .cmd("GET")
+            .arg(&key)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        if stored == partitions.to_string() {
+            return Ok(());
+        }
+        Err(BackendError::Misconfigured(format!(
+            "`RedisConfig::partitions` is {partitions}, but the data under prefix `{}` was written \
+             with {stored} partitions: tasks would not be found where they are. Use {stored}, or \
+             start the new layout under another `prefix` and let the old deployment drain",
+            self.shared.config.prefix
+        )))
     }
 
     /// The configuration in use.
@@ -208,12 +244,16 @@ impl RedisBackend {
 
     /// The hard ceiling of a dead-letter stream between two housekeeping
     /// passes: ten times the cap housekeeping trims to (precisely, and
-    /// sparing the letters of parked tasks).
-    fn dead_letters_ceiling(&self) -> usize {
-        self.shared
+    /// sparing the letters of parked tasks). Clamped to what `MAXLEN`
+    /// accepts: a cap meant as "no limit" (`usize::MAX`) must not make
+    /// Redis refuse the write that parks a message.
+    fn dead_letters_ceiling(&self) -> u64 {
+        let cap = self
+            .shared
             .dead_letters_max
             .load(std::sync::atomic::Ordering::Relaxed)
-            .saturating_mul(10)
+            .saturating_mul(10);
+        u64::try_from(cap).map_or(MAXLEN_LIMIT, |cap| cap.min(MAXLEN_LIMIT))
     }
 
     /// Creates the consumer group of every queue (idempotent). Reading from

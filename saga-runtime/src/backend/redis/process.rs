@@ -139,7 +139,7 @@ impl ProcessStore for RedisBackend {
             .arg(reason)
             .arg(size.map(|s| s.to_string()).unwrap_or_default())
             .arg(self.dead_letters_ceiling())
-            .arg(self.shared.config.endpoint_max_len);
+            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT));
         for envelope in &commit.enqueue {
             invocation.arg(WorkItem::Process(envelope.clone()).encode());
         }

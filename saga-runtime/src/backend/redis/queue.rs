@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use super::entry::{self, delivery, entries};
 use super::{ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Page, WorkItem,
-    WorkQueue,
+    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Interest, Page,
+    WorkItem, WorkQueue,
 };
 use crate::task::{TaskId, Timestamp};
 
@@ -73,22 +73,18 @@ impl RedisBackend {
         Ok(conn)
     }
 
-    /// Returns the first of `deliveries` and buffers the rest for `consumer`.
-    fn hand_out(&self, consumer: &str, deliveries: Vec<Delivery>) -> Option<Delivery> {
-        let mut it = deliveries.into_iter();
-        let first = it.next();
-        let rest: Vec<Delivery> = it.collect();
-        if !rest.is_empty() {
-            self.reader(consumer, |r| r.buffered.extend(rest));
-        }
-        first
-    }
-
-    /// Takes over messages whose consumer stopped settling them; returns
-    /// the first and buffers the rest.
-    async fn claim(&self, consumer: &str) -> Result<Option<Delivery>, BackendError> {
-        let mut claimed = Vec::new();
-        for p in 0..self.keys().streams() {
+    /// Takes over one message whose consumer stopped settling it, from the
+    /// first stream (in turn) that has one.
+    async fn claim(
+        &self,
+        consumer: &str,
+        streams: &[u16],
+    ) -> Result<Option<Delivery>, BackendError> {
+        let n = streams.len();
+        let first = usize::from(self.reader(consumer, |r| r.next_stream));
+        for i in 0..n {
+            let slot = (first + i) % n;
+            let p = streams[slot];
             let reply: Value = self
                 .run(
                     s::CLAIM
@@ -99,21 +95,67 @@ impl RedisBackend {
                         .arg(CLAIM_BATCH),
                 )
                 .await?;
-            for item in entry::items(&reply) {
+            if let Some(item) = entry::items(&reply).first() {
                 if let [id, count, fields] = entry::items(item).as_slice() {
                     let id = entry::text(id);
                     let count = entry::text(count).parse().unwrap_or(1);
                     tracing::info!(message = %id, consumer, deliveries = count, "took over a message whose worker stopped");
-                    claimed.push(delivery(p, &id, fields, count, consumer));
+                    self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
+                    return Ok(Some(delivery(p, &id, fields, count, consumer)));
                 }
             }
         }
-        Ok(self.hand_out(consumer, claimed))
+        Ok(None)
     }
 
+    /// Reads one new message without blocking (see `TAKE`).
+    async fn take(
+        &self,
+        consumer: &str,
+        streams: &[u16],
+        own: bool,
+    ) -> Result<Option<Delivery>, BackendError> {
+        let first = usize::from(self.reader(consumer, |r| r.next_stream)) % streams.len();
+        let mut take = s::TAKE.prepare_invoke();
+        for p in streams {
+            take.key(self.keys().queue(*p));
+        }
+        take.arg(self.group())
+            .arg(consumer)
+            .arg(first)
+            .arg(if own { "0" } else { ">" });
+        let reply: Value = self.run(&take).await?;
+        let [slot, id, fields, count] = entry::items(&reply)[..] else {
+            return Ok(None);
+        };
+        let slot: usize = entry::text(slot).parse().unwrap_or(0);
+        let Some(&p) = streams.get(slot) else {
+            return Err(BackendError::Corrupt(format!(
+                "TAKE answered stream {slot}"
+            )));
+        };
+        let count = entry::text(count).parse().unwrap_or(1);
+        self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
+        Ok(Some(delivery(p, &entry::text(id), fields, count, consumer)))
+    }
+
+    /// The streams a worker with `interest` reads: the saga partitions,
+    /// the process-manager stream, or both.
+    fn streams_for(&self, interest: Interest) -> Vec<u16> {
+        let k = self.keys();
+        let sagas = (0..k.partitions()).filter(|_| interest.sagas);
+        let processes = std::iter::once(k.process_stream()).filter(|_| interest.processes);
+        sagas.chain(processes).collect()
+    }
+
+    /// Waits up to `wait` for a new message on any stream. A blocking read
+    /// over several streams may return one entry from each: the first is
+    /// handed out and the others handed straight back (this happens only
+    /// when the queue was idle, so it is rare and cheap).
     async fn read_new(
         &self,
         consumer: &str,
+        streams: &[u16],
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError> {
         let mut conn = self.reader_conn(consumer).await?;
@@ -127,33 +169,36 @@ impl RedisBackend {
             .arg("BLOCK")
             .arg(ms(block))
             .arg("STREAMS");
-        let streams = self.keys().streams();
-        for p in 0..streams {
-            cmd.arg(self.keys().queue(p));
+        for p in streams {
+            cmd.arg(self.keys().queue(*p));
         }
-        for _ in 0..streams {
+        for _ in streams {
             cmd.arg(">");
         }
         let reply: Result<Value, RedisError> = cmd.query_async(&mut conn).await;
         match reply {
             Ok(reply) => {
-                // COUNT is per stream: a read over several streams may
-                // return one entry from each. All of them are now pending
-                // for this consumer; hand out one and buffer the others.
                 let mut deliveries = Vec::new();
                 for stream in entry::items(&reply) {
                     let [key, list] = entry::items(stream)[..] else {
                         continue;
                     };
                     let key = entry::text(key);
-                    let Some(p) = (0..streams).find(|p| self.keys().queue(*p) == key) else {
+                    let Some(&p) = streams.iter().find(|p| self.keys().queue(**p) == key) else {
                         continue;
                     };
                     for (id, fields) in entries(list) {
                         deliveries.push(delivery(p, &id, fields, 1, consumer));
                     }
                 }
-                Ok(self.hand_out(consumer, deliveries))
+                let mut deliveries = deliveries.into_iter();
+                let first = deliveries.next();
+                for extra in deliveries {
+                    if let Err(error) = self.hand_back(&extra, Duration::ZERO, true).await {
+                        tracing::debug!(%error, message = %extra.id, "handing back an extra message failed; it is redelivered after the visibility timeout");
+                    }
+                }
+                Ok(first)
             }
             Err(e) => {
                 // Drop the connection so the next read reconnects; recreate
@@ -169,6 +214,44 @@ impl RedisBackend {
                 Err(unavailable(e))
             }
         }
+    }
+
+    /// One receive over `streams`: this consumer's own messages whose read
+    /// reply was lost (after a failed read), messages whose consumer
+    /// stopped (every half visibility timeout), a new message, and only
+    /// then a blocking wait.
+    async fn receive_from(
+        &self,
+        consumer: &str,
+        streams: &[u16],
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BackendError> {
+        if self.reader(consumer, |r| r.recover) {
+            if let Some(delivery) = self.take(consumer, streams, true).await? {
+                return Ok(Some(delivery));
+            }
+            self.reader(consumer, |r| r.recover = false);
+        }
+        let claim_every =
+            (self.shared.config.visibility_timeout / 2).max(Duration::from_millis(50));
+        let due = self.reader(consumer, |r| {
+            let due = r.last_claim.is_none_or(|at| at.elapsed() >= claim_every);
+            if due {
+                r.last_claim = Some(Instant::now());
+            }
+            due
+        });
+        if due {
+            if let Some(delivery) = self.claim(consumer, streams).await? {
+                // More may be waiting: claim again on the next receive.
+                self.reader(consumer, |r| r.last_claim = None);
+                return Ok(Some(delivery));
+            }
+        }
+        if let Some(delivery) = self.take(consumer, streams, false).await? {
+            return Ok(Some(delivery));
+        }
+        self.read_new(consumer, streams, wait).await
     }
 
     async fn hand_back(
@@ -247,28 +330,19 @@ impl WorkQueue for RedisBackend {
     async fn receive(
         &self,
         consumer: &str,
+        interest: Interest,
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError> {
-        if let Some(buffered) = self.reader(consumer, |r| r.buffered.pop_front()) {
-            return Ok(Some(buffered));
+        let streams = self.streams_for(interest);
+        if streams.is_empty() {
+            tokio::time::sleep(wait).await;
+            return Ok(None);
         }
-        let claim_every =
-            (self.shared.config.visibility_timeout / 2).max(Duration::from_millis(50));
-        let due = self.reader(consumer, |r| {
-            let due = r.last_claim.is_none_or(|at| at.elapsed() >= claim_every);
-            if due {
-                r.last_claim = Some(Instant::now());
-            }
-            due
-        });
-        if due {
-            if let Some(delivery) = self.claim(consumer).await? {
-                // More may be waiting: claim again on the next receive.
-                self.reader(consumer, |r| r.last_claim = None);
-                return Ok(Some(delivery));
-            }
+        let received = self.receive_from(consumer, &streams, wait).await;
+        if received.is_err() {
+            self.reader(consumer, |r| r.recover = true);
         }
-        self.read_new(consumer, wait).await
+        received
     }
 
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError> {
@@ -308,13 +382,9 @@ impl WorkQueue for RedisBackend {
     }
 
     async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
-        let buffered: Vec<Delivery> = self.reader(consumer, |r| {
-            r.conn = None;
-            r.buffered.drain(..).collect()
-        });
-        for delivery in &buffered {
-            self.hand_back(delivery, Duration::ZERO, true).await?;
-        }
+        // Nothing is buffered (a read hands out what it takes); the
+        // blocking connection goes.
+        self.reader(consumer, |r| r.conn = None);
         Ok(())
     }
 

@@ -143,12 +143,12 @@ if ARGV[5] ~= '' then
     redis.call('ZADD', KEYS[7], now + delay, '0:' .. ARGV[5])
   end
 end
-if ARGV[7] == 'ack' or ARGV[7] == 'dead' then settle(KEYS[4], ARGV[9], ARGV[8]) end
 if ARGV[7] == 'dead' then
   local fields = {{'payload', ARGV[10], 'reason', ARGV[11], 'task', ARGV[12], 'at', now}}
   if ARGV[19] ~= '' then table.insert(fields, 'size') table.insert(fields, ARGV[19]) end
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[20], '*', unpack(fields))
 end
+if ARGV[7] == 'ack' or ARGV[7] == 'dead' then settle(KEYS[4], ARGV[9], ARGV[8]) end
 if ARGV[7] == 'resolve' then redis.call('XDEL', KEYS[5], ARGV[8]) end
 if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end
 return {{nv}}"
@@ -225,6 +225,48 @@ return 1"
     ))
 });
 
+/// KEYS: every work stream. ARGV: group, consumer, first stream to look at
+/// (0-based), `>` (new messages) or `0` (this consumer's own pending ones).
+///
+/// Reads one message for the consumer without blocking: from the first
+/// stream, in turn from the given one, that has any. One message and not
+/// one per stream (as a plain `XREADGROUP` over several streams reads): a
+/// message read but not yet started is kept alive by nobody, and if it
+/// waited behind a long step it would be taken over and counted as a
+/// delivery that was never answered.
+///
+/// With `0` it reads what this consumer was given but may never have
+/// received: a read whose reply was lost with its connection. Entries
+/// deleted meanwhile are dropped from the pending list.
+///
+/// Returns {stream index, entry id, fields, delivery count} or nil; the
+/// fields raw, for the caller to decode.
+pub static TAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local n = #KEYS
+local first = tonumber(ARGV[3])
+for i = 0, n - 1 do
+  local q = KEYS[(first + i) % n + 1]
+  for _ = 1, 64 do
+    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', q, ARGV[4])
+    local e = r and r[1][2][1]
+    if not e then break end
+    if e[2] then
+      local count = 1
+      if ARGV[4] ~= '>' then
+        local p = redis.call('XPENDING', q, ARGV[1], e[1], e[1], 1)
+        if p[1] then count = p[1][4] end
+      end
+      return {(first + i) % n, e[1], e[2], count}
+    end
+    redis.call('XACK', q, ARGV[1], e[1])
+  end
+end
+return false",
+    )
+});
+
 /// KEYS: queue. ARGV: group, consumer, min idle ms, count.
 ///
 /// Takes over messages whose consumer stopped settling them (its worker
@@ -254,10 +296,12 @@ return out",
 pub static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}{SETTLE_FN}
-settle(KEYS[1], ARGV[1], ARGV[2])
 local fields = {{'payload', ARGV[3], 'reason', ARGV[4], 'task', ARGV[5], 'at', now}}
 if ARGV[6] ~= '' then table.insert(fields, 'size') table.insert(fields, ARGV[6]) end
-return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', unpack(fields))"
+-- The letter first: if Redis refuses it, the message is still pending.
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', unpack(fields))
+settle(KEYS[1], ARGV[1], ARGV[2])
+return id"
     ))
 });
 
@@ -452,12 +496,12 @@ for i = 1, nep do
 end
 a = a + nep
 for i = 1, nsch do redis.call('ZADD', KEYS[4], ARGV[a + 2 * i - 1], ARGV[a + 2 * i]) end
-if ARGV[11] == 'ack' or ARGV[11] == 'dead' then settle(KEYS[3], ARGV[13], ARGV[12]) end
 if ARGV[11] == 'dead' then
   local fields = {{'payload', ARGV[14], 'reason', ARGV[15], 'task', '', 'at', now}}
   if ARGV[16] ~= '' then table.insert(fields, 'size') table.insert(fields, ARGV[16]) end
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[17], '*', unpack(fields))
 end
+if ARGV[11] == 'ack' or ARGV[11] == 'dead' then settle(KEYS[3], ARGV[13], ARGV[12]) end
 return {{version}}"
     ))
 });

@@ -284,13 +284,22 @@ impl TaskStore for RedisBackend {
         if fence == 0 {
             return Ok(Some(Locked::missing(id)));
         }
+        let task = match parse_doc(text(1), text(2)) {
+            Ok(task) => task,
+            Err(error) => {
+                // The lock is ours but no lease goes back to the caller:
+                // free it now, or the task stays locked for a whole TTL.
+                let _: Result<i64, _> = self.run(s::UNLOCK.key(k.lock(id)).arg(&token)).await;
+                return Err(error);
+            }
+        };
         Ok(Some(Locked {
             lease: Lease {
                 task_id: id,
                 token,
                 fence,
             },
-            task: parse_doc(text(1), text(2))?,
+            task,
             cancel_requested: cancel_time(text(3)),
         }))
     }

@@ -2770,3 +2770,60 @@ fn a_refused_compensation_decision_cancelled_on_its_guard_ends_cancelled() {
         ]
     );
 }
+
+// ---- attempts interrupted by a graceful shutdown ----
+
+#[test]
+fn an_interrupted_step_attempt_is_made_again_now_without_spending_the_budget() {
+    let mut t = fresh(&ONCE); // max_retries = 0: one real call
+    let ran = run(&mut t, &ONCE, Outcome::Interrupted);
+    assert_eq!(ran.attempt.claim, "only:1");
+    assert_effects(&ran.effects, NextMove::Now, None, false);
+    let rec = &t.steps[0];
+    assert_eq!(rec.status, S::Pending);
+    assert_eq!((rec.attempt_count, rec.retry_base), (1, 1));
+    assert_eq!(rec.error, None);
+    assert_eq!(t.status, T::Running);
+    assert_eq!(
+        lines(&t, 0),
+        [
+            sc(T::Pending, T::Running),
+            on(AuditAction::AttemptAbandoned, "only", Some(1)),
+        ]
+    );
+    assert!(last(&t)
+        .error
+        .as_deref()
+        .is_some_and(|e| e.contains("interrupted by its worker's shutdown")));
+    // The next delivery does not take it for an attempt that never
+    // reported back: attempt 2 is the one real call, and may succeed.
+    let ran = run(&mut t, &ONCE, succeeded(0));
+    assert_eq!(ran.attempt.claim, "only:2");
+    assert_eq!(t.status, T::Completed);
+    assert_eq!(find(&t, &AuditAction::AttemptAbandoned).len(), 1);
+}
+
+#[test]
+fn an_interrupted_compensation_is_made_again_now_without_spending_the_budget() {
+    let mut t = completed(&FAIL2, 1);
+    begin_cancel(&mut t, &FAIL2, Timestamp(10)); // compensation: no retries
+    let ran = run(&mut t, &FAIL2, Outcome::Interrupted);
+    assert_eq!(ran.call, comp_call(0));
+    assert_effects(&ran.effects, NextMove::Now, None, false);
+    let rec = &t.steps[0];
+    assert_eq!(
+        (rec.compensation_attempts, rec.compensation_retry_base),
+        (1, 1)
+    );
+    assert!(rec.next_attempt_at.is_some(), "due, not abandoned");
+    assert_eq!(t.status, T::Compensating);
+    let n = t.audit_log.len();
+    let ran = run(&mut t, &FAIL2, succeeded(0));
+    assert!(ran.attempt.claim.ends_with(":2"), "{}", ran.attempt.claim);
+    assert!(
+        !lines(&t, n).contains(&on(AuditAction::AttemptAbandoned, "undo", Some(1))),
+        "not taken for an abandoned attempt"
+    );
+    assert!(t.status.is_terminal(), "{:?}", t.status);
+    assert_eq!(find(&t, &AuditAction::AttemptAbandoned).len(), 1);
+}
