@@ -23,6 +23,10 @@ use saga_runtime::{Engine, TaskId, TaskStatus};
 use sagas::chaos::{check_task, Chaos, ChaosConfig};
 
 const TASKS: u64 = 500;
+/// Faults of each kind (SIGKILLs, connection kills) injected before the
+/// last task is started: starts are paced by them, so that the faults are
+/// spread over the run however fast the tasks go.
+const PACED_FAULTS: u64 = 6;
 const WORKER_PROCESSES: usize = 3;
 
 fn spawn_worker(url: &str) -> Child {
@@ -92,12 +96,19 @@ async fn every_task_ends_under_kills_dropped_connections_and_a_redis_restart() {
     // API while the faults happen; any error they see is a failure.
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let ids = Arc::new(Mutex::new(Vec::<TaskId>::new()));
+    // Starts are paced by the faults injected so far, so that the faults
+    // are spread over the whole run however fast the tasks go.
+    let faults = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut callers = Vec::new();
     for lane in 0..4u64 {
         let (client, errors, ids) = (client.clone(), errors.clone(), ids.clone());
+        let faults = faults.clone();
         callers.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             for n in (lane..TASKS).step_by(4) {
+                while faults.load(std::sync::atomic::Ordering::SeqCst) < n * PACED_FAULTS / TASKS {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 let started = if n % 2 == 0 {
                     client.start::<Chaos>(n).await
                 } else {
@@ -148,6 +159,10 @@ async fn every_task_ends_under_kills_dropped_connections_and_a_redis_restart() {
             55..=89 if client_kill(&redis) => client_kills += 1,
             _ => {}
         }
+        faults.store(
+            sigkills.min(client_kills),
+            std::sync::atomic::Ordering::SeqCst,
+        );
     }
     for caller in callers {
         caller.await.unwrap();
