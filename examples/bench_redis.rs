@@ -1,17 +1,24 @@
 //! Benchmark: a 3-step saga with no-op steps on a private loopback
 //! redis-server (no AOF), next to `redis-benchmark -t set -c 50` on the same
-//! server in the same run.
+//! server in the same run, and optionally next to the peer (apalis-redis).
 //!
 //! ```text
-//! cargo run --release --example bench_redis [-- TASKS]
+//! cargo run --release --example bench_redis [-- TASKS] [--peer PATH]
 //! ```
 //!
-//! Prints Redis round trips per step in the steady state (counted with
-//! `MONITOR`, excluding commands that scripts run inside Redis), completed
-//! steps per second with 1, 2 and 4 workers, and the messages per second one
-//! process-manager instance sustains with 1 and 4 workers (optimistic
-//! concurrency), each also as a ratio of redis-benchmark's SET requests per
-//! second.
+//! Prints, in one run:
+//! - Redis round trips per step in the steady state (counted with
+//!   `MONITOR`, excluding commands that scripts run inside Redis);
+//! - steps per second with 1, 2, 4 and 8 workers, with the Redis server's
+//!   and this process's CPU microseconds per step;
+//! - end-to-end latency (p50, p99) of a 3-step task, `start` to `wait`
+//!   returning, one task at a time and with 32 callers at once;
+//! - the in-memory engine next to a hand-written loop that does the same
+//!   serde_json bookkeeping;
+//! - the messages per second one process-manager instance sustains;
+//! - with `--peer PATH` (the `peer-apalis` binary built from
+//!   `../shared/peer-apalis`), the peer's chained jobs on the same server
+//!   right after, stock and favourable settings at concurrency 4.
 
 #[path = "../tests/common/redis_server.rs"]
 #[allow(dead_code)]
@@ -25,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
+use saga_runtime::{StepStatus, TaskInstance};
 
 struct NoOp {
     done: Arc<AtomicU64>,
@@ -61,22 +69,151 @@ async fn engine(url: &str, done: &Arc<AtomicU64>, workers: usize) -> Engine {
         .unwrap()
 }
 
+/// CPU time this process has used (user + system), from `/proc/self/stat`
+/// (clock ticks of 10 ms: read over runs of a second or more).
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the line: 12 and 13 here.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
+/// CPU time the Redis server has used (user + system), from `INFO cpu`.
+fn redis_cpu(port: u16) -> Duration {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "cpu"])
+        .output()
+        .expect("redis-cli must be on PATH");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Duration::from_secs_f64(field("used_cpu_user:") + field("used_cpu_sys:"))
+}
+
+struct Throughput {
+    steps_per_s: f64,
+    redis_us_per_step: f64,
+    engine_us_per_step: f64,
+}
+
 /// Starts `tasks` tasks with no worker running, then runs `workers` workers
-/// until all are done. Returns steps per second.
-async fn run(url: &str, tasks: u64, workers: usize) -> f64 {
+/// until all are done.
+async fn run(url: &str, port: u16, tasks: u64, workers: usize) -> Throughput {
     let done = Arc::new(AtomicU64::new(0));
     let client = engine(url, &done, 0).await;
     for n in 0..tasks {
         client.start::<NoOp>(n).await.unwrap();
     }
+    let _ = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "config", "resetstat"])
+        .output();
+    let (redis0, cpu0) = (redis_cpu(port), process_cpu());
     let started = Instant::now();
     let pool = engine(url, &done, workers).await;
     while done.load(Ordering::Relaxed) < tasks {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
+    let (redis1, cpu1) = (redis_cpu(port), process_cpu());
     pool.shutdown();
-    (tasks * 3) as f64 / elapsed.as_secs_f64()
+    let steps = (tasks * 3) as f64;
+    if std::env::var_os("BENCH_COMMANDSTATS").is_some() {
+        commandstats(port, steps);
+    }
+    Throughput {
+        steps_per_s: steps / elapsed.as_secs_f64(),
+        redis_us_per_step: (redis1 - redis0).as_secs_f64() * 1e6 / steps,
+        engine_us_per_step: (cpu1 - cpu0).as_secs_f64() * 1e6 / steps,
+    }
+}
+
+/// Prints where the server's time went, per step: each command's calls
+/// and microseconds (commands run by scripts included).
+fn commandstats(port: u16, steps: f64) {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "commandstats"])
+        .output()
+        .expect("redis-cli must be on PATH");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut rows: Vec<(f64, String)> = Vec::new();
+    for line in text.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |k: &str| {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix(k))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let (calls, usec) = (field("calls="), field("usec="));
+        rows.push((
+            usec,
+            format!(
+                "  {name:<14} {:>6.2} calls/step {:>7.1} us/step",
+                calls / steps,
+                usec / steps
+            ),
+        ));
+    }
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (_, row) in rows.iter().take(14) {
+        println!("{row}");
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// `start` to `wait` returning, for `tasks` tasks, `callers` at a time.
+async fn latency(url: &str, tasks: u64, callers: u64, workers: usize) -> (Duration, Duration) {
+    let done = Arc::new(AtomicU64::new(0));
+    let pool = engine(url, &done, workers).await;
+    let client = engine(url, &done, 0).await;
+    // Warm up connections and scripts.
+    for n in 0..20 {
+        let id = client.start::<NoOp>(n).await.unwrap();
+        client.wait(id).await.unwrap();
+    }
+    let mut handles = Vec::new();
+    for c in 0..callers {
+        let client = client.clone();
+        handles.push(tokio::spawn(async move {
+            let mut times = Vec::new();
+            for n in 0..tasks / callers {
+                let t0 = Instant::now();
+                let id = client.start::<NoOp>(c * 1_000_000 + n).await.unwrap();
+                let task = client.wait(id).await.unwrap();
+                assert_eq!(task.status, TaskStatus::Completed);
+                times.push(t0.elapsed());
+            }
+            times
+        }));
+    }
+    let mut times = Vec::new();
+    for h in handles {
+        times.extend(h.await.unwrap());
+    }
+    pool.shutdown();
+    times.sort();
+    (percentile(&times, 0.5), percentile(&times, 0.99))
 }
 
 fn set_rps(port: u16) -> f64 {
@@ -179,19 +316,120 @@ async fn run_process(url: &str, messages: u64, workers: usize, id: &str) -> f64 
     messages as f64 / elapsed.as_secs_f64()
 }
 
+/// The in-memory engine with one worker: steps per second.
+async fn run_memory(tasks: u64) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let engine = Engine::builder()
+        .saga(NoOp { done: done.clone() })
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    for n in 0..tasks {
+        engine.start::<NoOp>(n).await.unwrap();
+    }
+    let started = Instant::now();
+    let workers = engine.clone();
+    tokio::spawn(async move { workers.run_workers(1).await });
+    while done.load(Ordering::Relaxed) < tasks {
+        tokio::task::yield_now().await;
+    }
+    let elapsed = started.elapsed();
+    engine.shutdown();
+    (tasks * 3) as f64 / elapsed.as_secs_f64()
+}
+
+/// The same bookkeeping written by hand: per step, the task record is
+/// decoded from JSON, the step's input taken, its record updated (attempt,
+/// status, output, audit) and the record encoded again.
+fn run_handwritten(tasks: u64) -> f64 {
+    let started = Instant::now();
+    let mut finished = 0u64;
+    for n in 0..tasks {
+        let steps = ["one", "two", "three"].map(|s| (s.to_owned(), 1));
+        let task = TaskInstance::new("noop", serde_json::json!(n), steps);
+        let mut doc = serde_json::to_string(&task).unwrap();
+        for i in 0..3 {
+            let mut task: TaskInstance = serde_json::from_str(&doc).unwrap();
+            let input = match i {
+                0 => task.input.clone(),
+                _ => task.steps[i - 1].output.clone().unwrap(),
+            };
+            let rec = &mut task.steps[i];
+            rec.attempt_count += 1;
+            rec.status = StepStatus::Running;
+            doc = serde_json::to_string(&task).unwrap();
+            let mut task: TaskInstance = serde_json::from_str(&doc).unwrap();
+            let output: u64 = serde_json::from_value(input).unwrap();
+            let rec = &mut task.steps[i];
+            rec.status = StepStatus::Completed;
+            rec.output = Some(serde_json::json!(output));
+            if i == 2 {
+                task.set_status(TaskStatus::Completed);
+                finished += 1;
+            }
+            doc = serde_json::to_string(&task).unwrap();
+        }
+    }
+    assert_eq!(finished, tasks);
+    (tasks * 3) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Runs the peer's chained jobs on the same server, concurrency 4.
+fn run_peer(peer: &str, port: u16, tasks: u64) {
+    let url = format!("redis://127.0.0.1:{port}/");
+    for (label, args) in [
+        ("stock", &["--wake", "100"][..]),
+        (
+            "favourable",
+            &["--wake", "tick:1", "--batch", "50", "--lean"][..],
+        ),
+    ] {
+        let _ = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "flushall"])
+            .output();
+        let out = Command::new(peer)
+            .args(["--jobs", &tasks.to_string(), "--concurrency", "4"])
+            .args(["--redis", &url, "--timeout-s", "100"])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("could not run the peer {peer}: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let result = text.lines().find(|l| l.starts_with("RESULT")).unwrap_or("");
+        let field = |name: &str| {
+            result
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix(name))
+                .unwrap_or("?")
+                .to_owned()
+        };
+        println!(
+            "peer apalis-redis {label:<10} c=4: {} steps/s, {} Redis calls per step, Redis CPU {} s, client CPU {} s",
+            field("steps_per_s="),
+            field("calls_per_step="),
+            field("redis_cpu_s="),
+            field("client_cpu_s="),
+        );
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let tasks: u64 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(2000);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let peer = args
+        .iter()
+        .position(|a| a == "--peer")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let tasks: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(3000);
     let redis = redis_server::TestRedis::start_with_aof(false);
     let url = redis.url();
+    let port = redis.port();
 
     // Round trips: MONITOR prints every command; those a script runs are
     // marked "lua" and are not round trips.
     let mut monitor = Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "monitor"])
+        .args(["-p", &port.to_string(), "monitor"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("redis-cli must be on PATH");
@@ -239,21 +477,48 @@ async fn main() {
         total as f64 / (sample * 3) as f64
     );
 
-    let set = set_rps(redis.port());
+    let set = set_rps(port);
     println!("\nredis-benchmark -t set -c 50: {set:.0} requests/s");
-    for workers in [1usize, 2, 4] {
-        let steps = run(&url, tasks, workers).await;
+    let mut by_workers = Vec::new();
+    for workers in [1usize, 2, 4, 8] {
+        let t = run(&url, port, tasks, workers).await;
         println!(
-            "{workers} worker(s): {steps:.0} steps/s ({tasks} tasks x 3 steps) = {:.4} x redis-benchmark SET rps",
-            steps / set
+            "{workers} worker(s): {:.0} steps/s ({tasks} tasks x 3 steps) = {:.4} x SET rps; \
+             Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
+            t.steps_per_s,
+            t.steps_per_s / set,
+            t.redis_us_per_step,
+            t.engine_us_per_step,
         );
+        by_workers.push((workers, t.steps_per_s));
     }
+    let one = by_workers[0].1;
+    let best = by_workers.iter().map(|w| w.1).fold(0.0, f64::max);
+    println!("scaling: best / 1 worker = {:.2}", best / one);
+
+    let (p50, p99) = latency(&url, 300, 1, 4).await;
+    println!("\nlatency of a 3-step task, start to wait, 1 at a time, 4 workers: p50 {p50:.2?}, p99 {p99:.2?}");
+    let (p50, p99) = latency(&url, 1280, 32, 4).await;
+    println!("latency of a 3-step task, start to wait, 32 callers at once, 4 workers: p50 {p50:.2?}, p99 {p99:.2?}");
+
+    let memory = run_memory(tasks * 10).await;
+    let hand = run_handwritten(tasks * 10);
+    println!(
+        "\nin-memory engine, 1 worker: {memory:.0} steps/s; hand-written loop with the same serde_json bookkeeping: {hand:.0} steps/s; ratio {:.2}",
+        memory / hand
+    );
+
     let messages = (tasks / 2).max(200);
     for workers in [1usize, 4] {
         let rate = run_process(&url, messages, workers, &format!("hot-{workers}")).await;
         println!(
-            "process manager, one instance, {workers} worker(s): {rate:.0} messages/s ({messages} messages) = {:.4} x redis-benchmark SET rps",
+            "process manager, one instance, {workers} worker(s): {rate:.0} messages/s ({messages} messages) = {:.4} x SET rps",
             rate / set
         );
+    }
+
+    if let Some(peer) = peer {
+        println!();
+        run_peer(&peer, port, tasks);
     }
 }

@@ -19,9 +19,9 @@ use uuid::Uuid;
 
 use super::{
     truncate_payload, BackendError, Created, DeadLetter, DeadLetterQuery, Delivery, Heartbeat,
-    Housekeeping, Housekept, Interest, Lease, Leases, Locked, Page, ProcessCommit, ProcessInstance,
-    ProcessStore, QueueMessage, Retention, Settle, TaskCommit, TaskQuery, TaskStore, WorkItem,
-    WorkQueue,
+    Housekeeping, Housekept, Interest, Lease, Leases, Locked, NextAttempt, Page, ProcessCommit,
+    ProcessInstance, ProcessStore, QueueMessage, Retention, Settle, TaskCommit, TaskQuery,
+    TaskStore, WorkItem, WorkQueue,
 };
 use crate::process::Envelope;
 use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
@@ -374,6 +374,46 @@ impl TaskStore for MemoryBackend {
         Ok(result)
     }
 
+    async fn record_next_attempt(
+        &self,
+        next: NextAttempt<'_>,
+    ) -> Result<(u64, bool), BackendError> {
+        let result = {
+            let mut state = self.state();
+            let task = next.task;
+            state.check_write(task, next.lease)?;
+            if let Some((at, _)) = state
+                .cancels
+                .get(&task.id)
+                .filter(|_| next.unless_cancelled)
+            {
+                return Err(BackendError::CancelRequested {
+                    task: task.id,
+                    at: *at,
+                });
+            }
+            let version = state.write(task);
+            let claimed = state
+                .claims
+                .entry(task.id)
+                .or_default()
+                .insert(next.claim.to_owned());
+            if let Some(ttl) = next.renew {
+                let now = Instant::now();
+                state
+                    .locks
+                    .insert(task.id, (next.lease.token.clone(), now + ttl));
+                let visible_again = now + self.shared.visibility_timeout;
+                if let Some(entry) = state.in_flight.get_mut(&next.delivery.id) {
+                    entry.1 = visible_again;
+                }
+            }
+            (version, claimed)
+        };
+        self.task_changed();
+        Ok(result)
+    }
+
     async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError> {
         let task = commit.task;
         let version = {
@@ -555,6 +595,7 @@ impl WorkQueue for MemoryBackend {
                         raw: String::from_utf8_lossy(&m.raw).into_owned(),
                         deliveries: m.deliveries,
                         consumer: consumer.to_owned(),
+                        lease: None,
                     };
                     let visible_again = now + self.shared.visibility_timeout;
                     state.in_flight.insert(m.id.clone(), (m, visible_again));

@@ -81,6 +81,31 @@ pub struct Delivery {
     pub deliveries: u32,
     /// The consumer it was delivered to.
     pub consumer: String,
+    /// The lease on the message's task, when the backend tried to take it
+    /// in the same round trip as the read (the Redis backend does, for a
+    /// saga message whose task exists). `None`: the worker takes it itself
+    /// with [`TaskStore::lock_and_load`]. A taken lease belongs to the
+    /// worker the message was delivered to: it releases it whatever it
+    /// does with the message.
+    pub lease: Option<TakenLease>,
+}
+
+/// A task lease taken while delivering the task's message.
+#[derive(Debug, Clone)]
+pub enum TakenLease {
+    /// The lease is held, and the task loaded under it.
+    Held {
+        /// What [`TaskStore::lock_and_load`] would have returned.
+        locked: Box<Locked>,
+        /// When the read that took it was sent: the lease runs from then
+        /// at the latest.
+        requested_at: tokio::time::Instant,
+        /// How long it was taken for (the backend's visibility timeout,
+        /// which may differ from the engine's lease TTL).
+        ttl: Duration,
+    },
+    /// Another worker holds the task's lease.
+    Busy,
 }
 
 /// What [`TaskStore::heartbeat`] found.
@@ -161,6 +186,36 @@ pub struct TaskCommit<'a> {
     /// task reaches a terminal status and retention is configured). `None`
     /// keeps the task (and undoes an earlier expiry, for a requeued task).
     pub expire_after: Option<Duration>,
+}
+
+/// The write a worker makes when it goes on with a task it holds, after an
+/// attempt whose outcome calls for another one at once: the outcome of the
+/// last attempt and the start of the next, in one write, under the lease
+/// it already holds and the same message. This is what lets a chain of
+/// steps cost one round trip per step: no acknowledgement, no new message,
+/// no new lease. The message stays pending (kept alive by the write), so a
+/// crash anywhere still leaves it to be delivered again.
+#[derive(Debug, Clone, Copy)]
+pub struct NextAttempt<'a> {
+    /// The task, with the outcome and the new attempt applied (checked
+    /// against its stored `version`).
+    pub task: &'a TaskInstance,
+    /// The status stored under `task.version`.
+    pub stored_status: TaskStatus,
+    /// The lease held (checked against the latest fence).
+    pub lease: &'a Lease,
+    /// The new attempt's claim (unique per task).
+    pub claim: &'a str,
+    /// The message being handled.
+    pub delivery: &'a Delivery,
+    /// Renew the lease for this long and keep the message from being
+    /// delivered again, as a heartbeat does; `None` when the last renewal
+    /// is recent (a chain of quick steps needs none).
+    pub renew: Option<Duration>,
+    /// Refuse the write with [`BackendError::CancelRequested`] if
+    /// cancellation of the task was requested: the worker then applies the
+    /// cancellation instead of starting another step.
+    pub unless_cancelled: bool,
 }
 
 /// What [`TaskStore::lock_and_load`] returns when the lock was free.
@@ -537,6 +592,36 @@ pub trait TaskStore: Send + Sync + 'static {
         lease: &Lease,
         claim: &str,
     ) -> Result<(u64, bool), BackendError>;
+
+    /// Records the next attempt of a task the worker goes on with (see
+    /// [`NextAttempt`]): like [`record_attempt`](Self::record_attempt),
+    /// and in the same atomic write the lease is renewed and the message
+    /// kept alive (if asked), and the write refused if `unless_cancelled`
+    /// and cancellation was requested. Returns the new version and whether the claim was
+    /// won.
+    ///
+    /// The default makes three calls (the cancellation flag, the record,
+    /// a heartbeat); a backend should do it in one round trip.
+    async fn record_next_attempt(
+        &self,
+        next: NextAttempt<'_>,
+    ) -> Result<(u64, bool), BackendError> {
+        if next.unless_cancelled {
+            if let Some(at) = self.cancel_requested(next.task.id).await? {
+                return Err(BackendError::CancelRequested {
+                    task: next.task.id,
+                    at,
+                });
+            }
+        }
+        let recorded = self
+            .record_attempt(next.task, next.stored_status, next.lease, next.claim)
+            .await?;
+        if let Some(ttl) = next.renew {
+            let _ = self.heartbeat(next.lease, next.delivery, ttl).await?;
+        }
+        Ok(recorded)
+    }
 
     /// Writes a [`TaskCommit`] atomically and releases its lease; returns
     /// the new version.

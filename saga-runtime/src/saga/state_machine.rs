@@ -110,6 +110,11 @@ pub(crate) struct Effects {
 }
 
 impl Effects {
+    /// No message: the task has ended.
+    pub fn stop() -> Self {
+        Effects::next(NextMove::Stop)
+    }
+
     fn next(next: NextMove) -> Self {
         Effects {
             next,

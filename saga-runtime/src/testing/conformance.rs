@@ -27,8 +27,8 @@ use serde_json::json;
 
 use crate::backend::{
     Backend, BackendError, Created, DeadLetterQuery, Delivery, InstanceStatus, Interest, Lease,
-    Next, ProcessCommit, ProcessInstance, QueueMessage, Retention, Settle, TaskCommit, TaskCursor,
-    TaskQuery, WorkItem,
+    Next, NextAttempt, ProcessCommit, ProcessInstance, QueueMessage, Retention, Settle, TakenLease,
+    TaskCommit, TaskCursor, TaskQuery, WorkItem,
 };
 use crate::process::{Envelope, EnvelopeKind};
 use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
@@ -73,8 +73,22 @@ fn envelope(n: u32) -> Envelope {
 }
 
 /// Receives until a message arrives (or panics after a few seconds),
-/// moving due delayed messages as the engine's timer poller would.
+/// moving due delayed messages as the engine's timer poller would. A task
+/// lease the backend took with the delivery is released, so that cases
+/// about the queue and cases about leases stay apart.
 pub async fn receive(b: &dyn Backend, consumer: &str) -> Delivery {
+    let d = receive_leased(b, consumer).await;
+    if let Some(TakenLease::Held { locked, .. }) = &d.lease {
+        assert!(
+            b.unlock(&locked.lease).await.unwrap(),
+            "a taken lease is held"
+        );
+    }
+    d
+}
+
+/// [`receive`], keeping a lease taken with the delivery.
+pub async fn receive_leased(b: &dyn Backend, consumer: &str) -> Delivery {
     for _ in 0..100 {
         b.release_due(100).await.unwrap();
         if let Some(d) = b.receive(consumer, Interest::ALL, WAIT).await.unwrap() {
@@ -241,6 +255,178 @@ pub async fn attempt_claims(b: Arc<dyn Backend>) {
         .await
         .unwrap();
     assert!(claimed, "claims belong to their task");
+}
+
+/// A task lease taken with a delivery (if the backend takes one) is the
+/// task's lock, with the task loaded under it; none is taken for a task
+/// that does not exist, nor for a process-manager message.
+pub async fn a_lease_taken_with_a_delivery_is_the_tasks_lock(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive_leased(&*b, "a").await;
+    assert_eq!(d.item, Ok(item(&t)));
+    let Some(TakenLease::Held { locked, .. }) = d.lease.clone() else {
+        assert!(d.lease.is_none(), "a free task's lease is held, not busy");
+        return;
+    };
+    assert_eq!(locked.lease.task_id, t.id);
+    assert!(locked.lease.fence >= 1);
+    let stored = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!(
+        locked.task.as_ref(),
+        Some(&stored),
+        "loaded under the lease"
+    );
+    assert_eq!(locked.cancel_requested, None);
+    assert!(
+        b.lock_and_load(t.id, TTL).await.unwrap().is_none(),
+        "the taken lease is the lock"
+    );
+    // Another message of the same task meets the lease.
+    b.enqueue(&[item(&t)]).await.unwrap();
+    let other = receive_leased(&*b, "b").await;
+    assert!(
+        matches!(other.lease, None | Some(TakenLease::Busy)),
+        "{:?}",
+        other.lease
+    );
+    // A write under it is a write under the lock.
+    let (v, claimed) = b
+        .record_attempt(&stored, TaskStatus::Pending, &locked.lease, "one:1")
+        .await
+        .unwrap();
+    assert!(claimed);
+    assert_eq!(v, 2);
+    assert!(b.unlock(&locked.lease).await.unwrap());
+    let next = lock(&*b, t.id).await;
+    assert!(next.fence > locked.lease.fence);
+    b.ack(&d).await.unwrap();
+    b.ack(&other).await.unwrap();
+
+    // Nothing is taken for a task that does not exist, nor for a process
+    // manager's message.
+    let ghost = task("s");
+    b.enqueue(&[item(&ghost)]).await.unwrap();
+    let stray = receive_leased(&*b, "a").await;
+    assert_eq!(stray.item, Ok(item(&ghost)));
+    assert!(stray.lease.is_none(), "{:?}", stray.lease);
+    b.ack(&stray).await.unwrap();
+    let missing = b.lock_and_load(ghost.id, TTL).await.unwrap().unwrap();
+    assert_eq!(missing.lease.fence, 0, "no fence was left behind");
+    b.enqueue(&[WorkItem::Process(envelope(1))]).await.unwrap();
+    let pm = receive_leased(&*b, "a").await;
+    assert!(matches!(pm.item, Ok(WorkItem::Process(_))));
+    assert!(pm.lease.is_none());
+    b.ack(&pm).await.unwrap();
+}
+
+/// Going on with a held task: the next attempt is recorded and claimed
+/// under the same lease, which the write renews when asked, as it keeps the
+/// message from being delivered again; a stale lease is refused, and so is
+/// a write asked to yield to a cancellation, which then writes nothing.
+pub async fn going_on_with_a_task_records_the_next_attempt(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let short = Duration::from_millis(300);
+    let lease = b.lock_and_load(t.id, short).await.unwrap().unwrap().lease;
+    let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+    let (v, claimed) = b
+        .record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
+        .await
+        .unwrap();
+    assert!(claimed);
+    cur.version = v;
+    cur.status = TaskStatus::Running;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (v, claimed) = b
+        .record_next_attempt(next_attempt(&cur, &lease, &d, "two:1", Some(short), true))
+        .await
+        .unwrap();
+    assert!(claimed);
+    assert_eq!(v, cur.version + 1);
+    cur.version = v;
+    let stored = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!((stored.status, stored.version), (TaskStatus::Running, v));
+    // Past the lease's first TTL and the message's visibility timeout,
+    // both renewed by the write: nobody else gets either.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        b.lock_and_load(t.id, TTL).await.unwrap().is_none(),
+        "the write renewed the lease"
+    );
+    nothing_for(&*b, "b", Duration::from_millis(80)).await;
+    // The same claim twice is lost; the write still lands.
+    let mut same = cur.clone();
+    same.status = TaskStatus::Running;
+    let (v, claimed) = b
+        .record_next_attempt(next_attempt(&same, &lease, &d, "two:1", None, false))
+        .await
+        .unwrap();
+    assert!(!claimed, "the same attempt twice");
+    cur.version = v;
+
+    // Asked to yield to a cancellation: refused, nothing written.
+    assert!(b
+        .request_cancel(t.id, "tok", &message(&t))
+        .await
+        .unwrap()
+        .is_none());
+    let refused = b
+        .record_next_attempt(next_attempt(&cur, &lease, &d, "two:2", None, true))
+        .await;
+    assert!(
+        matches!(refused, Err(BackendError::CancelRequested { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        b.load_task(t.id).await.unwrap().unwrap().version,
+        cur.version
+    );
+    let (_, claimed) = b
+        .record_next_attempt(next_attempt(&cur, &lease, &d, "two:2", None, false))
+        .await
+        .unwrap();
+    assert!(claimed, "the refused write claimed nothing");
+
+    // A lease taken over after it expired is stale.
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    let _taken = lock(&*b, t.id).await;
+    let mut stale = b.load_task(t.id).await.unwrap().unwrap();
+    stale.status = TaskStatus::Running;
+    let lost = b
+        .record_next_attempt(next_attempt(
+            &stale,
+            &lease,
+            &d,
+            "two:3",
+            Some(short),
+            false,
+        ))
+        .await;
+    assert!(
+        matches!(lost, Err(BackendError::LockLost { .. })),
+        "{lost:?}"
+    );
+}
+
+fn next_attempt<'a>(
+    task: &'a TaskInstance,
+    lease: &'a Lease,
+    delivery: &'a Delivery,
+    claim: &'a str,
+    renew: Option<Duration>,
+    unless_cancelled: bool,
+) -> NextAttempt<'a> {
+    NextAttempt {
+        task,
+        stored_status: TaskStatus::Pending,
+        lease,
+        claim,
+        delivery,
+        renew,
+        unless_cancelled,
+    }
 }
 
 async fn other_version(b: &dyn Backend, id: TaskId) -> TaskInstance {
@@ -974,6 +1160,8 @@ macro_rules! backend_conformance {
             create_load_and_fresh_copies,
             versions_and_concurrent_updates,
             attempt_claims,
+            a_lease_taken_with_a_delivery_is_the_tasks_lock,
+            going_on_with_a_task_records_the_next_attempt,
             lock_contention_expiry_extension_and_stale_release,
             locking_a_missing_task_takes_nothing,
             stale_fence_writes_are_refused,

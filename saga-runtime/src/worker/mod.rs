@@ -23,7 +23,7 @@ use futures::FutureExt;
 pub(crate) use housekeeping::run as housekeeping;
 pub(crate) use timers::run as timers;
 
-use crate::backend::{Delivery, Interest, WorkItem};
+use crate::backend::{Delivery, Interest, TakenLease, WorkItem};
 use crate::runtime::Runtime;
 
 /// Time a handling that outlived the shutdown grace gets to record where it
@@ -51,6 +51,9 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
         match received {
             Ok(Some(delivery)) if rt.shutdown.is_cancelled() => {
                 release(&rt, &delivery, Duration::ZERO).await;
+                if let Some(TakenLease::Held { locked, .. }) = &delivery.lease {
+                    let _ = rt.backend.unlock(&locked.lease).await;
+                }
             }
             Ok(Some(delivery)) => {
                 backoff.reset();

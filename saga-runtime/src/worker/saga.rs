@@ -19,7 +19,10 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::lease::{Heartbeat, LeaseGuard};
-use crate::backend::{BackendError, Delivery, Lease, Next, QueueMessage, Settle, TaskCommit};
+use crate::backend::{
+    BackendError, Delivery, Lease, Locked, Next, NextAttempt, QueueMessage, Settle, TakenLease,
+    TaskCommit,
+};
 use crate::context::StepContext;
 use crate::error::{StepError, StepErrorKind};
 use crate::runtime::Runtime;
@@ -29,7 +32,13 @@ use crate::task::{TaskInstance, TaskStatus};
 
 /// Handles one saga message.
 pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &QueueMessage) {
+    // A lease the backend took with the delivery is guarded from here on:
+    // every way out of this function releases it.
+    let taken = Taken::from_delivery(rt, delivery, message).await;
     let Some(saga) = rt.sagas.get(message.saga.as_str()).cloned() else {
+        if let Some(Taken::Held { guard, .. }) = taken {
+            guard.release().await;
+        }
         let why = format!(
             "unknown saga `{}` (this worker runs [{}])",
             message.saga,
@@ -37,34 +46,49 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
         );
         return another_version(rt, delivery, message, why).await;
     };
-    let leased_at = tokio::time::Instant::now();
-    let locked = match rt
-        .backend
-        .lock_and_load(message.task_id, rt.lease_ttl())
-        .await
-    {
-        Ok(Some(locked)) => locked,
-        Ok(None) => {
+    let (locked, leased_at, guard) = match taken {
+        Some(Taken::Held {
+            locked,
+            leased_at,
+            guard,
+        }) => (*locked, leased_at, guard),
+        Some(Taken::Busy) => {
             tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
-        // A record this worker cannot parse: written by a newer version
-        // (during a rolling deploy), or damaged. Handing it back as
-        // answered would loop for ever.
-        Err(BackendError::Corrupt(error)) => {
-            let why = format!(
-                "this worker cannot read the record of task {} ({error}); a newer version may have written it",
-                message.task_id
-            );
-            return another_version(rt, delivery, message, why).await;
-        }
-        Err(error) => {
-            tracing::warn!(%error, "locking failed; message handed back");
-            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        None => {
+            let leased_at = tokio::time::Instant::now();
+            match rt
+                .backend
+                .lock_and_load(message.task_id, rt.lease_ttl())
+                .await
+            {
+                Ok(Some(locked)) => {
+                    let guard = LeaseGuard::new(rt, &locked.lease);
+                    (locked, leased_at, guard)
+                }
+                Ok(None) => {
+                    tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
+                    return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+                }
+                // A record this worker cannot parse: written by a newer
+                // version (during a rolling deploy), or damaged. Handing it
+                // back as answered would loop for ever.
+                Err(BackendError::Corrupt(error)) => {
+                    let why = format!(
+                        "this worker cannot read the record of task {} ({error}); a newer version may have written it",
+                        message.task_id
+                    );
+                    return another_version(rt, delivery, message, why).await;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "locking failed; message handed back");
+                    return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+                }
+            }
         }
     };
     let lease = locked.lease;
-    let guard = LeaseGuard::new(rt, &lease);
     let Some(task) = locked.task else {
         let reason = format!("task {} does not exist", message.task_id);
         super::dead_letter(rt, delivery, reason, Some(message.task_id)).await;
@@ -102,7 +126,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
         saga: saga.as_ref(),
         def: saga.definition(),
         lease: &lease,
-        leased_at,
+        leased_at: Mutex::new(leased_at),
         delivery,
         worker: &delivery.consumer,
     };
@@ -128,6 +152,49 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
             tracing::warn!(task_id = %id, %error, "could not record the outcome; the message will be redelivered");
             super::release(rt, delivery, rt.settings.lock_retry_delay).await;
             guard.release().await;
+        }
+    }
+}
+
+/// The task lease a delivery came with.
+enum Taken {
+    Held {
+        locked: Box<Locked>,
+        /// When the lease runs from, at the latest.
+        leased_at: tokio::time::Instant,
+        guard: LeaseGuard,
+    },
+    Busy,
+}
+
+impl Taken {
+    async fn from_delivery(
+        rt: &Arc<Runtime>,
+        delivery: &Delivery,
+        message: &QueueMessage,
+    ) -> Option<Taken> {
+        match delivery.lease.clone()? {
+            TakenLease::Busy => Some(Taken::Busy),
+            TakenLease::Held {
+                locked,
+                requested_at,
+                ttl,
+            } => {
+                let guard = LeaseGuard::new(rt, &locked.lease);
+                if locked.lease.task_id != message.task_id {
+                    guard.release().await;
+                    return None;
+                }
+                // The heartbeat counts the lease as lasting the engine's
+                // TTL: one taken for less runs out correspondingly sooner.
+                let shortfall = rt.lease_ttl().saturating_sub(ttl);
+                let leased_at = requested_at.checked_sub(shortfall).unwrap_or(requested_at);
+                Some(Taken::Held {
+                    locked,
+                    leased_at,
+                    guard,
+                })
+            }
         }
     }
 }
@@ -244,12 +311,33 @@ struct Run<'a> {
     saga: &'a dyn ErasedSaga,
     def: &'static SagaDefinition,
     lease: &'a Lease,
-    leased_at: tokio::time::Instant,
+    /// When the lease runs from, at the latest: when it was taken, then
+    /// when the last write that renewed it was sent.
+    leased_at: Mutex<tokio::time::Instant>,
     delivery: &'a Delivery,
     worker: &'a str,
 }
 
+/// What [`Run::attempt`] came to.
+enum Attempted {
+    /// The attempt's effects on the task; `wrote` when its start was
+    /// recorded (the task made progress in the store).
+    Effects { effects: Effects, wrote: bool },
+    /// Going on with the task was refused: its cancellation was requested
+    /// at `at`. `before` is the task as it was before the refused attempt.
+    Cancelled {
+        at: crate::task::Timestamp,
+        before: Box<TaskInstance>,
+    },
+}
+
 impl Run<'_> {
+    /// Advances the task as far as this delivery may: an attempt whose
+    /// outcome calls for another one at once (the next step, the next
+    /// compensation) is followed by it here, under the same lease and the
+    /// same message, its start recorded together with the last outcome in
+    /// one write. Only what needs a new message (a backoff, the end, a
+    /// guarded transition, a shutdown) is committed.
     async fn advance(
         &self,
         mut task: TaskInstance,
@@ -261,15 +349,51 @@ impl Run<'_> {
             let effects = sm::poisoned(&mut task, self.def, self.delivery.deliveries - 1);
             return self.commit(task, stored, effects).await;
         }
-        let effects = match sm::plan(&mut task, self.def, cancel, self.worker) {
-            Plan::Nothing => {
-                self.rt.backend.ack(self.delivery).await?;
-                return Ok(());
-            }
-            Plan::Commit(effects) => effects,
-            Plan::Call(call) => self.attempt(&mut task, &mut stored, call).await?,
-        };
-        self.commit(task, stored, effects).await
+        let mut plan = sm::plan(&mut task, self.def, cancel, self.worker);
+        let mut continuing = false;
+        loop {
+            let effects = match plan {
+                Plan::Nothing if continuing => Effects::stop(),
+                Plan::Nothing => {
+                    self.rt.backend.ack(self.delivery).await?;
+                    return Ok(());
+                }
+                Plan::Commit(effects) => effects,
+                Plan::Call(call) => {
+                    match self
+                        .attempt(&mut task, &mut stored, call, continuing)
+                        .await?
+                    {
+                        Attempted::Effects { effects, wrote }
+                            if wrote && self.goes_on(&task, &effects) =>
+                        {
+                            continuing = true;
+                            plan = sm::plan(&mut task, self.def, None, self.worker);
+                            continue;
+                        }
+                        Attempted::Effects { effects, .. } => effects,
+                        Attempted::Cancelled { at, before } => {
+                            task = *before;
+                            plan = sm::plan(&mut task, self.def, Some(at), self.worker);
+                            continue;
+                        }
+                    }
+                }
+            };
+            return self.commit(task, stored, effects).await;
+        }
+    }
+
+    /// Whether the worker goes on with the task after an attempt rather
+    /// than commit: the next attempt is due now, nothing needs the
+    /// guarded commit or the dead-letter queue, and the engine is not
+    /// shutting down.
+    fn goes_on(&self, task: &TaskInstance, effects: &Effects) -> bool {
+        effects.next == NextMove::Now
+            && effects.dead_letter.is_none()
+            && effects.guard.is_none()
+            && !task.status.is_terminal()
+            && !self.rt.shutdown.is_cancelled()
     }
 
     /// Makes one attempt: asks the breaker, records the attempt and claims
@@ -280,7 +404,8 @@ impl Run<'_> {
         task: &mut TaskInstance,
         stored: &mut TaskStatus,
         call: Call,
-    ) -> Result<Effects, BackendError> {
+        continuing: bool,
+    ) -> Result<Attempted, BackendError> {
         let step = &self.def.steps[call.idx];
         let breaker = match call.phase {
             Phase::Step => self.rt.breaker(self.def.name, step),
@@ -289,30 +414,80 @@ impl Run<'_> {
         let permit = match breaker.as_deref().map(|b| b.try_acquire()) {
             Some(Err(open)) => {
                 let outcome = Outcome::CircuitOpen(open.to_string());
-                return Ok(sm::on_outcome(task, self.def, call, outcome, self.worker));
+                let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
+                return Ok(Attempted::Effects {
+                    effects,
+                    wrote: false,
+                });
             }
             Some(Ok(permit)) => Some(permit),
             None => None,
         };
+        // Going on with a running task is refused once its cancellation
+        // is requested (a task already being cancelled or compensated
+        // goes on regardless).
+        let before = continuing.then(|| Box::new(task.clone()));
+        let unless_cancelled = continuing
+            && task.cancelled_at.is_none()
+            && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
         let attempt = sm::record_attempt(task, self.def, call);
-        let (version, claimed) = self
-            .persist(task.id, task.version, || {
-                self.rt
-                    .backend
-                    .record_attempt(task, *stored, self.lease, &attempt.claim)
+        let sent = tokio::time::Instant::now();
+        // Renewed with the write when a heartbeat would have renewed it by
+        // now; a chain of quick steps renews nothing.
+        let leased_at = *self.leased_at.lock().unwrap_or_else(|p| p.into_inner());
+        let renew = (continuing && sent - leased_at >= self.rt.heartbeat_every())
+            .then(|| self.rt.lease_ttl());
+        let written = self
+            .persist(task.id, task.version, || async {
+                match continuing {
+                    false => {
+                        self.rt
+                            .backend
+                            .record_attempt(task, *stored, self.lease, &attempt.claim)
+                            .await
+                    }
+                    true => {
+                        self.rt
+                            .backend
+                            .record_next_attempt(NextAttempt {
+                                task,
+                                stored_status: *stored,
+                                lease: self.lease,
+                                claim: &attempt.claim,
+                                delivery: self.delivery,
+                                renew,
+                                unless_cancelled,
+                            })
+                            .await
+                    }
+                }
             })
-            .await?
+            .await;
+        let (version, claimed) = match written {
+            Err(BackendError::CancelRequested { at, .. }) if before.is_some() => {
+                drop(permit);
+                let before = before.expect("checked");
+                return Ok(Attempted::Cancelled { at, before });
+            }
             // Our write landed but its reply was lost: whether the claim
             // was won is unknown, so count it as not won. A step then
             // skips to the next attempt number without spending its
             // budget; one attempt number never runs twice.
-            .unwrap_or_else(|version| (version, false));
+            written => written?.unwrap_or_else(|version| (version, false)),
+        };
+        if renew.is_some() {
+            *self.leased_at.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+        }
         task.version = version;
         *stored = task.status;
         if !claimed {
             drop(permit);
             let outcome = Outcome::AlreadyClaimed;
-            return Ok(sm::on_outcome(task, self.def, call, outcome, self.worker));
+            let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
+            return Ok(Attempted::Effects {
+                effects,
+                wrote: true,
+            });
         }
         let outcome = self.call(task, call, attempt.number).await?;
         if let Some(permit) = permit {
@@ -327,7 +502,11 @@ impl Run<'_> {
                 _ => drop(permit),
             }
         }
-        Ok(sm::on_outcome(task, self.def, call, outcome, self.worker))
+        let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
+        Ok(Attempted::Effects {
+            effects,
+            wrote: true,
+        })
     }
 
     /// Calls the step (or compensation). The attempt gets the step's
@@ -395,7 +574,7 @@ impl Run<'_> {
             rt: self.rt,
             lease: self.lease,
             delivery: self.delivery,
-            leased_at: self.leased_at,
+            leased_at: *self.leased_at.lock().unwrap_or_else(|p| p.into_inner()),
             cancel: &running.token,
             cancelled_at: Mutex::new(None),
         };

@@ -105,6 +105,7 @@ pub(super) fn delivery(
         raw,
         deliveries: (carried + redis_count.max(1)).min(u32::MAX as u64) as u32,
         consumer: consumer.to_owned(),
+        lease: None,
     }
 }
 

@@ -48,6 +48,14 @@ impl Keys {
         format!("{}:{{{}:{}}}", self.prefix, self.prefix, partition)
     }
 
+    /// What every key of a task of `partition` starts with:
+    /// `<prefix>:task:<id>`, `<prefix>:lock:<id>`, ... A script that finds a
+    /// task id in a message of the partition's stream builds the task's
+    /// keys from it (they share the stream's slot).
+    pub fn task_prefix(&self, partition: u16) -> String {
+        self.tag(partition)
+    }
+
     fn task_key(&self, kind: &str, id: TaskId) -> String {
         format!("{}:{kind}:{id}", self.tag(self.partition_of(id)))
     }
@@ -153,6 +161,11 @@ impl Keys {
         format!("{}:layout", self.prefix)
     }
 
+    /// Where the commit that ends a task publishes its id.
+    pub fn finished_channel(&self) -> String {
+        format!("{}:finished", self.prefix)
+    }
+
     pub fn cancel_channel(&self) -> String {
         format!("{}:cancellations", self.prefix)
     }
@@ -196,6 +209,16 @@ mod tests {
             ] {
                 assert_eq!(tag(&key), expected, "{key}");
             }
+        }
+        let id = TaskId::new();
+        let prefix = keys.task_prefix(keys.partition_of(id));
+        for (kind, key) in [
+            ("task", keys.task(id)),
+            ("lock", keys.lock(id)),
+            ("fence", keys.fence(id)),
+            ("cancel", keys.cancel(id)),
+        ] {
+            assert_eq!(format!("{prefix}:{kind}:{id}"), key, "TAKE builds it so");
         }
         assert_eq!(keys.split_id("3/1-0"), Some((3, "1-0")));
         assert_eq!(

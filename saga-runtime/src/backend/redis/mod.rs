@@ -28,6 +28,7 @@
 //! `housekeeping`.
 
 mod entry;
+mod finished;
 mod housekeeping;
 mod keys;
 mod process;
@@ -106,6 +107,7 @@ struct Shared {
     /// The dead-letter cap the janitor was last given, for scripts that add
     /// dead letters between its runs.
     dead_letters_max: std::sync::atomic::AtomicUsize,
+    finished: Arc<finished::Finished>,
 }
 
 /// The blocking-read state of one consumer.
@@ -190,6 +192,7 @@ impl RedisBackend {
                 config,
                 readers: Mutex::new(HashMap::new()),
                 dead_letters_max: std::sync::atomic::AtomicUsize::new(100_000),
+                finished: finished::Finished::new(),
             }),
         };
         backend.check_layout().await?;

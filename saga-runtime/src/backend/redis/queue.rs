@@ -8,11 +8,13 @@ use async_trait::async_trait;
 use redis::{AsyncConnectionConfig, RedisError, Value};
 use tokio::time::Instant;
 
+use uuid::Uuid;
+
 use super::entry::{self, delivery, entries};
 use super::{ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Interest, Page,
-    WorkItem, WorkQueue,
+    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Interest, Lease, Locked,
+    Page, TakenLease, TaskStore, WorkItem, WorkQueue,
 };
 use crate::task::{TaskId, Timestamp};
 
@@ -108,7 +110,8 @@ impl RedisBackend {
         Ok(None)
     }
 
-    /// Reads one new message without blocking (see `TAKE`).
+    /// Reads one new message without blocking, and takes the lease of its
+    /// task if it is a saga message (see `TAKE`).
     async fn take(
         &self,
         consumer: &str,
@@ -116,6 +119,8 @@ impl RedisBackend {
         own: bool,
     ) -> Result<Option<Delivery>, BackendError> {
         let first = usize::from(self.reader(consumer, |r| r.next_stream)) % streams.len();
+        let token = Uuid::new_v4().simple().to_string();
+        let ttl = self.shared.config.visibility_timeout;
         let mut take = s::TAKE.prepare_invoke();
         for p in streams {
             take.key(self.keys().queue(*p));
@@ -123,9 +128,18 @@ impl RedisBackend {
         take.arg(self.group())
             .arg(consumer)
             .arg(first)
-            .arg(if own { "0" } else { ">" });
+            .arg(if own { "0" } else { ">" })
+            .arg(&token)
+            .arg(ms(ttl));
+        for p in streams {
+            match *p == self.keys().process_stream() {
+                true => take.arg(""),
+                false => take.arg(self.keys().task_prefix(*p)),
+            };
+        }
+        let requested_at = Instant::now();
         let reply: Value = self.run(&take).await?;
-        let [slot, id, fields, count] = entry::items(&reply)[..] else {
+        let [slot, id, fields, count, lease] = entry::items(&reply)[..] else {
             return Ok(None);
         };
         let slot: usize = entry::text(slot).parse().unwrap_or(0);
@@ -136,7 +150,60 @@ impl RedisBackend {
         };
         let count = entry::text(count).parse().unwrap_or(1);
         self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
-        Ok(Some(delivery(p, &entry::text(id), fields, count, consumer)))
+        let mut delivery = delivery(p, &entry::text(id), fields, count, consumer);
+        delivery.lease = self
+            .taken_lease(&delivery, lease, token, requested_at, ttl)
+            .await;
+        Ok(Some(delivery))
+    }
+
+    /// The lease `TAKE` took with a delivery, checked against the decoded
+    /// message. One that cannot be used (a record this version cannot
+    /// parse, an id that is not the message's) is released at once; the
+    /// worker then goes the ordinary way and meets the problem there.
+    async fn taken_lease(
+        &self,
+        delivery: &Delivery,
+        reply: &Value,
+        token: String,
+        requested_at: Instant,
+        ttl: Duration,
+    ) -> Option<TakenLease> {
+        let items = entry::items(reply);
+        let text = |i: usize| {
+            items
+                .get(i)
+                .filter(|v| !matches!(v, Value::Nil))
+                .map(|v| entry::text(v))
+        };
+        let fence: u64 = text(0)?.parse().ok()?;
+        let id: TaskId = text(1)?.parse().ok()?;
+        let is_for = matches!(&delivery.item, Ok(WorkItem::Saga(m)) if m.task_id == id);
+        if fence == 0 {
+            return is_for.then_some(TakenLease::Busy);
+        }
+        let lease = Lease {
+            task_id: id,
+            token,
+            fence,
+        };
+        match super::tasks::parse_doc(text(2), text(3)) {
+            Ok(Some(task)) if is_for => Some(TakenLease::Held {
+                locked: Box::new(Locked {
+                    lease,
+                    task: Some(task),
+                    cancel_requested: super::tasks::cancel_time(text(4)),
+                }),
+                requested_at,
+                ttl,
+            }),
+            _ => {
+                if let Err(error) = self.unlock(&lease).await {
+                    tracing::debug!(%error, task_id = %id, "unlock failed; the lease expires on its own");
+                }
+                None
+            }
+        }
     }
 
     /// The streams a worker with `interest` reads: the saga partitions,

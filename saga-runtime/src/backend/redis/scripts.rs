@@ -96,6 +96,38 @@ return {{nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}}"
     ))
 });
 
+/// KEYS: fence, task, claims, index (stored status), index (new status),
+/// lock, queue, cancel.
+/// ARGV: 1 fence, 2 version, 3 doc, 4 claim, 5 new status, 6 id, 7 created
+/// ms, 8 lease token, 9 ttl ms ('' = no renewal), 10 group, 11 consumer, 12
+/// entry id, 13 unless cancelled ('1').
+///
+/// `RECORD_ATTEMPT` for a worker that goes on with the task it holds: the
+/// last attempt's outcome and the next attempt, under the same lease
+/// (renewed if asked; set again if it just expired, which the fence check
+/// proves nobody else noticed) and the same message (kept alive if asked). Refused with
+/// {-5, cancel} when asked to and cancellation was requested.
+/// Returns {new version, claimed 0/1}.
+pub static RECORD_NEXT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{CHECK}
+if ARGV[13] == '1' then
+  local c = redis.call('GET', KEYS[8])
+  if c then return {{-5, c}} end
+end
+redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
+if KEYS[4] ~= KEYS[5] then
+  redis.call('ZREM', KEYS[4], ARGV[6])
+  redis.call('ZADD', KEYS[5], ARGV[7], ARGV[6])
+end
+if ARGV[9] ~= '' then
+  redis.call('SET', KEYS[6], ARGV[8], 'PX', ARGV[9])
+  pcall(redis.call, 'XCLAIM', KEYS[7], ARGV[10], ARGV[11], 0, ARGV[12], 'JUSTID')
+end
+return {{nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}}"
+    ))
+});
+
 /// KEYS: fence, task, lock, queue, dead, cancel, delayed, index (stored
 /// status), index (new status), expiring, claims.
 /// ARGV: 1 fence, 2 version, 3 doc, 4 token, 5 next payload ('' = none),
@@ -151,6 +183,7 @@ end
 if ARGV[7] == 'ack' or ARGV[7] == 'dead' then settle(KEYS[4], ARGV[9], ARGV[8]) end
 if ARGV[7] == 'resolve' then redis.call('XDEL', KEYS[5], ARGV[8]) end
 if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end
+if ARGV[21] ~= '' then redis.call('PUBLISH', ARGV[21], ARGV[12]) end
 return {{nv}}"
     ))
 });
@@ -225,8 +258,11 @@ return 1"
     ))
 });
 
-/// KEYS: every work stream. ARGV: group, consumer, first stream to look at
-/// (0-based), `>` (new messages) or `0` (this consumer's own pending ones).
+/// KEYS: every work stream. ARGV: 1 group, 2 consumer, 3 first stream to
+/// look at (0-based), 4 `>` (new messages) or `0` (this consumer's own
+/// pending ones), 5 lease token, 6 lease ttl ms, then per stream the key
+/// prefix of its partition's tasks ('' for a stream of process-manager
+/// messages).
 ///
 /// Reads one message for the consumer without blocking: from the first
 /// stream, in turn from the given one, that has any. One message and not
@@ -239,15 +275,46 @@ return 1"
 /// received: a read whose reply was lost with its connection. Entries
 /// deleted meanwhile are dropped from the pending list.
 ///
-/// Returns {stream index, entry id, fields, delivery count} or nil; the
-/// fields raw, for the caller to decode.
+/// For a saga message whose task exists in the stream's partition, it
+/// also takes the task's lease as `LOCK` does, in the same round trip: the
+/// worker then starts on the task at once. The task's keys are built from
+/// the partition's prefix and the id in the payload; they share the
+/// stream's hash tag (one slot). Anything else (a process-manager message,
+/// an entry that does not decode, a task not found there) is returned
+/// without a lease, for the worker to deal with as before.
+///
+/// Returns {stream index, entry id, fields, delivery count, lease} or nil;
+/// the fields raw, for the caller to decode. The lease is false (none
+/// attempted), {0, id} (held by another worker) or {fence, id, doc,
+/// version, cancel}.
 pub static TAKE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local function lease(prefix, fields)
+  if prefix == '' then return false end
+  local payload
+  for i = 1, #fields, 2 do
+    if fields[i] == 'payload' then payload = fields[i + 1] end
+  end
+  if not payload or string.byte(payload, 1) ~= 123 then return false end
+  local ok, m = pcall(cjson.decode, payload)
+  if not ok or type(m) ~= 'table' or type(m.task_id) ~= 'string' then return false end
+  local id = m.task_id
+  if m.process ~= nil or not string.match(id, '^[0-9a-f%-]+$') then return false end
+  local task = prefix .. ':task:' .. id
+  if redis.call('EXISTS', task) == 0 then return false end
+  if not redis.call('SET', prefix .. ':lock:' .. id, ARGV[5], 'NX', 'PX', ARGV[6]) then
+    return {0, id}
+  end
+  local fence = redis.call('INCR', prefix .. ':fence:' .. id)
+  local rec = redis.call('HMGET', task, 'doc', 'version')
+  return {fence, id, rec[1], rec[2], redis.call('GET', prefix .. ':cancel:' .. id)}
+end
 local n = #KEYS
 local first = tonumber(ARGV[3])
 for i = 0, n - 1 do
-  local q = KEYS[(first + i) % n + 1]
+  local s = (first + i) % n
+  local q = KEYS[s + 1]
   for _ = 1, 64 do
     local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', q, ARGV[4])
     local e = r and r[1][2][1]
@@ -258,7 +325,7 @@ for i = 0, n - 1 do
         local p = redis.call('XPENDING', q, ARGV[1], e[1], e[1], 1)
         if p[1] then count = p[1][4] end
       end
-      return {(first + i) % n, e[1], e[2], count}
+      return {s, e[1], e[2], count, lease(ARGV[7 + s], e[2])}
     end
     redis.call('XACK', q, ARGV[1], e[1])
   end

@@ -10,19 +10,19 @@ use uuid::Uuid;
 use super::keys::Keys;
 use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, QueueMessage,
-    Settle, TaskCommit, TaskCursor, TaskQuery, TaskStore, WorkItem,
+    truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
+    QueueMessage, Settle, TaskCommit, TaskCursor, TaskQuery, TaskStore, WorkItem,
 };
 use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 
 /// A stored cancellation flag (`<ms>|<token>`; plain `<ms>` is accepted).
-fn cancel_time(stored: Option<String>) -> Option<Timestamp> {
+pub(super) fn cancel_time(stored: Option<String>) -> Option<Timestamp> {
     let stored = stored?;
     let ms = stored.split('|').next()?;
     ms.parse().ok().map(Timestamp)
 }
 
-fn parse_doc(
+pub(super) fn parse_doc(
     doc: Option<String>,
     version: Option<String>,
 ) -> Result<Option<TaskInstance>, BackendError> {
@@ -334,6 +334,47 @@ impl TaskStore for RedisBackend {
         Ok((version, matches!(reply.get(1), Some(Value::Int(1)))))
     }
 
+    async fn record_next_attempt(
+        &self,
+        next: NextAttempt<'_>,
+    ) -> Result<(u64, bool), BackendError> {
+        let k = self.keys();
+        let task = next.task;
+        let p = k.partition_of(task.id);
+        let (ttl, entry) = match next.renew {
+            Some(ttl) => (ms(ttl).to_string(), self.entry_of(next.delivery, p)?),
+            None => (String::new(), String::new()),
+        };
+        let reply: Vec<Value> = self
+            .run(
+                s::RECORD_NEXT
+                    .key(k.fence(task.id))
+                    .key(k.task(task.id))
+                    .key(k.claims(task.id))
+                    .key(k.index(p, &task.saga, Some(next.stored_status)))
+                    .key(k.index(p, &task.saga, Some(task.status)))
+                    .key(k.lock(task.id))
+                    .key(k.queue(p))
+                    .key(k.cancel(task.id))
+                    .arg(next.lease.fence)
+                    .arg(task.version)
+                    .arg(doc(task)?)
+                    .arg(next.claim)
+                    .arg(format!("{:?}", task.status))
+                    .arg(task.id.to_string())
+                    .arg(task.created_at.0)
+                    .arg(&next.lease.token)
+                    .arg(ttl)
+                    .arg(self.group())
+                    .arg(&next.delivery.consumer)
+                    .arg(entry)
+                    .arg(if next.unless_cancelled { "1" } else { "0" }),
+            )
+            .await?;
+        let version = Self::check_write(&reply, task, next.lease)?;
+        Ok((version, matches!(reply.get(1), Some(Value::Int(1)))))
+    }
+
     async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError> {
         let k = self.keys();
         let task = commit.task;
@@ -411,7 +452,11 @@ impl TaskStore for RedisBackend {
                     .arg(stored_member)
                     .arg(Keys::expiring_member(task.id, task.status, &task.saga))
                     .arg(size.map(|s| s.to_string()).unwrap_or_default())
-                    .arg(self.dead_letters_ceiling()),
+                    .arg(self.dead_letters_ceiling())
+                    .arg(match task.status.is_terminal() {
+                        true => k.finished_channel(),
+                        false => String::new(),
+                    }),
             )
             .await?;
         Self::check_write(&reply, task, commit.lease)
@@ -486,6 +531,14 @@ impl TaskStore for RedisBackend {
             .await
             .map_err(unavailable)?;
         Ok(cancel_time(at))
+    }
+
+    async fn wait_for_change(&self, id: TaskId, timeout: Duration) {
+        let channel = self.keys().finished_channel();
+        let finished = self.shared.finished.clone();
+        finished
+            .wait(&self.shared.client, &channel, id, timeout)
+            .await;
     }
 
     async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
