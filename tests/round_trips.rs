@@ -1,0 +1,168 @@
+//! Counts the Redis round trips a step costs, so that a change that adds
+//! one fails here rather than show up months later as a slower benchmark.
+//!
+//! Every command a client sends is one round trip; commands a script runs
+//! inside Redis are not (MONITOR marks them `lua`). The engine's budget is
+//! at most 2 per step in the steady state; today a 3-step chain costs about
+//! 1.7 (one read that also takes the task's lease, one write per step, one
+//! commit per task).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis_server::TestRedis;
+use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::prelude::*;
+
+struct Chain {
+    done: Arc<AtomicU64>,
+}
+
+#[saga(name = "chain")]
+impl Chain {
+    #[saga_step(1)]
+    async fn one(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(2)]
+    async fn two(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(3)]
+    async fn three(&self, n: u64) -> Result<u64, StepError> {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+async fn engine(redis: &TestRedis, done: &Arc<AtomicU64>, workers: usize) -> Engine {
+    let config = RedisConfig {
+        block: Duration::from_millis(200),
+        ..RedisConfig::default()
+    };
+    Engine::builder()
+        .backend(
+            RedisBackend::connect_with(&redis.url(), config)
+                .await
+                .unwrap(),
+        )
+        .saga(Chain { done: done.clone() })
+        .workers(workers)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Every command clients sent while `work` ran, by name.
+async fn commands_during<F: std::future::Future<Output = ()>>(
+    redis: &TestRedis,
+    work: F,
+) -> BTreeMap<String, u64> {
+    let mut monitor = Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "monitor"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("redis-cli must be on PATH (it comes with redis-server)");
+    let stdout = monitor.stdout.take().unwrap();
+    let counter = std::thread::spawn(move || {
+        let mut counts = BTreeMap::<String, u64>::new();
+        let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+        for line in &mut lines {
+            // The marker that the monitor is attached: counting starts.
+            if line.contains("\"monitor-start\"") {
+                break;
+            }
+        }
+        for line in lines {
+            if line.contains("\"monitor-stop\"") {
+                break;
+            }
+            if line.contains(" lua]") || !line.contains('"') {
+                continue;
+            }
+            let cmd = line.split('"').nth(1).unwrap_or("").to_uppercase();
+            *counts.entry(cmd).or_default() += 1;
+        }
+        counts
+    });
+    let mut conn = redis.conn();
+    // MONITOR attaches asynchronously: mark the start once it sees us.
+    let attached = Instant::now();
+    loop {
+        let _: String = redis::cmd("ECHO")
+            .arg("monitor-start")
+            .query(&mut conn)
+            .unwrap();
+        let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut conn).unwrap();
+        if clients.contains("cmd=monitor") {
+            let _: String = redis::cmd("ECHO")
+                .arg("monitor-start")
+                .query(&mut conn)
+                .unwrap();
+            break;
+        }
+        assert!(
+            attached.elapsed() < Duration::from_secs(10),
+            "MONITOR never attached"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    work.await;
+    let _: String = redis::cmd("ECHO")
+        .arg("monitor-stop")
+        .query(&mut conn)
+        .unwrap();
+    let counts = counter.join().unwrap();
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_steps_costs_at_most_two_round_trips_per_step() {
+    let redis = TestRedis::start_with_aof(false);
+    let done = Arc::new(AtomicU64::new(0));
+    let client = engine(&redis, &done, 0).await;
+    let tasks = 200u64;
+    let mut ids = Vec::new();
+    for n in 0..tasks {
+        ids.push(client.start::<Chain>(n).await.unwrap());
+    }
+    // The workers' engine connects (and loads its scripts) before counting:
+    // what is counted is the steady state of one worker.
+    let workers = engine(&redis, &done, 0).await;
+    let counts = commands_during(&redis, async {
+        let pool = workers.clone();
+        tokio::spawn(async move { pool.run_workers(1).await });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while done.load(Ordering::Relaxed) < tasks {
+            assert!(Instant::now() < deadline, "the tasks did not finish");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The last commit lands after the last step returned.
+        for id in &ids {
+            let task = client.wait(*id).await.unwrap();
+            assert_eq!(task.status, TaskStatus::Completed);
+        }
+    })
+    .await;
+    workers.shutdown();
+    // `wait` above reads each task once; those reads are the test's, not
+    // the worker's.
+    let waits = counts.get("HMGET").copied().unwrap_or(0).min(tasks);
+    let total: u64 = counts.values().sum::<u64>() - waits - 1;
+    let steps = tasks * 3;
+    let per_step = total as f64 / steps as f64;
+    println!("commands while {tasks} tasks x 3 steps ran (1 worker): {counts:?}");
+    println!("=> {per_step:.2} round trips per step");
+    assert!(
+        per_step <= 2.0,
+        "{per_step:.2} round trips per step (budget 2): {counts:?}"
+    );
+}
