@@ -56,6 +56,10 @@ impl NoOp {
 }
 
 async fn engine(url: &str, done: &Arc<AtomicU64>, workers: usize) -> Engine {
+    engine_batched(url, done, workers, 1).await
+}
+
+async fn engine_batched(url: &str, done: &Arc<AtomicU64>, workers: usize, batch: usize) -> Engine {
     let config = RedisConfig {
         block: Duration::from_millis(100),
         ..RedisConfig::default()
@@ -64,6 +68,7 @@ async fn engine(url: &str, done: &Arc<AtomicU64>, workers: usize) -> Engine {
         .backend(RedisBackend::connect_with(url, config).await.unwrap())
         .saga(NoOp { done: done.clone() })
         .workers(workers)
+        .worker_concurrency(batch)
         .build()
         .await
         .unwrap()
@@ -110,7 +115,7 @@ struct Throughput {
 
 /// Starts `tasks` tasks with no worker running, then runs `workers` workers
 /// until all are done.
-async fn run(url: &str, port: u16, tasks: u64, workers: usize) -> Throughput {
+async fn run(url: &str, port: u16, tasks: u64, workers: usize, batch: usize) -> Throughput {
     let done = Arc::new(AtomicU64::new(0));
     let client = engine(url, &done, 0).await;
     for n in 0..tasks {
@@ -121,7 +126,7 @@ async fn run(url: &str, port: u16, tasks: u64, workers: usize) -> Throughput {
         .output();
     let (redis0, cpu0) = (redis_cpu(port), process_cpu());
     let started = Instant::now();
-    let pool = engine(url, &done, workers).await;
+    let pool = engine_batched(url, &done, workers, batch).await;
     while done.load(Ordering::Relaxed) < tasks {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -480,21 +485,31 @@ async fn main() {
     let set = set_rps(port);
     println!("\nredis-benchmark -t set -c 50: {set:.0} requests/s");
     let mut by_workers = Vec::new();
-    for workers in [1usize, 2, 4, 8] {
-        let t = run(&url, port, tasks, workers).await;
-        println!(
-            "{workers} worker(s): {:.0} steps/s ({tasks} tasks x 3 steps) = {:.4} x SET rps; \
-             Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
-            t.steps_per_s,
-            t.steps_per_s / set,
-            t.redis_us_per_step,
-            t.engine_us_per_step,
-        );
-        by_workers.push((workers, t.steps_per_s));
+    for batch in [1usize, 16] {
+        for workers in [1usize, 2, 4, 8] {
+            let t = run(&url, port, tasks, workers, batch).await;
+            println!(
+                "{workers} worker(s), read batch {batch:>2}: {:.0} steps/s ({tasks} tasks x 3 steps) = {:.4} x SET rps; \
+                 Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
+                t.steps_per_s,
+                t.steps_per_s / set,
+                t.redis_us_per_step,
+                t.engine_us_per_step,
+            );
+            by_workers.push((workers, batch, t.steps_per_s));
+        }
     }
-    let one = by_workers[0].1;
-    let best = by_workers.iter().map(|w| w.1).fold(0.0, f64::max);
-    println!("scaling: best / 1 worker = {:.2}", best / one);
+    let one = by_workers[0].2;
+    let best = by_workers
+        .iter()
+        .max_by(|a, b| a.2.total_cmp(&b.2))
+        .unwrap();
+    println!(
+        "scaling: best ({} workers, batch {}) / 1 worker = {:.2}",
+        best.0,
+        best.1,
+        best.2 / one
+    );
 
     let (p50, p99) = latency(&url, 300, 1, 4).await;
     println!("\nlatency of a 3-step task, start to wait, 1 at a time, 4 workers: p50 {p50:.2?}, p99 {p99:.2?}");

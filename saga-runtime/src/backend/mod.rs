@@ -726,6 +726,25 @@ pub trait WorkQueue: Send + Sync + 'static {
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError>;
 
+    /// Up to `max` messages of kinds in `interest`, waiting up to `wait`
+    /// for any: the worker works on all of them at once, so a backend
+    /// hands out only what is to be started now. The default receives
+    /// one; a network backend should read several in one round trip.
+    async fn receive_many(
+        &self,
+        consumer: &str,
+        interest: Interest,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
+        let _ = max;
+        Ok(self
+            .receive(consumer, interest, wait)
+            .await?
+            .into_iter()
+            .collect())
+    }
+
     /// Keeps an in-flight message from being redelivered while it is worked
     /// on.
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError>;

@@ -14,11 +14,13 @@ mod process;
 mod saga;
 mod timers;
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
+use tokio::task::JoinSet;
 
 pub(crate) use housekeeping::run as housekeeping;
 pub(crate) use timers::run as timers;
@@ -30,12 +32,18 @@ use crate::runtime::Runtime;
 /// stopped (an interrupted attempt's commit) before it is dropped.
 const HANDOVER: Duration = Duration::from_secs(10);
 
-/// Pulls messages until the engine shuts down.
+/// Pulls messages until the engine shuts down, working on up to
+/// `worker_concurrency` of them at once.
+///
+/// It reads again once at most half of its slots are busy, up to the
+/// number free, so that reads come in batches (one round trip for several
+/// messages) while a long step never holds the others up: each message
+/// runs as a task of its own.
 ///
 /// On shutdown the read in flight is let finish (it returns within the
-/// receive wait) and whatever it got is handed back, as is anything the
-/// backend buffered for this consumer: a message a leaving worker took must
-/// not wait out the visibility timeout.
+/// receive wait) and whatever it got is handed back; the messages being
+/// worked on finish within the grace period or are handed back: a message
+/// a leaving worker took must not wait out the visibility timeout.
 pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
     let consumer = format!("{}-{name}", rt.instance);
     let mut backoff = ErrorBackoff::default();
@@ -43,46 +51,47 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
         sagas: !rt.sagas.is_empty(),
         processes: !rt.processes.is_empty(),
     };
+    let limit = rt.settings.worker_concurrency.max(1);
+    let mut running: JoinSet<String> = JoinSet::new();
+    // What is being worked on, by delivery id, to hand back if the
+    // shutdown grace runs out.
+    let mut holding: HashMap<String, Delivery> = HashMap::new();
     while !rt.shutdown.is_cancelled() {
-        let received = rt
+        while running.len() > limit / 2 {
+            tokio::select! {
+                done = running.join_next() => settled(&mut holding, done),
+                _ = rt.shutdown.cancelled() => break,
+            }
+        }
+        if rt.shutdown.is_cancelled() {
+            break;
+        }
+        let free = limit - running.len();
+        let receive = rt
             .backend
-            .receive(&consumer, interest, rt.settings.receive_wait)
-            .await;
+            .receive_many(&consumer, interest, rt.settings.receive_wait, free);
+        tokio::pin!(receive);
+        // A read is never dropped half-way (what it took would wait out
+        // the visibility timeout); the work in flight is reaped meanwhile.
+        let received = loop {
+            tokio::select! {
+                received = &mut receive => break received,
+                done = running.join_next(), if !running.is_empty() => settled(&mut holding, done),
+            }
+        };
         match received {
-            Ok(Some(delivery)) if rt.shutdown.is_cancelled() => {
-                release(&rt, &delivery, Duration::ZERO).await;
-                if let Some(TakenLease::Held { locked, .. }) = &delivery.lease {
-                    let _ = rt.backend.unlock(&locked.lease).await;
-                }
-            }
-            Ok(Some(delivery)) => {
-                backoff.reset();
-                // A running step is stopped by its own handling once the
-                // grace is over (and its interruption committed); this is the
-                // backstop for anything else that would hold the shutdown up.
-                let grace = async {
-                    rt.shutdown.cancelled().await;
-                    let settings = &rt.settings;
-                    let backstop = settings.shutdown_grace + settings.stop_grace + HANDOVER;
-                    tokio::time::sleep(backstop).await;
-                };
-                // A panic anywhere in handling (user code outside a step,
-                // a bug of ours) must not end this loop: the process would
-                // look alive and handle nothing.
-                let work = AssertUnwindSafe(handle(&rt, &delivery)).catch_unwind();
-                tokio::select! {
-                    done = work => if let Err(panic) = done {
-                        panicked(&rt, &delivery, &panic_message(&*panic)).await;
-                    },
-                    _ = grace => {
-                        tracing::warn!(message = %delivery.id, "shutdown grace period over; handing the message back");
-                        release(&rt, &delivery, Duration::ZERO).await;
-                        break;
-                    }
-                }
-            }
             // An empty read is a success too: the backend answered.
-            Ok(None) => backoff.reset(),
+            Ok(deliveries) if deliveries.is_empty() => backoff.reset(),
+            Ok(deliveries) if rt.shutdown.is_cancelled() => {
+                hand_back_all(&rt, &deliveries).await;
+            }
+            Ok(deliveries) => {
+                backoff.reset();
+                for delivery in deliveries {
+                    holding.insert(delivery.id.clone(), delivery.clone());
+                    running.spawn(work(rt.clone(), delivery));
+                }
+            }
             Err(error) => {
                 let delay = backoff.next();
                 tracing::warn!(%error, ?delay, "receiving a message failed; retrying");
@@ -93,8 +102,63 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
             }
         }
     }
+    // A running step is stopped by its own handling once the grace is over
+    // (and its interruption committed); this is the backstop for anything
+    // else that would hold the shutdown up.
+    let settings = &rt.settings;
+    let backstop = settings.shutdown_grace + settings.stop_grace + HANDOVER;
+    let drained = tokio::time::timeout(backstop, async {
+        while let Some(done) = running.join_next().await {
+            settled(&mut holding, Some(done));
+        }
+    })
+    .await;
+    if drained.is_err() {
+        running.abort_all();
+        while running.join_next().await.is_some() {}
+        let left: Vec<Delivery> = holding.into_values().collect();
+        tracing::warn!(
+            messages = left.len(),
+            "shutdown grace period over; handing the messages back"
+        );
+        hand_back_all(&rt, &left).await;
+    }
     if let Err(error) = rt.backend.leave(&consumer).await {
         tracing::warn!(%error, "handing back this worker's buffered messages failed; they are redelivered after the visibility timeout");
+    }
+}
+
+/// Works on one message as a task of its own.
+async fn work(rt: Arc<Runtime>, delivery: Delivery) -> String {
+    // A panic anywhere in handling (user code outside a step, a bug of
+    // ours) must not end the worker: the process would look alive and
+    // handle nothing.
+    if let Err(panic) = AssertUnwindSafe(handle(&rt, &delivery))
+        .catch_unwind()
+        .await
+    {
+        panicked(&rt, &delivery, &panic_message(&*panic)).await;
+    }
+    delivery.id
+}
+
+fn settled(
+    holding: &mut HashMap<String, Delivery>,
+    done: Option<Result<String, tokio::task::JoinError>>,
+) {
+    if let Some(Ok(id)) = done {
+        holding.remove(&id);
+    }
+}
+
+/// Hands messages back unhandled (the engine is stopping), with any task
+/// lease taken with them.
+async fn hand_back_all(rt: &Runtime, deliveries: &[Delivery]) {
+    for delivery in deliveries {
+        release(rt, delivery, Duration::ZERO).await;
+        if let Some(TakenLease::Held { locked, .. }) = &delivery.lease {
+            let _ = rt.backend.unlock(&locked.lease).await;
+        }
     }
 }
 

@@ -110,14 +110,15 @@ impl RedisBackend {
         Ok(None)
     }
 
-    /// Reads one new message without blocking, and takes the lease of its
-    /// task if it is a saga message (see `TAKE`).
+    /// Reads up to `max` new messages without blocking, and takes the
+    /// lease of the task of each saga message (see `TAKE`).
     async fn take(
         &self,
         consumer: &str,
         streams: &[u16],
         own: bool,
-    ) -> Result<Option<Delivery>, BackendError> {
+        max: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
         let first = usize::from(self.reader(consumer, |r| r.next_stream)) % streams.len();
         let token = Uuid::new_v4().simple().to_string();
         let ttl = self.shared.config.visibility_timeout;
@@ -130,7 +131,8 @@ impl RedisBackend {
             .arg(first)
             .arg(if own { "0" } else { ">" })
             .arg(&token)
-            .arg(ms(ttl));
+            .arg(ms(ttl))
+            .arg(max.max(1));
         for p in streams {
             match *p == self.keys().process_stream() {
                 true => take.arg(""),
@@ -139,22 +141,26 @@ impl RedisBackend {
         }
         let requested_at = Instant::now();
         let reply: Value = self.run(&take).await?;
-        let [slot, id, fields, count, lease] = entry::items(&reply)[..] else {
-            return Ok(None);
-        };
-        let slot: usize = entry::text(slot).parse().unwrap_or(0);
-        let Some(&p) = streams.get(slot) else {
-            return Err(BackendError::Corrupt(format!(
-                "TAKE answered stream {slot}"
-            )));
-        };
-        let count = entry::text(count).parse().unwrap_or(1);
-        self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
-        let mut delivery = delivery(p, &entry::text(id), fields, count, consumer);
-        delivery.lease = self
-            .taken_lease(&delivery, lease, token, requested_at, ttl)
-            .await;
-        Ok(Some(delivery))
+        let mut deliveries = Vec::new();
+        for taken in entry::items(&reply) {
+            let [slot, id, fields, count, lease] = entry::items(taken)[..] else {
+                return Err(BackendError::Corrupt("TAKE answered a short entry".into()));
+            };
+            let slot: usize = entry::text(slot).parse().unwrap_or(0);
+            let Some(&p) = streams.get(slot) else {
+                return Err(BackendError::Corrupt(format!(
+                    "TAKE answered stream {slot}"
+                )));
+            };
+            let count = entry::text(count).parse().unwrap_or(1);
+            self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
+            let mut delivery = delivery(p, &entry::text(id), fields, count, consumer);
+            delivery.lease = self
+                .taken_lease(&delivery, lease, &token, requested_at, ttl)
+                .await;
+            deliveries.push(delivery);
+        }
+        Ok(deliveries)
     }
 
     /// The lease `TAKE` took with a delivery, checked against the decoded
@@ -165,7 +171,7 @@ impl RedisBackend {
         &self,
         delivery: &Delivery,
         reply: &Value,
-        token: String,
+        token: &str,
         requested_at: Instant,
         ttl: Duration,
     ) -> Option<TakenLease> {
@@ -184,7 +190,7 @@ impl RedisBackend {
         }
         let lease = Lease {
             task_id: id,
-            token,
+            token: token.to_owned(),
             fence,
         };
         match super::tasks::parse_doc(text(2), text(3)) {
@@ -215,16 +221,16 @@ impl RedisBackend {
         sagas.chain(processes).collect()
     }
 
-    /// Waits up to `wait` for a new message on any stream. A blocking read
-    /// over several streams may return one entry from each: the first is
-    /// handed out and the others handed straight back (this happens only
-    /// when the queue was idle, so it is rare and cheap).
+    /// Waits up to `wait` for new messages on any stream, at most `max`
+    /// (per stream: a blocking read over several streams may return that
+    /// many from each; all are handed out, to be worked on at once).
     async fn read_new(
         &self,
         consumer: &str,
         streams: &[u16],
         wait: Duration,
-    ) -> Result<Option<Delivery>, BackendError> {
+        max: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
         let mut conn = self.reader_conn(consumer).await?;
         let block = wait.min(self.shared.config.block);
         let mut cmd = redis::cmd("XREADGROUP");
@@ -232,7 +238,7 @@ impl RedisBackend {
             .arg(self.group())
             .arg(consumer)
             .arg("COUNT")
-            .arg(1)
+            .arg(max.max(1))
             .arg("BLOCK")
             .arg(ms(block))
             .arg("STREAMS");
@@ -258,14 +264,7 @@ impl RedisBackend {
                         deliveries.push(delivery(p, &id, fields, 1, consumer));
                     }
                 }
-                let mut deliveries = deliveries.into_iter();
-                let first = deliveries.next();
-                for extra in deliveries {
-                    if let Err(error) = self.hand_back(&extra, Duration::ZERO, true).await {
-                        tracing::debug!(%error, message = %extra.id, "handing back an extra message failed; it is redelivered after the visibility timeout");
-                    }
-                }
-                Ok(first)
+                Ok(deliveries)
             }
             Err(e) => {
                 // Drop the connection so the next read reconnects; recreate
@@ -276,7 +275,7 @@ impl RedisBackend {
                 if e.code() == Some("NOGROUP") {
                     tracing::warn!("the server lost the consumer groups; recreating them");
                     self.ensure_groups().await?;
-                    return Ok(None);
+                    return Ok(Vec::new());
                 }
                 Err(unavailable(e))
             }
@@ -285,17 +284,19 @@ impl RedisBackend {
 
     /// One receive over `streams`: this consumer's own messages whose read
     /// reply was lost (after a failed read), messages whose consumer
-    /// stopped (every half visibility timeout), a new message, and only
-    /// then a blocking wait.
+    /// stopped (every half visibility timeout), new messages (up to
+    /// `max`), and only then a blocking wait.
     async fn receive_from(
         &self,
         consumer: &str,
         streams: &[u16],
         wait: Duration,
-    ) -> Result<Option<Delivery>, BackendError> {
+        max: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
         if self.reader(consumer, |r| r.recover) {
-            if let Some(delivery) = self.take(consumer, streams, true).await? {
-                return Ok(Some(delivery));
+            let own = self.take(consumer, streams, true, 1).await?;
+            if !own.is_empty() {
+                return Ok(own);
             }
             self.reader(consumer, |r| r.recover = false);
         }
@@ -312,13 +313,14 @@ impl RedisBackend {
             if let Some(delivery) = self.claim(consumer, streams).await? {
                 // More may be waiting: claim again on the next receive.
                 self.reader(consumer, |r| r.last_claim = None);
-                return Ok(Some(delivery));
+                return Ok(vec![delivery]);
             }
         }
-        if let Some(delivery) = self.take(consumer, streams, false).await? {
-            return Ok(Some(delivery));
+        let new = self.take(consumer, streams, false, max).await?;
+        if !new.is_empty() {
+            return Ok(new);
         }
-        self.read_new(consumer, streams, wait).await
+        self.read_new(consumer, streams, wait, max).await
     }
 
     async fn hand_back(
@@ -400,12 +402,23 @@ impl WorkQueue for RedisBackend {
         interest: Interest,
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError> {
+        let mut received = self.receive_many(consumer, interest, wait, 1).await?;
+        Ok(received.pop())
+    }
+
+    async fn receive_many(
+        &self,
+        consumer: &str,
+        interest: Interest,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
         let streams = self.streams_for(interest);
         if streams.is_empty() {
             tokio::time::sleep(wait).await;
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        let received = self.receive_from(consumer, &streams, wait).await;
+        let received = self.receive_from(consumer, &streams, wait, max).await;
         if received.is_err() {
             self.reader(consumer, |r| r.recover = true);
         }

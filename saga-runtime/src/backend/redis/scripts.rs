@@ -260,16 +260,17 @@ return 1"
 
 /// KEYS: every work stream. ARGV: 1 group, 2 consumer, 3 first stream to
 /// look at (0-based), 4 `>` (new messages) or `0` (this consumer's own
-/// pending ones), 5 lease token, 6 lease ttl ms, then per stream the key
-/// prefix of its partition's tasks ('' for a stream of process-manager
-/// messages).
+/// pending ones), 5 lease token, 6 lease ttl ms, 7 at most this many
+/// messages, then per stream the key prefix of its partition's tasks (''
+/// for a stream of process-manager messages).
 ///
-/// Reads one message for the consumer without blocking: from the first
-/// stream, in turn from the given one, that has any. One message and not
-/// one per stream (as a plain `XREADGROUP` over several streams reads): a
-/// message read but not yet started is kept alive by nobody, and if it
-/// waited behind a long step it would be taken over and counted as a
-/// delivery that was never answered.
+/// Reads up to that many messages for the consumer without blocking: from
+/// the first stream, in turn from the given one, that has any. The caller
+/// starts on every message it takes at once: a message read but not
+/// started is kept alive by nobody, and if it waited behind a long step it
+/// would be taken over and counted as a delivery that was never answered.
+/// (So a read takes what the worker will work on now, not one per stream
+/// as a plain `XREADGROUP` over several streams would.)
 ///
 /// With `0` it reads what this consumer was given but may never have
 /// received: a read whose reply was lost with its connection. Entries
@@ -281,11 +282,12 @@ return 1"
 /// the partition's prefix and the id in the payload; they share the
 /// stream's hash tag (one slot). Anything else (a process-manager message,
 /// an entry that does not decode, a task not found there) is returned
-/// without a lease, for the worker to deal with as before.
+/// without a lease, for the worker to deal with as before. Two messages of
+/// one task in one read: the second finds the lease taken.
 ///
-/// Returns {stream index, entry id, fields, delivery count, lease} or nil;
-/// the fields raw, for the caller to decode. The lease is false (none
-/// attempted), {0, id} (held by another worker) or {fence, id, doc,
+/// Returns a list of {stream index, entry id, fields, delivery count,
+/// lease}; the fields raw, for the caller to decode. The lease is false
+/// (none attempted), {0, id} (held by another worker) or {fence, id, doc,
 /// version, cancel}.
 pub static TAKE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -312,25 +314,35 @@ local function lease(prefix, fields)
 end
 local n = #KEYS
 local first = tonumber(ARGV[3])
+local max = tonumber(ARGV[7])
+local out = {}
 for i = 0, n - 1 do
   local s = (first + i) % n
   local q = KEYS[s + 1]
   for _ = 1, 64 do
-    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', q, ARGV[4])
-    local e = r and r[1][2][1]
-    if not e then break end
-    if e[2] then
-      local count = 1
-      if ARGV[4] ~= '>' then
-        local p = redis.call('XPENDING', q, ARGV[1], e[1], e[1], 1)
-        if p[1] then count = p[1][4] end
+    local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', max - #out, 'STREAMS', q, ARGV[4])
+    local entries = r and r[1][2]
+    if not entries or #entries == 0 then break end
+    local live = 0
+    for _, e in ipairs(entries) do
+      if e[2] then
+        local count = 1
+        if ARGV[4] ~= '>' then
+          local p = redis.call('XPENDING', q, ARGV[1], e[1], e[1], 1)
+          if p[1] then count = p[1][4] end
+        end
+        out[#out + 1] = {s, e[1], e[2], count, lease(ARGV[8 + s], e[2])}
+        live = live + 1
+      else
+        redis.call('XACK', q, ARGV[1], e[1])
       end
-      return {s, e[1], e[2], count, lease(ARGV[7 + s], e[2])}
     end
-    redis.call('XACK', q, ARGV[1], e[1])
+    -- Reading own pending entries again would return the same ones.
+    if #out >= max or (ARGV[4] ~= '>' and live > 0) then break end
   end
+  if #out >= max then break end
 end
-return false",
+return out",
     )
 });
 
