@@ -64,6 +64,19 @@ async fn commands_during<F: std::future::Future<Output = ()>>(
     redis: &TestRedis,
     work: F,
 ) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::<String, u64>::new();
+    for (cmd, _) in monitor_during(redis, work).await {
+        *counts.entry(cmd).or_default() += 1;
+    }
+    counts
+}
+
+/// Every command clients sent while `work` ran: its name and the length of
+/// its MONITOR line (about the bytes it sent).
+async fn monitor_during<F: std::future::Future<Output = ()>>(
+    redis: &TestRedis,
+    work: F,
+) -> Vec<(String, usize)> {
     let mut monitor = Command::new("redis-cli")
         .args(["-p", &redis.port().to_string(), "monitor"])
         .stdout(Stdio::piped())
@@ -71,7 +84,7 @@ async fn commands_during<F: std::future::Future<Output = ()>>(
         .expect("redis-cli must be on PATH (it comes with redis-server)");
     let stdout = monitor.stdout.take().unwrap();
     let counter = std::thread::spawn(move || {
-        let mut counts = BTreeMap::<String, u64>::new();
+        let mut seen = Vec::new();
         let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
         for line in &mut lines {
             // The marker that the monitor is attached: counting starts.
@@ -87,9 +100,9 @@ async fn commands_during<F: std::future::Future<Output = ()>>(
                 continue;
             }
             let cmd = line.split('"').nth(1).unwrap_or("").to_uppercase();
-            *counts.entry(cmd).or_default() += 1;
+            seen.push((cmd, line.len()));
         }
-        counts
+        seen
     });
     let mut conn = redis.conn();
     // MONITOR attaches asynchronously: mark the start once it sees us.
@@ -118,10 +131,10 @@ async fn commands_during<F: std::future::Future<Output = ()>>(
         .arg("monitor-stop")
         .query(&mut conn)
         .unwrap();
-    let counts = counter.join().unwrap();
+    let seen = counter.join().unwrap();
     let _ = monitor.kill();
     let _ = monitor.wait();
-    counts
+    seen
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,9 +166,12 @@ async fn a_chain_of_steps_costs_at_most_two_round_trips_per_step() {
     })
     .await;
     workers.shutdown();
-    // `wait` above reads each task once; those reads are the test's, not
-    // the worker's.
-    let waits = counts.get("HMGET").copied().unwrap_or(0).min(tasks);
+    // `wait` above reads each task once (record and audit log, pipelined);
+    // those reads are the test's, not the worker's.
+    let waits = ["HMGET", "LRANGE"]
+        .iter()
+        .map(|c| counts.get(*c).copied().unwrap_or(0).min(tasks))
+        .sum::<u64>();
     let total: u64 = counts.values().sum::<u64>() - waits - 1;
     let steps = tasks * 3;
     let per_step = total as f64 / steps as f64;
@@ -164,5 +180,80 @@ async fn a_chain_of_steps_costs_at_most_two_round_trips_per_step() {
     assert!(
         per_step <= 2.0,
         "{per_step:.2} round trips per step (budget 2): {counts:?}"
+    );
+}
+
+/// Fails its first `failures` calls, then succeeds.
+struct Flaky {
+    failures: u32,
+    calls: std::sync::atomic::AtomicU32,
+}
+
+#[saga(name = "flaky")]
+impl Flaky {
+    #[saga_step(1)]
+    #[retry_policy(max_retries = 100, backoff = constant, base_delay_ms = 0)]
+    async fn one(&self, n: u64) -> Result<u64, StepError> {
+        if self.calls.fetch_add(1, Ordering::Relaxed) < self.failures {
+            return Err(StepError::transient("not yet"));
+        }
+        Ok(n)
+    }
+    #[saga_step(2)]
+    async fn two(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(3)]
+    async fn three(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+}
+
+/// The largest write (script call) of one `Flaky` task run to its end.
+async fn largest_write(failures: u32) -> (usize, usize) {
+    let redis = TestRedis::start_with_aof(false);
+    let engine = Engine::builder()
+        .backend(RedisBackend::connect(&redis.url()).await.unwrap())
+        .saga(Flaky {
+            failures,
+            calls: Default::default(),
+        })
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    let mut audit = 0;
+    let seen = monitor_during(&redis, async {
+        let id = engine.start::<Flaky>(7).await.unwrap();
+        let task = engine.wait(id).await.unwrap();
+        assert_eq!(task.status, TaskStatus::Completed);
+        assert_eq!(task.steps[0].attempt_count, failures + 1);
+        audit = task.audit_log.len();
+    })
+    .await;
+    engine.shutdown();
+    let largest = seen
+        .iter()
+        .filter(|(cmd, _)| cmd == "EVALSHA")
+        .map(|(_, len)| *len)
+        .max()
+        .unwrap();
+    (largest, audit)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_step_writes_does_not_grow_with_the_tasks_history() {
+    let (fresh, fresh_audit) = largest_write(0).await;
+    let (retried, retried_audit) = largest_write(60).await;
+    println!(
+        "largest write: {fresh} bytes with {fresh_audit} audit entries; \
+         {retried} bytes with {retried_audit}"
+    );
+    assert!(retried_audit >= fresh_audit + 60, "{retried_audit}");
+    // Sixty more audit entries are several kilobytes: none of them is sent
+    // again by a later write.
+    assert!(
+        retried < fresh + 1024,
+        "the largest write grew from {fresh} to {retried} bytes with the task's history"
     );
 }

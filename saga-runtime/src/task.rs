@@ -357,7 +357,31 @@ pub struct TaskInstance {
     /// Sequence number of the task's current message. A delivered message
     /// whose sequence differs is a stale duplicate and is dropped.
     pub seq: u64,
+    /// How many of `audit_log`'s entries the store already holds: a write
+    /// appends only the entries after them, so that what a step writes
+    /// does not grow with the task's history. Set by loads and by the
+    /// engine after each write; not part of the record.
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub audit_stored: StoredAudit,
 }
+
+/// Bookkeeping of [`TaskInstance::audit_stored`]: how many audit entries
+/// are already stored. Two tasks compare equal whatever it says: it is
+/// about the copy, not the record.
+#[derive(Debug, Clone, Copy, Default)]
+#[doc(hidden)]
+pub struct StoredAudit(pub usize);
+
+impl PartialEq for StoredAudit {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// A task's audit log keeps its most recent entries, at most this many: a
+/// task retried or requeued for a year must not grow without bound.
+pub const AUDIT_LOG_CAP: usize = 1000;
 
 impl TaskInstance {
     /// A pending task with one pending record per step.
@@ -383,7 +407,21 @@ impl TaskInstance {
             error: None,
             version: 0,
             seq: 0,
+            audit_stored: StoredAudit(0),
         }
+    }
+
+    /// The audit entries a write must append: those after the ones the
+    /// store holds.
+    pub fn unstored_audit(&self) -> &[AuditEntry] {
+        self.audit_log
+            .get(self.audit_stored.0..)
+            .unwrap_or_default()
+    }
+
+    /// Records that the store now holds every audit entry of this copy.
+    pub fn audit_saved(&mut self) {
+        self.audit_stored = StoredAudit(self.audit_log.len());
     }
 
     /// The step record named `name`.

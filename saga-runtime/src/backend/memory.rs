@@ -24,7 +24,7 @@ use super::{
     TaskStore, WorkItem, WorkQueue,
 };
 use crate::process::Envelope;
-use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
 /// The default visibility timeout: how long a delivered, unsettled message
 /// stays invisible before it is delivered again.
@@ -199,8 +199,23 @@ impl State {
         Ok(())
     }
 
+    /// Stores `task`, appending its unstored audit entries to the stored
+    /// log (capped) as a backend that keeps the log apart must.
     fn write(&mut self, task: &TaskInstance) -> u64 {
-        let mut stored = task.clone();
+        let mut audit = self
+            .tasks
+            .get(&task.id)
+            .map(|t| t.audit_log.clone())
+            .unwrap_or_default();
+        audit.extend_from_slice(task.unstored_audit());
+        let excess = audit.len().saturating_sub(AUDIT_LOG_CAP);
+        audit.drain(..excess);
+        let mut stored = TaskInstance {
+            audit_log: Vec::new(),
+            ..task.clone()
+        };
+        stored.audit_log = audit;
+        stored.audit_saved();
         stored.version += 1;
         stored.updated_at = Timestamp::now();
         let version = stored.version;
@@ -294,6 +309,7 @@ impl TaskStore for MemoryBackend {
             }
             let mut stored = task.clone();
             stored.version = 1;
+            stored.audit_saved();
             state.tasks.insert(task.id, stored);
             state.push_item(&WorkItem::Saga(first.clone()), Duration::ZERO);
         }

@@ -31,7 +31,9 @@ use crate::backend::{
     TaskCommit, TaskCursor, TaskQuery, WorkItem,
 };
 use crate::process::{Envelope, EnvelopeKind};
-use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+use crate::task::{
+    AuditAction, AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
+};
 
 /// The visibility timeout the backend under test must be built with.
 pub const VISIBILITY: Duration = Duration::from_millis(400);
@@ -407,6 +409,70 @@ pub async fn going_on_with_a_task_records_the_next_attempt(b: Arc<dyn Backend>) 
     assert!(
         matches!(lost, Err(BackendError::LockLost { .. })),
         "{lost:?}"
+    );
+}
+
+/// A write appends the audit entries its copy adds (those after
+/// `audit_stored`) and leaves the stored ones alone, whatever the copy
+/// holds of them; the log keeps its most recent `AUDIT_LOG_CAP` entries.
+pub async fn the_audit_log_is_appended_and_capped(b: Arc<dyn Backend>) {
+    let entry = |n: u32| AuditEntry::new(AuditAction::StepCompleted).attempt(n);
+    let attempts =
+        |t: &TaskInstance| -> Vec<Option<u32>> { t.audit_log.iter().map(|e| e.attempt).collect() };
+    let t = task("s");
+    create(&*b, &t).await;
+    let locked = b.lock_and_load(t.id, TTL).await.unwrap().unwrap();
+    let mut cur = locked.task.unwrap();
+    for n in 1..=3 {
+        cur.audit(entry(n));
+    }
+    let (v, _) = b
+        .record_attempt(&cur, TaskStatus::Pending, &locked.lease, "one:1")
+        .await
+        .unwrap();
+    cur.version = v;
+    cur.audit_saved();
+    let stored = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!(attempts(&stored), [Some(1), Some(2), Some(3)]);
+    // The same copy written again appends only what it added since.
+    cur.audit(entry(4));
+    let (v, _) = b
+        .record_attempt(&cur, TaskStatus::Pending, &locked.lease, "one:2")
+        .await
+        .unwrap();
+    cur.version = v;
+    cur.audit_saved();
+    let stored = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!(attempts(&stored), [Some(1), Some(2), Some(3), Some(4)]);
+    // A copy holding none of the stored entries appends too.
+    let mut bare = stored.clone();
+    bare.audit_log.clear();
+    bare.audit_saved();
+    bare.audit(entry(5));
+    b.record_attempt(&bare, TaskStatus::Pending, &locked.lease, "one:3")
+        .await
+        .unwrap();
+    let stored = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!(attempts(&stored).len(), 5);
+    assert_eq!(stored.audit_log[4].attempt, Some(5));
+    assert!(
+        stored.unstored_audit().is_empty(),
+        "a load holds what is stored"
+    );
+
+    // Capped: the most recent entries stay.
+    let mut many = stored.clone();
+    for n in 0..AUDIT_LOG_CAP as u32 + 5 {
+        many.audit(entry(100 + n));
+    }
+    b.record_attempt(&many, TaskStatus::Pending, &locked.lease, "one:4")
+        .await
+        .unwrap();
+    let stored = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!(stored.audit_log.len(), AUDIT_LOG_CAP);
+    assert_eq!(
+        stored.audit_log.last().unwrap().attempt,
+        Some(100 + AUDIT_LOG_CAP as u32 + 4)
     );
 }
 
@@ -1162,6 +1228,7 @@ macro_rules! backend_conformance {
             attempt_claims,
             a_lease_taken_with_a_delivery_is_the_tasks_lock,
             going_on_with_a_task_records_the_next_attempt,
+            the_audit_log_is_appended_and_capped,
             lock_contention_expiry_extension_and_stale_release,
             locking_a_missing_task_takes_nothing,
             stale_fence_writes_are_refused,

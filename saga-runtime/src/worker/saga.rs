@@ -479,6 +479,7 @@ impl Run<'_> {
             *self.leased_at.lock().unwrap_or_else(|p| p.into_inner()) = sent;
         }
         task.version = version;
+        task.audit_saved();
         *stored = task.status;
         if !claimed {
             drop(permit);
@@ -718,6 +719,7 @@ impl Run<'_> {
                 self.rt.backend.commit(commit.clone())
             })
             .await?;
+        task.audit_saved();
         if task.status.is_terminal() {
             tracing::info!(task_id = %task.id, saga = self.def.name, status = %task.status, "task finished");
         }

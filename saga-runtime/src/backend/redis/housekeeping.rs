@@ -67,6 +67,7 @@ impl RedisBackend {
                     .key(k.lock(id))
                     .key(k.index(partition, saga, None))
                     .key(k.index(partition, saga, Some(status)))
+                    .key(k.audit(id))
                     .arg(member)
                     .arg(id.to_string())
                     .arg(format!("{status:?}"));

@@ -72,6 +72,11 @@ impl Keys {
     pub fn cancel(&self, id: TaskId) -> String {
         self.task_key("cancel", id)
     }
+    /// The audit log: a list of JSON entries, appended by each write and
+    /// capped ([`AUDIT_LOG_CAP`](crate::task::AUDIT_LOG_CAP)).
+    pub fn audit(&self, id: TaskId) -> String {
+        self.task_key("audit", id)
+    }
     /// The attempts claimed so far: a hash, one field per attempt.
     pub fn claims(&self, id: TaskId) -> String {
         self.task_key("claims", id)
@@ -201,6 +206,7 @@ mod tests {
                 keys.fence(id),
                 keys.cancel(id),
                 keys.claims(id),
+                keys.audit(id),
                 keys.dead(p),
                 keys.delayed(p),
                 keys.expiring(p),

@@ -39,20 +39,32 @@ local function settle(q, g, e)
 end
 ";
 
-/// KEYS: task, index (all), index (Pending), queue.
-/// ARGV: doc, id, payload, created ms.
+/// Appends the audit entries `ARGV[first..]` to list `key`, keeping the
+/// last `cap`.
+const AUDIT_FN: &str = r"
+local function audit(key, cap, first)
+  if #ARGV >= first then
+    redis.call('RPUSH', key, unpack(ARGV, first))
+    redis.call('LTRIM', key, -tonumber(cap), -1)
+  end
+end
+";
+
+/// KEYS: task, index (all), index (Pending), queue, audit.
+/// ARGV: doc, id, payload, created ms, audit cap, then audit entries.
 /// Returns the existing doc when the task exists (nothing written), else nil.
 pub static CREATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        r"{AUDIT_FN}
 local existing = redis.call('HGET', KEYS[1], 'doc')
 if existing then return existing end
 redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', 1, 'status', 'Pending')
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
 redis.call('XADD', KEYS[4], '*', 'payload', ARGV[3])
-return false",
-    )
+audit(KEYS[5], ARGV[5], 6)
+return false"
+    ))
 });
 
 /// KEYS: lock, fence, task, cancel. ARGV: token, ttl ms.
@@ -81,13 +93,16 @@ if v ~= ARGV[2] then return {-2, v} end
 local nv = tonumber(v) + 1
 ";
 
-/// KEYS: fence, task, claims, index (stored status), index (new status).
-/// ARGV: fence, version, doc, claim, new status, id, created ms.
+/// KEYS: fence, task, claims, index (stored status), index (new status),
+/// audit.
+/// ARGV: fence, version, doc, claim, new status, id, created ms, audit cap,
+/// then the audit entries to append.
 /// Returns {new version, claimed 0/1}.
 pub static RECORD_ATTEMPT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{CHECK}
+        r"{AUDIT_FN}{CHECK}
 redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
+audit(KEYS[6], ARGV[8], 9)
 if KEYS[4] ~= KEYS[5] then
   redis.call('ZREM', KEYS[4], ARGV[6])
   redis.call('ZADD', KEYS[5], ARGV[7], ARGV[6])
@@ -97,10 +112,11 @@ return {{nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}}"
 });
 
 /// KEYS: fence, task, claims, index (stored status), index (new status),
-/// lock, queue, cancel.
+/// lock, queue, cancel, audit.
 /// ARGV: 1 fence, 2 version, 3 doc, 4 claim, 5 new status, 6 id, 7 created
 /// ms, 8 lease token, 9 ttl ms ('' = no renewal), 10 group, 11 consumer, 12
-/// entry id, 13 unless cancelled ('1').
+/// entry id, 13 unless cancelled ('1'), 14 audit cap, then the audit
+/// entries to append.
 ///
 /// `RECORD_ATTEMPT` for a worker that goes on with the task it holds: the
 /// last attempt's outcome and the next attempt, under the same lease
@@ -110,12 +126,13 @@ return {{nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}}"
 /// Returns {new version, claimed 0/1}.
 pub static RECORD_NEXT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{CHECK}
+        r"{AUDIT_FN}{CHECK}
 if ARGV[13] == '1' then
   local c = redis.call('GET', KEYS[8])
   if c then return {{-5, c}} end
 end
 redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
+audit(KEYS[9], ARGV[14], 15)
 if KEYS[4] ~= KEYS[5] then
   redis.call('ZREM', KEYS[4], ARGV[6])
   redis.call('ZADD', KEYS[5], ARGV[7], ARGV[6])
@@ -129,21 +146,23 @@ return {{nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}}"
 });
 
 /// KEYS: fence, task, lock, queue, dead, cancel, delayed, index (stored
-/// status), index (new status), expiring, claims.
+/// status), index (new status), expiring, claims, audit.
 /// ARGV: 1 fence, 2 version, 3 doc, 4 token, 5 next payload ('' = none),
 /// 6 next delay ms, 7 settle ('none'|'ack'|'dead'|'resolve'), 8 entry id,
 /// 9 group, 10 dead-letter payload, 11 reason, 12 task id, 13 unless
 /// cancelled ('1'), 14 new status, 15 expire after ms ('' = keep), 16
 /// created ms, 17 expiring member of the stored status ('' = none), 18
 /// expiring member of the new status, 19 payload size ('' = not cut), 20
-/// dead-letter cap.
+/// dead-letter cap, 21 channel to publish the task id on ('' = none: set
+/// when the task ends, for waiters), 22 audit cap, then the audit entries
+/// to append.
 /// A next message due later is enqueued at once instead when the task's
 /// cancellation was requested: the cancellation must not wait out a
 /// backoff (its own wake-up message may be stale by now).
 /// Returns {new version} or {-5, cancel} when refused for a cancellation.
 pub static COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NOW}{SETTLE_FN}{CHECK}
+        r"{NOW}{SETTLE_FN}{AUDIT_FN}{CHECK}
 local cancelled = redis.call('EXISTS', KEYS[6]) == 1
 if ARGV[13] == '1' and cancelled then return {{-5, redis.call('GET', KEYS[6])}} end
 local expire = tonumber(ARGV[15])
@@ -156,12 +175,13 @@ if not delay or delay < 0 or delay > 1e13 then
 end
 if cancelled then delay = 0 end
 redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[14])
+audit(KEYS[12], ARGV[22], 23)
 if KEYS[8] ~= KEYS[9] then
   redis.call('ZREM', KEYS[8], ARGV[12])
   redis.call('ZADD', KEYS[9], ARGV[16], ARGV[12])
 end
 if ARGV[17] ~= '' then redis.call('ZREM', KEYS[10], ARGV[17]) end
-local task_keys = {{KEYS[2], KEYS[1], KEYS[6], KEYS[11]}}
+local task_keys = {{KEYS[2], KEYS[1], KEYS[6], KEYS[11], KEYS[12]}}
 if ARGV[15] ~= '' then
   for _, k in ipairs(task_keys) do redis.call('PEXPIRE', k, expire) end
   redis.call('ZADD', KEYS[10], now + expire, ARGV[18])
@@ -464,8 +484,8 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])"
 });
 
 /// KEYS: expiring, then per task: task, fence, cancel, claims, lock, index
-/// (all), index (its status when it expired). ARGV: per task: member, id,
-/// that status.
+/// (all), index (its status when it expired), audit. ARGV: per task:
+/// member, id, that status.
 /// Removes every key and index entry of each task still due; returns how
 /// many. A task whose record exists again was re-created under the same
 /// id (a keyed start after the old one expired): only the old one's
@@ -477,13 +497,13 @@ local n = 0
 for i = 1, #ARGV / 3 do
   local member, id, old = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local score = redis.call('ZSCORE', KEYS[1], member)
-  local k = 1 + (i - 1) * 7
+  local k = 1 + (i - 1) * 8
   if score and tonumber(score) <= now then
     local status = redis.call('HGET', KEYS[k + 1], 'status')
     if status then
       if status ~= old then redis.call('ZREM', KEYS[k + 7], id) end
     else
-      redis.call('DEL', KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5])
+      redis.call('DEL', KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 8])
       redis.call('ZREM', KEYS[k + 6], id)
       redis.call('ZREM', KEYS[k + 7], id)
       n = n + 1

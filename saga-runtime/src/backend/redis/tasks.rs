@@ -13,7 +13,7 @@ use crate::backend::{
     truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
     QueueMessage, Settle, TaskCommit, TaskCursor, TaskQuery, TaskStore, WorkItem,
 };
-use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+use crate::task::{StepRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
 /// A stored cancellation flag (`<ms>|<token>`; plain `<ms>` is accepted).
 pub(super) fn cancel_time(stored: Option<String>) -> Option<Timestamp> {
@@ -22,6 +22,10 @@ pub(super) fn cancel_time(stored: Option<String>) -> Option<Timestamp> {
     ms.parse().ok().map(Timestamp)
 }
 
+/// A task from its record alone, without the audit log: what a worker
+/// needs (it only appends to the log). A record written before the log had
+/// its own list carries its entries inline; they count as not stored yet,
+/// so the next write moves them to the list.
 pub(super) fn parse_doc(
     doc: Option<String>,
     version: Option<String>,
@@ -32,8 +36,94 @@ pub(super) fn parse_doc(
     Ok(Some(task))
 }
 
+/// A whole task: its record and its audit log.
+fn parse_full(
+    doc: Option<String>,
+    version: Option<String>,
+    audit: Vec<String>,
+) -> Result<Option<TaskInstance>, BackendError> {
+    let Some(mut task) = parse_doc(doc, version)? else {
+        return Ok(None);
+    };
+    let inline = !task.audit_log.is_empty();
+    for entry in &audit {
+        task.audit_log
+            .push(serde_json::from_str(entry).map_err(corrupt)?);
+    }
+    if !inline {
+        task.audit_saved();
+    }
+    Ok(Some(task))
+}
+
+/// The task's record as stored: everything but the audit log, which lives
+/// in its own list so that a write carries only the entries it adds.
+/// Borrowed, field for field, from [`TaskInstance`] (a test checks that the
+/// two read the same).
+#[derive(serde::Serialize)]
+struct Record<'a> {
+    id: &'a TaskId,
+    saga: &'a str,
+    status: TaskStatus,
+    input: &'a serde_json::Value,
+    output: &'a Option<serde_json::Value>,
+    steps: &'a [StepRecord],
+    audit_log: [(); 0],
+    trace_id: &'a str,
+    created_at: Timestamp,
+    updated_at: Timestamp,
+    finished_at: Option<Timestamp>,
+    cancelled_at: Option<Timestamp>,
+    error: &'a Option<String>,
+    version: u64,
+    seq: u64,
+}
+
 fn doc(task: &TaskInstance) -> Result<String, BackendError> {
-    serde_json::to_string(task).map_err(corrupt)
+    let TaskInstance {
+        id,
+        saga,
+        status,
+        input,
+        output,
+        steps,
+        audit_log: _,
+        trace_id,
+        created_at,
+        updated_at,
+        finished_at,
+        cancelled_at,
+        error,
+        version,
+        seq,
+        audit_stored: _,
+    } = task;
+    serde_json::to_string(&Record {
+        id,
+        saga,
+        status: *status,
+        input,
+        output,
+        steps,
+        audit_log: [],
+        trace_id,
+        created_at: *created_at,
+        updated_at: *updated_at,
+        finished_at: *finished_at,
+        cancelled_at: *cancelled_at,
+        error,
+        version: *version,
+        seq: *seq,
+    })
+    .map_err(corrupt)
+}
+
+/// The audit entries a write appends (those the store does not hold yet).
+fn audit_entries(task: &TaskInstance) -> Result<Vec<String>, BackendError> {
+    task.unstored_audit()
+        .iter()
+        .map(|e| serde_json::to_string(e).map_err(corrupt))
+        .collect()
 }
 
 impl RedisBackend {
@@ -185,16 +275,21 @@ impl RedisBackend {
                 .arg(self.keys().task(id))
                 .arg("doc")
                 .arg("version");
+            pipe.cmd("LRANGE").arg(self.keys().audit(id)).arg(0).arg(-1);
         }
-        let docs: Vec<(Option<String>, Option<String>)> = pipe
+        let replies: Vec<Value> = pipe
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         let mut tasks = Vec::new();
-        for (doc, version) in docs {
+        for pair in replies.chunks(2) {
+            let [record, audit] = pair else { break };
+            let (doc, version): (Option<String>, Option<String>) =
+                redis::from_redis_value(record.clone()).map_err(corrupt)?;
+            let audit: Vec<String> = redis::from_redis_value(audit.clone()).map_err(corrupt)?;
             // An index entry whose task just expired: skip it (the janitor
             // removes the entry).
-            tasks.extend(parse_doc(doc, version)?.filter(|t| query.matches(t)));
+            tasks.extend(parse_full(doc, version, audit)?.filter(|t| query.matches(t)));
         }
         Ok(tasks)
     }
@@ -216,10 +311,13 @@ impl TaskStore for RedisBackend {
                     .key(k.index(p, &task.saga, None))
                     .key(k.index(p, &task.saga, Some(TaskStatus::Pending)))
                     .key(k.queue(p))
+                    .key(k.audit(task.id))
                     .arg(doc(task)?)
                     .arg(task.id.to_string())
                     .arg(WorkItem::Saga(first.clone()).encode())
-                    .arg(task.created_at.0),
+                    .arg(task.created_at.0)
+                    .arg(AUDIT_LOG_CAP)
+                    .arg(audit_entries(task)?),
             )
             .await?;
         match existing {
@@ -233,14 +331,20 @@ impl TaskStore for RedisBackend {
     }
 
     async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError> {
-        let (doc, version): (Option<String>, Option<String>) = redis::cmd("HMGET")
-            .arg(self.keys().task(id))
-            .arg("doc")
-            .arg("version")
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        parse_doc(doc, version)
+        let ((doc, version), audit): ((Option<String>, Option<String>), Vec<String>) =
+            redis::pipe()
+                .cmd("HMGET")
+                .arg(self.keys().task(id))
+                .arg("doc")
+                .arg("version")
+                .cmd("LRANGE")
+                .arg(self.keys().audit(id))
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+        parse_full(doc, version, audit)
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError> {
@@ -321,13 +425,16 @@ impl TaskStore for RedisBackend {
                     .key(k.claims(task.id))
                     .key(k.index(p, &task.saga, Some(stored_status)))
                     .key(k.index(p, &task.saga, Some(task.status)))
+                    .key(k.audit(task.id))
                     .arg(lease.fence)
                     .arg(task.version)
                     .arg(doc(task)?)
                     .arg(claim)
                     .arg(format!("{:?}", task.status))
                     .arg(task.id.to_string())
-                    .arg(task.created_at.0),
+                    .arg(task.created_at.0)
+                    .arg(AUDIT_LOG_CAP)
+                    .arg(audit_entries(task)?),
             )
             .await?;
         let version = Self::check_write(&reply, task, lease)?;
@@ -356,6 +463,7 @@ impl TaskStore for RedisBackend {
                     .key(k.lock(task.id))
                     .key(k.queue(p))
                     .key(k.cancel(task.id))
+                    .key(k.audit(task.id))
                     .arg(next.lease.fence)
                     .arg(task.version)
                     .arg(doc(task)?)
@@ -368,7 +476,9 @@ impl TaskStore for RedisBackend {
                     .arg(self.group())
                     .arg(&next.delivery.consumer)
                     .arg(entry)
-                    .arg(if next.unless_cancelled { "1" } else { "0" }),
+                    .arg(if next.unless_cancelled { "1" } else { "0" })
+                    .arg(AUDIT_LOG_CAP)
+                    .arg(audit_entries(task)?),
             )
             .await?;
         let version = Self::check_write(&reply, task, next.lease)?;
@@ -427,6 +537,7 @@ impl TaskStore for RedisBackend {
                     .key(k.index(p, &task.saga, Some(task.status)))
                     .key(k.expiring(p))
                     .key(k.claims(task.id))
+                    .key(k.audit(task.id))
                     .arg(commit.lease.fence)
                     .arg(task.version)
                     .arg(doc(task)?)
@@ -456,7 +567,9 @@ impl TaskStore for RedisBackend {
                     .arg(match task.status.is_terminal() {
                         true => k.finished_channel(),
                         false => String::new(),
-                    }),
+                    })
+                    .arg(AUDIT_LOG_CAP)
+                    .arg(audit_entries(task)?),
             )
             .await?;
         Self::check_write(&reply, task, commit.lease)
@@ -575,5 +688,50 @@ impl TaskStore for RedisBackend {
             }
         });
         Ok(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::{AuditAction, AuditEntry};
+
+    #[test]
+    fn the_stored_record_is_the_task_without_its_audit_log() {
+        let mut task = TaskInstance::new(
+            "s",
+            serde_json::json!({"n": 1}),
+            [("a".to_owned(), 1), ("b".to_owned(), 2)],
+        );
+        task.output = Some(serde_json::json!("done"));
+        task.steps[0].output = Some(serde_json::json!([1, 2]));
+        task.finished_at = Some(Timestamp(7));
+        task.cancelled_at = Some(Timestamp(5));
+        task.error = Some("e".into());
+        task.version = 3;
+        task.seq = 9;
+        task.audit(AuditEntry::new(AuditAction::StepCompleted).step("a"));
+        let stored: TaskInstance = serde_json::from_str(&doc(&task).unwrap()).unwrap();
+        let mut expected = task.clone();
+        expected.audit_log.clear();
+        assert_eq!(stored, expected);
+
+        // Read back whole: the record and the list.
+        let entries = audit_entries(&task).unwrap();
+        assert_eq!(entries.len(), 1);
+        let full = parse_full(Some(doc(&task).unwrap()), Some("3".into()), entries)
+            .unwrap()
+            .unwrap();
+        assert_eq!(full, task);
+        assert!(
+            full.unstored_audit().is_empty(),
+            "loaded entries are stored"
+        );
+
+        // A record with its entries inline (written before the list) hands
+        // them to the next write.
+        let inline = serde_json::to_string(&task).unwrap();
+        let old = parse_full(Some(inline), None, Vec::new()).unwrap().unwrap();
+        assert_eq!(old.unstored_audit().len(), 1);
     }
 }
