@@ -29,10 +29,15 @@ const TASKS: u64 = 500;
 const PACED_FAULTS: u64 = 6;
 const WORKER_PROCESSES: usize = 3;
 
-fn spawn_worker(url: &str) -> Child {
+/// Worker process `slot`: the first works on 4 messages at once per worker
+/// (with a poison cap raised to match), the others on one.
+fn spawn_worker(url: &str, slot: usize) -> Child {
+    let (concurrency, cap) = if slot == 0 { ("4", "20") } else { ("1", "10") };
     Command::new(env!("CARGO_BIN_EXE_chaos-worker"))
         .env("REDIS_URL", url)
         .env("WORKERS", "2")
+        .env("CONCURRENCY", concurrency)
+        .env("MAX_DELIVERIES", cap)
         .env("VISIBILITY_MS", "800")
         .env("MAX_WORK_MS", "30")
         .env("FAILURE_RATE", "0.1")
@@ -90,7 +95,9 @@ async fn every_task_ends_under_kills_dropped_connections_and_a_redis_restart() {
         .await
         .unwrap();
 
-    let mut workers: Vec<Child> = (0..WORKER_PROCESSES).map(|_| spawn_worker(&url)).collect();
+    let mut workers: Vec<Child> = (0..WORKER_PROCESSES)
+        .map(|slot| spawn_worker(&url, slot))
+        .collect();
 
     // Callers start and wait for every task through the retrying client
     // API while the faults happen; any error they see is a failure.
@@ -153,7 +160,7 @@ async fn every_task_ends_under_kills_dropped_connections_and_a_redis_restart() {
                 let victim = rng.gen_range(0..workers.len());
                 workers[victim].kill().unwrap(); // SIGKILL
                 workers[victim].wait().unwrap();
-                workers[victim] = spawn_worker(&url);
+                workers[victim] = spawn_worker(&url, victim);
                 sigkills += 1;
             }
             55..=89 if client_kill(&redis) => client_kills += 1,

@@ -55,6 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ))
         .lock_retry_delay(Duration::from_millis(50))
         .max_deliveries(env("MAX_DELIVERIES", 10))
+        .worker_concurrency(env("CONCURRENCY", 1))
         .timeout_poll_interval(Duration::from_millis(env("TIMER_POLL_MS", 20)))
         .housekeeping_interval(Duration::from_millis(env("HOUSEKEEPING_MS", 30_000)))
         .idle_consumer_timeout(Duration::from_millis(env("IDLE_CONSUMER_MS", 600_000)))

@@ -70,10 +70,17 @@ impl EngineBuilder {
     /// How many messages each worker works on at once (default 1). Each
     /// runs as a task of its own; a worker reads again once half of its
     /// slots are free, several messages per read. On Redis, with no-op
-    /// steps, 4 workers of concurrency 16 do several times the steps per
-    /// second of 4 workers of 1, for a fraction of the reads per step
+    /// steps, 8 workers of concurrency 16 do about twice the steps per
+    /// second of 8 workers of 1, for a fraction of the reads per step
     /// (`examples/bench_redis`). Steps of one task never run at once
     /// whatever this is: the task's lease sees to it.
+    ///
+    /// The cost: a message that crashes its process (an abort, running out
+    /// of memory) takes the messages in flight beside it down too, and each
+    /// of those deliveries counts towards their own poison cap
+    /// ([`max_deliveries`](Self::max_deliveries)). Raise the cap with the
+    /// concurrency where crashes are possible; the default of 1 keeps a
+    /// crash to the message that caused it.
     pub fn worker_concurrency(mut self, n: usize) -> Self {
         self.settings.worker_concurrency = n.max(1);
         self
