@@ -204,16 +204,13 @@ impl State {
     fn write(&mut self, task: &TaskInstance) -> u64 {
         let mut audit = self
             .tasks
-            .get(&task.id)
-            .map(|t| t.audit_log.clone())
+            .remove(&task.id)
+            .map(|t| t.audit_log)
             .unwrap_or_default();
         audit.extend_from_slice(task.unstored_audit());
         let excess = audit.len().saturating_sub(AUDIT_LOG_CAP);
         audit.drain(..excess);
-        let mut stored = TaskInstance {
-            audit_log: Vec::new(),
-            ..task.clone()
-        };
+        let mut stored = task.clone();
         stored.audit_log = audit;
         stored.audit_saved();
         stored.version += 1;

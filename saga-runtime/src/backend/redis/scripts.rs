@@ -44,8 +44,8 @@ end
 const AUDIT_FN: &str = r"
 local function audit(key, cap, first)
   if #ARGV >= first then
-    redis.call('RPUSH', key, unpack(ARGV, first))
-    redis.call('LTRIM', key, -tonumber(cap), -1)
+    local len = redis.call('RPUSH', key, unpack(ARGV, first))
+    if len > tonumber(cap) then redis.call('LTRIM', key, -tonumber(cap), -1) end
   end
 end
 ";
