@@ -257,3 +257,138 @@ async fn what_a_step_writes_does_not_grow_with_the_tasks_history() {
         "the largest write grew from {fresh} to {retried} bytes with the task's history"
     );
 }
+
+#[derive(Message, serde::Serialize, serde::Deserialize)]
+struct Opened {
+    #[correlation_id]
+    account: String,
+    code: String,
+}
+
+#[derive(Message, serde::Serialize, serde::Deserialize)]
+struct Deposited {
+    code: String,
+    cents: u64,
+}
+
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Balance {
+    code: String,
+    cents: u64,
+}
+
+struct Accounts {
+    handled: Arc<AtomicU64>,
+}
+
+#[process_manager(name = "accounts", state = Balance)]
+impl Accounts {
+    #[starts]
+    async fn opened(
+        &self,
+        msg: Opened,
+        state: &mut Balance,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        state.code = msg.code;
+        self.handled.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    #[handles]
+    #[correlate(state.code = msg.code)]
+    async fn deposited(
+        &self,
+        msg: Deposited,
+        state: &mut Balance,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        state.cents += msg.cents;
+        self.handled.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+async fn accounts(redis: &TestRedis, handled: &Arc<AtomicU64>) -> Engine {
+    Engine::builder()
+        .backend(RedisBackend::connect(&redis.url()).await.unwrap())
+        .process_manager(Accounts {
+            handled: handled.clone(),
+        })
+        // The timer poller and the janitor run on their own clocks, not
+        // per message: out of the way of the count.
+        .timeout_poll_interval(Duration::from_secs(600))
+        .housekeeping_interval(Duration::from_secs(600))
+        .workers(0)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Runs one worker over what is queued until `expected` messages were
+/// handled; returns the commands it sent per message (of `MESSAGES`).
+async fn process_round_trips(redis: &TestRedis, handled: &Arc<AtomicU64>, expected: u64) -> f64 {
+    let workers = accounts(redis, handled).await;
+    let counts = commands_during(redis, async {
+        let pool = workers.clone();
+        tokio::spawn(async move { pool.run_workers(1).await });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while handled.load(Ordering::Relaxed) < expected {
+            assert!(Instant::now() < deadline, "the messages were not handled");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The last commit lands after the last handler returned.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    })
+    .await;
+    workers.shutdown();
+    // Not per message: the marker, loading each script once (a refused
+    // EVALSHA and a SCRIPT LOAD), the blocking read once idle, and the
+    // first round of the timer poller and the janitor (a lease and a look
+    // each) when the worker starts.
+    let count = |c: &str| counts.get(c).copied().unwrap_or(0);
+    let once = 1 + 2 * count("SCRIPT") + count("XREADGROUP").min(1) + 4;
+    let total: u64 = counts.values().sum::<u64>().saturating_sub(once);
+    let per_message = total as f64 / MESSAGES as f64;
+    println!("commands while {MESSAGES} messages were handled (1 worker): {counts:?}");
+    println!("=> {per_message:.2} round trips per message");
+    per_message
+}
+
+const MESSAGES: u64 = 200;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_manager_message_costs_at_most_two_round_trips() {
+    let redis = TestRedis::start_with_aof(false);
+    let handled = Arc::new(AtomicU64::new(0));
+    let client = accounts(&redis, &handled).await;
+    // Correlated by id: each starts an instance.
+    for n in 0..MESSAGES {
+        let opened = Opened {
+            account: format!("a-{n}"),
+            code: format!("c-{n}"),
+        };
+        client.publish(opened).await.unwrap();
+    }
+    let by_id = process_round_trips(&redis, &handled, MESSAGES).await;
+    // Correlated by a state property.
+    for n in 0..MESSAGES {
+        let deposit = Deposited {
+            code: format!("c-{n}"),
+            cents: 5,
+        };
+        client.publish(deposit).await.unwrap();
+    }
+    let by_field = process_round_trips(&redis, &handled, 2 * MESSAGES).await;
+    let state = client
+        .process_state::<Accounts>("a-7")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((state.code.as_str(), state.cents), ("c-7", 5));
+    assert!(by_id <= 2.0, "{by_id:.2} round trips per message by id");
+    assert!(
+        by_field <= 2.0,
+        "{by_field:.2} round trips per message by property"
+    );
+}

@@ -609,6 +609,7 @@ impl WorkQueue for MemoryBackend {
                         deliveries: m.deliveries,
                         consumer: consumer.to_owned(),
                         lease: None,
+                        instance: None,
                     };
                     let visible_again = now + self.shared.visibility_timeout;
                     state.in_flight.insert(m.id.clone(), (m, visible_again));

@@ -88,6 +88,22 @@ pub struct Delivery {
     /// worker the message was delivered to: it releases it whatever it
     /// does with the message.
     pub lease: Option<TakenLease>,
+    /// The process-manager instance the message is for, when the backend
+    /// loaded it in the same round trip as the read (the Redis backend
+    /// does, for an envelope that names its instance or carries its
+    /// routing key). `None`: the worker loads it.
+    pub instance: Option<Box<LoadedInstance>>,
+}
+
+/// A process-manager instance loaded while delivering a message for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedInstance {
+    /// What it was looked up by: an instance id, or a value of `key_field`.
+    pub key: String,
+    /// The state property `key` is a value of; `None` for an instance id.
+    pub key_field: Option<String>,
+    /// The instance found, if any.
+    pub instance: Option<ProcessInstance>,
 }
 
 /// A task lease taken while delivering the task's message.

@@ -106,6 +106,8 @@ mod tests {
             kind: EnvelopeKind::Message,
             instance_id: None,
             failures: 0,
+            key: None,
+            key_field: None,
         });
         assert_eq!(WorkItem::decode(pm.encode().as_bytes()).unwrap(), pm);
         let e = WorkItem::decode(b"{not json").unwrap_err();

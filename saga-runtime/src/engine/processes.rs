@@ -33,6 +33,10 @@ impl Engine {
         let items: Vec<WorkItem> = subscribers
             .iter()
             .map(|process| {
+                let (key, key_field) = match self.rt.processes.get(process) {
+                    Some(pm) => crate::process::routing_key(pm.as_ref(), M::TYPE, &payload),
+                    None => (None, None),
+                };
                 WorkItem::Process(Envelope {
                     message_id: message_id.to_owned(),
                     process: (*process).to_owned(),
@@ -41,6 +45,8 @@ impl Engine {
                     kind: EnvelopeKind::Message,
                     instance_id: None,
                     failures: 0,
+                    key,
+                    key_field,
                 })
             })
             .collect();

@@ -10,8 +10,8 @@ use futures::FutureExt;
 use serde_json::Value;
 
 use super::{
-    Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure, FailureKind,
-    HandlerKind, OnComplete, ProcessContext, ProcessError, Target,
+    Concurrency, Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure,
+    FailureKind, HandlerKind, OnComplete, ProcessContext, ProcessError, Target,
 };
 use crate::backend::{
     Backend, BackendError, Delivery, InstanceStatus, ProcessAudit, ProcessAuditAction,
@@ -68,11 +68,19 @@ pub enum Dispatched {
     },
 }
 
+/// `(process, message type, payload) -> (key, key_field)`.
+pub(crate) type RoutingKey<'a> =
+    dyn Fn(&str, &str, &Value) -> (Option<String>, Option<String>) + Send + Sync + 'a;
+
 /// Where dispatch runs: the store, the routing table for `publish`, the
 /// clock, and the delivery to settle (none in the test kit).
 pub(crate) struct DispatchEnv<'a> {
     pub backend: &'a dyn Backend,
     pub subscribers: &'a (dyn Fn(&str) -> Vec<&'static str> + Send + Sync),
+    /// The routing key of a message for a process manager (see
+    /// [`routing_key`](super::routing_key)), for the envelopes a handler
+    /// publishes.
+    pub routing_key: &'a RoutingKey<'a>,
     pub now_ms: u64,
     pub delivery: Option<&'a Delivery>,
     pub dead_letter_unmatched: bool,
@@ -151,7 +159,21 @@ pub(crate) async fn dispatch(
         .await;
     };
 
+    // The instance the backend loaded with the delivery: used for the first
+    // look only (a conflict re-run loads again), if it was looked up by
+    // what this handler looks up. Not in pessimistic mode, whose lease is
+    // taken after the read.
+    let mut loaded = env
+        .delivery
+        .and_then(|d| d.instance.as_deref())
+        .filter(|_| def.concurrency != Concurrency::Pessimistic);
     for _ in 0..CONFLICT_RETRIES {
+        let loaded = loaded.take();
+        let loaded_by = |key: &str, field: Option<&str>| {
+            loaded
+                .filter(|l| l.key == key && l.key_field.as_deref() == field)
+                .map(|l| l.instance.clone())
+        };
         // 1. Find the instance.
         let (existing, key) = match handler.correlation {
             Correlation::Instance => {
@@ -162,7 +184,11 @@ pub(crate) async fn dispatch(
                     ))
                     .await;
                 };
-                (env.backend.process_load(process, id).await?, id.to_owned())
+                let existing = match loaded_by(id, None) {
+                    Some(existing) => existing,
+                    None => env.backend.process_load(process, id).await?,
+                };
+                (existing, id.to_owned())
             }
             Correlation::Id | Correlation::Field { .. } => {
                 let key = match pm.message_key(&envelope.message_type, &envelope.payload) {
@@ -178,9 +204,15 @@ pub(crate) async fn dispatch(
                 };
                 let found = match handler.correlation {
                     Correlation::Field { state_field, .. } => {
-                        env.backend.process_find(process, state_field, &key).await?
+                        match loaded_by(&key, Some(state_field)) {
+                            Some(found) => found,
+                            None => env.backend.process_find(process, state_field, &key).await?,
+                        }
                     }
-                    _ => env.backend.process_load(process, &key).await?,
+                    _ => match loaded_by(&key, None) {
+                        Some(found) => found,
+                        None => env.backend.process_load(process, &key).await?,
+                    },
                 };
                 (found, key)
             }
@@ -381,6 +413,8 @@ pub(crate) async fn dispatch(
             match &out.target {
                 Target::Publish => {
                     for subscriber in (env.subscribers)(&out.message_type) {
+                        let (key, key_field) =
+                            (env.routing_key)(subscriber, &out.message_type, &out.payload);
                         enqueue.push(Envelope {
                             message_id: message_id.clone(),
                             process: subscriber.to_owned(),
@@ -389,6 +423,8 @@ pub(crate) async fn dispatch(
                             kind: EnvelopeKind::Message,
                             instance_id: None,
                             failures: 0,
+                            key,
+                            key_field,
                         });
                     }
                     endpoints.push((
@@ -415,6 +451,8 @@ pub(crate) async fn dispatch(
                     kind: EnvelopeKind::Timeout,
                     instance_id: Some(instance.id.clone()),
                     failures: 0,
+                    key: None,
+                    key_field: None,
                 };
                 (due(env.now_ms, t.delay), envelope)
             })

@@ -32,4 +32,15 @@ pub struct Envelope {
     /// Failures so far (business retries via `#[on_error]`).
     #[serde(default)]
     pub failures: u32,
+    /// The correlation value the process manager finds its instance by,
+    /// as the sender computed it: lets a backend load the instance in the
+    /// read that delivers the message. Absent for timeouts (they name
+    /// their instance) and for messages whose value could not be computed;
+    /// the worker computes it again and uses the load only if they agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The state property `key` is a value of (`#[correlate(..)]`);
+    /// absent when `key` is the instance id (the correlation id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_field: Option<String>,
 }

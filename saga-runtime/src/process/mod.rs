@@ -229,6 +229,29 @@ pub fn decode_message<T: DeserializeOwned>(message: Value) -> Result<T, ProcessE
     })
 }
 
+/// How a message for `pm` finds its instance, as the sender can tell:
+/// `(key, key_field)` for [`Envelope::key`] and [`Envelope::key_field`].
+/// `(None, None)` when it cannot (no handler, a timeout, a payload the
+/// handler would not accept): the worker then finds the instance itself.
+pub(crate) fn routing_key(
+    pm: &dyn ErasedProcess,
+    message_type: &str,
+    payload: &Value,
+) -> (Option<String>, Option<String>) {
+    let Some(handler) = pm.definition().handler(message_type) else {
+        return (None, None);
+    };
+    let key = || pm.message_key(message_type, payload).ok().flatten();
+    match handler.correlation {
+        Correlation::Instance => (None, None),
+        Correlation::Id => (key(), None),
+        Correlation::Field { state_field, .. } => match key() {
+            Some(key) => (Some(key), Some(state_field.to_owned())),
+            None => (None, None),
+        },
+    }
+}
+
 /// The error for a message type the process manager has no handler for.
 #[doc(hidden)]
 pub fn unknown_message<'a, T: Send + 'a>(

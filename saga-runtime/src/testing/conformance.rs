@@ -71,6 +71,8 @@ fn envelope(n: u32) -> Envelope {
         kind: EnvelopeKind::Message,
         instance_id: None,
         failures: 0,
+        key: None,
+        key_field: None,
     }
 }
 

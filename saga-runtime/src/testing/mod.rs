@@ -145,6 +145,8 @@ impl<P: ProcessManager> ProcessTest<P> {
             kind: EnvelopeKind::Message,
             instance_id: None,
             failures: 0,
+            key: None,
+            key_field: None,
         };
         // Through the queue, like a real delivery, so that dead-lettering
         // and acknowledgement behave as in production.
@@ -201,9 +203,16 @@ impl<P: ProcessManager> ProcessTest<P> {
                 Vec::new()
             }
         };
+        let pm = self.pm.clone();
+        let routing_key =
+            move |process: &str, message_type: &str, payload: &Value| match process == own.name {
+                true => crate::process::routing_key(pm.as_ref(), message_type, payload),
+                false => (None, None),
+            };
         let env = DispatchEnv {
             backend: &self.backend,
             subscribers: &subscribers,
+            routing_key: &routing_key,
             now_ms: self.now_ms,
             delivery: Some(delivery),
             dead_letter_unmatched: false,

@@ -46,9 +46,17 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         None
     };
     let subscribers = |t: &str| rt.subscribers(t);
+    let routing_key = |process: &str, message_type: &str, payload: &serde_json::Value| match rt
+        .processes
+        .get(process)
+    {
+        Some(pm) => crate::process::routing_key(pm.as_ref(), message_type, payload),
+        None => (None, None),
+    };
     let env = DispatchEnv {
         backend: backend.as_ref(),
         subscribers: &subscribers,
+        routing_key: &routing_key,
         now_ms: Timestamp::now().0,
         delivery: Some(delivery),
         dead_letter_unmatched: rt.settings.dead_letter_unmatched,

@@ -106,6 +106,7 @@ pub(super) fn delivery(
         deliveries: (carried + redis_count.max(1)).min(u32::MAX as u64) as u32,
         consumer: consumer.to_owned(),
         lease: None,
+        instance: None,
     }
 }
 

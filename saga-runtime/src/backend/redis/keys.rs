@@ -56,6 +56,12 @@ impl Keys {
         self.tag(partition)
     }
 
+    /// What every process-manager key starts with: `<prefix>:inst:..`,
+    /// `<prefix>:idx:..` (for scripts that build them from a message).
+    pub fn process_prefix(&self) -> String {
+        self.pm_tag()
+    }
+
     fn task_key(&self, kind: &str, id: TaskId) -> String {
         format!("{}:{kind}:{id}", self.tag(self.partition_of(id)))
     }
@@ -226,6 +232,9 @@ mod tests {
         ] {
             assert_eq!(format!("{prefix}:{kind}:{id}"), key, "TAKE builds it so");
         }
+        let pm = keys.process_prefix();
+        assert_eq!(format!("{pm}:inst:p:i-1"), keys.instance("p", "i-1"));
+        assert_eq!(format!("{pm}:idx:p:f:v"), keys.correlation("p", "f", "v"));
         assert_eq!(keys.split_id("3/1-0"), Some((3, "1-0")));
         assert_eq!(
             keys.split_id("8/1-0"),

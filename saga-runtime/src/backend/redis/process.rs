@@ -9,7 +9,7 @@ use crate::backend::{
 };
 use crate::process::Envelope;
 
-fn parse_instance(
+pub(super) fn parse_instance(
     doc: Option<String>,
     version: Option<String>,
 ) -> Result<Option<ProcessInstance>, BackendError> {

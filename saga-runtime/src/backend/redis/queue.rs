@@ -13,8 +13,8 @@ use uuid::Uuid;
 use super::entry::{self, delivery, entries};
 use super::{ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Interest, Lease, Locked,
-    Page, TakenLease, TaskStore, WorkItem, WorkQueue,
+    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Interest, Lease,
+    LoadedInstance, Locked, Page, TakenLease, TaskStore, WorkItem, WorkQueue,
 };
 use crate::task::{TaskId, Timestamp};
 
@@ -43,6 +43,30 @@ fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
         at: Timestamp(field("at").parse().unwrap_or(0)),
         truncated: field("size").parse().ok(),
     }
+}
+
+/// The process-manager instance `TAKE` loaded with a delivery, if that is
+/// what it loaded. One whose record does not parse is left for the worker
+/// to load (and meet the problem) the ordinary way.
+fn loaded_instance(reply: &Value) -> Option<LoadedInstance> {
+    let items = entry::items(reply);
+    let text = |i: usize| {
+        items
+            .get(i)
+            .filter(|v| !matches!(v, Value::Nil))
+            .map(|v| entry::text(v))
+    };
+    if text(0).as_deref() != Some("pm") {
+        return None;
+    }
+    let key = text(1)?;
+    let key_field = text(2).filter(|f| !f.is_empty());
+    let instance = super::process::parse_instance(text(3), text(4)).ok()?;
+    Some(LoadedInstance {
+        key,
+        key_field,
+        instance,
+    })
 }
 
 /// A stream entry id as `(ms, seq)`, for ordering across streams.
@@ -135,7 +159,7 @@ impl RedisBackend {
             .arg(max.max(1));
         for p in streams {
             match *p == self.keys().process_stream() {
-                true => take.arg(""),
+                true => take.arg(format!("pm|{}", self.keys().process_prefix())),
                 false => take.arg(self.keys().task_prefix(*p)),
             };
         }
@@ -155,9 +179,14 @@ impl RedisBackend {
             let count = entry::text(count).parse().unwrap_or(1);
             self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
             let mut delivery = delivery(p, &entry::text(id), fields, count, consumer);
-            delivery.lease = self
-                .taken_lease(&delivery, lease, &token, requested_at, ttl)
-                .await;
+            match loaded_instance(lease) {
+                Some(instance) => delivery.instance = Some(Box::new(instance)),
+                None => {
+                    delivery.lease = self
+                        .taken_lease(&delivery, lease, &token, requested_at, ttl)
+                        .await
+                }
+            }
             deliveries.push(delivery);
         }
         Ok(deliveries)

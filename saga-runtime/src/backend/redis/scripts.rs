@@ -281,8 +281,8 @@ return 1"
 /// KEYS: every work stream. ARGV: 1 group, 2 consumer, 3 first stream to
 /// look at (0-based), 4 `>` (new messages) or `0` (this consumer's own
 /// pending ones), 5 lease token, 6 lease ttl ms, 7 at most this many
-/// messages, then per stream the key prefix of its partition's tasks (''
-/// for a stream of process-manager messages).
+/// messages, then per stream the key prefix of its partition's tasks, or
+/// for the process-manager stream `pm|` and the prefix of its keys.
 ///
 /// Reads up to that many messages for the consumer without blocking: from
 /// the first stream, in turn from the given one, that has any. The caller
@@ -305,22 +305,53 @@ return 1"
 /// without a lease, for the worker to deal with as before. Two messages of
 /// one task in one read: the second finds the lease taken.
 ///
+/// For a process-manager envelope that names its instance (a timeout) or
+/// carries its routing key (`key`, `key_field`), it loads the instance the
+/// handler will need, as `process_load` / `process_find` would.
+///
 /// Returns a list of {stream index, entry id, fields, delivery count,
-/// lease}; the fields raw, for the caller to decode. The lease is false
-/// (none attempted), {0, id} (held by another worker) or {fence, id, doc,
-/// version, cancel}.
+/// loaded}; the fields raw, for the caller to decode. `loaded` is false
+/// (nothing), {0, id} (the task's lease is held by another worker),
+/// {fence, id, doc, version, cancel} (the task's lease, taken), or
+/// {'pm', key, key field, doc, version} (an instance, or none: no doc).
 pub static TAKE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local function lease(prefix, fields)
-  if prefix == '' then return false end
+local function decoded(fields)
   local payload
   for i = 1, #fields, 2 do
     if fields[i] == 'payload' then payload = fields[i + 1] end
   end
-  if not payload or string.byte(payload, 1) ~= 123 then return false end
+  if not payload or string.byte(payload, 1) ~= 123 then return nil end
   local ok, m = pcall(cjson.decode, payload)
-  if not ok or type(m) ~= 'table' or type(m.task_id) ~= 'string' then return false end
+  if not ok or type(m) ~= 'table' then return nil end
+  return m
+end
+local function instance(tag, m)
+  if type(m.process) ~= 'string' then return false end
+  local key, field, id = m.instance_id, '', nil
+  if type(key) == 'string' then
+    id = key
+  else
+    key = m.key
+    if type(key) ~= 'string' then return false end
+    if type(m.key_field) == 'string' then
+      field = m.key_field
+      id = redis.call('GET', tag .. ':idx:' .. m.process .. ':' .. field .. ':' .. key)
+      if not id then return {'pm', key, field} end
+    else
+      id = key
+    end
+  end
+  local rec = redis.call('HMGET', tag .. ':inst:' .. m.process .. ':' .. id, 'doc', 'version')
+  return {'pm', key, field, rec[1], rec[2]}
+end
+local function lease(prefix, fields)
+  if prefix == '' then return false end
+  local m = decoded(fields)
+  if not m then return false end
+  if string.sub(prefix, 1, 3) == 'pm|' then return instance(string.sub(prefix, 4), m) end
+  if type(m.task_id) ~= 'string' then return false end
   local id = m.task_id
   if m.process ~= nil or not string.match(id, '^[0-9a-f%-]+$') then return false end
   local task = prefix .. ':task:' .. id
