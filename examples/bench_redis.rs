@@ -249,6 +249,30 @@ fn set_rps(port: u16) -> f64 {
         .unwrap_or_else(|| panic!("could not parse redis-benchmark output: {text}"))
 }
 
+/// One client's round trip on this server: `redis-benchmark -c 1 -t ping`
+/// p50, in milliseconds (the unit the latency figures are read in).
+fn ping_p50_ms(port: u16) -> f64 {
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "1",
+            "-n",
+            "20000",
+            "-t",
+            "ping",
+            "-q",
+        ])
+        .output()
+        .expect("redis-benchmark must be on PATH (it comes with redis-server)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.rsplit_once("p50=")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("could not parse redis-benchmark output: {text}"))
+}
+
 #[derive(Message, serde::Serialize, serde::Deserialize)]
 struct Tick {
     #[correlation_id]
@@ -511,8 +535,13 @@ async fn main() {
         best.2 / one
     );
 
+    let ping = ping_p50_ms(port);
     let (p50, p99) = latency(&url, 300, 1, 4).await;
-    println!("\nlatency of a 3-step task, start to wait, 1 at a time, 4 workers: p50 {p50:.2?}, p99 {p99:.2?}");
+    println!(
+        "\nlatency of a 3-step task, start to wait, 1 at a time, 4 workers: p50 {p50:.2?}, p99 {p99:.2?} \
+         (= {:.1} x one client's PING round trip, p50 {ping:.3} ms)",
+        p50.as_secs_f64() * 1e3 / ping
+    );
     let (p50, p99) = latency(&url, 1280, 32, 4).await;
     println!("latency of a 3-step task, start to wait, 32 callers at once, 4 workers: p50 {p50:.2?}, p99 {p99:.2?}");
 
