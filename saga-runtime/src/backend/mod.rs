@@ -744,7 +744,10 @@ pub trait WorkQueue: Send + Sync + 'static {
 
     /// Up to `max` messages of kinds in `interest`, waiting up to `wait`
     /// for any: the worker works on all of them at once, so a backend
-    /// hands out only what is to be started now. The default receives
+    /// hands out only what is to be started now. `in_flight` messages
+    /// delivered to `consumer` are still being worked on: a backend that
+    /// re-reads a consumer's own unsettled messages (after a read whose
+    /// reply was lost) must not hand those out again. The default receives
     /// one; a network backend should read several in one round trip.
     async fn receive_many(
         &self,
@@ -752,8 +755,9 @@ pub trait WorkQueue: Send + Sync + 'static {
         interest: Interest,
         wait: Duration,
         max: usize,
+        in_flight: usize,
     ) -> Result<Vec<Delivery>, BackendError> {
-        let _ = max;
+        let _ = (max, in_flight);
         Ok(self
             .receive(consumer, interest, wait)
             .await?

@@ -52,10 +52,12 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
         processes: !rt.processes.is_empty(),
     };
     let limit = rt.settings.worker_concurrency.max(1);
-    let mut running: JoinSet<String> = JoinSet::new();
-    // What is being worked on, by delivery id, to hand back if the
-    // shutdown grace runs out.
-    let mut holding: HashMap<String, Delivery> = HashMap::new();
+    let mut running: JoinSet<u64> = JoinSet::new();
+    // What is being worked on, to hand back if the shutdown grace runs
+    // out; keyed by a number of this loop's (a message delivered twice to
+    // this consumer must not stand for the other).
+    let mut holding: HashMap<u64, Delivery> = HashMap::new();
+    let mut taken = 0u64;
     while !rt.shutdown.is_cancelled() {
         while running.len() > limit / 2 {
             tokio::select! {
@@ -67,9 +69,13 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
             break;
         }
         let free = limit - running.len();
-        let receive = rt
-            .backend
-            .receive_many(&consumer, interest, rt.settings.receive_wait, free);
+        let receive = rt.backend.receive_many(
+            &consumer,
+            interest,
+            rt.settings.receive_wait,
+            free,
+            running.len(),
+        );
         tokio::pin!(receive);
         // A read is never dropped half-way (what it took would wait out
         // the visibility timeout); the work in flight is reaped meanwhile.
@@ -88,8 +94,9 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
             Ok(deliveries) => {
                 backoff.reset();
                 for delivery in deliveries {
-                    holding.insert(delivery.id.clone(), delivery.clone());
-                    running.spawn(work(rt.clone(), delivery));
+                    taken += 1;
+                    holding.insert(taken, delivery.clone());
+                    running.spawn(work(rt.clone(), delivery, taken));
                 }
             }
             Err(error) => {
@@ -128,8 +135,8 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
     }
 }
 
-/// Works on one message as a task of its own.
-async fn work(rt: Arc<Runtime>, delivery: Delivery) -> String {
+/// Works on one message as a task of its own; returns `n`.
+async fn work(rt: Arc<Runtime>, delivery: Delivery, n: u64) -> u64 {
     // A panic anywhere in handling (user code outside a step, a bug of
     // ours) must not end the worker: the process would look alive and
     // handle nothing.
@@ -139,15 +146,15 @@ async fn work(rt: Arc<Runtime>, delivery: Delivery) -> String {
     {
         panicked(&rt, &delivery, &panic_message(&*panic)).await;
     }
-    delivery.id
+    n
 }
 
 fn settled(
-    holding: &mut HashMap<String, Delivery>,
-    done: Option<Result<String, tokio::task::JoinError>>,
+    holding: &mut HashMap<u64, Delivery>,
+    done: Option<Result<u64, tokio::task::JoinError>>,
 ) {
-    if let Some(Ok(id)) = done {
-        holding.remove(&id);
+    if let Some(Ok(n)) = done {
+        holding.remove(&n);
     }
 }
 

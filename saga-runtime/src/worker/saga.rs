@@ -386,10 +386,15 @@ impl Run<'_> {
 
     /// Whether the worker goes on with the task after an attempt rather
     /// than commit: the next attempt is due now, nothing needs the
-    /// guarded commit or the dead-letter queue, and the engine is not
-    /// shutting down.
+    /// guarded commit or the dead-letter queue, the engine is not shutting
+    /// down, and this is the message's first delivery. A redelivered
+    /// message (its worker died) commits once its task made progress, so
+    /// that the next step starts on a fresh message: a message's count of
+    /// unanswered deliveries is its poison cap, and it must not add up the
+    /// crashes of several steps that each went on to complete.
     fn goes_on(&self, task: &TaskInstance, effects: &Effects) -> bool {
-        effects.next == NextMove::Now
+        self.delivery.deliveries <= 1
+            && effects.next == NextMove::Now
             && effects.dead_letter.is_none()
             && effects.guard.is_none()
             && !task.status.is_terminal()

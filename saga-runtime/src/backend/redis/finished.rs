@@ -11,6 +11,7 @@
 //! that moment) costs the poll interval, never a wait that hangs.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -27,7 +28,10 @@ const RECENT: usize = 4096;
 pub(super) struct Finished {
     tx: broadcast::Sender<TaskId>,
     recent: Mutex<Recent>,
-    started: std::sync::Once,
+    /// Whether the subscription task runs. It is spawned on the runtime of
+    /// the wait that needs it; if that runtime goes away (the task is
+    /// dropped with it), the next wait starts another.
+    running: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -41,7 +45,7 @@ impl Finished {
         Arc::new(Finished {
             tx: broadcast::channel(1024).0,
             recent: Mutex::new(Recent::default()),
-            started: std::sync::Once::new(),
+            running: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -50,6 +54,8 @@ impl Finished {
         if recent.ids.insert(id) {
             recent.order.push_back(id);
         }
+        // Ids taken by a waiter stay in `order` until they age out; the
+        // set stays within the bound either way.
         while recent.order.len() > RECENT {
             if let Some(old) = recent.order.pop_front() {
                 recent.ids.remove(&old);
@@ -59,9 +65,12 @@ impl Finished {
         let _ = self.tx.send(id);
     }
 
-    fn finished_lately(&self, id: TaskId) -> bool {
-        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        recent.ids.contains(&id)
+    /// Whether `id` was announced finished lately, forgetting it: a task
+    /// requeued after it finished is waited for afresh, not found
+    /// "finished" again and again while it runs (a waiter would spin).
+    fn take_finished(&self, id: TaskId) -> bool {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.ids.remove(&id)
     }
 
     /// Waits until `id` is announced finished or `timeout` passes.
@@ -74,7 +83,7 @@ impl Finished {
     ) {
         self.start(client, channel);
         let mut rx = self.tx.subscribe();
-        if self.finished_lately(id) {
+        if self.take_finished(id) {
             return;
         }
         let announced = async {
@@ -91,14 +100,30 @@ impl Finished {
         let _ = tokio::time::timeout(timeout, announced).await;
     }
 
-    /// Starts the subscription once; it lives as long as this value.
+    /// Starts the subscription unless it runs; it lives as long as this
+    /// value (and the runtime it was spawned on).
     fn start(self: &Arc<Self>, client: &Client, channel: &str) {
-        self.started.call_once(|| {
-            let weak: Weak<Finished> = Arc::downgrade(self);
-            let client = client.clone();
-            let channel = channel.to_owned();
-            tokio::spawn(subscribe(weak, client, channel));
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak: Weak<Finished> = Arc::downgrade(self);
+        let client = client.clone();
+        let channel = channel.to_owned();
+        let running = Running(self.running.clone());
+        tokio::spawn(async move {
+            let _running = running;
+            subscribe(weak, client, channel).await
         });
+    }
+}
+
+/// Clears the running flag however the subscription task ends: returning,
+/// or dropped with its runtime.
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -138,5 +163,27 @@ async fn subscribe(weak: Weak<Finished>, client: Client, channel: String) {
             return;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_finish_is_found_once_and_the_memory_is_bounded() {
+        let finished = Finished::new();
+        let id = TaskId::new();
+        finished.seen(id);
+        assert!(finished.take_finished(id), "announced before the wait");
+        assert!(
+            !finished.take_finished(id),
+            "found once: a requeued task is waited for afresh"
+        );
+        for _ in 0..RECENT + 10 {
+            finished.seen(TaskId::new());
+        }
+        let recent = finished.recent.lock().unwrap();
+        assert!(recent.ids.len() <= RECENT && recent.order.len() <= RECENT);
     }
 }

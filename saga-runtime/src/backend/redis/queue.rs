@@ -251,8 +251,8 @@ impl RedisBackend {
     }
 
     /// Waits up to `wait` for new messages on any stream, at most `max`
-    /// (per stream: a blocking read over several streams may return that
-    /// many from each; all are handed out, to be worked on at once).
+    /// (a blocking read over several streams may return that many from
+    /// each: the extras are handed back at once).
     async fn read_new(
         &self,
         consumer: &str,
@@ -293,6 +293,13 @@ impl RedisBackend {
                         deliveries.push(delivery(p, &id, fields, 1, consumer));
                     }
                 }
+                // Up to `max` from each stream: the rest goes straight
+                // back (rare: only when the queues were idle).
+                for extra in deliveries.split_off(max.max(1).min(deliveries.len())) {
+                    if let Err(error) = self.hand_back(&extra, Duration::ZERO, true).await {
+                        tracing::debug!(%error, message = %extra.id, "handing back an extra message failed; it is redelivered after the visibility timeout");
+                    }
+                }
                 Ok(deliveries)
             }
             Err(e) => {
@@ -312,17 +319,20 @@ impl RedisBackend {
     }
 
     /// One receive over `streams`: this consumer's own messages whose read
-    /// reply was lost (after a failed read), messages whose consumer
-    /// stopped (every half visibility timeout), new messages (up to
-    /// `max`), and only then a blocking wait.
+    /// reply was lost (after a failed read; only once nothing else of this
+    /// consumer is in flight, or those would be handed out twice: until
+    /// then the claim path takes them after the visibility timeout),
+    /// messages whose consumer stopped (every half visibility timeout), new
+    /// messages (up to `max`), and only then a blocking wait.
     async fn receive_from(
         &self,
         consumer: &str,
         streams: &[u16],
         wait: Duration,
         max: usize,
+        in_flight: usize,
     ) -> Result<Vec<Delivery>, BackendError> {
-        if self.reader(consumer, |r| r.recover) {
+        if in_flight == 0 && self.reader(consumer, |r| r.recover) {
             let own = self.take(consumer, streams, true, 1).await?;
             if !own.is_empty() {
                 return Ok(own);
@@ -431,7 +441,7 @@ impl WorkQueue for RedisBackend {
         interest: Interest,
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError> {
-        let mut received = self.receive_many(consumer, interest, wait, 1).await?;
+        let mut received = self.receive_many(consumer, interest, wait, 1, 0).await?;
         Ok(received.pop())
     }
 
@@ -441,13 +451,16 @@ impl WorkQueue for RedisBackend {
         interest: Interest,
         wait: Duration,
         max: usize,
+        in_flight: usize,
     ) -> Result<Vec<Delivery>, BackendError> {
         let streams = self.streams_for(interest);
         if streams.is_empty() {
             tokio::time::sleep(wait).await;
             return Ok(Vec::new());
         }
-        let received = self.receive_from(consumer, &streams, wait, max).await;
+        let received = self
+            .receive_from(consumer, &streams, wait, max, in_flight)
+            .await;
         if received.is_err() {
             self.reader(consumer, |r| r.recover = true);
         }

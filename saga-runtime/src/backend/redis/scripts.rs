@@ -40,13 +40,17 @@ end
 ";
 
 /// Appends the audit entries `ARGV[first..]` to list `key`, keeping the
-/// last `cap`.
+/// last `cap`: in chunks, since Lua cannot unpack many thousands of values
+/// at once (a record written before the log had its own list may carry
+/// that many). Scripts call it right after their checks, before their
+/// other writes: a refusal then leaves nothing half-written.
 const AUDIT_FN: &str = r"
 local function audit(key, cap, first)
-  if #ARGV >= first then
-    local len = redis.call('RPUSH', key, unpack(ARGV, first))
-    if len > tonumber(cap) then redis.call('LTRIM', key, -tonumber(cap), -1) end
+  local len = 0
+  for i = first, #ARGV, 500 do
+    len = redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 499, #ARGV)))
   end
+  if len > tonumber(cap) then redis.call('LTRIM', key, -tonumber(cap), -1) end
 end
 ";
 
@@ -101,8 +105,8 @@ local nv = tonumber(v) + 1
 pub static RECORD_ATTEMPT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{AUDIT_FN}{CHECK}
-redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
 audit(KEYS[6], ARGV[8], 9)
+redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
 if KEYS[4] ~= KEYS[5] then
   redis.call('ZREM', KEYS[4], ARGV[6])
   redis.call('ZADD', KEYS[5], ARGV[7], ARGV[6])
@@ -131,8 +135,8 @@ if ARGV[13] == '1' then
   local c = redis.call('GET', KEYS[8])
   if c then return {{-5, c}} end
 end
-redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
 audit(KEYS[9], ARGV[14], 15)
+redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
 if KEYS[4] ~= KEYS[5] then
   redis.call('ZREM', KEYS[4], ARGV[6])
   redis.call('ZADD', KEYS[5], ARGV[7], ARGV[6])
@@ -174,8 +178,8 @@ if not delay or delay < 0 or delay > 1e13 then
   return redis.error_reply('delay out of range: ' .. ARGV[6])
 end
 if cancelled then delay = 0 end
-redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[14])
 audit(KEYS[12], ARGV[22], 23)
+redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[14])
 if KEYS[8] ~= KEYS[9] then
   redis.call('ZREM', KEYS[8], ARGV[12])
   redis.call('ZADD', KEYS[9], ARGV[16], ARGV[12])

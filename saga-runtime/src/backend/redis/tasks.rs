@@ -118,9 +118,11 @@ fn doc(task: &TaskInstance) -> Result<String, BackendError> {
     .map_err(corrupt)
 }
 
-/// The audit entries a write appends (those the store does not hold yet).
+/// The audit entries a write appends: those the store does not hold yet,
+/// at most the last `AUDIT_LOG_CAP` (older ones would be trimmed anyway).
 fn audit_entries(task: &TaskInstance) -> Result<Vec<String>, BackendError> {
-    task.unstored_audit()
+    let unstored = task.unstored_audit();
+    unstored[unstored.len().saturating_sub(AUDIT_LOG_CAP)..]
         .iter()
         .map(|e| serde_json::to_string(e).map_err(corrupt))
         .collect()
