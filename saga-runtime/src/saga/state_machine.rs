@@ -9,9 +9,10 @@
 //! next state and the [`Effects`] the commit must carry: the next message,
 //! now or after a backoff delay, or none for a terminal status.
 //!
-//! One delivery of a task's message runs at most one attempt. A retry is a
-//! delayed message, not a sleep: no worker and no lease is held while a
-//! backoff runs, and a crash between attempts loses nothing.
+//! A retry is a delayed message, not a sleep: no worker and no lease is
+//! held while a backoff runs, and a crash between attempts loses nothing.
+//! (An outcome whose next move is `Now` may be followed by the next attempt
+//! under the same delivery: the worker's business, not this module's.)
 //!
 //! Everything here mutates the task in memory; the worker persists it.
 //! Keeping the decisions in one place, free of Redis and tokio, is what lets

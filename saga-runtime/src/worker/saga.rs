@@ -1,10 +1,13 @@
-//! Advancing one saga task by one step of the protocol.
+//! Advancing one saga task as far as one delivery may.
 //!
 //! A message says "advance task T". The worker takes the task's lease (or
-//! hands the message back for later: it never waits), loads the task, asks
-//! the state machine what the task needs, makes at most one attempt (a step
-//! or a compensation, with its timeout, under a heartbeat), and commits the
-//! outcome, the next message (now, or after a backoff delay) and the
+//! hands the message back for later: it never waits; the read may have
+//! taken it already), loads the task, asks the state machine what the task
+//! needs, and makes the attempt (a step or a compensation, with its
+//! timeout, under a heartbeat). While an outcome calls for another attempt
+//! at once, it goes on under the same lease and message, recording each
+//! outcome with the next attempt's start in one write. What needs a new
+//! message (a backoff, the end, a guarded transition) is committed with the
 //! acknowledgement in one atomic write. A crash anywhere before that write
 //! leaves the message unacknowledged, so it is delivered again and the task
 //! resumes from what was persisted: attempt counts are written before every
