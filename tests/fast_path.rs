@@ -275,19 +275,6 @@ mod recover_in_flight {
         }
     }
 
-    fn stat(redis: &TestRedis, cmd: &str) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut redis.conn())
-            .unwrap();
-        for line in info.lines() {
-            if let Some(rest) = line.strip_prefix(&format!("cmdstat_{cmd}:calls=")) {
-                return rest.split(',').next().unwrap().parse().unwrap();
-            }
-        }
-        0
-    }
-
     /// Returns how many XDELs (hand-backs) the server saw beyond the one the
     /// commit makes, for one task whose single step runs 3 s while all client
     /// connections are killed once.
@@ -318,7 +305,7 @@ mod recover_in_flight {
         while calls.load(Ordering::SeqCst) == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let before = stat(&redis, "xdel");
+        let before = redis.command_calls("xdel");
         tokio::time::sleep(Duration::from_millis(300)).await;
         let _: redis::Value = redis::cmd("CLIENT")
             .arg("KILL")
@@ -333,7 +320,7 @@ mod recover_in_flight {
             .expect("finishes")
             .unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let xdel = stat(&redis, "xdel") - before;
+        let xdel = redis.command_calls("xdel") - before;
         eprintln!(
             "concurrency {concurrency}: {xdel} XDELs after the step started, {} calls, {:?}",
             calls.load(Ordering::SeqCst),
@@ -378,19 +365,6 @@ mod wait_spin {
         }
     }
 
-    fn calls(redis: &TestRedis, cmd: &str) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut redis.conn())
-            .unwrap();
-        for line in info.lines() {
-            if let Some(rest) = line.strip_prefix(&format!("cmdstat_{cmd}:calls=")) {
-                return rest.split(',').next().unwrap().parse().unwrap();
-            }
-        }
-        0
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn wait_on_a_recreated_keyed_task_does_not_spin() {
         let redis = TestRedis::start();
@@ -418,11 +392,11 @@ mod wait_spin {
         assert!(engine.task(id).await.unwrap().is_none(), "expired");
         let again = engine.start_with_key::<Sleepy>("k", 2000).await.unwrap();
         assert_eq!(again, id, "same keyed id");
-        let before = calls(&redis, "hmget");
+        let before = redis.command_calls("hmget");
         let started = std::time::Instant::now();
         let task = engine.wait(id).await.unwrap();
         let took = started.elapsed();
-        let loads = calls(&redis, "hmget") - before;
+        let loads = redis.command_calls("hmget") - before;
         assert_eq!(task.status, TaskStatus::Completed);
         eprintln!("wait took {took:?} and sent {loads} HMGETs");
         // Polling every 50 ms for 2 s is about 40 loads.

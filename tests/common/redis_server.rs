@@ -123,6 +123,20 @@ impl TestRedis {
             .unwrap_or(0)
     }
 
+    /// How many times the server ran `cmd` (`INFO commandstats`; commands
+    /// scripts run included), since it started or `CONFIG RESETSTAT`.
+    pub fn command_calls(&self, cmd: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.conn())
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// A synchronous connection for assertions.
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.url())

@@ -33,6 +33,16 @@ pub(super) fn text(value: &Value) -> String {
 }
 
 /// The elements of an array (or a map, flattened).
+/// Element `i` of a script's reply list as text; `None` when it is missing
+/// or nil (Lua's `false`).
+pub(super) fn text_at<V: std::borrow::Borrow<Value>>(items: &[V], i: usize) -> Option<String> {
+    items
+        .get(i)
+        .map(|v| v.borrow())
+        .filter(|v| !matches!(v, Value::Nil))
+        .map(text)
+}
+
 pub(super) fn items(value: &Value) -> Vec<&Value> {
     match value {
         Value::Array(items) | Value::Set(items) => items.iter().collect(),

@@ -50,12 +50,7 @@ fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
 /// to load (and meet the problem) the ordinary way.
 fn loaded_instance(reply: &Value) -> Option<LoadedInstance> {
     let items = entry::items(reply);
-    let text = |i: usize| {
-        items
-            .get(i)
-            .filter(|v| !matches!(v, Value::Nil))
-            .map(|v| entry::text(v))
-    };
+    let text = |i: usize| entry::text_at(&items, i);
     if text(0).as_deref() != Some("pm") {
         return None;
     }
@@ -205,12 +200,7 @@ impl RedisBackend {
         ttl: Duration,
     ) -> Option<TakenLease> {
         let items = entry::items(reply);
-        let text = |i: usize| {
-            items
-                .get(i)
-                .filter(|v| !matches!(v, Value::Nil))
-                .map(|v| entry::text(v))
-        };
+        let text = |i: usize| entry::text_at(&items, i);
         let fence: u64 = text(0)?.parse().ok()?;
         let id: TaskId = text(1)?.parse().ok()?;
         let is_for = matches!(&delivery.item, Ok(WorkItem::Saga(m)) if m.task_id == id);

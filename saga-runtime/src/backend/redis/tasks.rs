@@ -380,12 +380,7 @@ impl TaskStore for RedisBackend {
         let Some(reply) = reply else {
             return Ok(None);
         };
-        let text = |i: usize| {
-            reply
-                .get(i)
-                .filter(|v| !matches!(v, Value::Nil))
-                .map(super::entry::text)
-        };
+        let text = |i: usize| super::entry::text_at(&reply, i);
         let fence: u64 = text(0).and_then(|f| f.parse().ok()).unwrap_or(0);
         if fence == 0 {
             return Ok(Some(Locked::missing(id)));
