@@ -28,17 +28,22 @@ pub(crate) use timers::run as timers;
 use crate::backend::{Delivery, Interest, TakenLease, WorkItem};
 use crate::runtime::Runtime;
 
+/// How long a worker with free slots (but more than half busy) waits for
+/// more to free up before it reads.
+const BATCH_WINDOW: Duration = Duration::from_millis(2);
+
 /// Time a handling that outlived the shutdown grace gets to record where it
 /// stopped (an interrupted attempt's commit) before it is dropped.
 const HANDOVER: Duration = Duration::from_secs(10);
 
 /// Pulls messages until the engine shuts down, working on up to
-/// `worker_concurrency` of them at once.
+/// `worker_concurrency` of them at once, each as a task of its own.
 ///
-/// It reads again once at most half of its slots are busy, up to the
-/// number free, so that reads come in batches (one round trip for several
-/// messages) while a long step never holds the others up: each message
-/// runs as a task of its own.
+/// With more than half of its slots busy it waits a moment
+/// ([`BATCH_WINDOW`]) for more to free up before it reads, up to the number
+/// free: under load reads come in batches (one round trip for several
+/// messages), and a slot left free beside long steps is filled all the
+/// same once the moment is over.
 ///
 /// On shutdown the read in flight is let finish (it returns within the
 /// receive wait) and whatever it got is handed back; the messages being
@@ -56,12 +61,16 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
     // What is being worked on, to hand back if the shutdown grace runs
     // out; keyed by a number of this loop's (a message delivered twice to
     // this consumer must not stand for the other).
-    let mut holding: HashMap<u64, Delivery> = HashMap::new();
+    let mut holding: HashMap<u64, Arc<Delivery>> = HashMap::new();
     let mut taken = 0u64;
     while !rt.shutdown.is_cancelled() {
-        while running.len() > limit / 2 {
+        let window = tokio::time::sleep(BATCH_WINDOW);
+        tokio::pin!(window);
+        let mut window_over = false;
+        while running.len() >= limit || (running.len() > limit / 2 && !window_over) {
             tokio::select! {
                 done = running.join_next() => settled(&mut holding, done),
+                _ = &mut window, if !window_over => window_over = true,
                 _ = rt.shutdown.cancelled() => break,
             }
         }
@@ -95,6 +104,7 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
                 backoff.reset();
                 for delivery in deliveries {
                     taken += 1;
+                    let delivery = Arc::new(delivery);
                     holding.insert(taken, delivery.clone());
                     running.spawn(work(rt.clone(), delivery, taken));
                 }
@@ -123,7 +133,7 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
     if drained.is_err() {
         running.abort_all();
         while running.join_next().await.is_some() {}
-        let left: Vec<Delivery> = holding.into_values().collect();
+        let left: Vec<Delivery> = holding.into_values().map(Arc::unwrap_or_clone).collect();
         tracing::warn!(
             messages = left.len(),
             "shutdown grace period over; handing the messages back"
@@ -136,7 +146,7 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
 }
 
 /// Works on one message as a task of its own; returns `n`.
-async fn work(rt: Arc<Runtime>, delivery: Delivery, n: u64) -> u64 {
+async fn work(rt: Arc<Runtime>, delivery: Arc<Delivery>, n: u64) -> u64 {
     // A panic anywhere in handling (user code outside a step, a bug of
     // ours) must not end the worker: the process would look alive and
     // handle nothing.
@@ -150,7 +160,7 @@ async fn work(rt: Arc<Runtime>, delivery: Delivery, n: u64) -> u64 {
 }
 
 fn settled(
-    holding: &mut HashMap<u64, Delivery>,
+    holding: &mut HashMap<u64, Arc<Delivery>>,
     done: Option<Result<u64, tokio::task::JoinError>>,
 ) {
     if let Some(Ok(n)) = done {
