@@ -199,6 +199,18 @@ impl State {
         Ok(())
     }
 
+    /// Writes an attempt's record and claims its name; the claim may be
+    /// lost (taken before), the write happens regardless.
+    fn record(&mut self, task: &TaskInstance, claim: &str) -> (u64, bool) {
+        let version = self.write(task);
+        let claimed = self
+            .claims
+            .entry(task.id)
+            .or_default()
+            .insert(claim.to_owned());
+        (version, claimed)
+    }
+
     /// Stores `task`, appending its unstored audit entries to the stored
     /// log (capped) as a backend that keeps the log apart must.
     fn write(&mut self, task: &TaskInstance) -> u64 {
@@ -375,13 +387,7 @@ impl TaskStore for MemoryBackend {
         let result = {
             let mut state = self.state();
             state.check_write(task, lease)?;
-            let version = state.write(task);
-            let claimed = state
-                .claims
-                .entry(task.id)
-                .or_default()
-                .insert(claim.to_owned());
-            (version, claimed)
+            state.record(task, claim)
         };
         self.task_changed();
         Ok(result)
@@ -405,12 +411,7 @@ impl TaskStore for MemoryBackend {
                     at: *at,
                 });
             }
-            let version = state.write(task);
-            let claimed = state
-                .claims
-                .entry(task.id)
-                .or_default()
-                .insert(next.claim.to_owned());
+            let recorded = state.record(task, next.claim);
             if let Some(ttl) = next.renew {
                 let now = Instant::now();
                 state
@@ -421,7 +422,7 @@ impl TaskStore for MemoryBackend {
                     entry.1 = visible_again;
                 }
             }
-            (version, claimed)
+            recorded
         };
         self.task_changed();
         Ok(result)

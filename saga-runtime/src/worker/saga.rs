@@ -49,46 +49,33 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
         );
         return another_version(rt, delivery, message, why).await;
     };
+    let taken = match taken {
+        Some(taken) => Ok(taken),
+        None => Taken::lock(rt, message).await,
+    };
     let (locked, leased_at, guard) = match taken {
-        Some(Taken::Held {
+        Ok(Taken::Held {
             locked,
             leased_at,
             guard,
         }) => (*locked, leased_at, guard),
-        Some(Taken::Busy) => {
+        Ok(Taken::Busy) => {
             tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
-        None => {
-            let leased_at = tokio::time::Instant::now();
-            match rt
-                .backend
-                .lock_and_load(message.task_id, rt.lease_ttl())
-                .await
-            {
-                Ok(Some(locked)) => {
-                    let guard = LeaseGuard::new(rt, &locked.lease);
-                    (locked, leased_at, guard)
-                }
-                Ok(None) => {
-                    tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
-                    return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
-                }
-                // A record this worker cannot parse: written by a newer
-                // version (during a rolling deploy), or damaged. Handing it
-                // back as answered would loop for ever.
-                Err(BackendError::Corrupt(error)) => {
-                    let why = format!(
-                        "this worker cannot read the record of task {} ({error}); a newer version may have written it",
-                        message.task_id
-                    );
-                    return another_version(rt, delivery, message, why).await;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "locking failed; message handed back");
-                    return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
-                }
-            }
+        // A record this worker cannot parse: written by a newer version
+        // (during a rolling deploy), or damaged. Handing it back as
+        // answered would loop for ever.
+        Err(BackendError::Corrupt(error)) => {
+            let why = format!(
+                "this worker cannot read the record of task {} ({error}); a newer version may have written it",
+                message.task_id
+            );
+            return another_version(rt, delivery, message, why).await;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "locking failed; message handed back");
+            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
     };
     let lease = locked.lease;
@@ -159,7 +146,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
     }
 }
 
-/// The task lease a delivery came with.
+/// The task's lease: taken with the delivery, or by the worker.
 enum Taken {
     Held {
         locked: Box<Locked>,
@@ -171,6 +158,24 @@ enum Taken {
 }
 
 impl Taken {
+    /// Takes the lease now (the delivery came without one).
+    async fn lock(rt: &Arc<Runtime>, message: &QueueMessage) -> Result<Taken, BackendError> {
+        let leased_at = tokio::time::Instant::now();
+        let locked = rt
+            .backend
+            .lock_and_load(message.task_id, rt.lease_ttl())
+            .await?;
+        Ok(match locked {
+            Some(locked) => Taken::Held {
+                guard: LeaseGuard::new(rt, &locked.lease),
+                locked: Box::new(locked),
+                leased_at,
+            },
+            None => Taken::Busy,
+        })
+    }
+
+    /// The lease the delivery came with, if it can be used.
     async fn from_delivery(
         rt: &Arc<Runtime>,
         delivery: &Delivery,
@@ -434,10 +439,10 @@ impl Run<'_> {
         // Going on with a running task is refused once its cancellation
         // is requested (a task already being cancelled or compensated
         // goes on regardless).
-        let before = continuing.then(|| Box::new(task.clone()));
         let unless_cancelled = continuing
             && task.cancelled_at.is_none()
             && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
+        let before = unless_cancelled.then(|| Box::new(task.clone()));
         let attempt = sm::record_attempt(task, self.def, call);
         let sent = tokio::time::Instant::now();
         // Renewed with the write when a heartbeat would have renewed it by

@@ -358,13 +358,14 @@ local function lease(prefix, fields)
   if type(m.task_id) ~= 'string' then return false end
   local id = m.task_id
   if m.process ~= nil or not string.match(id, '^[0-9a-f%-]+$') then return false end
-  local task = prefix .. ':task:' .. id
-  if redis.call('EXISTS', task) == 0 then return false end
+  -- The record first (the script is atomic): no lease for a task that
+  -- does not exist here.
+  local rec = redis.call('HMGET', prefix .. ':task:' .. id, 'doc', 'version')
+  if not rec[1] then return false end
   if not redis.call('SET', prefix .. ':lock:' .. id, ARGV[5], 'NX', 'PX', ARGV[6]) then
     return {0, id}
   end
   local fence = redis.call('INCR', prefix .. ':fence:' .. id)
-  local rec = redis.call('HMGET', task, 'doc', 'version')
   return {fence, id, rec[1], rec[2], redis.call('GET', prefix .. ':cancel:' .. id)}
 end
 local n = #KEYS
