@@ -24,8 +24,7 @@
 #[allow(dead_code)]
 mod redis_server;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -455,54 +454,36 @@ async fn main() {
     let url = redis.url();
     let port = redis.port();
 
-    // Round trips: MONITOR prints every command; those a script runs are
-    // marked "lua" and are not round trips.
-    let mut monitor = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "monitor"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("redis-cli must be on PATH");
-    let stdout = monitor.stdout.take().unwrap();
-    let counter = std::thread::spawn(move || {
-        let mut top = std::collections::BTreeMap::<String, u64>::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.contains(" lua]") || !line.contains('"') {
-                continue;
-            }
-            let cmd = line.split('"').nth(1).unwrap_or("").to_uppercase();
-            *top.entry(cmd).or_default() += 1;
-        }
-        top
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Round trips: every command the worker sends while it runs the
+    // sample (MONITOR; those a script runs inside Redis are not counted).
     let done = Arc::new(AtomicU64::new(0));
     let client = engine(&url, &done, 0).await;
     let sample = 300u64;
     for n in 0..sample {
         client.start::<NoOp>(n).await.unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let monitor = redis.monitor();
     let mark = Instant::now();
     let pool = engine(&url, &done, 1).await;
     while done.load(Ordering::Relaxed) < sample {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let processing = mark.elapsed();
+    // The last commit lands after the last step returned.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     pool.shutdown();
+    let mut counts = std::collections::BTreeMap::<String, u64>::new();
+    for (cmd, _) in monitor.stop() {
+        *counts.entry(cmd).or_default() += 1;
+    }
     drop(client);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let _ = monitor.kill();
-    let _ = monitor.wait();
-    let counts = counter.join().unwrap();
-    // Task creation (one EVALSHA per task) happened before the workers ran.
-    let creation = sample;
-    let total: u64 = counts.values().sum::<u64>() - creation;
+    let total: u64 = counts.values().sum::<u64>();
     println!("round trips (MONITOR, {sample} tasks x 3 steps, 1 worker, {processing:.2?} of processing):");
     for (cmd, n) in &counts {
         println!("  {cmd:<12} {n}");
     }
     println!(
-        "  => {:.2} round trips per step (total {total} after subtracting {creation} task-creation scripts; includes idle polling)",
+        "  => {:.2} round trips per step (total {total}, the worker's start-up and idle polling included)",
         total as f64 / (sample * 3) as f64
     );
 

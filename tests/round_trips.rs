@@ -10,8 +10,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -81,64 +79,9 @@ async fn monitor_during<F: std::future::Future<Output = ()>>(
     redis: &TestRedis,
     work: F,
 ) -> Vec<(String, usize)> {
-    let mut monitor = Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "monitor"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("redis-cli must be on PATH (it comes with redis-server)");
-    let stdout = monitor.stdout.take().unwrap();
-    let counter = std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
-        for line in &mut lines {
-            // The marker that the monitor is attached: counting starts.
-            if line.contains("\"monitor-start\"") {
-                break;
-            }
-        }
-        for line in lines {
-            if line.contains("\"monitor-stop\"") {
-                break;
-            }
-            if line.contains(" lua]") || !line.contains('"') {
-                continue;
-            }
-            let cmd = line.split('"').nth(1).unwrap_or("").to_uppercase();
-            seen.push((cmd, line.len()));
-        }
-        seen
-    });
-    let mut conn = redis.conn();
-    // MONITOR attaches asynchronously: mark the start once it sees us.
-    let attached = Instant::now();
-    loop {
-        let _: String = redis::cmd("ECHO")
-            .arg("monitor-start")
-            .query(&mut conn)
-            .unwrap();
-        let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut conn).unwrap();
-        if clients.contains("cmd=monitor") {
-            let _: String = redis::cmd("ECHO")
-                .arg("monitor-start")
-                .query(&mut conn)
-                .unwrap();
-            break;
-        }
-        assert!(
-            attached.elapsed() < Duration::from_secs(10),
-            "MONITOR never attached"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let monitor = redis.monitor();
     work.await;
-    let _: String = redis::cmd("ECHO")
-        .arg("monitor-stop")
-        .query(&mut conn)
-        .unwrap();
-    let seen = counter.join().unwrap();
-    let _ = monitor.kill();
-    let _ = monitor.wait();
-    seen
+    monitor.stop()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,7 +119,7 @@ async fn a_chain_of_steps_costs_at_most_two_round_trips_per_step() {
         .iter()
         .map(|c| counts.get(*c).copied().unwrap_or(0).min(tasks))
         .sum::<u64>();
-    let total: u64 = counts.values().sum::<u64>() - waits - 1;
+    let total: u64 = counts.values().sum::<u64>() - waits;
     let steps = tasks * 3;
     let per_step = total as f64 / steps as f64;
     println!("commands while {tasks} tasks x 3 steps ran (1 worker): {counts:?}");
@@ -346,13 +289,13 @@ async fn process_round_trips(redis: &TestRedis, handled: &Arc<AtomicU64>, expect
     })
     .await;
     workers.shutdown();
-    // Not per message: the marker, loading each script once (a refused
+    // Not per message: loading each script once (a refused
     // EVALSHA and a SCRIPT LOAD), the blocking read once idle, the first
     // round of the timer poller and the janitor (a lease and a look each)
     // when the worker starts, and on a slow machine a look for messages of
     // dead consumers (every half visibility timeout, one per stream).
     let count = |c: &str| counts.get(c).copied().unwrap_or(0);
-    let once = 1 + 2 * count("SCRIPT") + count("XREADGROUP").min(1) + 8;
+    let once = 2 * count("SCRIPT") + count("XREADGROUP").min(1) + 8;
     let total: u64 = counts.values().sum::<u64>().saturating_sub(once);
     let per_message = total as f64 / MESSAGES as f64;
     println!("commands while {MESSAGES} messages were handled (1 worker): {counts:?}");

@@ -2,8 +2,10 @@
 //! restart on the same port (fault injection). Never the shared instance on
 //! 6379.
 
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use redis_test::server::RedisServer;
@@ -123,6 +125,60 @@ impl TestRedis {
             .unwrap_or(0)
     }
 
+    /// Starts recording every command clients send (MONITOR), from the
+    /// moment the monitor is attached until [`Monitor::stop`].
+    pub fn monitor(&self) -> Monitor {
+        let mut child = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "monitor"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("redis-cli must be on PATH (it comes with redis-server)");
+        let stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+            // Counting starts after the marker sent once the monitor is
+            // attached (what came before is the attaching itself).
+            for line in &mut lines {
+                if line.contains("\"monitor-go\"") {
+                    break;
+                }
+            }
+            for line in lines {
+                if line.contains("\"monitor-stop\"") {
+                    break;
+                }
+                // Commands a script runs inside Redis are not round trips.
+                if line.contains(" lua]") || !line.contains('"') {
+                    continue;
+                }
+                let cmd = line.split('"').nth(1).unwrap_or("").to_uppercase();
+                seen.push((cmd, line.len()));
+            }
+            seen
+        });
+        let mut conn = self.conn();
+        // MONITOR attaches asynchronously: mark the start once it has.
+        for _ in 0..500 {
+            let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut conn).unwrap();
+            if clients.contains("cmd=monitor") {
+                let _: String = redis::cmd("ECHO")
+                    .arg("monitor-go")
+                    .query(&mut conn)
+                    .unwrap();
+                return Monitor {
+                    child,
+                    reader,
+                    conn,
+                };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("MONITOR never attached");
+    }
+
     /// How many times the server ran `cmd` (`INFO commandstats`; commands
     /// scripts run included), since it started or `CONFIG RESETSTAT`.
     pub fn command_calls(&self, cmd: &str) -> u64 {
@@ -143,6 +199,28 @@ impl TestRedis {
             .unwrap()
             .get_connection()
             .unwrap()
+    }
+}
+
+/// A running MONITOR (see [`TestRedis::monitor`]).
+pub struct Monitor {
+    child: Child,
+    reader: std::thread::JoinHandle<Vec<(String, usize)>>,
+    conn: redis::Connection,
+}
+
+impl Monitor {
+    /// Every command clients sent since the start, by name (upper case),
+    /// with the length of its MONITOR line (about the bytes it sent).
+    pub fn stop(mut self) -> Vec<(String, usize)> {
+        let _: String = redis::cmd("ECHO")
+            .arg("monitor-stop")
+            .query(&mut self.conn)
+            .unwrap();
+        let seen = self.reader.join().unwrap();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        seen
     }
 }
 

@@ -68,8 +68,9 @@ impl EngineBuilder {
     }
 
     /// How many messages each worker works on at once (default 1). Each
-    /// runs as a task of its own; a worker reads again once half of its
-    /// slots are free, several messages per read. On Redis, with no-op
+    /// runs as a task of its own; a worker with free slots reads several
+    /// messages per read (under load it lets a couple of milliseconds pass
+    /// for more slots to free up, never longer). On Redis, with no-op
     /// steps, 8 workers of concurrency 16 do about twice the steps per
     /// second of 8 workers of 1, for a fraction of the reads per step
     /// (`examples/bench_redis`). Steps of one task never run at once
