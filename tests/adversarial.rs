@@ -608,8 +608,9 @@ impl ShapeV1 {
     }
 }
 
-/// The next deploy of the same saga: one step (the design's
-/// `#[saga(version = ..)]` is not implemented, so nothing tells them apart).
+/// The next deploy of the same saga, one step shorter, without the
+/// version bump (`#[saga(version = 2)]`) it should have had: the
+/// fingerprint the task recorded tells the two apart.
 struct ShapeV2;
 
 #[saga(name = "shape")]
@@ -658,7 +659,9 @@ async fn a_task_started_by_another_version_of_its_saga_is_parked_not_looped() {
     assert_eq!(task.status, TaskStatus::DeadLettered, "{task:#?}");
     let error = task.error.unwrap_or_default();
     assert!(
-        error.contains("started with steps [first, second]") && error.contains("has [first]"),
+        error.contains("started with steps [first, second]")
+            && error.contains("has [first]")
+            && error.contains("without a version bump"),
         "{error}"
     );
     let letters = api.dead_letters(Default::default()).await.unwrap().letters;

@@ -12,6 +12,7 @@ mod ctxt;
 mod helpers;
 mod item;
 mod message;
+mod name;
 mod process;
 mod saga;
 mod suggest;

@@ -116,11 +116,38 @@ pub enum Error {
         "saga `{0}` is not registered with this engine; add it with `Engine::builder().saga(..)`"
     )]
     UnknownSaga(String),
-    /// Two sagas registered under one name.
+    /// Two sagas registered under one name and version.
     #[error(
-        "two sagas are registered under the name `{0}`; give one of them `#[saga(name = \"..\")]`"
+        "two sagas are registered under the name `{0}` with the same version; give one of them \
+         `#[saga(name = \"..\")]`, or, if it is a new definition of the same saga, \
+         `#[saga(version = ..)]`"
     )]
     DuplicateSaga(String),
+    /// Two versions of one saga with the same steps.
+    #[error(
+        "versions {} and {} of saga `{saga}` have the same steps (the same fingerprint): \
+         register one of them, or change the steps of the new version",
+        versions.0, versions.1
+    )]
+    SameSagaDefinition {
+        /// The saga.
+        saga: &'static str,
+        /// The two versions.
+        versions: (u32, u32),
+    },
+    /// `start` named a version of a saga the engine was not built with.
+    #[error(
+        "version {version} of saga `{saga}` is not registered with this engine (it has versions \
+         {registered:?}); add it with `Engine::builder().saga(..)`"
+    )]
+    UnknownSagaVersion {
+        /// The saga.
+        saga: &'static str,
+        /// The version asked for.
+        version: u32,
+        /// The versions the engine has.
+        registered: Vec<u32>,
+    },
     /// Two handlers of one process manager take message types with the same
     /// wire name (`Message::TYPE`), so messages could not be routed.
     #[error("process manager `{process}` has two handlers for message type `{message_type}`; give one of the types `#[message(name = \"..\")]`")]
@@ -143,6 +170,16 @@ pub enum Error {
         /// The saga the task belongs to.
         actual: String,
     },
+    /// A task's input that does not serialize (a map with non-string keys,
+    /// a `Serialize` impl that fails).
+    #[error("the input of saga `{saga}` cannot be stored: {reason}")]
+    InvalidInput {
+        /// The saga.
+        saga: &'static str,
+        /// What serde said.
+        reason: String,
+    },
+
     /// Serializing an input, or deserializing a stored value, failed.
     #[error("serialization: {0}")]
     Serialization(#[from] serde_json::Error),

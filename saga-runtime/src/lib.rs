@@ -76,8 +76,9 @@ pub mod __private {
     };
     pub use crate::reconcile::{self, ReconcileError, ReconcileReport};
     pub use crate::saga::{
-        decode, encode, unknown_step, BoxFuture, Cancellable, CompensationDefinition, Saga,
-        SagaDefinition, StepDefinition,
+        decode, encode, unknown_step, BoxFuture, Cancellable, Codec, CompensationDefinition,
+        NotPersistable, Persist, Saga, SagaDefinition, SagaInput, StepDefinition, StepOutput,
+        TakesOutputOf, UndoesOutputOf,
     };
     pub use async_trait::async_trait;
     pub use serde::{de::DeserializeOwned, Serialize};

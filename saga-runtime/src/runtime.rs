@@ -16,7 +16,7 @@ use crate::backend::{Backend, Retention};
 use crate::circuit::CircuitBreaker;
 use crate::policy::{BackoffKind, RetryPolicy};
 use crate::process::{ErasedProcess, ProcessMetrics};
-use crate::saga::{ErasedSaga, StepDefinition};
+use crate::saga::{SagaRegistry, StepDefinition};
 use crate::task::{TaskId, TaskStatus};
 
 /// Tunables shared by every worker of an engine; see the builder methods of
@@ -100,7 +100,7 @@ impl Settings {
 /// The state shared by an engine's handles and its workers.
 pub(crate) struct Runtime {
     pub backend: Arc<dyn Backend>,
-    pub sagas: HashMap<&'static str, Arc<dyn ErasedSaga>>,
+    pub sagas: SagaRegistry,
     pub processes: HashMap<&'static str, Arc<dyn ErasedProcess>>,
     /// Message type -> the process managers that handle it.
     pub routes: HashMap<&'static str, Vec<&'static str>>,
@@ -117,7 +117,7 @@ pub(crate) struct Runtime {
 impl Runtime {
     pub fn new(
         backend: Arc<dyn Backend>,
-        sagas: HashMap<&'static str, Arc<dyn ErasedSaga>>,
+        sagas: SagaRegistry,
         processes: HashMap<&'static str, Arc<dyn ErasedProcess>>,
         routes: HashMap<&'static str, Vec<&'static str>>,
         settings: Settings,

@@ -329,6 +329,14 @@ pub struct TaskInstance {
     pub id: TaskId,
     /// The saga's name.
     pub saga: String,
+    /// The version of the saga's definition the task started on, and runs
+    /// on to its end (records written before versions existed read as 1).
+    #[serde(default = "first_version")]
+    pub saga_version: u32,
+    /// [`SagaDefinition::fingerprint_hex`](crate::saga::SagaDefinition::fingerprint_hex)
+    /// of that definition; `None` in records written before fingerprints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
     /// Where it is.
     pub status: TaskStatus,
     /// The saga's input, as JSON.
@@ -366,6 +374,10 @@ pub struct TaskInstance {
     pub audit_stored: StoredAudit,
 }
 
+fn first_version() -> u32 {
+    1
+}
+
 /// Bookkeeping of [`TaskInstance::audit_stored`]: how many audit entries
 /// are already stored. Two tasks compare equal whatever it says: it is
 /// about the copy, not the record.
@@ -391,6 +403,8 @@ impl TaskInstance {
         TaskInstance {
             id,
             saga: saga.to_owned(),
+            saga_version: 1,
+            fingerprint: None,
             status: TaskStatus::Pending,
             input,
             output: None,

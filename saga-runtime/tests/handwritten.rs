@@ -21,9 +21,17 @@ impl Saga for Handle {
     type Input = u32;
     type Output = u32;
     const NAME: &'static str = "counting";
+    fn encode_input(input: &u32) -> Result<Value, StepError> {
+        Ok(Value::from(*input))
+    }
+    fn decode_output(output: Value) -> Result<u32, StepError> {
+        decode(output)
+    }
     fn definition() -> &'static SagaDefinition {
         static DEF: SagaDefinition = SagaDefinition {
             name: "counting",
+            version: 1,
+            fingerprint: 0x0123_4567_89ab_cdef,
             type_name: "Counting",
             cancellable: false,
             steps: &[

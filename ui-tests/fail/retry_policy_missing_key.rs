@@ -14,7 +14,7 @@ pub struct CreateZip;
 #[saga]
 impl CreateZip {
     #[saga_step(1)]
-    #[retry_policy(max_retries = 3, base_delay_ms = 200)]
+    #[retry_policy(backoff = exponential, base_delay_ms = 200)]
     async fn upload(&self, req: Request) -> Result<Uploaded, StepError> {
         let _ = req;
         Ok(Uploaded)

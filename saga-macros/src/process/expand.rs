@@ -179,7 +179,8 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
     }
     // A starting or continuing handler without `#[correlate]` finds its
     // instance by the message's correlation id, so its message must have
-    // one (which implies being a message: one assertion, one error).
+    // one. That is asked only of a type that is a message at all: a type
+    // without `#[derive(Message)]` gets the one error that says so.
     let correlated: Vec<&Type> = pm
         .handlers
         .iter()
@@ -187,10 +188,11 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
         .filter_map(|h| h.message.as_ref())
         .collect();
     for message in messages(pm) {
+        calls.extend(quote_spanned!(message.span()=> __assert_message::<#message>();));
         if correlated.iter().any(|c| **c == *message) {
-            calls.extend(quote_spanned!(message.span()=> __assert_correlated::<#message>();));
-        } else {
-            calls.extend(quote_spanned!(message.span()=> __assert_message::<#message>();));
+            calls.extend(quote_spanned!(message.span()=>
+                (&__IfMessage::<#message>(::core::marker::PhantomData)).__assert_correlated();
+            ));
         }
     }
     let correlations = pm.handlers.iter().filter_map(|handler| {
@@ -219,11 +221,28 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
                 note = "a handler's message is routed by its `Message::TYPE` and decoded from the queue: `#[derive(Message, Serialize, Deserialize)]`"
             )]
             trait __Message {}
+            #[diagnostic::do_not_recommend]
             impl<__T: #rt::Message> __Message for __T {}
             #[allow(dead_code)]
             fn __assert_message<__T: __Message>() {}
+            // The inherent method applies only to messages (method lookup
+            // then asks for a correlation id); for any other type lookup
+            // falls back to the trait's, which asks nothing.
             #[allow(dead_code)]
-            fn __assert_correlated<__T: #rt::HasCorrelationId>() {}
+            struct __IfMessage<__T>(::core::marker::PhantomData<__T>);
+            #[allow(dead_code)]
+            impl<__T: #rt::Message> __IfMessage<__T> {
+                fn __assert_correlated(&self)
+                where
+                    __T: #rt::HasCorrelationId,
+                {
+                }
+            }
+            #[allow(dead_code)]
+            trait __NotAMessage {
+                fn __assert_correlated(&self) {}
+            }
+            impl<__T> __NotAMessage for __IfMessage<__T> {}
             #[allow(dead_code)]
             fn __assert() {
                 #calls

@@ -243,15 +243,12 @@ fn parse_args(cx: &Ctxt, args: TokenStream) -> ProcessArgs {
         match name_value(meta) {
             Some(Expr::Lit(syn::ExprLit {
                 lit: Lit::Str(s), ..
-            })) if s.value().trim().is_empty() => cx.error_spanned_by(
-                s,
-                "the process manager's name must not be empty: it identifies its instances and \
-                 queued messages in the store; write e.g. `name = \"fulfillment\"` or leave \
-                 `name` out",
-            ),
-            Some(Expr::Lit(syn::ExprLit {
-                lit: Lit::Str(s), ..
-            })) => args.name = Some(SpannedValue::new(s.value(), s.span())),
+            })) => {
+                let name = s.value();
+                if crate::name::check(cx, "process manager", &name, s.span(), "fulfillment") {
+                    args.name = Some(SpannedValue::new(name, s.span()));
+                }
+            }
             Some(other) => {
                 cx.error_spanned_by(other, "expected a string literal: `name = \"fulfillment\"`")
             }

@@ -1,10 +1,12 @@
-//! Rules that relate several methods of one saga: step numbering, the chain
-//! of types from one step to the next, and which compensation belongs to
-//! which step.
+//! Rules that relate several methods of one saga: step numbering and which
+//! compensation belongs to which step.
 //!
-//! A rule runs only when what it depends on is known to be valid: a gap in
-//! the numbering makes "step N-1" meaningless, so the type chain is not
-//! checked then. This is what keeps one mistake at one error.
+//! A rule runs only when what it depends on is known to be valid. This is
+//! what keeps one mistake at one error.
+//!
+//! The chain of types from one step to the next is not judged here: types
+//! written differently may be the same (an alias, a path) and types written
+//! alike may differ, so `expand.rs` hands that question to the compiler.
 
 use std::collections::HashMap;
 
@@ -12,15 +14,13 @@ use quote::ToTokens;
 use syn::visit_mut::VisitMut;
 use syn::{Ident, Type};
 
-use super::model::{type_to_string, CompensationDef, SagaDef, StepDef};
+use super::model::{CompensationDef, SagaDef, StepDef};
 use crate::ctxt::Ctxt;
 use crate::suggest;
 
 pub fn check(cx: &Ctxt, saga: &SagaDef) {
     check_has_steps(cx, saga);
-    if check_numbering(cx, saga) {
-        check_type_chain(cx, saga);
-    }
+    check_numbering(cx, saga);
     check_compensations(cx, saga);
     check_generic_params(cx, saga);
 }
@@ -38,16 +38,14 @@ fn check_has_steps(cx: &Ctxt, saga: &SagaDef) {
     }
 }
 
-/// Duplicates, then 1, 2, 3, ... without gaps. Returns whether the numbering
-/// is sound (so that "the previous step" means something).
-fn check_numbering(cx: &Ctxt, saga: &SagaDef) -> bool {
+/// Duplicates, then 1, 2, 3, ... without gaps.
+fn check_numbering(cx: &Ctxt, saga: &SagaDef) {
     // A step whose number was invalid has been reported already; any
     // conclusion about the numbering would be a guess.
     if saga.steps.iter().any(|s| s.order.is_none()) || saga.steps.is_empty() {
-        return false;
+        return;
     }
     let mut first_with: HashMap<u32, &StepDef> = HashMap::new();
-    let mut sound = true;
     for step in &saga.steps {
         let n = step.number();
         if let Some(first) = first_with.get(&n) {
@@ -58,7 +56,6 @@ fn check_numbering(cx: &Ctxt, saga: &SagaDef) -> bool {
                     first.ident
                 ),
             );
-            sound = false;
         } else {
             first_with.insert(n, step);
         }
@@ -75,33 +72,7 @@ fn check_numbering(cx: &Ctxt, saga: &SagaDef) -> bool {
                 ),
             );
             // Later numbers are off by the same gap: one error is enough.
-            return false;
-        }
-    }
-    sound
-}
-
-fn check_type_chain(cx: &Ctxt, saga: &SagaDef) {
-    let steps = saga.steps_in_order();
-    for pair in steps.windows(2) {
-        let (prev, step) = (pair[0], pair[1]);
-        let (Some(output), Some(input)) = (&prev.output, &step.input) else {
-            continue;
-        };
-        if !same_type(output, input) {
-            cx.error_spanned_by(
-                input,
-                format!(
-                    "step {} `{}` takes `{}`, but step {} `{}` returns `{}`; a step's input \
-                     must be the previous step's output",
-                    step.number(),
-                    step.ident,
-                    type_to_string(input),
-                    prev.number(),
-                    prev.ident,
-                    type_to_string(output)
-                ),
-            );
+            return;
         }
     }
 }
@@ -115,11 +86,11 @@ fn check_compensations(cx: &Ctxt, saga: &SagaDef) {
             all_resolved = false;
             continue;
         };
-        let Some(step) = saga.steps.iter().find(|s| s.ident == *target) else {
+        if !saga.steps.iter().any(|s| s.ident == *target) {
             all_resolved = false;
             report_unknown_target(cx, saga, target, &step_names);
             continue;
-        };
+        }
         if let Some(first) = taken.get(&target.to_string()) {
             cx.error_spanned_by(
                 target,
@@ -132,21 +103,6 @@ fn check_compensations(cx: &Ctxt, saga: &SagaDef) {
             continue;
         }
         taken.insert(target.to_string(), comp);
-        if let (Some(output), Some(param)) = (&step.output, &comp.param) {
-            if !same_type(output, param) {
-                cx.error_spanned_by(
-                    param,
-                    format!(
-                        "compensation `{}` takes `{}`, but step `{}` returns `{}`; a \
-                         compensation receives the output of the step it undoes",
-                        comp.ident,
-                        type_to_string(param),
-                        step.ident,
-                        type_to_string(output)
-                    ),
-                );
-            }
-        }
     }
 
     // With an unresolved `#[compensate(..)]`, "no compensation" may just be

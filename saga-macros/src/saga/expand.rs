@@ -23,9 +23,11 @@ pub fn expand(saga: &SagaDef) -> TokenStream {
     let cancellable = cancellable_impl(saga);
     let output_enum = output_enum(saga);
     let reconciliation = reconciliation_trait(saga);
+    let type_checks = type_checks(saga);
     quote! {
         #item
         #saga_impl
+        #type_checks
         #cancellable
         #output_enum
         #reconciliation
@@ -94,6 +96,16 @@ pub fn fallback(saga: &SagaDef) -> TokenStream {
             type Output = #output;
             const NAME: &'static str = #name;
             fn definition() -> &'static #rt::SagaDefinition {
+                ::core::unreachable!()
+            }
+            fn encode_input(
+                _: &Self::Input,
+            ) -> ::core::result::Result<#rt::Value, #rt::StepError> {
+                ::core::unreachable!()
+            }
+            fn decode_output(
+                _: #rt::Value,
+            ) -> ::core::result::Result<Self::Output, #rt::StepError> {
                 ::core::unreachable!()
             }
             fn execute_step<'a>(
@@ -170,9 +182,12 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
     let name = &saga.name;
     let type_name = saga.type_ident.to_string();
     let cancellable = saga.cancellable;
+    let version = saga.version;
+    let fingerprint = saga.fingerprint();
 
     let step_definitions = steps.iter().map(|s| step_definition(saga, s));
-    let type_assertions = type_assertions(saga, &steps);
+    let encode_input = encode(&input, quote!(__input));
+    let decode_output = decode(&output, quote!(__output));
     let execute_arms = steps.iter().copied().map(execute_arm);
     let compensate = compensate_body(saga, &steps);
 
@@ -185,11 +200,25 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
             fn definition() -> &'static #rt::SagaDefinition {
                 static DEFINITION: #rt::SagaDefinition = #rt::SagaDefinition {
                     name: #name,
+                    version: #version,
+                    fingerprint: #fingerprint,
                     type_name: #type_name,
                     cancellable: #cancellable,
                     steps: &[#(#step_definitions),*],
                 };
                 &DEFINITION
+            }
+
+            fn encode_input(
+                __input: &Self::Input,
+            ) -> ::core::result::Result<#rt::Value, #rt::StepError> {
+                #encode_input
+            }
+
+            fn decode_output(
+                __output: #rt::Value,
+            ) -> ::core::result::Result<Self::Output, #rt::StepError> {
+                #decode_output
             }
 
             fn execute_step<'a>(
@@ -198,7 +227,6 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
                 __input: #rt::Value,
                 __ctx: &'a #rt::StepContext,
             ) -> #rt::BoxFuture<'a, ::core::result::Result<#rt::Value, #rt::StepError>> {
-                #type_assertions
                 match __order {
                     #(#execute_arms)*
                     _ => #rt::unknown_step(#name, __order),
@@ -303,32 +331,108 @@ fn retry_policy(policy: Option<&PolicyDef>) -> TokenStream {
     tokens
 }
 
-/// `let _ = |__v: Out| -> In { __v };` for every link of the chain: the
-/// syntactic check in `check.rs` gives the readable message, this one makes
-/// rustc compare the types themselves (accepting aliases, rejecting distinct
-/// types that share a name). Spanned on the receiving type, so that rustc
-/// points where the syntactic check would have.
-fn type_assertions(saga: &SagaDef, steps: &[&StepDef]) -> TokenStream {
-    let mut tokens = TokenStream::new();
-    for pair in steps.windows(2) {
-        if let (Some(output), Some(input)) = (&pair[0].output, &pair[1].input) {
-            tokens.extend(assert_same(output, input));
-        }
+/// The compiler's verdict on the chain of step types, as `where` clauses of
+/// a hidden method: step 1's input and every step's output are
+/// `Serialize + Deserialize`, step N takes step N-1's output, and a
+/// compensation takes its step's output. Step types never mention generic
+/// parameters (`check.rs`), so each clause is either true or reported by
+/// rustc on its own, spanned on the type as the user wrote it, with the
+/// message the runtime's `#[diagnostic::on_unimplemented]` gives it. The
+/// clauses sit on their own item rather than on `impl Saga`, so a failing
+/// one does not also make every use of the saga an error.
+fn type_checks(saga: &SagaDef) -> TokenStream {
+    let rt = rt();
+    let steps = saga.steps_in_order();
+    let mut clauses = Vec::new();
+    // A type that is not stored gives one error, at its first mention.
+    let mut stored = std::collections::HashSet::new();
+    if let Some(input) = steps.first().and_then(|s| s.input.as_ref()) {
+        stored.insert(type_to_string(input));
+        clauses.push(spanned_on(input, quote!(#input: #rt::SagaInput)));
     }
-    for step in steps {
-        if let (Some(comp), Some(output)) = (saga.compensation_of(step), &step.output) {
-            if let Some(param) = &comp.param {
-                tokens.extend(assert_same(output, param));
+    for step in &steps {
+        let n = step.number();
+        if let Some(output) = &step.output {
+            if stored.insert(type_to_string(output)) {
+                clauses.push(spanned_on(output, quote!(#output: #rt::StepOutput<#n>)));
+            }
+            if let Some(param) = saga.compensation_of(step).and_then(|c| c.param.as_ref()) {
+                clauses.push(spanned_on(
+                    param,
+                    quote!(#param: #rt::UndoesOutputOf<#n, #output>),
+                ));
             }
         }
     }
-    tokens
+    for pair in steps.windows(2) {
+        let (prev, step) = (pair[0], pair[1]);
+        if let (Some(output), Some(input)) = (&prev.output, &step.input) {
+            let (n, p) = (step.number(), prev.number());
+            clauses.push(spanned_on(
+                input,
+                quote!(#input: #rt::TakesOutputOf<#n, #p, #output>),
+            ));
+        }
+    }
+    let generics = &saga.item.generics;
+    let (impl_generics, _, where_clause) = generics.split_for_impl();
+    let self_ty = &saga.item.self_ty;
+    quote! {
+        impl #impl_generics #self_ty #where_clause {
+            #[doc(hidden)]
+            #[allow(dead_code)]
+            fn __saga_type_checks()
+            where
+                #(#clauses,)*
+            {}
+        }
+    }
 }
 
-fn assert_same(from: &Type, to: &Type) -> TokenStream {
-    quote_spanned! {to.span()=>
-        let _ = |__v: #from| -> #to { __v };
+/// `tokens` with every token placed on `ty`: rustc reports a failing
+/// `where` clause at the clause's whole extent, and one token left at the
+/// macro's call site (`::saga_runtime`, a number) would move the report
+/// onto `#[saga]`.
+fn spanned_on(ty: &Type, tokens: TokenStream) -> TokenStream {
+    fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
+        tokens
+            .into_iter()
+            .map(|mut tree| {
+                if let proc_macro2::TokenTree::Group(group) = &tree {
+                    let mut inner =
+                        proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                    inner.set_span(span);
+                    tree = proc_macro2::TokenTree::Group(inner);
+                } else {
+                    tree.set_span(span);
+                }
+                tree
+            })
+            .collect()
     }
+    respan(tokens, ty.span())
+}
+
+/// `value: &ty` as JSON. Through [`Codec`](::saga_runtime::__private::Codec)
+/// so that a type without the serde derives is reported once, by
+/// [`type_checks`], and not again here.
+fn encode(ty: &Type, value: TokenStream) -> TokenStream {
+    let rt = rt();
+    quote! {{
+        #[allow(unused_imports)]
+        use #rt::{NotPersistable as _, Persist as _};
+        (&#rt::Codec::<#ty>::NEW).encode(#value)
+    }}
+}
+
+/// JSON `value` as `ty` (see [`encode`]).
+fn decode(ty: &Type, value: TokenStream) -> TokenStream {
+    let rt = rt();
+    quote! {{
+        #[allow(unused_imports)]
+        use #rt::{NotPersistable as _, Persist as _};
+        (&#rt::Codec::<#ty>::NEW).decode(#value)
+    }}
 }
 
 fn execute_arm(step: &StepDef) -> TokenStream {
@@ -342,10 +446,17 @@ fn execute_arm(step: &StepDef) -> TokenStream {
     let ctx = step.takes_ctx.then(|| quote!(, __ctx));
     // Spanned on the method so that, say, a non-`Send` future is reported
     // at the step rather than at `#[saga]`.
+    let output = step
+        .output
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
+    let decode = decode(&input, quote!(__input));
+    let encode = encode(&output, quote!(&__output));
     let boxed = quote_spanned! {method.span()=>
         ::std::boxed::Box::pin(async move {
-            let __input: #input = #rt::decode(__input)?;
-            #rt::encode(Self::#method(self, __input #ctx).await)
+            let __input: #input = #decode?;
+            let __output: #output = Self::#method(self, __input #ctx).await?;
+            #encode
         })
     };
     quote!(#order => #boxed,)
@@ -365,9 +476,10 @@ fn compensate_body(saga: &SagaDef, steps: &[&StepDef]) -> TokenStream {
                 .clone()
                 .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
             let ctx = comp.takes_ctx.then(|| quote!(, __ctx));
+            let decode = decode(&param, quote!(__output));
             let boxed = quote_spanned! {method.span()=>
                 ::std::boxed::Box::pin(async move {
-                    let __output: #param = #rt::decode(__output)?;
+                    let __output: #param = #decode?;
                     Self::#method(self, __output #ctx).await
                 })
             };
@@ -413,9 +525,10 @@ fn output_enum(saga: &SagaDef) -> TokenStream {
             .output
             .clone()
             .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
+        let decode = decode(&output, quote!(__value));
         quote! {
             #order => ::core::result::Result::map_err(
-                ::core::result::Result::map(#rt::decode::<#output>(__value), Self::#variant),
+                ::core::result::Result::map(#decode, Self::#variant),
                 |__e| #rt::reconcile::decode_error(#name, __order, __e),
             ),
         }

@@ -21,6 +21,8 @@ pub struct SagaDef {
     pub type_ident: Ident,
     /// `#[saga(name = "..")]`, or the kebab-case of `type_ident`.
     pub name: String,
+    /// `#[saga(version = N)]`, 1 by default.
+    pub version: u32,
     pub cancellable: bool,
     /// In source order; `check` makes sure their numbers are 1..=n.
     pub steps: Vec<StepDef>,
@@ -167,6 +169,7 @@ fn build_saga(cx: &Ctxt, parsed: ParsedSaga) -> Result<SagaDef, TokenStream> {
         item,
         type_ident,
         name,
+        version: args.version.unwrap_or(1),
         cancellable,
         steps,
         compensations,
@@ -197,6 +200,28 @@ pub(crate) fn type_ident(ty: &Type) -> Option<Ident> {
 }
 
 impl SagaDef {
+    /// What a task started on this definition must find again to go on:
+    /// each step's number, name, input and output type as written, hashed
+    /// (64-bit FNV-1a, stable across compilers and platforms, unlike
+    /// `std`'s hasher). Renaming, reordering, adding or retyping a step
+    /// changes it; a changed body does not.
+    pub fn fingerprint(&self) -> u64 {
+        let mut canonical = String::new();
+        for step in self.steps_in_order() {
+            let ty = |t: &Option<Type>| t.as_ref().map(type_to_string).unwrap_or_default();
+            canonical.push_str(&format!(
+                "{}|{}|{}|{};",
+                step.number(),
+                step.ident,
+                ty(&step.input),
+                ty(&step.output)
+            ));
+        }
+        canonical.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
     /// Steps sorted by number (only meaningful once `check` passed).
     pub fn steps_in_order(&self) -> Vec<&StepDef> {
         let mut steps: Vec<&StepDef> = self.steps.iter().collect();

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use darling::ast::NestedMeta;
 use darling::util::SpannedValue;
 use darling::FromMeta;
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{
@@ -48,10 +48,11 @@ pub struct ParsedSaga {
     pub any_step_attr: bool,
 }
 
-/// `#[saga(name = "..")]`.
+/// `#[saga(name = "..", version = N)]`.
 #[derive(Default)]
 pub struct SagaArgs {
     pub name: Option<SpannedValue<String>>,
+    pub version: Option<u32>,
 }
 
 pub struct ParsedMethod {
@@ -164,19 +165,28 @@ fn parse_saga_args(cx: &Ctxt, args: TokenStream) -> SagaArgs {
             return SagaArgs::default();
         }
     };
-    let keys = key_values(cx, "saga", &["name"], &[], items);
+    let keys = key_values(cx, "saga", &["name", "version"], &[], items);
     let mut args = SagaArgs::default();
     if let Some(meta) = keys.get("name") {
         match name_value(meta).map(string_value) {
-            Some(Ok(name)) if name.trim().is_empty() => cx.error_at(
-                name.span(),
-                "the saga name must not be empty: it identifies the saga's tasks in the \
-                 store; write e.g. `#[saga(name = \"create-zip\")]` or leave `name` out",
-            ),
-            Some(Ok(name)) => args.name = Some(name),
+            Some(Ok(name)) => {
+                if crate::name::check(cx, "saga", &name, name.span(), "create-zip") {
+                    args.name = Some(name);
+                }
+            }
             Some(Err(err)) => cx.darling_error(err),
             None => cx.error_spanned_by(meta, "`name` needs a value: `name = \"create-zip\"`"),
         }
+    }
+    if let Some(meta) = keys.get("version") {
+        args.version = int_key(
+            cx,
+            meta,
+            1,
+            u32::MAX.into(),
+            ": versions count from 1 (a saga without `version` is version 1)",
+        )
+        .and_then(|v| u32::try_from(*v).ok());
     }
     args
 }
@@ -793,6 +803,22 @@ impl FromMeta for UInt {
     }
 }
 
+/// `-5`, whether it reached us as a negation or (from another macro) as one
+/// literal token: either way `u128` parsing would call it "too large".
+fn is_negative(expr: &Expr) -> bool {
+    match expr {
+        Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            ..
+        }) => true,
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Int(int), ..
+        }) => int.base10_digits().starts_with('-'),
+        Expr::Group(group) => is_negative(&group.expr),
+        _ => false,
+    }
+}
+
 /// Reads `key = <integer>` and checks `min..=max`.
 fn int_key(
     cx: &Ctxt,
@@ -803,6 +829,13 @@ fn int_key(
 ) -> Option<SpannedValue<u128>> {
     let key = path_str(meta.path());
     let expr = name_value(meta)?;
+    if is_negative(expr) {
+        cx.error_spanned_by(
+            expr,
+            format!("`{key}` cannot be negative: write a whole number, {min} or more"),
+        );
+        return None;
+    }
     let value = match SpannedValue::<UInt>::from_expr(expr) {
         Ok(v) => v,
         Err(err) => {
@@ -894,6 +927,16 @@ fn flag(cx: &Ctxt, meta: &Meta) -> Option<bool> {
     }
 }
 
+/// The backoff of a policy that does not name one: Temporal's and
+/// Restate's choice (Polly's is constant), and what most transient faults
+/// (an overloaded service, a failover) want.
+const DEFAULT_BACKOFF: Backoff = Backoff::Exponential;
+
+/// The first delay of a policy that does not give one: Temporal's initial
+/// interval (Polly waits 2 s, Restate 50 ms); long enough for a restarting
+/// dependency, short enough not to be noticed.
+const DEFAULT_BASE_DELAY_MS: u64 = 1000;
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PolicyFor {
     Step,
@@ -962,17 +1005,14 @@ fn parse_policy(cx: &Ctxt, attr: &Attribute, policy_for: PolicyFor) -> Option<Po
                 ("constant", Backoff::Constant),
             ],
         ),
-        None => {
-            missing.push(("backoff", "backoff = exponential"));
-            None
-        }
+        None => Some(DEFAULT_BACKOFF),
     };
     let base_delay_ms = match keys.get("base_delay_ms") {
         Some(m) => int_key(cx, m, 0, u64::MAX.into(), ""),
-        None => {
-            missing.push(("base_delay_ms", "base_delay_ms = 200"));
-            None
-        }
+        None => Some(SpannedValue::new(
+            DEFAULT_BASE_DELAY_MS.into(),
+            Span::call_site(),
+        )),
     };
     // A missing key is only worth reporting if the key was not just
     // misspelled (which is already reported, with a suggestion).
@@ -984,12 +1024,16 @@ fn parse_policy(cx: &Ctxt, attr: &Attribute, policy_for: PolicyFor) -> Option<Po
         .map(|m| int_key(cx, m, 0, u64::MAX.into(), ""));
     if let (Some(Some(max)), Some(base)) = (&max_delay_ms, &base_delay_ms) {
         if **max < **base {
+            let base = match keys.get("base_delay_ms") {
+                Some(_) => format!("`base_delay_ms = {}`", **base),
+                None => format!("the default `base_delay_ms` ({DEFAULT_BASE_DELAY_MS} ms)"),
+            };
             cx.error_at(
                 max.span(),
                 format!(
-                    "`max_delay_ms = {}` is below `base_delay_ms = {}`: every delay would be \
-                     capped below the base; raise `max_delay_ms` or lower `base_delay_ms`",
-                    **max, **base
+                    "`max_delay_ms = {}` is below {base}: every delay would be capped below \
+                     the base; raise `max_delay_ms` or lower `base_delay_ms`",
+                    **max
                 ),
             );
         }

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::policy::RetryPolicy;
 use crate::process::{ErasedProcess, ProcessManager};
 use crate::runtime::{Runtime, Settings};
-use crate::saga::{ErasedSaga, Saga};
+use crate::saga::{ErasedSaga, Saga, SagaRegistry};
 
 /// Configures an [`Engine`].
 pub struct EngineBuilder {
@@ -231,13 +231,7 @@ impl EngineBuilder {
     /// Builds the engine and starts its background workers.
     pub async fn build(self) -> Result<Engine, Error> {
         self.check()?;
-        let mut sagas = HashMap::new();
-        for saga in self.sagas {
-            let name = saga.definition().name;
-            if sagas.insert(name, saga).is_some() {
-                return Err(Error::DuplicateSaga(name.to_owned()));
-            }
-        }
+        let sagas = SagaRegistry::new(self.sagas)?;
         let mut processes = HashMap::new();
         let mut routes: HashMap<&'static str, Vec<&'static str>> = HashMap::new();
         for pm in self.processes {

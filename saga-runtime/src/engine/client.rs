@@ -171,13 +171,25 @@ impl Engine {
 
     fn new_task<S: Saga>(&self, id: TaskId, input: &S::Input) -> Result<TaskInstance, Error> {
         let def = S::definition();
-        if !self.rt.sagas.contains_key(def.name) {
-            return Err(Error::UnknownSaga(def.name.to_owned()));
+        if self.rt.sagas.get(def.name, def.version).is_none() {
+            return Err(match self.rt.sagas.versions(def.name) {
+                Some(versions) => Error::UnknownSagaVersion {
+                    saga: def.name,
+                    version: def.version,
+                    registered: versions,
+                },
+                None => Error::UnknownSaga(def.name.to_owned()),
+            });
         }
-        let input = serde_json::to_value(input)?;
+        let input = S::encode_input(input).map_err(|e| Error::InvalidInput {
+            saga: def.name,
+            reason: e.to_string(),
+        })?;
         let steps = def.steps.iter().map(|s| (s.name.to_owned(), s.order));
         let mut task = TaskInstance::new(def.name, input, steps);
         task.id = id;
+        task.saga_version = def.version;
+        task.fingerprint = Some(def.fingerprint_hex());
         Ok(task)
     }
 

@@ -68,10 +68,8 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut names: Vec<_> = self.rt.sagas.keys().collect();
-        names.sort();
         f.debug_struct("Engine")
-            .field("sagas", &names)
+            .field("sagas", &self.rt.sagas.describe())
             .finish_non_exhaustive()
     }
 }
@@ -90,11 +88,10 @@ impl Engine {
         }
     }
 
-    /// The definitions of the registered sagas, sorted by name.
+    /// The definitions of the registered sagas, sorted by name; of a saga
+    /// registered in several versions, the newest.
     pub fn sagas(&self) -> Vec<&'static crate::saga::SagaDefinition> {
-        let mut defs: Vec<_> = self.rt.sagas.values().map(|s| s.definition()).collect();
-        defs.sort_by_key(|d| d.name);
-        defs
+        self.rt.sagas.latest()
     }
 
     /// The backend, for operators and tests.

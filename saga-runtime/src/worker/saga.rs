@@ -38,7 +38,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
     // A lease the backend took with the delivery is guarded from here on:
     // every way out of this function releases it.
     let taken = Taken::from_delivery(rt, delivery, message).await;
-    let Some(saga) = rt.sagas.get(message.saga.as_str()).cloned() else {
+    if !rt.sagas.contains(&message.saga) {
         if let Some(Taken::Held { guard, .. }) = taken {
             guard.release().await;
         }
@@ -48,7 +48,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
             known_sagas(rt)
         );
         return another_version(rt, delivery, message, why).await;
-    };
+    }
     let taken = match taken {
         Some(taken) => Ok(taken),
         None => Taken::lock(rt, message).await,
@@ -107,6 +107,20 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
         }
         return guard.release().await;
     }
+    let saga = match rt.sagas.get(&task.saga, task.saga_version) {
+        Some(saga) => saga.clone(),
+        None => {
+            let why = format!(
+                "task {} runs on version {} of saga `{}`, which this worker does not have (it runs [{}])",
+                task.id,
+                task.saga_version,
+                task.saga,
+                known_sagas(rt)
+            );
+            guard.release().await;
+            return another_version(rt, delivery, message, why).await;
+        }
+    };
     if let Some(why) = incompatible(&task, saga.definition()) {
         guard.release().await;
         return another_version(rt, delivery, message, why).await;
@@ -208,25 +222,37 @@ impl Taken {
 }
 
 fn known_sagas(rt: &Runtime) -> String {
-    let mut known: Vec<_> = rt.sagas.keys().copied().collect();
-    known.sort_unstable();
-    known.join(", ")
+    rt.sagas.describe()
 }
 
-/// Why a task cannot be advanced by this worker's definition of its saga:
-/// it was started by a version with other steps (a deploy changed the
-/// saga while the task was in flight). Advancing it would run the wrong
-/// steps, or index past the ones this version has.
+/// Why a task cannot be advanced by this worker's definition of its saga
+/// version: it was started on a definition with other steps (a deploy
+/// changed the saga without bumping its version while the task was in
+/// flight). Advancing it would run the wrong steps, or index past the ones
+/// this definition has.
 fn incompatible(task: &TaskInstance, def: &SagaDefinition) -> Option<String> {
     let recorded: Vec<&str> = task.steps.iter().map(|s| s.name.as_str()).collect();
     let defined: Vec<&str> = def.steps.iter().map(|s| s.name).collect();
-    (recorded != defined).then(|| {
+    let fingerprint = def.fingerprint_hex();
+    // Records from before fingerprints can only be compared by step names.
+    let same = match &task.fingerprint {
+        Some(recorded) => *recorded == fingerprint,
+        None => recorded == defined,
+    };
+    (!same).then(|| {
         format!(
-            "task {} was started with steps [{}]; this worker's saga `{}` has [{}]",
+            "task {} was started with steps [{}] (version {} of saga `{}`, fingerprint {}); this \
+             worker's version {} has [{}] (fingerprint {fingerprint}): the steps changed without \
+             a version bump (give the new definition `#[saga(version = {})]` and keep the old \
+             one registered until its tasks have finished)",
             task.id,
             recorded.join(", "),
+            task.saga_version,
             def.name,
-            defined.join(", ")
+            task.fingerprint.as_deref().unwrap_or("not recorded"),
+            def.version,
+            defined.join(", "),
+            def.version + 1
         )
     })
 }

@@ -64,6 +64,9 @@ fn parse_full(
 struct Record<'a> {
     id: &'a TaskId,
     saga: &'a str,
+    saga_version: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fingerprint: &'a Option<String>,
     status: TaskStatus,
     input: &'a serde_json::Value,
     output: &'a Option<serde_json::Value>,
@@ -83,6 +86,8 @@ fn doc(task: &TaskInstance) -> Result<String, BackendError> {
     let TaskInstance {
         id,
         saga,
+        saga_version,
+        fingerprint,
         status,
         input,
         output,
@@ -101,6 +106,8 @@ fn doc(task: &TaskInstance) -> Result<String, BackendError> {
     serde_json::to_string(&Record {
         id,
         saga,
+        saga_version: *saga_version,
+        fingerprint,
         status: *status,
         input,
         output,

@@ -48,6 +48,8 @@ const fn undo(name: &'static str, retry: RetryPolicy) -> Option<CompensationDefi
 ///   retry).
 static BOOK: SagaDefinition = SagaDefinition {
     name: "book",
+    version: 1,
+    fingerprint: 0,
     type_name: "Book",
     cancellable: true,
     steps: &[
@@ -82,6 +84,8 @@ static BOOK: SagaDefinition = SagaDefinition {
 /// (constant 100 ms, 1 retry).
 static FAIL2: SagaDefinition = SagaDefinition {
     name: "fail-two",
+    version: 1,
+    fingerprint: 0,
     type_name: "FailTwo",
     cancellable: true,
     steps: &[
@@ -104,6 +108,8 @@ static FAIL2: SagaDefinition = SagaDefinition {
 /// dead_letter` (constant 100 ms, 2 retries).
 static PARK2: SagaDefinition = SagaDefinition {
     name: "park-two",
+    version: 1,
+    fingerprint: 0,
     type_name: "ParkTwo",
     cancellable: true,
     steps: &[
@@ -127,6 +133,8 @@ static PARK2: SagaDefinition = SagaDefinition {
 /// 0 ms, 1 retry).
 static BARE: SagaDefinition = SagaDefinition {
     name: "bare",
+    version: 1,
+    fingerprint: 0,
     type_name: "Bare",
     cancellable: true,
     steps: &[
@@ -143,6 +151,8 @@ static BARE: SagaDefinition = SagaDefinition {
 /// One step, one call, `on_exhausted = compensate`.
 static ONCE: SagaDefinition = SagaDefinition {
     name: "once",
+    version: 1,
+    fingerprint: 0,
     type_name: "Once",
     cancellable: false,
     steps: &[step("only", 1, RetryPolicy::NO_RETRY, None)],
@@ -151,6 +161,8 @@ static ONCE: SagaDefinition = SagaDefinition {
 /// One step: constant 250 ms, 3 retries.
 static STEADY: SagaDefinition = SagaDefinition {
     name: "steady",
+    version: 1,
+    fingerprint: 0,
     type_name: "Steady",
     cancellable: false,
     steps: &[step(
@@ -164,6 +176,8 @@ static STEADY: SagaDefinition = SagaDefinition {
 /// One step: exponential 200 ms capped at 500 ms, 4 retries.
 static CAPPED: SagaDefinition = SagaDefinition {
     name: "capped",
+    version: 1,
+    fingerprint: 0,
     type_name: "Capped",
     cancellable: false,
     steps: &[step(
@@ -177,6 +191,8 @@ static CAPPED: SagaDefinition = SagaDefinition {
 /// One step: exponential 200 ms, 5 retries (the documented 200..3200 ms).
 static EXP5: SagaDefinition = SagaDefinition {
     name: "exp-five",
+    version: 1,
+    fingerprint: 0,
     type_name: "ExpFive",
     cancellable: false,
     steps: &[step(
@@ -190,6 +206,8 @@ static EXP5: SagaDefinition = SagaDefinition {
 /// One step: linear 200 ms, 4 retries.
 static LIN4: SagaDefinition = SagaDefinition {
     name: "lin-four",
+    version: 1,
+    fingerprint: 0,
     type_name: "LinFour",
     cancellable: false,
     steps: &[step(
@@ -203,6 +221,8 @@ static LIN4: SagaDefinition = SagaDefinition {
 /// One step: constant 1000 ms with jitter, 3 retries.
 static JITTER: SagaDefinition = SagaDefinition {
     name: "jitter",
+    version: 1,
+    fingerprint: 0,
     type_name: "Jitter",
     cancellable: false,
     steps: &[step(
@@ -217,6 +237,8 @@ static JITTER: SagaDefinition = SagaDefinition {
 /// (no retry, no compensation).
 static ZERO_UNDO: SagaDefinition = SagaDefinition {
     name: "zero-undo",
+    version: 1,
+    fingerprint: 0,
     type_name: "ZeroUndo",
     cancellable: true,
     steps: &[

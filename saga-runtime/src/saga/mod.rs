@@ -18,7 +18,10 @@ use crate::context::StepContext;
 use crate::error::StepError;
 use crate::policy::RetryPolicy;
 
+mod registry;
 pub(crate) mod state_machine;
+
+pub(crate) use registry::SagaRegistry;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -28,6 +31,15 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct SagaDefinition {
     /// The saga's name (`#[saga(name = "..")]`, default: kebab-case of the type).
     pub name: &'static str,
+    /// `#[saga(version = N)]` (default 1). Each task runs to its end on the
+    /// version it started with; several versions of one saga can be
+    /// registered side by side while old tasks drain.
+    pub version: u32,
+    /// A hash of the steps' numbers, names and types as written, computed
+    /// at compile time. A task records it, and a worker whose definition of
+    /// that version has another fingerprint (the steps changed without a
+    /// version bump) does not run the task.
+    pub fingerprint: u64,
     /// The Rust type the saga is declared on.
     pub type_name: &'static str,
     /// Whether `#[cancellable]` is present.
@@ -37,6 +49,12 @@ pub struct SagaDefinition {
 }
 
 impl SagaDefinition {
+    /// [`fingerprint`](Self::fingerprint) as tasks record it: 16 hex digits
+    /// (a JSON number would lose bits in JavaScript readers).
+    pub fn fingerprint_hex(&self) -> String {
+        format!("{:016x}", self.fingerprint)
+    }
+
     /// The step numbered `order`.
     pub fn step(&self, order: u32) -> Option<&'static StepDefinition> {
         self.steps.get(order.checked_sub(1)? as usize)
@@ -77,13 +95,30 @@ pub struct CompensationDefinition {
 ///
 /// Register it with [`EngineBuilder::saga`](crate::engine::EngineBuilder::saga),
 /// then start tasks with [`Engine::start`](crate::engine::Engine::start).
+///
+/// `Input` and `Output` are `Serialize + Deserialize` (the macro checks it,
+/// with an error that names the step); the trait does not repeat that
+/// bound so that a type missing a derive gives that one error and not a
+/// second one here. Generic code converts them with
+/// [`encode_input`](Self::encode_input) and
+/// [`decode_output`](Self::decode_output).
 pub trait Saga: Send + Sync + 'static {
     /// Step 1's input.
-    type Input: Serialize + DeserializeOwned + Send + Sync + 'static;
+    type Input: Send + Sync + 'static;
     /// The last step's output.
-    type Output: Serialize + DeserializeOwned + Send + Sync + 'static;
+    type Output: Send + Sync + 'static;
     /// The saga's name.
     const NAME: &'static str;
+
+    /// The input as it is stored with the task.
+    fn encode_input(input: &Self::Input) -> Result<Value, StepError>
+    where
+        Self: Sized;
+
+    /// A completed task's recorded output, typed.
+    fn decode_output(output: Value) -> Result<Self::Output, StepError>
+    where
+        Self: Sized;
 
     /// The saga's static shape.
     fn definition() -> &'static SagaDefinition
@@ -154,6 +189,110 @@ impl<S: Saga> ErasedSaga for S {
         Saga::compensate_step(self, order, output, ctx)
     }
 }
+
+/// How generated code stores a step type whose impl is known at expansion
+/// (no generic parameters): `(&Codec::<T>::NEW).encode(..)` picks
+/// [`Persist`] when `T` is `Serialize + Deserialize` and otherwise
+/// [`NotPersistable`] (method lookup prefers the impl that needs no
+/// auto-reference). The second never runs: a type without the derives
+/// fails the generated check that names its step, and this keeps that the
+/// only error instead of adding one per place the type is stored.
+#[doc(hidden)]
+pub struct Codec<T>(std::marker::PhantomData<fn() -> T>);
+
+impl<T> Codec<T> {
+    #[doc(hidden)]
+    pub const NEW: Self = Codec(std::marker::PhantomData);
+}
+
+/// See [`Codec`].
+#[doc(hidden)]
+pub trait Persist<T> {
+    fn encode(&self, value: &T) -> Result<Value, StepError>;
+    fn decode(&self, value: Value) -> Result<T, StepError>;
+}
+
+impl<T: Serialize + DeserializeOwned> Persist<T> for Codec<T> {
+    fn encode(&self, value: &T) -> Result<Value, StepError> {
+        encode(Ok(value))
+    }
+    fn decode(&self, value: Value) -> Result<T, StepError> {
+        decode(value)
+    }
+}
+
+/// See [`Codec`].
+#[doc(hidden)]
+pub trait NotPersistable<T> {
+    fn encode(&self, value: &T) -> Result<Value, StepError>;
+    fn decode(&self, value: Value) -> Result<T, StepError>;
+}
+
+impl<T> NotPersistable<T> for &Codec<T> {
+    fn encode(&self, _: &T) -> Result<Value, StepError> {
+        Err(not_persistable::<T>())
+    }
+    fn decode(&self, _: Value) -> Result<T, StepError> {
+        Err(not_persistable::<T>())
+    }
+}
+
+fn not_persistable<T>() -> StepError {
+    StepError::permanent(format!(
+        "`{}` is not `Serialize + Deserialize`",
+        std::any::type_name::<T>()
+    ))
+}
+
+/// The saga's input type must be stored: checked by a generated `where`
+/// clause spanned on the type, so the error lands where the type is written.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "the saga's input `{Self}` is stored with each task as JSON, so it must implement `Serialize` and `Deserialize`",
+    label = "stored as JSON",
+    note = "add `#[derive(Serialize, Deserialize)]` to `{Self}` (serde's derives; the type's fields need them too)"
+)]
+pub trait SagaInput {}
+
+#[diagnostic::do_not_recommend]
+impl<T: Serialize + DeserializeOwned> SagaInput for T {}
+
+/// A step's output must be stored between steps (see [`SagaInput`]).
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "step {STEP} returns `{Self}`, which is stored as JSON between steps, so it must implement `Serialize` and `Deserialize`",
+    label = "stored as JSON",
+    note = "add `#[derive(Serialize, Deserialize)]` to `{Self}` (serde's derives; the type's fields need them too)"
+)]
+pub trait StepOutput<const STEP: u32> {}
+
+#[diagnostic::do_not_recommend]
+impl<const STEP: u32, T: Serialize + DeserializeOwned> StepOutput<STEP> for T {}
+
+/// Step `STEP` takes what step `PREV` returns: the compiler judges the
+/// equality, so aliases and paths to the same type pass.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "step {STEP} takes `{Self}`, but step {PREV} returns `{Prev}`: a step's input must be the previous step's output",
+    label = "expected `{Prev}`",
+    note = "change this parameter to `{Prev}`, or step {PREV}'s return type to `Result<{Self}, StepError>`"
+)]
+pub trait TakesOutputOf<const STEP: u32, const PREV: u32, Prev> {}
+
+#[diagnostic::do_not_recommend]
+impl<const STEP: u32, const PREV: u32, T> TakesOutputOf<STEP, PREV, T> for T {}
+
+/// A compensation takes the output of the step it undoes.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "this compensation of step {STEP} takes `{Self}`, but step {STEP} returns `{Output}`: a compensation receives the output of the step it undoes",
+    label = "expected `{Output}`",
+    note = "change this parameter to `{Output}`"
+)]
+pub trait UndoesOutputOf<const STEP: u32, Output> {}
+
+#[diagnostic::do_not_recommend]
+impl<const STEP: u32, T> UndoesOutputOf<STEP, T> for T {}
 
 /// Deserializes a persisted value into a step's parameter type.
 #[doc(hidden)]

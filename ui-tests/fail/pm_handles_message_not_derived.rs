@@ -1,0 +1,56 @@
+//! A continuing handler's message without `#[derive(Message)]`: the error
+//! is about the missing derive, not about a correlation id.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct OrderSubmitted {
+    #[correlation_id]
+    pub order_id: u64,
+    pub order_number: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct InventoryReserved {
+    pub order_number: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+pub struct PaymentDue;
+
+#[derive(Default, Serialize, Deserialize)]
+pub struct FulfillmentState {
+    pub order_number: String,
+}
+
+pub struct Fulfillment;
+
+#[derive(Serialize, Deserialize)]
+pub struct Shipped;
+
+#[process_manager(state = FulfillmentState)]
+impl Fulfillment {
+    #[starts]
+    async fn submitted(
+        &self,
+        msg: OrderSubmitted,
+        state: &mut FulfillmentState,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        let _ = (msg, state, ctx);
+        Ok(())
+    }
+
+    #[handles]
+    async fn shipped(
+        &self,
+        msg: Shipped,
+        state: &mut FulfillmentState,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        let _ = (msg, state, ctx);
+        Ok(())
+    }
+}
+
+fn main() {}

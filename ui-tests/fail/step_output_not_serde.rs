@@ -1,0 +1,38 @@
+//! A step output without the serde derives: one error, on the type, naming
+//! the step and what to derive.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Request;
+#[derive(Serialize)]
+pub struct Uploaded;
+#[derive(Serialize, Deserialize)]
+pub struct Paid;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    async fn upload(&self, req: Request) -> Result<Uploaded, StepError> {
+        let _ = req;
+        Ok(Uploaded)
+    }
+
+    #[compensate(upload)]
+    async fn delete_upload(&self, uploaded: Uploaded) -> Result<(), StepError> {
+        let _ = uploaded;
+        Ok(())
+    }
+
+    #[saga_step(2)]
+    async fn pay(&self, uploaded: Uploaded) -> Result<Paid, StepError> {
+        let _ = uploaded;
+        Ok(Paid)
+    }
+}
+
+fn main() {
+    let _ = Engine::builder().saga(CreateZip);
+}
