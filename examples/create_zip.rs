@@ -330,6 +330,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         print_timeline(label, &engine.wait(id).await?);
     }
+    // The one that completed hands back the saga's output, typed.
+    let receipt: Receipt = engine.wait_output::<CreateZip>(completed).await?;
+    println!("\nreport-q3's receipt: {receipt:?}");
 
     // The webhook goes down: the first task trips the circuit breaker, the
     // next one is rejected at once without calling the webhook (when both run

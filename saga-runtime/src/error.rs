@@ -143,6 +143,19 @@ pub enum Error {
         /// The saga the task belongs to.
         actual: String,
     },
+    /// The task ended without completing (failed, compensated, cancelled,
+    /// or parked for an operator), so it has no output.
+    #[error("task {id} ended `{status}` without completing{}", reason(.error))]
+    TaskDidNotComplete {
+        /// The task.
+        id: crate::task::TaskId,
+        /// How it ended.
+        status: crate::task::TaskStatus,
+        /// Why, as recorded on the task (or on the step it stopped at);
+        /// `None` when nothing was recorded, as for a task cancelled
+        /// between steps. The task's audit log has the whole story.
+        error: Option<String>,
+    },
     /// Serializing an input, or deserializing a stored value, failed.
     #[error("serialization: {0}")]
     Serialization(#[from] serde_json::Error),
@@ -190,6 +203,14 @@ pub enum Error {
     /// The storage backend failed.
     #[error(transparent)]
     Backend(#[from] crate::backend::BackendError),
+}
+
+/// The tail of [`Error::TaskDidNotComplete`]'s message.
+fn reason(error: &Option<String>) -> String {
+    error
+        .as_deref()
+        .map(|e| format!(": {e}"))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
