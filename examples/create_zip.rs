@@ -287,7 +287,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::process::id(),
             args.redis.as_deref().unwrap_or("")
         );
-        engine.run_workers(args.workers).await?;
+        // Ctrl-C (or SIGTERM) lets the steps in progress finish first.
+        engine
+            .run_workers_until(args.workers, saga_runtime::shutdown_signal())
+            .await?;
         return Ok(());
     }
     let engine = builder.workers(args.workers).build().await?;
