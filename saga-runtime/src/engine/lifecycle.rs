@@ -26,7 +26,8 @@ impl Engine {
     }
 
     /// Runs `n` workers in this task until [`shutdown`](Self::shutdown) is
-    /// called on any clone of this engine, then returns once they finished.
+    /// called on any clone of this engine, then returns once every worker of
+    /// the engine in this process finished.
     ///
     /// It does not listen for signals: whether Ctrl-C stops the process,
     /// and how, is the program's decision. A worker binary usually wants
@@ -94,7 +95,7 @@ impl Engine {
     ///
     /// Calling it again, or from several clones at once, waits for the same
     /// stop. Do not await it from inside a step: the step would wait for
-    /// itself until the grace runs out. Dropping the last clone of the
+    /// itself until the shutdown interrupts it. Dropping the last clone of the
     /// engine also stops the workers, without waiting.
     pub async fn shutdown(&self) {
         self.rt.shutdown.cancel();
