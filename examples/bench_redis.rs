@@ -131,7 +131,7 @@ async fn run(url: &str, port: u16, tasks: u64, workers: usize, batch: usize) -> 
     }
     let elapsed = started.elapsed();
     let (redis1, cpu1) = (redis_cpu(port), process_cpu());
-    pool.shutdown();
+    pool.shutdown().await;
     let steps = (tasks * 3) as f64;
     if std::env::var_os("BENCH_COMMANDSTATS").is_some() {
         commandstats(port, steps);
@@ -215,7 +215,7 @@ async fn latency(url: &str, tasks: u64, callers: u64, workers: usize) -> (Durati
     for h in handles {
         times.extend(h.await.unwrap());
     }
-    pool.shutdown();
+    pool.shutdown().await;
     times.sort();
     (percentile(&times, 0.5), percentile(&times, 0.99))
 }
@@ -340,7 +340,7 @@ async fn run_process(url: &str, messages: u64, workers: usize, id: &str) -> f64 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let elapsed = started.elapsed();
-    pool.shutdown();
+    pool.shutdown().await;
     messages as f64 / elapsed.as_secs_f64()
 }
 
@@ -363,7 +363,7 @@ async fn run_memory(tasks: u64) -> f64 {
         tokio::task::yield_now().await;
     }
     let elapsed = started.elapsed();
-    engine.shutdown();
+    engine.shutdown().await;
     (tasks * 3) as f64 / elapsed.as_secs_f64()
 }
 
@@ -471,7 +471,7 @@ async fn main() {
     let processing = mark.elapsed();
     // The last commit lands after the last step returned.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    pool.shutdown();
+    pool.shutdown().await;
     let mut counts = std::collections::BTreeMap::<String, u64>::new();
     for (cmd, _) in monitor.stop() {
         *counts.entry(cmd).or_default() += 1;

@@ -287,7 +287,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::process::id(),
             args.redis.as_deref().unwrap_or("")
         );
-        engine.run_workers(args.workers).await?;
+        // Ctrl-C (or SIGTERM) lets the steps in progress finish first.
+        engine
+            .run_workers_until(args.workers, saga_runtime::shutdown_signal())
+            .await?;
         return Ok(());
     }
     let engine = builder.workers(args.workers).build().await?;
@@ -330,6 +333,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         print_timeline(label, &engine.wait(id).await?);
     }
+    // The one that completed hands back the saga's output, typed.
+    let receipt: Receipt = engine.wait_output::<CreateZip>(completed).await?;
+    println!("\nreport-q3's receipt: {receipt:?}");
 
     // The webhook goes down: the first task trips the circuit breaker, the
     // next one is rejected at once without calling the webhook (when both run

@@ -842,8 +842,9 @@ async fn a_graceful_shutdown_does_not_fail_the_step_it_interrupts() {
         assert!(Instant::now() < deadline, "the step never started");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    leaving.shutdown();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Returns once the interrupted attempt is committed and its message
+    // handed back.
+    leaving.shutdown().await;
     let staying = Engine::builder()
         .backend(backend_with(&redis.url(), config(Duration::from_secs(1))).await)
         .saga(OneShot(calls.clone()))

@@ -38,7 +38,7 @@ async fn one_worker_runs_as_many_steps_at_once_as_its_concurrency() {
     // at once and the fourth after) nor 400 (one at a time).
     let took = started.elapsed();
     assert!(took < Duration::from_secs(150), "took {took:?}");
-    engine.shutdown();
+    engine.shutdown().await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -69,5 +69,5 @@ async fn a_long_step_does_not_keep_the_other_slots_idle() {
     for id in long {
         assert_eq!(engine.wait(id).await.unwrap().status, TaskStatus::Completed);
     }
-    engine.shutdown();
+    engine.shutdown().await;
 }

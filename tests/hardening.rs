@@ -626,8 +626,7 @@ async fn a_graceful_shutdown_hands_back_what_it_buffered() {
     })
     .await;
     // A deploy: the old worker stops gracefully (its step finishes).
-    old.shutdown();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    old.shutdown().await;
     let replaced = Instant::now();
     let _new = Engine::builder()
         .backend(backend_with(&redis, config()).await)
@@ -683,7 +682,12 @@ async fn a_message_arriving_just_after_shutdown_is_not_stranded() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    old.shutdown();
+    // Not awaited: the message must arrive while the old worker's read
+    // may still be parked on the server.
+    let stopping = {
+        let old = old.clone();
+        tokio::spawn(async move { old.shutdown().await })
+    };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let id = client.start::<Nap>(1).await.unwrap();
     let _new = Engine::builder()
@@ -701,6 +705,7 @@ async fn a_message_arriving_just_after_shutdown_is_not_stranded() {
         "the task waited {:?} (the visibility timeout is {visibility:?})",
         started.elapsed()
     );
+    stopping.await.unwrap();
     drop(old);
 }
 

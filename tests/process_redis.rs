@@ -224,7 +224,7 @@ async fn state_and_timeouts_survive_a_worker_restart_and_a_redis_restart() {
         tally(&first, "durable").await.is_some_and(|t| t.count == 5)
     })
     .await;
-    first.shutdown();
+    first.shutdown().await;
     drop(first);
 
     redis.restart(); // AOF on: everything acknowledged survives

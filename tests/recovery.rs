@@ -66,7 +66,7 @@ async fn an_abandoned_step_resumes_elsewhere_without_rerunning_completed_steps()
         .unwrap();
     let id = first.start::<TwoSteps>(1).await.unwrap();
     started.notified().await;
-    first.shutdown();
+    first.shutdown().await;
     drop(first);
 
     let (second_saga, _) = saga(&journal, 1);

@@ -112,7 +112,7 @@ async fn a_chain_of_steps_costs_at_most_two_round_trips_per_step() {
         }
     })
     .await;
-    workers.shutdown();
+    workers.shutdown().await;
     // `wait` above reads each task once (record and audit log, pipelined);
     // those reads are the test's, not the worker's.
     let waits = ["HMGET", "LRANGE"]
@@ -178,7 +178,7 @@ async fn largest_write(failures: u32) -> (usize, usize) {
         audit = task.audit_log.len();
     })
     .await;
-    engine.shutdown();
+    engine.shutdown().await;
     let largest = seen
         .iter()
         .filter(|(cmd, _)| cmd == "EVALSHA")
@@ -288,7 +288,7 @@ async fn process_round_trips(redis: &TestRedis, handled: &Arc<AtomicU64>, expect
         tokio::time::sleep(Duration::from_millis(100)).await;
     })
     .await;
-    workers.shutdown();
+    workers.shutdown().await;
     // Not per message: loading each script once (a refused
     // EVALSHA and a SCRIPT LOAD), the blocking read once idle, the first
     // round of the timer poller and the janitor (a lease and a look each)

@@ -179,7 +179,28 @@ pub enum Error {
         /// What serde said.
         reason: String,
     },
-
+    /// A completed task's recorded output that does not decode as the
+    /// saga's `Output` (written by another version of the saga).
+    #[error("the recorded output of saga `{saga}` does not decode: {reason}")]
+    InvalidOutput {
+        /// The saga.
+        saga: &'static str,
+        /// What serde said.
+        reason: String,
+    },
+    /// The task ended without completing (failed, compensated, cancelled,
+    /// or parked for an operator), so it has no output.
+    #[error("task {id} ended `{status}` without completing{}", reason(.error))]
+    TaskDidNotComplete {
+        /// The task.
+        id: crate::task::TaskId,
+        /// How it ended.
+        status: crate::task::TaskStatus,
+        /// Why, as recorded on the task (or on the step it stopped at);
+        /// `None` when nothing was recorded, as for a task cancelled
+        /// between steps. The task's audit log has the whole story.
+        error: Option<String>,
+    },
     /// Serializing an input, or deserializing a stored value, failed.
     #[error("serialization: {0}")]
     Serialization(#[from] serde_json::Error),
@@ -227,6 +248,14 @@ pub enum Error {
     /// The storage backend failed.
     #[error(transparent)]
     Backend(#[from] crate::backend::BackendError),
+}
+
+/// The tail of [`Error::TaskDidNotComplete`]'s message.
+fn reason(error: &Option<String>) -> String {
+    error
+        .as_deref()
+        .map(|e| format!(": {e}"))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

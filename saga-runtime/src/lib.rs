@@ -34,8 +34,8 @@ pub use saga_macros::{
 
 pub use context::StepContext;
 pub use engine::{
-    CancelResult, DeadLetter, DeadLetterFilter, DeadLetterPage, Engine, EngineBuilder, TaskFilter,
-    TaskPage,
+    shutdown_signal, CancelResult, DeadLetter, DeadLetterFilter, DeadLetterPage, Engine,
+    EngineBuilder, TaskFilter, TaskPage,
 };
 pub use error::{BoxError, Error, StepError, StepErrorKind};
 pub use runtime::{DEFAULT_ATTENTION_RETENTION, DEFAULT_RETENTION};

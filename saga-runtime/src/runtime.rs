@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::backend::{Backend, Retention};
 use crate::circuit::CircuitBreaker;
@@ -112,6 +113,11 @@ pub(crate) struct Runtime {
     breakers: Mutex<HashMap<(&'static str, &'static str), Arc<CircuitBreaker>>>,
     running: Mutex<HashMap<TaskId, CancellationToken>>,
     pub shutdown: CancellationToken,
+    /// Every task the engine spawns in this process (workers, their
+    /// background duties, lease releases left to a dropped attempt):
+    /// a shutdown is over only once they all are, or the process could
+    /// exit with a step half-way and a lease held.
+    pub tasks: TaskTracker,
 }
 
 impl Runtime {
@@ -134,6 +140,7 @@ impl Runtime {
             breakers: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! A worker process for the fault tests and the benchmark: runs the `chaos`
-//! saga's workers against the Redis at `REDIS_URL` until killed.
+//! saga's workers against the Redis at `REDIS_URL` until killed (or
+//! stopped gracefully by Ctrl-C or SIGTERM).
 //!
 //! Environment (all optional): `REDIS_URL`, `WORKERS` (2), `VISIBILITY_MS`
 //! (1000), `LOCK_TTL_MS` (the engine's default: the visibility timeout),
@@ -64,6 +65,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         builder = builder.lock_ttl(ttl);
     }
     let engine = builder.build().await?;
-    engine.run_workers(env("WORKERS", 2)).await?;
+    engine
+        .run_workers_until(env("WORKERS", 2), saga_runtime::shutdown_signal())
+        .await?;
     Ok(())
 }

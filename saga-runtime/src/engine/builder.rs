@@ -267,7 +267,7 @@ impl EngineBuilder {
         ));
         let listener = rt.clone();
         let mut cancellations = rt.backend.cancellations().await?;
-        tokio::spawn(async move {
+        rt.tasks.spawn(async move {
             loop {
                 tokio::select! {
                     _ = listener.shutdown.cancelled() => return,

@@ -295,6 +295,33 @@ impl Engine {
         }
     }
 
+    /// Waits like [`wait`](Self::wait), then hands back the saga's output
+    /// as its own type, so that callers do not restate the type and
+    /// unwrap twice. A task that ended any other way than `Completed` is
+    /// [`Error::TaskDidNotComplete`], carrying why; a task of another saga
+    /// is [`Error::WrongSaga`], reported at once rather than after it ends.
+    pub async fn wait_output<S: Saga>(&self, id: TaskId) -> Result<S::Output, Error> {
+        let task = self.task(id).await?.ok_or(Error::TaskNotFound(id))?;
+        check_saga::<S>(&task)?;
+        let task = if task.status.is_terminal() {
+            task
+        } else {
+            self.wait(id).await?
+        };
+        finished_output::<S>(task)
+    }
+
+    /// The saga's output as its own type, without waiting: `None` while the
+    /// task has not finished; otherwise as [`wait_output`](Self::wait_output).
+    pub async fn output<S: Saga>(&self, id: TaskId) -> Result<Option<S::Output>, Error> {
+        let task = self.task(id).await?.ok_or(Error::TaskNotFound(id))?;
+        check_saga::<S>(&task)?;
+        if !task.status.is_terminal() {
+            return Ok(None);
+        }
+        finished_output::<S>(task).map(Some)
+    }
+
     /// [`cancel`](Self::cancel) by saga name, for callers that only have the
     /// name (the HTTP routes). Fails with [`Error::WrongSaga`] when the task
     /// belongs to another saga.
@@ -363,6 +390,48 @@ impl Engine {
         tracing::info!(task_id = %id, saga, "cancellation requested");
         Ok(CancelResult::Cancelled)
     }
+}
+
+/// Whether `task` is one of `S`'s: the id may come from anywhere (a URL, a
+/// message), and decoding another saga's output as `S::Output` could
+/// succeed by accident.
+fn check_saga<S: Saga>(task: &TaskInstance) -> Result<(), Error> {
+    if task.saga == S::NAME {
+        return Ok(());
+    }
+    Err(Error::WrongSaga {
+        task: task.id,
+        expected: S::NAME.to_owned(),
+        actual: task.saga.clone(),
+    })
+}
+
+/// The typed result of a finished task of `S`.
+fn finished_output<S: Saga>(task: TaskInstance) -> Result<S::Output, Error> {
+    if task.status != TaskStatus::Completed {
+        // `task.error` says why the task ended; a cancelled task has none
+        // of its own, but the step it stopped may.
+        let error = task
+            .error
+            .clone()
+            .or_else(|| task.steps.iter().rev().find_map(|s| s.error.clone()));
+        return Err(Error::TaskDidNotComplete {
+            id: task.id,
+            status: task.status,
+            error,
+        });
+    }
+    // A unit output may be stored as nothing at all.
+    decode_output::<S>(task.output.unwrap_or(serde_json::Value::Null))
+}
+
+/// Every typed read of a saga's output goes through here, so that how an
+/// output is decoded is decided in one place.
+fn decode_output<S: Saga>(value: serde_json::Value) -> Result<S::Output, Error> {
+    S::decode_output(value).map_err(|e| Error::InvalidOutput {
+        saga: S::NAME,
+        reason: e.to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub use crate::backend::{DeadLetter, ProcessInstance};
 pub use crate::process::ProcessMetrics;
 pub use builder::EngineBuilder;
 pub use client::{TaskFilter, TaskPage};
+pub use lifecycle::shutdown_signal;
 pub use operator::{DeadLetterFilter, DeadLetterPage};
 
 /// The result of [`Engine::cancel`].
@@ -59,7 +60,8 @@ impl Drop for Owner {
 }
 
 /// Starts, inspects and cancels tasks. Cheap to clone; every clone is the
-/// same engine. Dropping the last clone stops its background workers.
+/// same engine. Dropping the last clone tells its background workers to
+/// stop without waiting for them; [`shutdown`](Self::shutdown) waits.
 #[derive(Clone)]
 pub struct Engine {
     rt: Arc<Runtime>,

@@ -52,9 +52,10 @@ impl Drop for LeaseGuard {
             (self.lease.take(), tokio::runtime::Handle::try_current())
         {
             let backend = self.rt.backend.clone();
-            handle.spawn(async move {
+            let unlock = async move {
                 let _ = backend.unlock(&lease).await;
-            });
+            };
+            self.rt.tasks.spawn_on(unlock, &handle);
         }
     }
 }

@@ -187,9 +187,10 @@ impl Drop for NamedLeaseGuard {
                 std::mem::take(&mut self.name),
                 std::mem::take(&mut self.token),
             );
-            handle.spawn(async move {
+            let release = async move {
                 let _ = backend.release_named_lease(&name, &token).await;
-            });
+            };
+            self.rt.tasks.spawn_on(release, &handle);
         }
     }
 }
