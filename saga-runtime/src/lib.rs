@@ -1,14 +1,71 @@
-//! Compile-time-checked sagas for Rust.
+//! Compile-time-checked sagas and process managers for Rust.
 //!
-//! Write the steps and their compensations as methods of an `impl` block,
-//! annotate it with [`#[saga]`](macro@saga), and the macro generates the
-//! orchestration: retry/backoff policies, circuit breakers, idempotency guards,
-//! cancellation, compensation with its own retries, escalation when a
-//! compensation fails, and a reconciliation base trait. Misconfigurations are
-//! compile errors.
+//! A workflow that spans several services must survive crashes, retries and
+//! duplicate messages. With this crate you write only the business logic,
+//! as methods of an `impl` block, and attribute macros generate the rest at
+//! compile time: the orchestrator, retry/backoff policies, circuit breakers,
+//! idempotency guards, a lease per task, cancellation, compensation with its
+//! own retries and a terminal escalation when it fails, and a
+//! reconciliation base trait. Misconfigurations are compile errors on the
+//! offending token.
 //!
-//! Users depend on this crate alone; `use saga_runtime::prelude::*;` brings in
-//! the attributes and the types a saga's methods mention.
+//! Two shapes of workflow share one runtime:
+//!
+//! - **Step sagas** ([`#[saga]`](macro@saga)): a fixed chain of steps, each
+//!   taking the previous one's output; on failure the completed steps are
+//!   compensated in reverse order.
+//! - **Process managers** ([`#[process_manager]`](macro@process_manager)):
+//!   state correlated to messages that arrive in any order, with durable
+//!   timeouts ([`process`]).
+//!
+//! ```
+//! use saga_runtime::prelude::*;
+//!
+//! pub struct Greet;
+//!
+//! #[saga(name = "greet")]
+//! impl Greet {
+//!     #[saga_step(1)]
+//!     #[retry_policy(max_retries = 3)] // exponential from 1 s
+//!     async fn shout(&self, name: String) -> Result<String, StepError> {
+//!         Ok(name.to_uppercase())
+//!     }
+//!
+//!     #[saga_step(2)]
+//!     async fn greet(&self, name: String) -> Result<String, StepError> {
+//!         Ok(format!("hello, {name}"))
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), saga_runtime::Error> {
+//! let engine = Engine::builder().saga(Greet).build().await?; // in-memory backend
+//! let id = engine.start::<Greet>("ada".to_owned()).await?;
+//! assert_eq!(engine.wait_output::<Greet>(id).await?, "hello, ADA");
+//! engine.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Where to look:
+//!
+//! - [`engine`]: [`Engine`] (start, wait, cancel, list, dead letters,
+//!   workers and shutdown) and its [`EngineBuilder`];
+//! - [`saga`]: what `#[saga]` generates ([`Saga`], [`saga::SagaDefinition`],
+//!   versions); [`policy`] and [`circuit`]: retries and breakers;
+//! - [`task`]: the persisted record ([`TaskInstance`], statuses, audit log);
+//! - [`backend`]: the storage traits, the in-memory backend and, with the
+//!   `redis` feature, [`backend::redis`];
+//! - [`process`]: process managers; [`testing`]: `ProcessTest` and, with the
+//!   `conformance` feature, the backend conformance suite;
+//! - `http` (feature `http`): axum routes to inspect and cancel tasks.
+//!
+//! Users depend on this crate (it re-exports the macros), on `serde` (step
+//! types derive `Serialize`/`Deserialize`) and on `tokio`;
+//! `use saga_runtime::prelude::*;` brings in the attributes and the types a
+//! saga's methods mention. The repository's README covers running on Redis,
+//! the key layout and the guarantees with their limits.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 pub mod backend;
@@ -17,6 +74,7 @@ pub mod context;
 pub mod engine;
 pub mod error;
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 pub mod policy;
 pub mod process;

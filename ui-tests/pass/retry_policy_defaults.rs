@@ -28,6 +28,11 @@ impl CreateZip {
     async fn pay(&self, req: Request) -> Result<Request, StepError> {
         Ok(req)
     }
+
+    #[compensate(pay)]
+    async fn refund(&self, _req: Request) -> Result<(), StepError> {
+        Ok(())
+    }
 }
 
 fn main() {
@@ -37,4 +42,6 @@ fn main() {
         RetryPolicy::new(3, BackoffKind::Exponential, 1000)
     );
     assert_eq!(steps[1].retry, RetryPolicy::new(2, BackoffKind::Exponential, 50));
+    let refund = steps[1].compensation.as_ref().unwrap();
+    assert_eq!(refund.retry, RetryPolicy::new(1, BackoffKind::Constant, 1000));
 }

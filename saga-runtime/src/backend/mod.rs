@@ -33,6 +33,7 @@
 
 pub mod memory;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod wire;
 

@@ -42,6 +42,7 @@
 //! ```
 
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 
 use std::marker::PhantomData;
