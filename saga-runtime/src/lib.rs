@@ -51,7 +51,7 @@
 //!
 //! - [`engine`]: [`Engine`] (start, wait, cancel, list, dead letters,
 //!   workers and shutdown) and its [`EngineBuilder`];
-//! - [`saga`]: what `#[saga]` generates ([`Saga`], [`saga::SagaDefinition`],
+//! - [`saga`](mod@saga): what `#[saga]` generates ([`Saga`], [`saga::SagaDefinition`],
 //!   versions); [`policy`] and [`circuit`]: retries and breakers;
 //! - [`task`]: the persisted record ([`TaskInstance`], statuses, audit log);
 //! - [`backend`]: the storage traits, the in-memory backend and, with the
