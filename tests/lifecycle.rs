@@ -87,6 +87,15 @@ async fn long_engine(heeds_cancellation: bool) -> (Engine, Arc<Notify>) {
     (engine, entered)
 }
 
+/// Shuts `engine` down in a task of its own, recording when that returned.
+fn shut_down_in_background(engine: &Engine, journal: &Journal) -> tokio::task::JoinHandle<()> {
+    let (engine, journal) = (engine.clone(), journal.clone());
+    tokio::spawn(async move {
+        engine.shutdown().await;
+        journal.record("shutdown returned");
+    })
+}
+
 #[tokio::test(start_paused = true)]
 async fn shutdown_returns_after_the_running_step_finished_and_its_progress_is_kept() {
     let backend = MemoryBackend::new();
@@ -103,13 +112,7 @@ async fn shutdown_returns_after_the_running_step_finished_and_its_progress_is_ke
     let id = engine.start::<Held>(1).await.unwrap();
     entered.notified().await;
 
-    let stopping = tokio::spawn({
-        let (engine, journal) = (engine.clone(), journal.clone());
-        async move {
-            engine.shutdown().await;
-            journal.record("shutdown returned");
-        }
-    });
+    let stopping = shut_down_in_background(&engine, &journal);
     // Ten seconds (of the paused clock), well within the 30 s grace: the
     // shutdown is still waiting for the step.
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -209,13 +212,7 @@ async fn run_workers_stops_when_another_clone_shuts_down_which_waits_for_its_ste
     });
     let id = engine.start::<Held>(1).await.unwrap();
     entered.notified().await;
-    let stopping = tokio::spawn({
-        let (engine, journal) = (engine.clone(), journal.clone());
-        async move {
-            engine.shutdown().await;
-            journal.record("shutdown returned");
-        }
-    });
+    let stopping = shut_down_in_background(&engine, &journal);
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(!running.is_finished() && !stopping.is_finished());
     release.notify_one();

@@ -145,7 +145,10 @@ fn the_version_and_fingerprint_are_generated() {
     assert_ne!(one.fingerprint, two.fingerprint);
     // Only the steps count: another type with the same steps and types
     // has the same fingerprint, one with a step more does not.
-    assert_eq!(TransferV3SameAsV1::definition().fingerprint, one.fingerprint);
+    assert_eq!(
+        TransferV3SameAsV1::definition().fingerprint,
+        one.fingerprint
+    );
     assert_ne!(TransferV1Edited::definition().fingerprint, one.fingerprint);
 }
 
@@ -161,7 +164,10 @@ async fn two_versions_run_side_by_side_each_task_on_its_own() {
     let old = engine.start::<TransferV1>(5).await.unwrap();
     let new = engine.start::<TransferV2>(7).await.unwrap();
 
-    assert_eq!(engine.wait_output::<TransferV1>(old).await.unwrap(), "v1 moved 5");
+    assert_eq!(
+        engine.wait_output::<TransferV1>(old).await.unwrap(),
+        "v1 moved 5"
+    );
     assert_eq!(
         engine.wait_output::<TransferV2>(new).await.unwrap(),
         Receipt {

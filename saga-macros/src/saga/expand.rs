@@ -413,26 +413,25 @@ fn spanned_on(ty: &Type, tokens: TokenStream) -> TokenStream {
     respan(tokens, ty.span())
 }
 
-/// `value: &ty` as JSON. Through [`Codec`](::saga_runtime::__private::Codec)
-/// so that a type without the serde derives is reported once, by
-/// [`type_checks`], and not again here.
-fn encode(ty: &Type, value: TokenStream) -> TokenStream {
+/// `value: &ty` as JSON (`codec(ty, encode, value)`), or JSON `value` as
+/// `ty` (`codec(ty, decode, value)`). Through
+/// [`Codec`](::saga_runtime::__private::Codec) so that a type without the
+/// serde derives is reported once, by [`type_checks`], and not again here.
+fn codec(ty: &Type, method: TokenStream, value: TokenStream) -> TokenStream {
     let rt = rt();
     quote! {{
         #[allow(unused_imports)]
         use #rt::{NotPersistable as _, Persist as _};
-        (&#rt::Codec::<#ty>::NEW).encode(#value)
+        (&#rt::Codec::<#ty>::NEW).#method(#value)
     }}
 }
 
-/// JSON `value` as `ty` (see [`encode`]).
+fn encode(ty: &Type, value: TokenStream) -> TokenStream {
+    codec(ty, quote!(encode), value)
+}
+
 fn decode(ty: &Type, value: TokenStream) -> TokenStream {
-    let rt = rt();
-    quote! {{
-        #[allow(unused_imports)]
-        use #rt::{NotPersistable as _, Persist as _};
-        (&#rt::Codec::<#ty>::NEW).decode(#value)
-    }}
+    codec(ty, quote!(decode), value)
 }
 
 fn execute_arm(step: &StepDef) -> TokenStream {
