@@ -19,11 +19,11 @@ fn rt() -> TokenStream {
 /// The full expansion of a valid saga.
 pub fn expand(saga: &SagaDef) -> TokenStream {
     let item = &saga.item;
+    let type_checks = type_checks(saga);
     let saga_impl = saga_impl(saga);
     let cancellable = cancellable_impl(saga);
     let output_enum = output_enum(saga);
     let reconciliation = reconciliation_trait(saga);
-    let type_checks = type_checks(saga);
     quote! {
         #item
         #saga_impl
@@ -332,35 +332,41 @@ fn retry_policy(policy: Option<&PolicyDef>) -> TokenStream {
 }
 
 /// The compiler's verdict on the chain of step types, as `where` clauses of
-/// a hidden method: step 1's input and every step's output are
+/// a hidden function: step 1's input and every step's output are
 /// `Serialize + Deserialize`, step N takes step N-1's output, and a
 /// compensation takes its step's output. Step types never mention generic
 /// parameters (`check.rs`), so each clause is either true or reported by
 /// rustc on its own, spanned on the type as the user wrote it, with the
 /// message the runtime's `#[diagnostic::on_unimplemented]` gives it. The
 /// clauses sit on their own item rather than on `impl Saga`, so a failing
-/// one does not also make every use of the saga an error.
+/// one does not also make every use of the saga an error; a free function
+/// (step types never name the impl's parameters) because there a type that
+/// does not resolve is reported exactly as in the step's signature, and
+/// rustc shows the two reports as one. A type naming `Self` cannot be
+/// written there and is left to the steps' own code.
 fn type_checks(saga: &SagaDef) -> TokenStream {
     let rt = rt();
     let steps = saga.steps_in_order();
     let mut clauses = Vec::new();
+    let mut clause = |ty: &Type, bound: TokenStream, other: Option<&Type>| {
+        if !names_self(ty) && !other.is_some_and(names_self) {
+            clauses.push(clause(ty, bound, other));
+        }
+    };
     // A type that is not stored gives one error, at its first mention.
     let mut stored = std::collections::HashSet::new();
     if let Some(input) = steps.first().and_then(|s| s.input.as_ref()) {
         stored.insert(type_to_string(input));
-        clauses.push(spanned_on(input, quote!(#input: #rt::SagaInput)));
+        clause(input, quote!(#rt::SagaInput), None);
     }
     for step in &steps {
         let n = step.number();
         if let Some(output) = &step.output {
             if stored.insert(type_to_string(output)) {
-                clauses.push(spanned_on(output, quote!(#output: #rt::StepOutput<#n>)));
+                clause(output, quote!(#rt::StepOutput<#n>), None);
             }
             if let Some(param) = saga.compensation_of(step).and_then(|c| c.param.as_ref()) {
-                clauses.push(spanned_on(
-                    param,
-                    quote!(#param: #rt::UndoesOutputOf<#n, #output>),
-                ));
+                clause(param, quote!(#rt::UndoesOutputOf<#n,), Some(output));
             }
         }
     }
@@ -368,32 +374,39 @@ fn type_checks(saga: &SagaDef) -> TokenStream {
         let (prev, step) = (pair[0], pair[1]);
         if let (Some(output), Some(input)) = (&prev.output, &step.input) {
             let (n, p) = (step.number(), prev.number());
-            clauses.push(spanned_on(
-                input,
-                quote!(#input: #rt::TakesOutputOf<#n, #p, #output>),
-            ));
+            clause(input, quote!(#rt::TakesOutputOf<#n, #p,), Some(output));
         }
     }
-    let generics = &saga.item.generics;
-    let (impl_generics, _, where_clause) = generics.split_for_impl();
-    let self_ty = &saga.item.self_ty;
     quote! {
-        impl #impl_generics #self_ty #where_clause {
-            #[doc(hidden)]
+        const _: () = {
             #[allow(dead_code)]
             fn __saga_type_checks()
             where
                 #(#clauses,)*
             {}
-        }
+        };
     }
 }
 
-/// `tokens` with every token placed on `ty`: rustc reports a failing
-/// `where` clause at the clause's whole extent, and one token left at the
-/// macro's call site (`::saga_runtime`, a number) would move the report
-/// onto `#[saga]`.
-fn spanned_on(ty: &Type, tokens: TokenStream) -> TokenStream {
+fn names_self(ty: &Type) -> bool {
+    fn scan(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|tree| match tree {
+            proc_macro2::TokenTree::Ident(ident) => ident == "Self",
+            proc_macro2::TokenTree::Group(group) => scan(group.stream()),
+            _ => false,
+        })
+    }
+    scan(ty.to_token_stream())
+}
+
+/// `ty: Trait<.., other>`, with the generated tokens placed on `ty`:
+/// rustc reports a failing `where` clause over the clause's whole extent,
+/// and one token left at the macro's call site (`::saga_runtime`, a
+/// number) would move the report onto `#[saga]`. The user's types keep
+/// their own spans, so that a type that does not resolve is reported where
+/// it is written. With `other`, `bound` is left open (`Trait<N,`) for
+/// `other` and the closing `>`.
+fn clause(ty: &Type, bound: TokenStream, other: Option<&Type>) -> TokenStream {
     fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
         tokens
             .into_iter()
@@ -410,7 +423,15 @@ fn spanned_on(ty: &Type, tokens: TokenStream) -> TokenStream {
             })
             .collect()
     }
-    respan(tokens, ty.span())
+    let span = ty.span();
+    let mut tokens = ty.to_token_stream();
+    tokens.extend(respan(quote!(:), span));
+    tokens.extend(respan(bound, span));
+    if let Some(other) = other {
+        tokens.extend(other.to_token_stream());
+        tokens.extend(respan(quote!(>), span));
+    }
+    tokens
 }
 
 /// `value: &ty` as JSON (`codec(ty, encode, value)`), or JSON `value` as

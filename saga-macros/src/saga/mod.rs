@@ -23,7 +23,9 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let parsed = parse::parse(&cx, args, item);
     let model = model::build(&cx, parsed);
     if let Model::Saga(saga) = &model {
-        check::check(&cx, saga);
+        if !saga.misplaced {
+            check::check(&cx, saga);
+        }
     }
     match (cx.check(), model) {
         (Ok(()), Model::Saga(saga)) => expand::expand(&saga),

@@ -31,6 +31,9 @@ pub struct SagaDef {
     pub any_step_attr: bool,
     /// Names of every method in the impl, for "is not a step" messages.
     pub method_names: Vec<Ident>,
+    /// `#[saga]` on a trait impl (reported): the rules about steps are not
+    /// checked, only the stand-ins are generated.
+    pub misplaced: bool,
 }
 
 pub struct StepDef {
@@ -112,6 +115,7 @@ fn build_saga(cx: &Ctxt, parsed: ParsedSaga) -> Result<SagaDef, TokenStream> {
         cancellable,
         methods,
         any_step_attr,
+        misplaced,
     } = parsed;
 
     let Some(type_ident) = type_ident(&item.self_ty) else {
@@ -175,6 +179,7 @@ fn build_saga(cx: &Ctxt, parsed: ParsedSaga) -> Result<SagaDef, TokenStream> {
         compensations,
         any_step_attr,
         method_names,
+        misplaced,
     })
 }
 

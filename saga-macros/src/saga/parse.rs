@@ -46,6 +46,8 @@ pub struct ParsedSaga {
     /// Whether any method carries `#[saga_step]`, valid or not: decides
     /// whether "has no steps" would be news to the user.
     pub any_step_attr: bool,
+    /// On a trait impl (reported): only the stand-ins are generated.
+    pub misplaced: bool,
 }
 
 /// `#[saga(name = "..", version = N)]`.
@@ -203,24 +205,28 @@ fn string_value(expr: &Expr) -> darling::Result<SpannedValue<String>> {
     }
 }
 
-fn parse_impl(cx: &Ctxt, args: SagaArgs, mut item: syn::ItemImpl) -> Parsed {
-    if let Some((path, _)) = &item.trait_ {
-        cx.error_spanned_by(
-            path,
-            "`#[saga]` goes on an inherent `impl MySaga { .. }` block, not on a trait \
-             implementation: it implements the `Saga` trait itself",
-        );
-        // Nothing else about this impl is worth reporting; keep it for the
-        // rest of the crate, minus our attributes.
-        item.attrs
-            .retain(|a| attr_name(a).as_deref() != Some("cancellable"));
-        for impl_item in &mut item.items {
-            if let ImplItem::Fn(method) = impl_item {
-                take_helpers(&mut method.attrs);
-            }
-        }
-        return Parsed::Other(item.into_token_stream());
+fn parse_impl(cx: &Ctxt, args: SagaArgs, item: syn::ItemImpl) -> Parsed {
+    let Some((path, _)) = &item.trait_ else {
+        return parse_inherent(cx, args, item);
+    };
+    cx.error_spanned_by(
+        path,
+        "`#[saga]` goes on an inherent `impl MySaga { .. }` block, not on a trait \
+         implementation: it implements the `Saga` trait itself",
+    );
+    // Nothing else about this impl is worth reporting, but its steps are
+    // read (quietly) so that the stand-in `Saga` impl gets their input and
+    // output types and uses of the saga elsewhere add no errors.
+    let quiet = Ctxt::new();
+    let mut parsed = parse_inherent(&quiet, args, item);
+    let _ = quiet.check();
+    if let Parsed::Impl(saga) = &mut parsed {
+        saga.misplaced = true;
     }
+    parsed
+}
+
+fn parse_inherent(cx: &Ctxt, args: SagaArgs, mut item: syn::ItemImpl) -> Parsed {
     if item.unsafety.is_some() {
         cx.error_spanned_by(item.unsafety, "a `#[saga]` impl can't be `unsafe`");
     }
@@ -277,6 +283,7 @@ fn parse_impl(cx: &Ctxt, args: SagaArgs, mut item: syn::ItemImpl) -> Parsed {
         cancellable,
         methods,
         any_step_attr,
+        misplaced: false,
     }))
 }
 

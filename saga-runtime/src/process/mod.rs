@@ -55,13 +55,15 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
 /// A message with a `#[correlation_id]` field: required of the messages of
 /// `#[starts]` and `#[handles]` handlers that have no `#[correlate(..)]`,
 /// since the correlation id is then how they find their instance.
-/// `#[derive(Message)]` implements it when a field is marked.
+/// `#[derive(Message)]` implements it when a field is marked. Not a
+/// subtrait of [`Message`]: a message missing a serde derive then gets one
+/// error (on its `Message` impl), not a second one here.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a message with a `#[correlation_id]`, so this handler could never find its instance",
     label = "found by the message's correlation id, which `{Self}` does not have",
     note = "`#[derive(Message)]` on `{Self}` and mark its identifying field `#[correlation_id]`, or map a state property with `#[correlate(state.x = msg.x)]` on the handler"
 )]
-pub trait HasCorrelationId: Message {}
+pub trait HasCorrelationId {}
 
 /// Whether a handler may create an instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
