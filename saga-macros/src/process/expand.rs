@@ -376,12 +376,19 @@ fn handle_arm(handler: &HandlerDef) -> TokenStream {
     let rt = rt();
     let method = &handler.ident;
     let message = message_of(handler);
+    // The declared state, handed over as the handler's own state type: the
+    // compiler judges whether the two are the same (an alias passes), and a
+    // mismatch is one error on the parameter's type.
+    let state = match &handler.state {
+        Some(ty) => quote_spanned!(ty.span()=> #rt::same_state::<_, #ty>(__state)),
+        None => quote!(__state),
+    };
     // Spanned on the method so that, say, a future that is not `Send` is
     // reported at the handler rather than at `#[process_manager]`.
     let boxed = quote_spanned! {method.span()=>
         ::std::boxed::Box::pin(async move {
             let __msg: #message = #rt::decode_message(__message)?;
-            Self::#method(self, __msg, __state, __ctx).await
+            Self::#method(self, __msg, #state, __ctx).await
         })
     };
     quote! {

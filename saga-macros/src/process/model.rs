@@ -38,6 +38,8 @@ pub struct HandlerDef {
     pub kind: HandlerKind,
     /// The message type; `None` if the signature was wrong there.
     pub message: Option<Type>,
+    /// `S` in the state parameter `&mut S`, as written.
+    pub state: Option<Type>,
     pub correlation: Correlation,
 }
 
@@ -128,6 +130,7 @@ fn build_process(cx: &Ctxt, parsed: ParsedProcess) -> Result<ProcessDef, TokenSt
                 let parse::HandlerAttrs {
                     kind,
                     message,
+                    state,
                     correlate,
                 } = *handler;
                 let kind = match kind {
@@ -147,6 +150,7 @@ fn build_process(cx: &Ctxt, parsed: ParsedProcess) -> Result<ProcessDef, TokenSt
                     ident: method.ident,
                     kind,
                     message,
+                    state,
                     correlation,
                 });
             }

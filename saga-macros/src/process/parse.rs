@@ -101,6 +101,9 @@ pub struct HandlerAttrs {
     pub kind: Kind,
     /// The message parameter's type; `None` if the signature is wrong there.
     pub message: Option<Type>,
+    /// `S` in the state parameter `&mut S`, as written (an alias or a path
+    /// is judged by the compiler); `None` if the signature is wrong there.
+    pub state: Option<Type>,
     pub correlate: Option<CorrelateArgs>,
 }
 
@@ -476,6 +479,7 @@ fn parse_method(
                 _ => Kind::Handles { strict: false },
             }),
             message: sig.message,
+            state: sig.state,
             correlate,
         })),
     })
@@ -555,6 +559,8 @@ fn parse_strict(cx: &Ctxt, attr: &Attribute) -> Option<bool> {
 /// What a handler's signature says, as far as it is valid.
 pub struct HandlerSig {
     pub message: Option<Type>,
+    /// `S` in `state: &mut S`.
+    pub state: Option<Type>,
     /// Names of the message and state parameters, which `#[correlate]` may
     /// use instead of `msg` and `state`.
     pub message_name: Option<Ident>,
@@ -574,6 +580,7 @@ fn parse_handler_signature(cx: &Ctxt, method: &ImplItemFn, state: Option<&Type>)
     let name = &sig.ident;
     let mut out = HandlerSig {
         message: None,
+        state: None,
         message_name: None,
         state_name: None,
     };
@@ -628,7 +635,8 @@ fn parse_handler_signature(cx: &Ctxt, method: &ImplItemFn, state: Option<&Type>)
             }
             out.message = message_param(cx, msg, state);
             out.message_name = pat_ident(&msg.pat);
-            if state_param_ok(cx, state_param, state) {
+            if let Some(ty) = state_param_type(cx, state_param, state) {
+                out.state = Some(ty);
                 out.state_name = pat_ident(&state_param.pat);
             }
             ctx_param(cx, ctx);
@@ -743,25 +751,14 @@ fn message_param(cx: &Ctxt, param: &syn::PatType, state: Option<&Type>) -> Optio
     }
 }
 
-/// `&mut S`, S as declared in `#[process_manager(state = S)]`.
-fn state_param_ok(cx: &Ctxt, param: &syn::PatType, state: Option<&Type>) -> bool {
-    let expected = state.map_or_else(|| "MyState".to_owned(), type_to_string);
+/// `&mut S`: returns `S`. Whether `S` is the state declared in
+/// `#[process_manager(state = ..)]` is the compiler's call (an alias or a
+/// path names the same type): the generated call asks it, with a message.
+fn state_param_type(cx: &Ctxt, param: &syn::PatType, state: Option<&Type>) -> Option<Type> {
     match &*param.ty {
-        Type::Reference(r) if r.mutability.is_some() => match state {
-            Some(state) if !same_type(state, &r.elem) => {
-                cx.error_spanned_by(
-                    &r.elem,
-                    format!(
-                        "the second parameter of a handler is the state, `&mut {expected}` as \
-                         declared in `#[process_manager(state = {expected})]`, not `&mut {}`",
-                        type_to_string(&r.elem)
-                    ),
-                );
-                false
-            }
-            _ => true,
-        },
+        Type::Reference(r) if r.mutability.is_some() => Some((*r.elem).clone()),
         other => {
+            let expected = state.map_or_else(|| "MyState".to_owned(), type_to_string);
             cx.error_spanned_by(
                 other,
                 format!(
@@ -769,7 +766,7 @@ fn state_param_ok(cx: &Ctxt, param: &syn::PatType, state: Option<&Type>) -> bool
                      instance's state in place, and it is saved when the handler returns `Ok`"
                 ),
             );
-            false
+            None
         }
     }
 }
@@ -1093,6 +1090,7 @@ mod tests {
     fn correlate_accepts_parameter_names() {
         let sig = HandlerSig {
             message: None,
+            state: None,
             message_name: Some(parse_quote!(reserved)),
             state_name: Some(parse_quote!(s)),
         };

@@ -220,6 +220,32 @@ pub fn correlation_value<T: Serialize + ?Sized>(value: &T) -> String {
     }
 }
 
+/// The process manager's declared state is the state type a handler takes
+/// (the same type, however it is spelled).
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "this handler takes `&mut {Handler}` as its state, but the process manager's state is `{Self}`",
+    label = "expected `{Self}`",
+    note = "the second parameter of a handler is the state declared in `#[process_manager(state = {Self})]`: write `&mut {Self}`"
+)]
+pub trait SameState<Handler> {
+    #[doc(hidden)]
+    fn same(&mut self) -> &mut Handler;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T> SameState<T> for T {
+    fn same(&mut self) -> &mut T {
+        self
+    }
+}
+
+/// Hands the instance's state to a handler as the handler's state type.
+#[doc(hidden)]
+pub fn same_state<State: SameState<Handler>, Handler>(state: &mut State) -> &mut Handler {
+    state.same()
+}
+
 /// Decodes a message payload for a handler.
 #[doc(hidden)]
 pub fn decode_message<T: DeserializeOwned>(message: Value) -> Result<T, ProcessError> {
