@@ -166,7 +166,14 @@ pub(crate) async fn dispatch(
     let mut loaded = env
         .delivery
         .and_then(|d| d.instance.as_deref())
-        .filter(|_| def.concurrency != Concurrency::Pessimistic);
+        .filter(|_| def.concurrency != Concurrency::Pessimistic)
+        // Only a record of this process manager and, looked up by id, of
+        // that instance (as the store's own loads check).
+        .filter(|l| {
+            l.instance
+                .as_ref()
+                .is_none_or(|i| i.process == process && (l.key_field.is_some() || i.id == l.key))
+        });
     for _ in 0..CONFLICT_RETRIES {
         let loaded = loaded.take();
         let loaded_by = |key: &str, field: Option<&str>| {

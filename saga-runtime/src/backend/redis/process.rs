@@ -21,6 +21,25 @@ pub(super) fn parse_instance(
     Ok(Some(instance))
 }
 
+/// A record is only ever used by the process manager and instance it
+/// belongs to: a key that another name's layout also produces (names were
+/// once unrestricted: `acct:x` with id `1` and `acct` with id `x:1` met at
+/// one key) must not hand one process manager another's state.
+fn owned_by(
+    instance: Option<ProcessInstance>,
+    process: &str,
+    id: &str,
+) -> Result<Option<ProcessInstance>, BackendError> {
+    match instance {
+        Some(found) if found.process != process || found.id != id => Err(corrupt(format!(
+            "the record at the key of instance `{id}` of process manager `{process}` belongs \
+             to instance `{}` of `{}`",
+            found.id, found.process
+        ))),
+        other => Ok(other),
+    }
+}
+
 #[async_trait]
 impl ProcessStore for RedisBackend {
     async fn process_load(
@@ -35,7 +54,7 @@ impl ProcessStore for RedisBackend {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        parse_instance(doc, version)
+        owned_by(parse_instance(doc, version)?, process, id)
     }
 
     async fn process_find(
@@ -73,8 +92,11 @@ impl ProcessStore for RedisBackend {
             }
             let docs: Vec<(Option<String>, Option<String>)> =
                 pipe.query_async(&mut conn).await.map_err(unavailable)?;
-            for (doc, version) in docs {
-                list.extend(parse_instance(doc, version)?);
+            for ((doc, version), id) in docs.into_iter().zip(chunk) {
+                match owned_by(parse_instance(doc, version)?, process, id) {
+                    Ok(instance) => list.extend(instance),
+                    Err(error) => tracing::warn!(%error, "instance left out of the listing"),
+                }
             }
         }
         list.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
