@@ -327,6 +327,7 @@ async fn a_load_refuses_a_record_that_belongs_to_another_process_manager() {
     let instance = ProcessInstance {
         process: "acct".into(),
         id: "x:1".into(),
+        generation: "g".into(),
         state: serde_json::json!({"balance": 100}),
         status: InstanceStatus::Active,
         version: 0,
@@ -338,6 +339,8 @@ async fn a_load_refuses_a_record_that_belongs_to_another_process_manager() {
     };
     let commit = ProcessCommit {
         instance: Some(&instance),
+        created_by: None,
+        tombstone_ttl: Duration::from_secs(60),
         delete: false,
         add_keys: Vec::new(),
         remove_keys: Vec::new(),
@@ -356,4 +359,144 @@ async fn a_load_refuses_a_record_that_belongs_to_another_process_manager() {
         }
         other => panic!("another process manager's record was handed out: {other:?}"),
     }
+}
+
+// ---------------------------------------------------------------------------
+// A deleted instance's timeouts and late duplicates.
+
+#[derive(Message, Serialize, Deserialize)]
+struct Open {
+    #[correlation_id]
+    id: String,
+    remind_after_ms: u64,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Close {
+    #[correlation_id]
+    id: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Remind;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Ticket {
+    opened: u32,
+    reminded: u32,
+}
+
+struct Tickets;
+
+#[process_manager(name = "tickets", state = Ticket, on_complete = delete)]
+impl Tickets {
+    #[starts]
+    async fn open(
+        &self,
+        m: Open,
+        s: &mut Ticket,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.opened += 1;
+        ctx.request_timeout(Duration::from_millis(m.remind_after_ms), Remind);
+        Ok(())
+    }
+
+    #[handles]
+    async fn close(
+        &self,
+        _m: Close,
+        _s: &mut Ticket,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        ctx.mark_complete();
+        Ok(())
+    }
+
+    #[timeout]
+    async fn remind(
+        &self,
+        _t: Remind,
+        s: &mut Ticket,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.reminded += 1;
+        Ok(())
+    }
+}
+
+/// The two limits the README used to list: an instance deleted and created
+/// again under the same correlation id received its predecessor's pending
+/// timeout, and a late duplicate of the message that started a deleted
+/// instance started it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_instance_gets_no_old_timeouts_and_late_duplicates_start_nothing() {
+    use std::sync::atomic::Ordering;
+
+    let redis = TestRedis::start();
+    let engine = Engine::builder()
+        .backend(RedisBackend::connect(&redis.url()).await.unwrap())
+        .process_manager(Tickets)
+        .timeout_poll_interval(Duration::from_millis(20))
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    let open = |remind_after_ms| Open {
+        id: "t-1".into(),
+        remind_after_ms,
+    };
+    let exists = || async {
+        engine
+            .process_instance::<Tickets>("t-1")
+            .await
+            .unwrap()
+            .is_some()
+    };
+
+    // The first instance asks for a reminder in 700 ms, then is closed
+    // (and deleted) before it is due.
+    engine.publish_with_id("open-1", open(700)).await.unwrap();
+    until("the first instance", Duration::from_secs(10), exists).await;
+    engine.publish(Close { id: "t-1".into() }).await.unwrap();
+    until("its deletion", Duration::from_secs(10), || async {
+        !exists().await
+    })
+    .await;
+
+    // A late duplicate of its starting message starts nothing.
+    let metrics = engine.process_metrics();
+    let duplicates = metrics.duplicates.load(Ordering::Relaxed);
+    engine.publish_with_id("open-1", open(700)).await.unwrap();
+    until("the duplicate dropped", Duration::from_secs(10), || async {
+        metrics.duplicates.load(Ordering::Relaxed) > duplicates
+    })
+    .await;
+    assert!(!exists().await, "a late duplicate recreated the instance");
+
+    // A new instance under the same id; its own reminder is an hour away.
+    engine
+        .publish_with_id("open-2", open(3_600_000))
+        .await
+        .unwrap();
+    until("the second instance", Duration::from_secs(10), exists).await;
+    // The first instance's reminder comes due and is dispatched...
+    let ignored = metrics.ignored.load(Ordering::Relaxed);
+    until(
+        "the old reminder dispatched",
+        Duration::from_secs(10),
+        || async { metrics.ignored.load(Ordering::Relaxed) > ignored },
+    )
+    .await;
+    // ...and ignored: it was the old instance's.
+    let state: Ticket = serde_json::from_value(
+        engine
+            .process_instance::<Tickets>("t-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+    )
+    .unwrap();
+    assert_eq!((state.opened, state.reminded), (1, 0), "{state:?}");
 }

@@ -96,7 +96,7 @@ pub use engine::{
     EngineBuilder, TaskFilter, TaskPage,
 };
 pub use error::{BoxError, Error, StepError, StepErrorKind};
-pub use runtime::{DEFAULT_ATTENTION_RETENTION, DEFAULT_RETENTION};
+pub use runtime::{DEFAULT_ATTENTION_RETENTION, DEFAULT_PROCESS_TOMBSTONE_TTL, DEFAULT_RETENTION};
 pub use saga::{Cancellable, Saga};
 pub use task::{AuditAction, AuditEntry, StepRecord, StepStatus, TaskId, TaskInstance, TaskStatus};
 

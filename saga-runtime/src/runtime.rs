@@ -33,6 +33,7 @@ pub(crate) struct Settings {
     pub shutdown_grace: Duration,
     pub timer_poll: Duration,
     pub dead_letter_unmatched: bool,
+    pub process_tombstone_ttl: Duration,
     pub step_timeout: Duration,
     pub stop_grace: Duration,
     pub max_deliveries: u32,
@@ -43,6 +44,11 @@ pub(crate) struct Settings {
     pub housekeeping_interval: Duration,
     pub client_retry: RetryPolicy,
 }
+
+/// How long a deleted process-manager instance's handled message ids are
+/// remembered, so that a late duplicate of the message that started it does
+/// not start it again (`EngineBuilder::process_tombstones`).
+pub const DEFAULT_PROCESS_TOMBSTONE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The default retention of finished tasks: 7 days.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
@@ -61,6 +67,7 @@ impl Default for Settings {
             shutdown_grace: Duration::from_secs(30),
             timer_poll: Duration::from_millis(100),
             dead_letter_unmatched: false,
+            process_tombstone_ttl: DEFAULT_PROCESS_TOMBSTONE_TTL,
             step_timeout: Duration::from_secs(5 * 60),
             stop_grace: Duration::from_secs(5),
             max_deliveries: 10,

@@ -67,6 +67,16 @@ struct State {
     scheduled: Vec<(u64, Envelope)>,
     endpoints: HashMap<String, Vec<String>>,
     leases: HashMap<String, (String, Instant)>,
+    /// What deleted instances handled, by [`Tombstone`], until it expires.
+    tombstones: HashMap<Tombstone, (HashSet<String>, Instant)>,
+}
+
+/// Where a deleted instance's handled message ids are remembered: under its
+/// id, and under each correlation entry it released.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Tombstone {
+    Instance(String, String),
+    Correlation(String, String, String),
 }
 
 #[derive(Clone)]
@@ -772,6 +782,30 @@ impl ProcessStore for MemoryBackend {
                 if stored != instance.version {
                     return Err(conflict());
                 }
+                if let (0, false, Some(message)) = (stored, commit.delete, commit.created_by) {
+                    let now = Instant::now();
+                    let remembers = |t: Tombstone| {
+                        state
+                            .tombstones
+                            .get(&t)
+                            .is_some_and(|(ids, until)| *until > now && ids.contains(message))
+                    };
+                    let by_id = Tombstone::Instance(process.to_owned(), instance.id.clone());
+                    if remembers(by_id)
+                        || commit.add_keys.iter().any(|(f, v)| {
+                            remembers(Tombstone::Correlation(
+                                process.to_owned(),
+                                f.clone(),
+                                v.clone(),
+                            ))
+                        })
+                    {
+                        return Err(BackendError::ProcessTombstoned {
+                            process: process.to_owned(),
+                            instance: instance.id.clone(),
+                        });
+                    }
+                }
                 for (field, value) in &commit.add_keys {
                     let ikey = (process.to_owned(), field.clone(), value.clone());
                     if matches!(state.index.get(&ikey), Some(owner) if *owner != instance.id) {
@@ -785,6 +819,25 @@ impl ProcessStore for MemoryBackend {
                     }
                 }
                 if commit.delete {
+                    let now = Instant::now();
+                    let until = now + commit.tombstone_ttl;
+                    state.tombstones.retain(|_, (_, until)| *until > now);
+                    let ids: HashSet<String> = instance.processed.iter().cloned().collect();
+                    let places = std::iter::once(Tombstone::Instance(
+                        process.to_owned(),
+                        instance.id.clone(),
+                    ))
+                    .chain(commit.remove_keys.iter().map(|(f, v)| {
+                        Tombstone::Correlation(process.to_owned(), f.clone(), v.clone())
+                    }));
+                    for place in places {
+                        let (known, expiry) = state
+                            .tombstones
+                            .entry(place)
+                            .or_insert_with(|| (HashSet::new(), until));
+                        known.extend(ids.iter().cloned());
+                        *expiry = until;
+                    }
                     state.instances.remove(&key);
                     let id = instance.id.clone();
                     state

@@ -445,6 +445,12 @@ pub struct ProcessInstance {
     /// The instance's id (its correlation id when a correlation-id message
     /// created it, else a UUID).
     pub id: String,
+    /// Unique per creation: an instance deleted and created again under the
+    /// same id has another one, and the timeouts its predecessor requested
+    /// (which carry the predecessor's) are ignored. Empty in records
+    /// written before generations existed.
+    #[serde(default)]
+    pub generation: String,
     /// The state, as JSON.
     pub state: Value,
     /// Active, completed or stopped.
@@ -471,6 +477,15 @@ pub struct ProcessCommit<'a> {
     /// The instance to write (`version` is the one it was loaded with; 0 to
     /// create), unless `None`.
     pub instance: Option<&'a ProcessInstance>,
+    /// When creating: the id of the message that creates the instance. The
+    /// write is refused with [`BackendError::ProcessTombstoned`] if a
+    /// deleted instance with this id, or one that owned a correlation entry
+    /// being claimed, handled that message (a late duplicate must not start
+    /// the process again).
+    pub created_by: Option<&'a str>,
+    /// When deleting: how long the tombstone remembers the message ids the
+    /// instance handled (its `processed` list).
+    pub tombstone_ttl: Duration,
     /// Delete the instance (and its correlation entries) instead of writing it.
     pub delete: bool,
     /// Correlation entries to claim for the instance: a value already owned
@@ -497,6 +512,15 @@ pub type SourceError = Arc<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum BackendError {
+    /// The instance would be created by a message a deleted instance with
+    /// its id or correlation already handled: a late duplicate.
+    #[error("process `{process}`: instance `{instance}` was deleted after handling this message")]
+    ProcessTombstoned {
+        /// The process manager.
+        process: String,
+        /// The instance.
+        instance: String,
+    },
     /// The stored version is not the one the write was based on.
     #[error("task {task}: version conflict (expected {expected}, found {actual})")]
     Conflict {

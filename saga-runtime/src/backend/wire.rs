@@ -105,6 +105,7 @@ mod tests {
             payload: serde_json::json!({"a": 1}),
             kind: EnvelopeKind::Message,
             instance_id: None,
+            generation: None,
             failures: 0,
             key: None,
             key_field: None,

@@ -200,6 +200,17 @@ impl EngineBuilder {
         self
     }
 
+    /// How long a deleted process-manager instance (`ctx.stop()`,
+    /// `on_complete = delete`) leaves a tombstone of the message ids it
+    /// handled (default 24 h): a late duplicate of one of them is dropped
+    /// instead of starting the process again. Past it, such a duplicate
+    /// starts a new instance; keep it longer than your brokers' redelivery
+    /// horizon.
+    pub fn process_tombstones(mut self, ttl: Duration) -> Self {
+        self.settings.process_tombstone_ttl = ttl;
+        self
+    }
+
     /// How often due retries and timeouts are moved onto the queue
     /// (default 100 ms; one engine at a time).
     pub fn timeout_poll_interval(mut self, interval: Duration) -> Self {

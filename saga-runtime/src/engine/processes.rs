@@ -44,6 +44,7 @@ impl Engine {
                     payload: payload.clone(),
                     kind: EnvelopeKind::Message,
                     instance_id: None,
+                    generation: None,
                     failures: 0,
                     key,
                     key_field,

@@ -87,6 +87,8 @@ pub(crate) struct DispatchEnv<'a> {
     /// How long one handler call may run before it is dropped and counted
     /// as a failure for `#[on_error]`.
     pub handler_timeout: std::time::Duration,
+    /// How long a deleted instance's handled message ids are remembered.
+    pub tombstone_ttl: std::time::Duration,
 }
 
 impl DispatchEnv<'_> {
@@ -110,6 +112,8 @@ impl DispatchEnv<'_> {
 fn commit<'a>(instance: Option<&'a ProcessInstance>, settle: Settle<'a>) -> ProcessCommit<'a> {
     ProcessCommit {
         instance,
+        created_by: None,
+        tombstone_ttl: std::time::Duration::ZERO,
         delete: false,
         add_keys: Vec::new(),
         remove_keys: Vec::new(),
@@ -195,6 +199,17 @@ pub(crate) async fn dispatch(
                     Some(existing) => existing,
                     None => env.backend.process_load(process, id).await?,
                 };
+                if let (Some(instance), Some(generation)) = (&existing, &envelope.generation) {
+                    if instance.generation != *generation {
+                        tracing::debug!(process, instance = %id, "timeout of an earlier instance with this id ignored");
+                        env.settle_only(process, env.ack()).await?;
+                        return Ok(Dispatched::Ignored {
+                            reason: format!(
+                                "timeout of an earlier instance `{id}` (deleted, then created again)"
+                            ),
+                        });
+                    }
+                }
                 (existing, id.to_owned())
             }
             Correlation::Id | Correlation::Field { .. } => {
@@ -265,6 +280,7 @@ pub(crate) async fn dispatch(
                 ProcessInstance {
                     process: process.to_owned(),
                     id,
+                    generation: uuid::Uuid::new_v4().simple().to_string(),
                     state: Value::Null,
                     status: InstanceStatus::Active,
                     version: 0,
@@ -429,6 +445,7 @@ pub(crate) async fn dispatch(
                             payload: out.payload.clone(),
                             kind: EnvelopeKind::Message,
                             instance_id: None,
+                            generation: None,
                             failures: 0,
                             key,
                             key_field,
@@ -457,6 +474,7 @@ pub(crate) async fn dispatch(
                     payload: t.payload.clone(),
                     kind: EnvelopeKind::Timeout,
                     instance_id: Some(instance.id.clone()),
+                    generation: Some(instance.generation.clone()).filter(|g| !g.is_empty()),
                     failures: 0,
                     key: None,
                     key_field: None,
@@ -466,6 +484,8 @@ pub(crate) async fn dispatch(
             .collect();
         let write = ProcessCommit {
             instance: Some(&instance),
+            created_by: created.then_some(envelope.message_id.as_str()),
+            tombstone_ttl: env.tombstone_ttl,
             delete,
             add_keys,
             remove_keys,
@@ -480,6 +500,13 @@ pub(crate) async fn dispatch(
                     instance: instance.id,
                     created,
                 })
+            }
+            // A late duplicate of the message that started a deleted
+            // instance: it must not start the process again.
+            Err(BackendError::ProcessTombstoned { instance, .. }) => {
+                tracing::debug!(process, %instance, message = %envelope.message_id, "duplicate of a deleted instance's message dropped");
+                env.settle_only(process, env.ack()).await?;
+                return Ok(Dispatched::Duplicate { instance });
             }
             // Someone else wrote the instance (or claimed its correlation
             // entry) first: re-run on the fresh state.

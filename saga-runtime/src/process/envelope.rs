@@ -29,6 +29,11 @@ pub struct Envelope {
     /// For timeouts: the instance that asked for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
+    /// For timeouts: that instance's generation
+    /// ([`ProcessInstance::generation`](crate::backend::ProcessInstance::generation)),
+    /// so that a timeout never reaches a later instance with the same id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<String>,
     /// Failures so far (business retries via `#[on_error]`).
     #[serde(default)]
     pub failures: u32,

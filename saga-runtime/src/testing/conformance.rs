@@ -70,6 +70,7 @@ fn envelope(n: u32) -> Envelope {
         payload: json!({"n": n}),
         kind: EnvelopeKind::Message,
         instance_id: None,
+        generation: None,
         failures: 0,
         key: None,
         key_field: None,
@@ -1095,6 +1096,7 @@ fn instance(id: &str) -> ProcessInstance {
     ProcessInstance {
         process: "pm".into(),
         id: id.into(),
+        generation: format!("{id}-1"),
         state: json!({"n": 0}),
         status: InstanceStatus::Active,
         version: 0,
@@ -1109,6 +1111,8 @@ fn instance(id: &str) -> ProcessInstance {
 fn write<'a>(i: &'a ProcessInstance, add: &[(&str, &str)]) -> ProcessCommit<'a> {
     ProcessCommit {
         instance: Some(i),
+        created_by: None,
+        tombstone_ttl: Duration::from_secs(3600),
         delete: false,
         add_keys: add
             .iter()
@@ -1170,6 +1174,53 @@ pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backe
     assert!(b.process_load("pm", "a").await.unwrap().is_none());
     assert!(b.process_find("pm", "order", "42").await.unwrap().is_none());
     assert!(b.process_list("pm").await.unwrap().is_empty());
+}
+
+/// A deleted instance leaves a tombstone of the message ids it handled,
+/// under its id and under the correlation entries it released: creating an
+/// instance there again with one of those messages is refused (a late
+/// duplicate), with another message it is not; the tombstone expires.
+pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
+    let mut a = instance("t");
+    a.processed = vec!["m-1".into(), "m-2".into()];
+    let mut create = write(&a, &[("order", "7")]);
+    create.created_by = Some("m-1");
+    b.process_commit("pm", create).await.unwrap();
+    a.version = 1;
+    let mut delete = write(&a, &[]);
+    delete.delete = true;
+    delete.remove_keys = vec![("order".into(), "7".into())];
+    delete.tombstone_ttl = Duration::from_millis(400);
+    b.process_commit("pm", delete).await.unwrap();
+
+    // Under the same id.
+    let again = instance("t");
+    let mut late = write(&again, &[]);
+    late.created_by = Some("m-2");
+    let refused = b.process_commit("pm", late).await;
+    assert!(
+        matches!(&refused, Err(BackendError::ProcessTombstoned { instance, .. }) if instance == "t"),
+        "a late duplicate recreated the instance: {refused:?}"
+    );
+    assert!(b.process_load("pm", "t").await.unwrap().is_none());
+    // Under another id that claims the released correlation entry.
+    let other = instance("u");
+    let mut late = write(&other, &[("order", "7")]);
+    late.created_by = Some("m-1");
+    assert!(matches!(
+        b.process_commit("pm", late).await,
+        Err(BackendError::ProcessTombstoned { .. })
+    ));
+    // A new message may start it again.
+    let mut fresh = write(&again, &[]);
+    fresh.created_by = Some("m-3");
+    assert_eq!(b.process_commit("pm", fresh).await.unwrap(), 1);
+
+    // Past the TTL the tombstone is gone.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut late = write(&other, &[("order", "7")]);
+    late.created_by = Some("m-1");
+    assert_eq!(b.process_commit("pm", late).await.unwrap(), 1);
 }
 
 /// The outbox, scheduled timeouts moved exactly once, named leases.
@@ -1246,6 +1297,7 @@ macro_rules! backend_conformance {
             paged_listing_by_status_and_time,
             housekeeping_caps_dead_letters,
             process_instances_versions_and_correlation_entries,
+            process_tombstones_refuse_late_duplicates,
             process_outbox_schedule_and_single_delivery_of_due_entries,
         );
     };

@@ -145,6 +145,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             payload: serde_json::to_value(&msg).expect("message serializes"),
             kind: EnvelopeKind::Message,
             instance_id: None,
+            generation: None,
             failures: 0,
             key: None,
             key_field: None,
@@ -219,6 +220,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             dead_letter_unmatched: false,
             // Virtual time: a handler is never timed out here.
             handler_timeout: Duration::from_secs(365 * 24 * 60 * 60),
+            tombstone_ttl: crate::runtime::DEFAULT_PROCESS_TOMBSTONE_TTL,
         };
         dispatch(self.pm.as_ref(), &env, envelope)
             .await

@@ -61,6 +61,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         delivery: Some(delivery),
         dead_letter_unmatched: rt.settings.dead_letter_unmatched,
         handler_timeout: rt.settings.step_timeout,
+        tombstone_ttl: rt.settings.process_tombstone_ttl,
     };
     let span = tracing::info_span!(
         "process_message",

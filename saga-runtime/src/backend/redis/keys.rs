@@ -154,6 +154,16 @@ impl Keys {
         format!("{}:idx:{process}:{field}:{value}", self.pm_tag())
     }
 
+    /// The message ids a deleted instance handled (a set that expires).
+    pub fn tombstone(&self, process: &str, id: &str) -> String {
+        format!("{}:tomb:{process}:{id}", self.pm_tag())
+    }
+
+    /// The same, under a correlation entry the deleted instance released.
+    pub fn correlation_tombstone(&self, process: &str, field: &str, value: &str) -> String {
+        format!("{}:idxtomb:{process}:{field}:{value}", self.pm_tag())
+    }
+
     pub fn scheduled(&self) -> String {
         format!("{}:scheduled", self.pm_tag())
     }

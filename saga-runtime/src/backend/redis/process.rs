@@ -143,6 +143,16 @@ impl ProcessStore for RedisBackend {
         for (endpoint, _) in &commit.endpoints {
             invocation.key(k.endpoint(endpoint));
         }
+        // Tombstones: the instance's, then those of the entries claimed
+        // (checked when creating) and released (written when deleting).
+        invocation.key(k.tombstone(process, &id));
+        for (field, value) in commit.add_keys.iter().chain(&commit.remove_keys) {
+            invocation.key(k.correlation_tombstone(process, field, value));
+        }
+        let handled = match (commit.delete, commit.instance) {
+            (true, Some(i)) => serde_json::to_string(&i.processed).map_err(corrupt)?,
+            _ => "[]".to_owned(),
+        };
         invocation
             .arg(if commit.instance.is_some() { "1" } else { "0" })
             .arg(version)
@@ -161,7 +171,10 @@ impl ProcessStore for RedisBackend {
             .arg(reason)
             .arg(size.map(|s| s.to_string()).unwrap_or_default())
             .arg(self.dead_letters_ceiling())
-            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT));
+            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
+            .arg(commit.created_by.unwrap_or_default())
+            .arg(super::ms(commit.tombstone_ttl))
+            .arg(handled);
         for envelope in &commit.enqueue {
             invocation.arg(WorkItem::Process(envelope.clone()).encode());
         }
@@ -176,6 +189,10 @@ impl ProcessStore for RedisBackend {
         let reply: Vec<Value> = self.run(&invocation).await?;
         match reply.first() {
             Some(Value::Int(v)) if *v >= 0 => Ok(*v as u64),
+            Some(Value::Int(-5)) => Err(BackendError::ProcessTombstoned {
+                process: process.to_owned(),
+                instance: id,
+            }),
             Some(Value::Int(_)) => Err(BackendError::ProcessConflict {
                 process: process.to_owned(),
                 instance: id,

@@ -593,18 +593,29 @@ return n",
 /// release, `n_ep` endpoint streams. ARGV: has instance, expected version,
 /// doc, id, delete, n_add, n_rem, n_ep, n_enqueue, n_schedule, settle
 /// ('none'|'ack'|'dead'), entry id, group, payload, reason, size ('' = not
-/// cut), dead-letter cap, endpoint cap; then the enqueued payloads, the
-/// endpoint payloads, and (due, payload) pairs.
-/// Returns {new version} or {-2, stored version} / {-4, owner} on conflict.
+/// cut), dead-letter cap, endpoint cap, the id of the message creating the
+/// instance ('' = not creating), tombstone TTL ms, the JSON array of the
+/// message ids a deleted instance handled; then the enqueued payloads, the
+/// endpoint payloads, and (due, payload) pairs. After the endpoint streams,
+/// KEYS go on with the instance's tombstone and those of the `n_add` and
+/// `n_rem` correlation entries.
+/// Returns {new version} or {-2, stored version} / {-4, owner} on conflict,
+/// {-5} when a tombstone remembers the creating message.
 pub static PROCESS_COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}{SETTLE_FN}
 local nadd, nrem, nep = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local nenq, nsch = tonumber(ARGV[9]), tonumber(ARGV[10])
+local tomb = 5 + nadd + nrem + nep + 1
 local version = 0
 if ARGV[1] == '1' then
   local v = redis.call('HGET', KEYS[1], 'version') or '0'
   if v ~= ARGV[2] then return {{-2, v}} end
+  if v == '0' and ARGV[5] ~= '1' and ARGV[19] ~= '' then
+    for i = 0, nadd do
+      if redis.call('SISMEMBER', KEYS[tomb + i], ARGV[19]) == 1 then return {{-5}} end
+    end
+  end
   for i = 1, nadd do
     local owner = redis.call('GET', KEYS[5 + i])
     if owner and owner ~= ARGV[4] then return {{-4, owner}} end
@@ -616,6 +627,15 @@ if ARGV[1] == '1' then
   if ARGV[5] == '1' then
     redis.call('DEL', KEYS[1])
     redis.call('SREM', KEYS[2], ARGV[4])
+    local handled = cjson.decode(ARGV[21])
+    if #handled > 0 then
+      local places = {{tomb}}
+      for i = 1, nrem do places[#places + 1] = tomb + nadd + i end
+      for _, k in ipairs(places) do
+        redis.call('SADD', KEYS[k], unpack(handled))
+        redis.call('PEXPIRE', KEYS[k], ARGV[20])
+      end
+    end
   else
     for i = 1, nadd do redis.call('SET', KEYS[5 + i], ARGV[4]) end
     version = tonumber(v) + 1
@@ -623,7 +643,7 @@ if ARGV[1] == '1' then
     redis.call('SADD', KEYS[2], ARGV[4])
   end
 end
-local a = 18
+local a = 21
 for i = 1, nenq do redis.call('XADD', KEYS[3], '*', 'payload', ARGV[a + i]) end
 a = a + nenq
 for i = 1, nep do
