@@ -4,28 +4,41 @@ use super::Engine;
 use crate::backend::{ProcessInstance, WorkItem};
 use crate::error::Error;
 use crate::process::{Envelope, EnvelopeKind, Message, ProcessManager, ProcessMetrics};
+use crate::saga::BoxFuture;
 
 impl Engine {
     /// Publishes `msg` to every registered process manager that handles its
     /// type; returns how many that is (0 is logged: nothing handles it).
-    pub async fn publish<M: Message>(&self, msg: M) -> Result<usize, Error> {
-        self.publish_with_id(&uuid::Uuid::new_v4().to_string(), msg)
-            .await
+    // A boxed future whose type does not mention `M` (as for `cancel`): a
+    // type that is not a message is then one error, at the call.
+    pub fn publish<M: Message>(&self, msg: M) -> BoxFuture<'_, Result<usize, Error>> {
+        let message_id = uuid::Uuid::new_v4().to_string();
+        let encoded = serde_json::to_value(&msg);
+        Box::pin(async move { self.publish_json(&message_id, M::TYPE, encoded?).await })
     }
 
     /// [`publish`](Self::publish) with the message's own id: publishing the
     /// same id twice (a producer's retry) is recognised by the instance and
     /// the duplicate changes nothing.
-    pub async fn publish_with_id<M: Message>(
+    pub fn publish_with_id<'a, M: Message>(
+        &'a self,
+        message_id: &'a str,
+        msg: M,
+    ) -> BoxFuture<'a, Result<usize, Error>> {
+        let encoded = serde_json::to_value(&msg);
+        Box::pin(async move { self.publish_json(message_id, M::TYPE, encoded?).await })
+    }
+
+    async fn publish_json(
         &self,
         message_id: &str,
-        msg: M,
+        message_type: &'static str,
+        payload: serde_json::Value,
     ) -> Result<usize, Error> {
-        let payload = serde_json::to_value(&msg)?;
-        let subscribers = self.rt.subscribers(M::TYPE);
+        let subscribers = self.rt.subscribers(message_type);
         if subscribers.is_empty() {
             tracing::warn!(
-                message_type = M::TYPE,
+                message_type,
                 "published message has no process manager to handle it"
             );
             return Ok(0);
@@ -34,13 +47,13 @@ impl Engine {
             .iter()
             .map(|process| {
                 let (key, key_field) = match self.rt.processes.get(process) {
-                    Some(pm) => crate::process::routing_key(pm.as_ref(), M::TYPE, &payload),
+                    Some(pm) => crate::process::routing_key(pm.as_ref(), message_type, &payload),
                     None => (None, None),
                 };
                 WorkItem::Process(Envelope {
                     message_id: message_id.to_owned(),
                     process: (*process).to_owned(),
-                    message_type: M::TYPE.to_owned(),
+                    message_type: message_type.to_owned(),
                     payload: payload.clone(),
                     kind: EnvelopeKind::Message,
                     instance_id: None,

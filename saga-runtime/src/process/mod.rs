@@ -41,6 +41,11 @@ use crate::saga::BoxFuture;
 
 /// A message a process manager can handle, send, publish or schedule:
 /// `#[derive(Message)]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a message: add `#[derive(Message, Serialize, Deserialize)]` to it",
+    label = "not a message",
+    note = "what process managers handle, send, publish and schedule is routed by its `Message::TYPE` and stored as JSON"
+)]
 pub trait Message: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The message type's name on the wire (default: the Rust type's name;
     /// `#[message(name = "..")]` overrides it). Keep it stable across
@@ -159,6 +164,10 @@ impl ProcessDefinition {
 }
 
 /// A process manager: implemented by `#[process_manager]`, not by hand.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a process manager: add `#[process_manager(state = ..)]` to its `impl` block of handlers",
+    label = "not a process manager"
+)]
 pub trait ProcessManager: Send + Sync + 'static {
     /// The coordination state.
     type State: Default + Serialize + DeserializeOwned + Send + Sync + 'static;

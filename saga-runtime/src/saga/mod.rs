@@ -102,6 +102,10 @@ pub struct CompensationDefinition {
 /// second one here. Generic code converts them with
 /// [`encode_input`](Self::encode_input) and
 /// [`decode_output`](Self::decode_output).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a saga: add `#[saga]` to its `impl` block of steps",
+    label = "not a saga"
+)]
 pub trait Saga: Send + Sync + 'static {
     /// Step 1's input.
     type Input: Send + Sync + 'static;
@@ -250,7 +254,7 @@ fn not_persistable<T>() -> StepError {
 #[diagnostic::on_unimplemented(
     message = "the saga's input `{Self}` is stored with each task as JSON, so it must implement `Serialize` and `Deserialize`",
     label = "stored as JSON",
-    note = "add `#[derive(Serialize, Deserialize)]` to `{Self}` (serde's derives; the type's fields need them too)"
+    note = "add `#[derive(Serialize, Deserialize)]` to `{Self}` (the type's fields need them too); a type from another crate goes in a type of yours that derives them, or enable that crate's `serde` feature"
 )]
 pub trait SagaInput {}
 
@@ -262,7 +266,7 @@ impl<T: Serialize + DeserializeOwned> SagaInput for T {}
 #[diagnostic::on_unimplemented(
     message = "step {STEP} returns `{Self}`, which is stored as JSON between steps, so it must implement `Serialize` and `Deserialize`",
     label = "stored as JSON",
-    note = "add `#[derive(Serialize, Deserialize)]` to `{Self}` (serde's derives; the type's fields need them too)"
+    note = "add `#[derive(Serialize, Deserialize)]` to `{Self}` (the type's fields need them too); a type from another crate goes in a type of yours that derives them, or enable that crate's `serde` feature"
 )]
 pub trait StepOutput<const STEP: u32> {}
 
