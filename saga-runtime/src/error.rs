@@ -188,6 +188,15 @@ pub enum Error {
         /// What serde said.
         reason: String,
     },
+    /// A process-manager instance's stored state that does not decode as
+    /// the process manager's `State` (written by another version of it).
+    #[error("the stored state of process manager `{process}` does not decode: {reason}")]
+    InvalidState {
+        /// The process manager.
+        process: &'static str,
+        /// What serde said.
+        reason: String,
+    },
     /// The task ended without completing (failed, compensated, cancelled,
     /// or parked for an operator), so it has no output.
     #[error("task {id} ended `{status}` without completing{}", reason(.error))]

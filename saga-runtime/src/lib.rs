@@ -128,9 +128,10 @@ pub mod __private {
     pub use crate::error::StepError;
     pub use crate::policy::{BackoffKind, OnExhausted, RetryPolicy};
     pub use crate::process::{
-        correlation_value, decode_message, same_state, unknown_message, Concurrency, Correlation,
-        ErrorAction, Failure, HandlerDefinition, HandlerKind, HasCorrelationId, Message,
-        OnComplete, ProcessContext, ProcessDefinition, ProcessError, ProcessManager, ProcessState,
+        correlation_value, decode_message, message_ops, same_state, state_ops, unknown_message,
+        Concurrency, Correlation, ErrorAction, Failure, HandlerDefinition, HandlerKind,
+        HasCorrelationId, Message, OnComplete, ProcessContext, ProcessDefinition, ProcessError,
+        ProcessManager, ProcessState,
     };
     pub use crate::reconcile::{self, ReconcileError, ReconcileReport};
     pub use crate::saga::{

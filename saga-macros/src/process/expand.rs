@@ -6,14 +6,14 @@
 //! `Box`, `Value` or `msg` may mean something else.
 //!
 //! One mistake, one error: what the compiler has to judge (the state's
-//! traits, each message's `Message` impl, the correlated fields) is asserted
-//! once, in a `const _` block, spanned on the user's tokens. The trait impl
-//! states the same facts as `for<'__pm>` where-clauses, which rustc assumes
-//! inside the impl instead of re-checking them at every use, so a missing
-//! `Default` or `#[derive(Message)]` is reported once, by the assertion with
-//! the helpful message, not again by every generated line that needs it.
-//! The correlated fields are read with the same expression, on the same
-//! tokens, everywhere; rustc reports identical diagnostics once.
+//! traits, each message's `Message` impl, the correlated fields) is asked
+//! with the same expression, on the same tokens, everywhere it is needed:
+//! the state through `state_ops::<S>()`, a message through
+//! `message_ops::<M>()`, a field through one borrow expression. rustc
+//! reports identical diagnostics once, so a missing `Default` or
+//! `#[derive(Message)]` is one error, with the runtime trait's message. The
+//! trait impl itself has no such bounds: it holds, so registering or using
+//! the process manager elsewhere adds no error.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
@@ -56,7 +56,7 @@ pub fn fallback(pm: &ProcessDef) -> TokenStream {
     // The handlers are not called from anywhere while the macro is broken.
     item.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
     let state = pm.state.clone().unwrap_or_else(value_type);
-    let (impl_generics, where_clause) = impl_header(pm, &state, &[]);
+    let (impl_generics, where_clause) = impl_header(pm);
     let self_ty = &pm.item.self_ty;
     let name = &pm.name;
     quote! {
@@ -65,6 +65,19 @@ pub fn fallback(pm: &ProcessDef) -> TokenStream {
             type State = #state;
             const NAME: &'static str = #name;
             fn definition() -> &'static #rt::ProcessDefinition {
+                ::core::unreachable!()
+            }
+            fn new_state() -> Self::State {
+                ::core::unreachable!()
+            }
+            fn encode_state(
+                _: &Self::State,
+            ) -> ::core::result::Result<#rt::Value, #rt::ProcessError> {
+                ::core::unreachable!()
+            }
+            fn decode_state(
+                _: #rt::Value,
+            ) -> ::core::result::Result<Self::State, #rt::ProcessError> {
                 ::core::unreachable!()
             }
             fn handle<'__a>(
@@ -103,10 +116,8 @@ pub fn fallback(pm: &ProcessDef) -> TokenStream {
 
 /// `impl<..>` generics and the where clause of the trait impl: a generic
 /// process-manager type must be `Send + Sync + 'static` (said in the where
-/// clause, a missing bound shows at the use site), and the state and message
-/// types their traits (asserted with a good message in [`assertions`]).
-fn impl_header(pm: &ProcessDef, state: &Type, messages: &[&Type]) -> (TokenStream, TokenStream) {
-    let rt = rt();
+/// clause, a missing bound shows at the use site).
+fn impl_header(pm: &ProcessDef) -> (TokenStream, TokenStream) {
     let generics = &pm.item.generics;
     let (impl_generics, _, _) = generics.split_for_impl();
     let mut where_clause = generics
@@ -119,15 +130,20 @@ fn impl_header(pm: &ProcessDef, state: &Type, messages: &[&Type]) -> (TokenStrea
             #self_ty: ::core::marker::Send + ::core::marker::Sync + 'static
         ));
     }
-    where_clause
-        .predicates
-        .push(syn::parse_quote!(for<'__pm> #state: #rt::ProcessState));
-    for message in messages {
-        where_clause
-            .predicates
-            .push(syn::parse_quote!(for<'__pm> #message: #rt::Message));
-    }
     (quote!(#impl_generics), quote!(#where_clause))
+}
+
+/// `state_ops::<S>()`: everything generated code does with the state, and
+/// the one check of its traits (see the module doc).
+fn state_ops(state: &Type) -> TokenStream {
+    let rt = rt();
+    quote_spanned!(state.span()=> #rt::state_ops::<#state>())
+}
+
+/// `message_ops::<M>()`, the same for a message type.
+fn message_ops(message: &Type) -> TokenStream {
+    let rt = rt();
+    quote_spanned!(message.span()=> #rt::message_ops::<#message>())
 }
 
 /// The distinct message types, in handler order (`check` made them
@@ -175,7 +191,8 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
     let rt = rt();
     let mut calls = TokenStream::new();
     if let Some(state) = &pm.state {
-        calls.extend(quote_spanned!(state.span()=> __assert_state::<#state>();));
+        let ops = state_ops(state);
+        calls.extend(quote!(let _ = #ops;));
     }
     // A starting or continuing handler without `#[correlate]` finds its
     // instance by the message's correlation id, so its message must have
@@ -188,7 +205,8 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
         .filter_map(|h| h.message.as_ref())
         .collect();
     for message in messages(pm) {
-        calls.extend(quote_spanned!(message.span()=> __assert_message::<#message>();));
+        let ops = message_ops(message);
+        calls.extend(quote!(let _ = #ops;));
         if correlated.iter().any(|c| **c == *message) {
             calls.extend(quote_spanned!(message.span()=>
                 (&__IfMessage::<#message>(::core::marker::PhantomData)).__assert_correlated();
@@ -213,18 +231,6 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
     });
     quote! {
         const _: () = {
-            #[allow(dead_code)]
-            fn __assert_state<__T: #rt::ProcessState>() {}
-            #[diagnostic::on_unimplemented(
-                message = "`{Self}` is not a message: add `#[derive(Message)]` to it",
-                label = "handled here, but `{Self}` does not implement `Message`",
-                note = "a handler's message is routed by its `Message::TYPE` and decoded from the queue: `#[derive(Message, Serialize, Deserialize)]`"
-            )]
-            trait __Message {}
-            #[diagnostic::do_not_recommend]
-            impl<__T: #rt::Message> __Message for __T {}
-            #[allow(dead_code)]
-            fn __assert_message<__T: __Message>() {}
             // The inherent method applies only to messages (method lookup
             // then asks for a correlation id); for any other type lookup
             // falls back to the trait's, which asks nothing.
@@ -255,10 +261,11 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
 fn trait_impl(pm: &ProcessDef) -> TokenStream {
     let rt = rt();
     let state = pm.state.clone().unwrap_or_else(value_type);
-    let (impl_generics, where_clause) = impl_header(pm, &state, &messages(pm));
+    let (impl_generics, where_clause) = impl_header(pm);
     let self_ty = &pm.item.self_ty;
     let name = &pm.name;
     let state_type = type_to_string(&state);
+    let ops = state_ops(&state);
     let handlers = pm.handlers.iter().map(handler_definition);
     let on_complete = match pm.on_complete {
         OnComplete::Keep => quote!(Keep),
@@ -291,15 +298,34 @@ fn trait_impl(pm: &ProcessDef) -> TokenStream {
             const NAME: &'static str = #name;
 
             fn definition() -> &'static #rt::ProcessDefinition {
-                // A constant expression, promoted to a `'static`: unlike a
-                // `static` item it sees the impl's where clause.
-                &#rt::ProcessDefinition {
-                    name: #name,
-                    state_type: #state_type,
-                    handlers: &[#(#handlers),*],
-                    on_complete: #rt::OnComplete::#on_complete,
-                    concurrency: #rt::Concurrency::#concurrency,
+                // Evaluated at compile time (message types come from
+                // `message_ops`, a `const fn`); unlike a `static` item an
+                // inline `const` may sit in a generic impl.
+                const {
+                    &#rt::ProcessDefinition {
+                        name: #name,
+                        state_type: #state_type,
+                        handlers: &[#(#handlers),*],
+                        on_complete: #rt::OnComplete::#on_complete,
+                        concurrency: #rt::Concurrency::#concurrency,
+                    }
                 }
+            }
+
+            fn new_state() -> Self::State {
+                (#ops.fresh)()
+            }
+
+            fn encode_state(
+                __state: &Self::State,
+            ) -> ::core::result::Result<#rt::Value, #rt::ProcessError> {
+                (#ops.encode)(__state)
+            }
+
+            fn decode_state(
+                __state: #rt::Value,
+            ) -> ::core::result::Result<Self::State, #rt::ProcessError> {
+                (#ops.decode)(__state)
             }
 
             fn handle<'__a>(
@@ -347,7 +373,7 @@ fn trait_impl(pm: &ProcessDef) -> TokenStream {
 fn handler_definition(handler: &HandlerDef) -> TokenStream {
     let rt = rt();
     let method = handler.ident.to_string();
-    let message = message_of(handler);
+    let ops = message_ops(&message_of(handler));
     let kind = match handler.kind {
         HandlerKind::Starts { strict } => quote!(Starts { strict: #strict }),
         HandlerKind::Handles { strict } => quote!(Handles { strict: #strict }),
@@ -365,7 +391,7 @@ fn handler_definition(handler: &HandlerDef) -> TokenStream {
     quote! {
         #rt::HandlerDefinition {
             method: #method,
-            message_type: <#message as #rt::Message>::TYPE,
+            message_type: #ops.type_name,
             kind: #rt::HandlerKind::#kind,
             correlation: #rt::Correlation::#correlation,
         }
@@ -385,14 +411,15 @@ fn handle_arm(handler: &HandlerDef) -> TokenStream {
     };
     // Spanned on the method so that, say, a future that is not `Send` is
     // reported at the handler rather than at `#[process_manager]`.
+    let ops = message_ops(&message);
     let boxed = quote_spanned! {method.span()=>
         ::std::boxed::Box::pin(async move {
-            let __msg: #message = #rt::decode_message(__message)?;
+            let __msg: #message = (#ops.decode)(__message)?;
             Self::#method(self, __msg, #state, __ctx).await
         })
     };
     quote! {
-        if __message_type == <#message as #rt::Message>::TYPE {
+        if __message_type == #ops.type_name {
             return #boxed;
         }
     }
@@ -401,18 +428,18 @@ fn handle_arm(handler: &HandlerDef) -> TokenStream {
 fn message_key_arm(handler: &HandlerDef) -> Option<TokenStream> {
     let rt = rt();
     let message = message_of(handler);
+    let ops = message_ops(&message);
     let key = match &handler.correlation {
         Correlation::Instance => return None,
-        Correlation::Id => quote!(#rt::Message::correlation_id(&__msg)),
+        Correlation::Id => quote!((#ops.correlation_id)(&__msg)),
         Correlation::Field { message: field, .. } => {
             let field = message_field_ref(field);
             quote!(::core::option::Option::Some(#rt::correlation_value(#field)))
         }
     };
     Some(quote! {
-        if __message_type == <#message as #rt::Message>::TYPE {
-            let __msg: #message =
-                #rt::decode_message(::core::clone::Clone::clone(__message))?;
+        if __message_type == #ops.type_name {
+            let __msg: #message = (#ops.decode)(::core::clone::Clone::clone(__message))?;
             return ::core::result::Result::Ok(#key);
         }
     })
@@ -420,19 +447,18 @@ fn message_key_arm(handler: &HandlerDef) -> Option<TokenStream> {
 
 /// A starting message's mapped field, moved into the fresh state.
 fn seed_arm(handler: &HandlerDef) -> Option<TokenStream> {
-    let rt = rt();
     let (HandlerKind::Starts { .. }, Correlation::Field { state, message }) =
         (handler.kind, &handler.correlation)
     else {
         return None;
     };
     let message_ty = message_of(handler);
+    let ops = message_ops(&message_ty);
     let state = state_field(state);
     let message = message_field(message);
     Some(quote! {
-        if __message_type == <#message_ty as #rt::Message>::TYPE {
-            let mut __msg: #message_ty =
-                #rt::decode_message(::core::clone::Clone::clone(__message))?;
+        if __message_type == #ops.type_name {
+            let mut __msg: #message_ty = (#ops.decode)(::core::clone::Clone::clone(__message))?;
             let [__dst, __src] = [#state, #message];
             ::core::mem::swap(__dst, __src);
         }

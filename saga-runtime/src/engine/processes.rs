@@ -100,7 +100,14 @@ impl Engine {
         id: &str,
     ) -> Result<Option<P::State>, Error> {
         match self.process_instance::<P>(id).await? {
-            Some(instance) => Ok(Some(serde_json::from_value(instance.state)?)),
+            Some(instance) => {
+                P::decode_state(instance.state)
+                    .map(Some)
+                    .map_err(|e| Error::InvalidState {
+                        process: P::NAME,
+                        reason: e.to_string(),
+                    })
+            }
             None => Ok(None),
         }
     }

@@ -168,14 +168,36 @@ impl ProcessDefinition {
     message = "`{Self}` is not a process manager: add `#[process_manager(state = ..)]` to its `impl` block of handlers",
     label = "not a process manager"
 )]
+///
+/// `State` is `Default + Serialize + Deserialize` (the macro checks it, with
+/// one error on the type); the trait does not repeat the bound, so that a
+/// missing derive is not reported again wherever the process manager is
+/// used. Generic code goes through [`new_state`](Self::new_state),
+/// [`encode_state`](Self::encode_state) and
+/// [`decode_state`](Self::decode_state).
 pub trait ProcessManager: Send + Sync + 'static {
     /// The coordination state.
-    type State: Default + Serialize + DeserializeOwned + Send + Sync + 'static;
+    type State: Send + Sync + 'static;
     /// Its name.
     const NAME: &'static str;
 
     /// The static shape.
     fn definition() -> &'static ProcessDefinition
+    where
+        Self: Sized;
+
+    /// A fresh state, for a starting message.
+    fn new_state() -> Self::State
+    where
+        Self: Sized;
+
+    /// The state as it is stored.
+    fn encode_state(state: &Self::State) -> Result<Value, ProcessError>
+    where
+        Self: Sized;
+
+    /// A stored state, typed.
+    fn decode_state(state: Value) -> Result<Self::State, ProcessError>
     where
         Self: Sized;
 
@@ -313,6 +335,57 @@ pub trait ProcessState: Default + Serialize + DeserializeOwned + Send + Sync + '
 
 impl<T: Default + Serialize + DeserializeOwned + Send + Sync + 'static> ProcessState for T {}
 
+/// What generated code does with a process manager's state, through one
+/// function ([`state_ops`]) whose bound is the one check: a state type
+/// missing a derive fails it with the same diagnostic wherever it is used,
+/// and rustc shows that once.
+#[doc(hidden)]
+pub struct StateOps<S> {
+    pub fresh: fn() -> S,
+    pub encode: fn(&S) -> Result<Value, ProcessError>,
+    pub decode: fn(Value) -> Result<S, ProcessError>,
+}
+
+#[doc(hidden)]
+pub const fn state_ops<S: ProcessState>() -> StateOps<S> {
+    StateOps {
+        fresh: S::default,
+        encode: encode_state::<S>,
+        decode: decode_state::<S>,
+    }
+}
+
+fn encode_state<S: Serialize>(state: &S) -> Result<Value, ProcessError> {
+    serde_json::to_value(state)
+        .map_err(|e| ProcessError::new(format!("state does not serialize as JSON: {e}")))
+}
+
+fn decode_state<S: DeserializeOwned>(state: Value) -> Result<S, ProcessError> {
+    serde_json::from_value(state).map_err(|e| {
+        ProcessError::invalid_payload(format!(
+            "stored state does not deserialize as `{}`: {e}",
+            std::any::type_name::<S>()
+        ))
+    })
+}
+
+/// The same for a message type ([`message_ops`]).
+#[doc(hidden)]
+pub struct MessageOps<M> {
+    pub type_name: &'static str,
+    pub decode: fn(Value) -> Result<M, ProcessError>,
+    pub correlation_id: fn(&M) -> Option<String>,
+}
+
+#[doc(hidden)]
+pub const fn message_ops<M: Message>() -> MessageOps<M> {
+    MessageOps {
+        type_name: M::TYPE,
+        decode: decode_message::<M>,
+        correlation_id: <M as Message>::correlation_id,
+    }
+}
+
 /// A handler's result as the engine stores it: the new state as JSON and
 /// its correlation entries.
 pub(crate) type Handled = (Value, Vec<(&'static str, String)>);
@@ -351,22 +424,15 @@ impl<P: ProcessManager> ErasedProcess for P {
     ) -> BoxFuture<'a, Result<Handled, ProcessError>> {
         Box::pin(async move {
             let mut state: P::State = match state {
-                Some(value) => serde_json::from_value(value).map_err(|e| {
-                    ProcessError::invalid_payload(format!(
-                        "stored state does not deserialize as `{}`: {e}",
-                        P::definition().state_type
-                    ))
-                })?,
-                None => P::State::default(),
+                Some(value) => P::decode_state(value)?,
+                None => P::new_state(),
             };
             if seed {
                 P::seed(message_type, &message, &mut state)?;
             }
             self.handle(message_type, message, &mut state, ctx).await?;
             let keys = P::state_keys(&state);
-            let value = serde_json::to_value(&state)
-                .map_err(|e| ProcessError::new(format!("state does not serialize as JSON: {e}")))?;
-            Ok((value, keys))
+            Ok((P::encode_state(&state)?, keys))
         })
     }
 

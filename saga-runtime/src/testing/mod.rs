@@ -266,7 +266,7 @@ impl<P: ProcessManager> ProcessTest<P> {
     /// The state of instance `id`.
     pub async fn state(&self, id: &str) -> Option<P::State> {
         let instance = self.instance(id).await?;
-        Some(serde_json::from_value(instance.state).expect("state decodes"))
+        Some(P::decode_state(instance.state).expect("state decodes"))
     }
 
     /// The state of the instance whose correlated field `field` is `value`.
@@ -276,7 +276,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             .process_find(P::definition().name, field, value)
             .await
             .expect("memory store")?;
-        Some(serde_json::from_value(instance.state).expect("state decodes"))
+        Some(P::decode_state(instance.state).expect("state decodes"))
     }
 
     /// Messages sent to `endpoint`, oldest first.
