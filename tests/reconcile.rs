@@ -153,3 +153,80 @@ async fn a_failing_cycle_is_isolated_and_the_next_one_runs() {
     shutdown.cancel();
     runner.await.unwrap();
 }
+
+/// The next version of the saga: its step outputs are read with its own
+/// `ArchiveV2StepOutput`.
+struct ArchiveV2;
+
+#[saga(name = "archive", version = 2)]
+impl ArchiveV2 {
+    #[saga_step(1)]
+    async fn upload(&self, name: String) -> Result<Upload, StepError> {
+        Ok(Upload {
+            key: format!("archive-v2/{name}"),
+        })
+    }
+
+    #[saga_step(2)]
+    async fn index(&self, upload: Upload) -> Result<u32, StepError> {
+        Ok(upload.key.len() as u32)
+    }
+}
+
+struct CleanerV2 {
+    bucket: Bucket,
+    received: Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+impl ArchiveV2Reconciliation for CleanerV2 {
+    type Resource = String;
+    type Key = String;
+
+    async fn list_resources(&self) -> Result<Vec<String>, ReconcileError> {
+        Ok(self.bucket.lock().unwrap().iter().cloned().collect())
+    }
+
+    fn resource_key(&self, resource: &String) -> String {
+        resource.clone()
+    }
+
+    fn referenced_keys(&self, output: &ArchiveV2StepOutput) -> Vec<String> {
+        match output {
+            ArchiveV2StepOutput::Upload(upload) => vec![upload.key.clone()],
+            ArchiveV2StepOutput::Index(_) => vec![],
+        }
+    }
+
+    async fn handle_orphans(&self, orphans: Vec<String>) -> Result<(), ReconcileError> {
+        self.received.lock().unwrap().push(orphans);
+        Ok(())
+    }
+}
+
+/// During an upgrade, version 2's reconciliation cannot read the outputs of
+/// version 1's live tasks; a resource only they use would look orphaned.
+/// The scan fails and deletes nothing until they have ended.
+#[tokio::test(start_paused = true)]
+async fn a_reconciliation_deletes_nothing_while_tasks_of_another_version_are_live() {
+    let bucket: Bucket = Arc::default();
+    let engine = Engine::builder()
+        .saga(Archive {
+            bucket: bucket.clone(),
+        })
+        .saga(ArchiveV2)
+        .build()
+        .await
+        .unwrap();
+    let id = engine.start::<Archive>("ok-1".to_owned()).await.unwrap();
+    engine.wait(id).await.unwrap();
+    let cleaner = CleanerV2 {
+        bucket,
+        received: Arc::default(),
+    };
+    let error = match cleaner.reconcile_once(&engine).await {
+        Err(error) => error.to_string(),
+        Ok(report) => panic!("the scan went on: {report:?}"),
+    };
+    assert!(error.contains("runs on version 1"), "{error}");
+    assert!(cleaner.received.lock().unwrap().is_empty());
+}

@@ -89,9 +89,15 @@ fn is_live(status: TaskStatus) -> bool {
 /// of `saga`. `referenced` maps one step output (step number, JSON) to the keys
 /// it references; the generated trait decodes the JSON into the typed
 /// `{Saga}StepOutput` enum there.
+///
+/// The enum is `version`'s: a live task of another version of the saga
+/// (during an upgrade) has outputs it cannot read, or would misread, and a
+/// resource only that task uses would look orphaned. The scan then fails
+/// and deletes nothing until those tasks have ended.
 pub async fn find_orphans<R, K>(
     engine: &Engine,
     saga: &str,
+    version: u32,
     resources: Vec<R>,
     key_of: impl Fn(&R) -> K,
     mut referenced: impl FnMut(u32, Value) -> Result<Vec<K>, ReconcileError>,
@@ -106,6 +112,14 @@ where
     };
     let mut keys = HashSet::new();
     for task in tasks.into_iter().filter(|t| is_live(t.status)) {
+        if task.saga_version != version {
+            return Err(ReconcileError::new(format!(
+                "task {} of saga `{saga}` runs on version {}, and this reconciliation reads \
+                 version {version}'s step outputs: nothing is deleted while tasks of another \
+                 version are live",
+                task.id, task.saga_version
+            )));
+        }
         report.live_tasks += 1;
         for step in task.steps {
             if step.status != StepStatus::Completed {

@@ -590,6 +590,7 @@ fn output_enum(saga: &SagaDef) -> TokenStream {
 
 fn reconciliation_trait(saga: &SagaDef) -> TokenStream {
     let rt = rt();
+    let version = saga.version;
     let ident = saga.reconciliation_ident();
     let output_enum = saga.output_enum_ident();
     let name = &saga.name;
@@ -655,6 +656,7 @@ fn reconciliation_trait(saga: &SagaDef) -> TokenStream {
                     let (__orphans, __report) = #rt::reconcile::find_orphans(
                         engine,
                         #name,
+                        #version,
                         __resources,
                         |__resource| self.resource_key(__resource),
                         |__order, __value| {
