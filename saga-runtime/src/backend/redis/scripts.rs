@@ -536,15 +536,23 @@ for i = 1, #ARGV / 3 do
   local k = 1 + (i - 1) * 8
   if score and tonumber(score) <= now then
     local status = redis.call('HGET', KEYS[k + 1], 'status')
-    if status then
-      if status ~= old then redis.call('ZREM', KEYS[k + 7], id) end
+    local ttl = redis.call('PTTL', KEYS[k + 1])
+    if status and status == old and ttl > 0 then
+      -- Due by the score but not expired yet (the two clocks may differ
+      -- by a millisecond): come back once it has, or the index entries
+      -- would outlive the record.
+      redis.call('ZADD', KEYS[1], now + ttl, member)
     else
-      redis.call('DEL', KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 8])
-      redis.call('ZREM', KEYS[k + 6], id)
-      redis.call('ZREM', KEYS[k + 7], id)
-      n = n + 1
+      if status then
+        if status ~= old then redis.call('ZREM', KEYS[k + 7], id) end
+      else
+        redis.call('DEL', KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], KEYS[k + 5], KEYS[k + 8])
+        redis.call('ZREM', KEYS[k + 6], id)
+        redis.call('ZREM', KEYS[k + 7], id)
+        n = n + 1
+      end
+      redis.call('ZREM', KEYS[1], member)
     end
-    redis.call('ZREM', KEYS[1], member)
   end
 end
 return n"
