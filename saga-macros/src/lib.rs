@@ -8,6 +8,7 @@
 //! before the compiler ever resolves them; their own entry points exist so
 //! that the names resolve at all, and they run only when misplaced, to say so.
 
+mod attr_args;
 mod ctxt;
 mod helpers;
 mod item;
@@ -16,6 +17,7 @@ mod name;
 mod process;
 mod saga;
 mod suggest;
+mod types;
 
 use proc_macro::TokenStream;
 

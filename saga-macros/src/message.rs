@@ -12,8 +12,8 @@ use quote::quote;
 use syn::ext::IdentExt;
 use syn::{Attribute, Data, DeriveInput, Expr, Fields, Lit, Member, Meta};
 
+use crate::attr_args::{key_values, name_value, runtime_path};
 use crate::ctxt::Ctxt;
-use crate::saga::parse::{key_values, name_value};
 
 pub fn derive(input: TokenStream) -> TokenStream {
     let input = match syn::parse2::<DeriveInput>(input) {
@@ -21,7 +21,7 @@ pub fn derive(input: TokenStream) -> TokenStream {
         Err(err) => return err.into_compile_error(),
     };
     let cx = Ctxt::new();
-    let name = wire_name(&cx, &input);
+    let (name, runtime) = message_args(&cx, &input);
     for attr in input.attrs.iter().filter(|a| is_correlation_id(a)) {
         cx.error_spanned_by(
             attr,
@@ -64,16 +64,17 @@ pub fn derive(input: TokenStream) -> TokenStream {
         Ok(()) => TokenStream::new(),
         Err(errors) => errors.into_iter().map(|e| e.into_compile_error()).collect(),
     };
-    let implementation = implementation(&input, &name, correlation.as_ref());
+    let implementation = implementation(&input, &name, &runtime, correlation.as_ref());
     quote!(#errors #implementation)
 }
 
 fn implementation(
     input: &DeriveInput,
     name: &str,
+    runtime: &syn::Path,
     correlation: Option<&(Member, syn::Type)>,
 ) -> TokenStream {
-    let rt = quote!(::saga_runtime::__private);
+    let rt = quote!(#runtime::__private);
     let ident = &input.ident;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     // A generic message is a message when its parameters allow: say so in
@@ -120,10 +121,12 @@ fn is_correlation_id(attr: &Attribute) -> bool {
     attr.path().is_ident("correlation_id")
 }
 
-/// `#[message(name = "..")]`, or the type's name.
-fn wire_name(cx: &Ctxt, input: &DeriveInput) -> String {
+/// `#[message(name = "..", crate = ..)]`: the wire name (default: the
+/// type's name) and where the runtime is.
+fn message_args(cx: &Ctxt, input: &DeriveInput) -> (String, syn::Path) {
     let default = input.ident.unraw().to_string();
     let mut name = None;
+    let mut runtime = None;
     let mut seen = false;
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("message")) {
         if seen {
@@ -146,7 +149,10 @@ fn wire_name(cx: &Ctxt, input: &DeriveInput) -> String {
                 continue;
             }
         };
-        let keys = key_values(cx, "message", &["name"], &[], items);
+        let keys = key_values(cx, "message", &["name", "crate"], &[], items);
+        if let Some(meta) = keys.get("crate") {
+            runtime = runtime_path(cx, meta);
+        }
         let Some(meta) = keys.get("name") else {
             continue;
         };
@@ -168,7 +174,10 @@ fn wire_name(cx: &Ctxt, input: &DeriveInput) -> String {
             None => cx.error_spanned_by(meta, "write `name = \"order-submitted\"`"),
         }
     }
-    name.unwrap_or(default)
+    (
+        name.unwrap_or(default),
+        runtime.unwrap_or_else(crate::attr_args::default_runtime),
+    )
 }
 
 /// The one field marked `#[correlation_id]`, if any.

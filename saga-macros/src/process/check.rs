@@ -14,8 +14,7 @@ use syn::{Ident, Type};
 
 use super::model::{HandlerDef, ProcessDef};
 use crate::ctxt::Ctxt;
-use crate::saga::check::normalize;
-use crate::saga::model::type_to_string;
+use crate::types::{normalize, type_to_string};
 
 pub fn check(cx: &Ctxt, pm: &ProcessDef) {
     check_has_starts(cx, pm);

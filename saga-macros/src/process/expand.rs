@@ -23,14 +23,9 @@ use syn::{Member, Type};
 use super::model::{
     member_name, Concurrency, Correlation, HandlerDef, HandlerKind, OnComplete, ProcessDef,
 };
-use crate::saga::model::type_to_string;
+use crate::types::type_to_string;
 
-fn rt() -> TokenStream {
-    quote!(::saga_runtime::__private)
-}
-
-fn value_type() -> Type {
-    let rt = rt();
+fn value_type(rt: &TokenStream) -> Type {
     syn::parse_quote!(#rt::Value)
 }
 
@@ -51,11 +46,11 @@ pub fn expand(pm: &ProcessDef) -> TokenStream {
 /// that code registering the process manager elsewhere does not add "trait
 /// not implemented" errors to the real one.
 pub fn fallback(pm: &ProcessDef) -> TokenStream {
-    let rt = rt();
+    let rt = pm.rt();
     let mut item = pm.item.clone();
     // The handlers are not called from anywhere while the macro is broken.
     item.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
-    let state = pm.state.clone().unwrap_or_else(value_type);
+    let state = pm.state.clone().unwrap_or_else(|| value_type(&rt));
     let (impl_generics, where_clause) = impl_header(pm);
     let self_ty = &pm.item.self_ty;
     let name = &pm.name;
@@ -135,14 +130,12 @@ fn impl_header(pm: &ProcessDef) -> (TokenStream, TokenStream) {
 
 /// `state_ops::<S>()`: everything generated code does with the state, and
 /// the one check of its traits (see the module doc).
-fn state_ops(state: &Type) -> TokenStream {
-    let rt = rt();
+fn state_ops(rt: &TokenStream, state: &Type) -> TokenStream {
     quote_spanned!(state.span()=> #rt::state_ops::<#state>())
 }
 
 /// `message_ops::<M>()`, the same for a message type.
-fn message_ops(message: &Type) -> TokenStream {
-    let rt = rt();
+fn message_ops(rt: &TokenStream, message: &Type) -> TokenStream {
     quote_spanned!(message.span()=> #rt::message_ops::<#message>())
 }
 
@@ -155,8 +148,8 @@ fn messages(pm: &ProcessDef) -> Vec<&Type> {
         .collect()
 }
 
-fn message_of(handler: &HandlerDef) -> Type {
-    handler.message.clone().unwrap_or_else(value_type)
+fn message_of(rt: &TokenStream, handler: &HandlerDef) -> Type {
+    handler.message.clone().unwrap_or_else(|| value_type(&rt))
 }
 
 /// `&mut __state.<field>` / `&mut __msg.<field>`, every token on the user's
@@ -188,10 +181,10 @@ fn message_field_ref(member: &Member) -> TokenStream {
 
 /// The compile-time assertions, spanned on the user's tokens.
 fn assertions(pm: &ProcessDef) -> TokenStream {
-    let rt = rt();
+    let rt = pm.rt();
     let mut calls = TokenStream::new();
     if let Some(state) = &pm.state {
-        let ops = state_ops(state);
+        let ops = state_ops(&rt, state);
         calls.extend(quote!(let _ = #ops;));
     }
     // A starting or continuing handler without `#[correlate]` finds its
@@ -205,7 +198,7 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
         .filter_map(|h| h.message.as_ref())
         .collect();
     for message in messages(pm) {
-        let ops = message_ops(message);
+        let ops = message_ops(&rt, message);
         calls.extend(quote!(let _ = #ops;));
         if correlated.iter().any(|c| **c == *message) {
             calls.extend(quote_spanned!(message.span()=>
@@ -259,14 +252,14 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
 }
 
 fn trait_impl(pm: &ProcessDef) -> TokenStream {
-    let rt = rt();
-    let state = pm.state.clone().unwrap_or_else(value_type);
+    let rt = pm.rt();
+    let state = pm.state.clone().unwrap_or_else(|| value_type(&rt));
     let (impl_generics, where_clause) = impl_header(pm);
     let self_ty = &pm.item.self_ty;
     let name = &pm.name;
     let state_type = type_to_string(&state);
-    let ops = state_ops(&state);
-    let handlers = pm.handlers.iter().map(handler_definition);
+    let ops = state_ops(&rt, &state);
+    let handlers = pm.handlers.iter().map(|h| handler_definition(&rt, h));
     let on_complete = match pm.on_complete {
         OnComplete::Keep => quote!(Keep),
         OnComplete::Delete => quote!(Delete),
@@ -275,14 +268,14 @@ fn trait_impl(pm: &ProcessDef) -> TokenStream {
         Concurrency::Optimistic => quote!(Optimistic),
         Concurrency::Pessimistic => quote!(Pessimistic),
     };
-    let handle_arms = pm.handlers.iter().map(handle_arm);
+    let handle_arms = pm.handlers.iter().map(|h| handle_arm(&rt, h));
     let state_keys = pm.state_keys().into_iter().map(|member| {
         let key = member_name(member);
         let field = state_field_ref(member);
         quote!((#key, #rt::correlation_value(#field)))
     });
-    let message_key_arms = pm.handlers.iter().filter_map(message_key_arm);
-    let seed_arms = pm.handlers.iter().filter_map(seed_arm);
+    let message_key_arms = pm.handlers.iter().filter_map(|h| message_key_arm(&rt, h));
+    let seed_arms = pm.handlers.iter().filter_map(|h| seed_arm(&rt, h));
     let on_error = pm.on_errors.first().map(|on_error| {
         let method = &on_error.ident;
         quote! {
@@ -370,10 +363,9 @@ fn trait_impl(pm: &ProcessDef) -> TokenStream {
     }
 }
 
-fn handler_definition(handler: &HandlerDef) -> TokenStream {
-    let rt = rt();
+fn handler_definition(rt: &TokenStream, handler: &HandlerDef) -> TokenStream {
     let method = handler.ident.to_string();
-    let ops = message_ops(&message_of(handler));
+    let ops = message_ops(rt, &message_of(rt, handler));
     let kind = match handler.kind {
         HandlerKind::Starts { strict } => quote!(Starts { strict: #strict }),
         HandlerKind::Handles { strict } => quote!(Handles { strict: #strict }),
@@ -398,10 +390,9 @@ fn handler_definition(handler: &HandlerDef) -> TokenStream {
     }
 }
 
-fn handle_arm(handler: &HandlerDef) -> TokenStream {
-    let rt = rt();
+fn handle_arm(rt: &TokenStream, handler: &HandlerDef) -> TokenStream {
     let method = &handler.ident;
-    let message = message_of(handler);
+    let message = message_of(&rt, handler);
     // The declared state, handed over as the handler's own state type: the
     // compiler judges whether the two are the same (an alias passes), and a
     // mismatch is one error on the parameter's type.
@@ -411,7 +402,7 @@ fn handle_arm(handler: &HandlerDef) -> TokenStream {
     };
     // Spanned on the method so that, say, a future that is not `Send` is
     // reported at the handler rather than at `#[process_manager]`.
-    let ops = message_ops(&message);
+    let ops = message_ops(rt, &message);
     let boxed = quote_spanned! {method.span()=>
         ::std::boxed::Box::pin(async move {
             let __msg: #message = (#ops.decode)(__message)?;
@@ -425,10 +416,9 @@ fn handle_arm(handler: &HandlerDef) -> TokenStream {
     }
 }
 
-fn message_key_arm(handler: &HandlerDef) -> Option<TokenStream> {
-    let rt = rt();
-    let message = message_of(handler);
-    let ops = message_ops(&message);
+fn message_key_arm(rt: &TokenStream, handler: &HandlerDef) -> Option<TokenStream> {
+    let message = message_of(&rt, handler);
+    let ops = message_ops(rt, &message);
     let key = match &handler.correlation {
         Correlation::Instance => return None,
         Correlation::Id => quote!((#ops.correlation_id)(&__msg)),
@@ -446,14 +436,14 @@ fn message_key_arm(handler: &HandlerDef) -> Option<TokenStream> {
 }
 
 /// A starting message's mapped field, moved into the fresh state.
-fn seed_arm(handler: &HandlerDef) -> Option<TokenStream> {
+fn seed_arm(rt: &TokenStream, handler: &HandlerDef) -> Option<TokenStream> {
     let (HandlerKind::Starts { .. }, Correlation::Field { state, message }) =
         (handler.kind, &handler.correlation)
     else {
         return None;
     };
-    let message_ty = message_of(handler);
-    let ops = message_ops(&message_ty);
+    let message_ty = message_of(&rt, handler);
+    let ops = message_ops(rt, &message_ty);
     let state = state_field(state);
     let message = message_field(message);
     Some(quote! {

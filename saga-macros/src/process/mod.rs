@@ -3,8 +3,10 @@
 
 mod check;
 mod expand;
+mod lower;
 mod model;
 mod parse;
+mod vocab;
 
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
@@ -21,7 +23,7 @@ use model::Model;
 pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let cx = Ctxt::new();
     let parsed = parse::parse(&cx, args, item);
-    let model = model::build(&cx, parsed);
+    let model = lower::build(&cx, parsed);
     if let Model::Process(pm) = &model {
         check::check(&cx, pm);
     }

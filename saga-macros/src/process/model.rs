@@ -1,16 +1,14 @@
 //! The IR: what a `#[process_manager]` impl declares.
 //!
-//! Built from the parsed attributes; `check.rs` validates it as a whole and
+//! Built from the parsed attributes by `lower.rs` (this module does not know
+//! how they were parsed); `check.rs` validates it as a whole and
 //! `expand.rs` generates code from it alone. Parts that were invalid are
 //! `None` (already reported).
 
-use heck::ToKebabCase;
 use proc_macro2::TokenStream;
 use syn::{Ident, Member, Type};
 
-use super::parse::{self, Kind, Parsed, ParsedProcess, Role};
-use crate::ctxt::Ctxt;
-use crate::saga::model::type_ident;
+pub use super::vocab::{Concurrency, OnComplete};
 
 pub struct ProcessDef {
     /// The user's impl block, helper attributes removed, otherwise untouched.
@@ -19,6 +17,8 @@ pub struct ProcessDef {
     pub type_ident: Ident,
     /// `name = ".."`, or the kebab-case of `type_ident`.
     pub name: String,
+    /// Where the runtime is: `::saga_runtime`, or `crate = ..`.
+    pub runtime: syn::Path,
     /// `state = S`; `None` if missing or malformed (reported).
     pub state: Option<Type>,
     pub on_complete: OnComplete,
@@ -66,112 +66,19 @@ pub struct OnErrorDef {
     pub attr: syn::Attribute,
 }
 
-/// `on_complete = keep | delete`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnComplete {
-    #[default]
-    Keep,
-    Delete,
-}
-
-/// `concurrency = optimistic | pessimistic`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Concurrency {
-    #[default]
-    Optimistic,
-    Pessimistic,
-}
-
 pub enum Model {
     Process(Box<ProcessDef>),
     /// Not an inherent impl (reported); the tokens to re-emit.
     Other(TokenStream),
 }
 
-pub fn build(cx: &Ctxt, parsed: Parsed) -> Model {
-    match parsed {
-        Parsed::Impl(process) => match build_process(cx, *process) {
-            Ok(def) => Model::Process(Box::new(def)),
-            Err(tokens) => Model::Other(tokens),
-        },
-        Parsed::Other(tokens) => Model::Other(tokens),
-    }
-}
-
-fn build_process(cx: &Ctxt, parsed: ParsedProcess) -> Result<ProcessDef, TokenStream> {
-    let ParsedProcess {
-        item,
-        args,
-        methods,
-        any_handler_attr,
-        any_starts_attr,
-    } = parsed;
-    let Some(type_ident) = type_ident(&item.self_ty) else {
-        cx.error_spanned_by(
-            &item.self_ty,
-            "`#[process_manager]` goes on the impl block of a named type: `impl MyProcess { .. }`",
-        );
-        return Err(quote::quote!(#item));
-    };
-    let name = match args.name {
-        Some(name) => name.into_inner(),
-        None => type_ident.to_string().to_kebab_case(),
-    };
-
-    let mut handlers = Vec::new();
-    let mut on_errors = Vec::new();
-    for method in methods {
-        match method.role {
-            Role::OnError => on_errors.push(OnErrorDef {
-                ident: method.ident,
-                attr: method.attr,
-            }),
-            Role::Handler(handler) => {
-                let parse::HandlerAttrs {
-                    kind,
-                    message,
-                    state,
-                    correlate,
-                } = *handler;
-                let kind = match kind {
-                    Kind::Starts { strict } => HandlerKind::Starts { strict },
-                    Kind::Handles { strict } => HandlerKind::Handles { strict },
-                    Kind::Timeout => HandlerKind::Timeout,
-                };
-                let correlation = match (kind, correlate) {
-                    (HandlerKind::Timeout, _) => Correlation::Instance,
-                    (_, Some(c)) => Correlation::Field {
-                        state: c.state_field,
-                        message: c.message_field,
-                    },
-                    (_, None) => Correlation::Id,
-                };
-                handlers.push(HandlerDef {
-                    ident: method.ident,
-                    kind,
-                    message,
-                    state,
-                    correlation,
-                });
-            }
-        }
-    }
-
-    Ok(ProcessDef {
-        item,
-        type_ident,
-        name,
-        state: args.state,
-        on_complete: args.on_complete.unwrap_or_default(),
-        concurrency: args.concurrency.unwrap_or_default(),
-        handlers,
-        on_errors,
-        any_handler_attr,
-        any_starts_attr,
-    })
-}
-
 impl ProcessDef {
+    /// What generated code reaches the runtime through.
+    pub fn rt(&self) -> TokenStream {
+        let runtime = &self.runtime;
+        quote::quote!(#runtime::__private)
+    }
+
     /// The distinct state fields named in `#[correlate]`, first occurrence
     /// first: the index keys of an instance.
     pub fn state_keys(&self) -> Vec<&Member> {

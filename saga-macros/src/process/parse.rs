@@ -22,11 +22,12 @@ use syn::{
     PathArguments, ReceiverKind, ReturnType, Type,
 };
 
-use super::model::{Concurrency, OnComplete};
+use super::vocab::{Concurrency, OnComplete};
+use crate::attr_args::{
+    choice, key_values, last_segment, last_segment_is, name_value, runtime_path,
+};
 use crate::ctxt::Ctxt;
-use crate::saga::check::same_type;
-use crate::saga::model::type_to_string;
-use crate::saga::parse::{choice, key_values, last_segment, last_segment_is, name_value};
+use crate::types::{same_type, type_to_string};
 
 /// The helper attributes `#[process_manager]` reads from its methods.
 pub const HELPERS: [&str; 5] = ["starts", "handles", "correlate", "timeout", "on_error"];
@@ -74,6 +75,7 @@ pub struct ProcessArgs {
     pub state: Option<Type>,
     pub on_complete: Option<OnComplete>,
     pub concurrency: Option<Concurrency>,
+    pub runtime: Option<syn::Path>,
 }
 
 pub struct ParsedMethod {
@@ -227,7 +229,7 @@ fn not_on_a_method(cx: &Ctxt, helpers: Vec<Attribute>) {
 // ---------------------------------------------------------------------------
 // `#[process_manager(..)]`
 
-const ARG_KEYS: [&str; 4] = ["name", "state", "on_complete", "concurrency"];
+const ARG_KEYS: [&str; 5] = ["name", "state", "on_complete", "concurrency", "crate"];
 
 fn parse_args(cx: &Ctxt, args: TokenStream) -> ProcessArgs {
     let items = match parse_arg_items.parse2(args) {
@@ -288,6 +290,7 @@ fn parse_args(cx: &Ctxt, args: TokenStream) -> ProcessArgs {
             ],
         )
     });
+    args.runtime = keys.get("crate").and_then(|m| runtime_path(cx, m));
     args
 }
 

@@ -10,9 +10,7 @@
 
 use std::collections::HashMap;
 
-use quote::ToTokens;
-use syn::visit_mut::VisitMut;
-use syn::{Ident, Type};
+use syn::Ident;
 
 use super::model::{CompensationDef, SagaDef, StepDef};
 use crate::ctxt::Ctxt;
@@ -174,95 +172,5 @@ fn check_generic_params(cx: &Ctxt, saga: &SagaDef) {
                 ),
             );
         }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Type comparison
-
-/// Whether two types are written the same, ignoring leading path qualifiers
-/// (`crate::a::UploadResult` == `UploadResult`) and grouping.
-///
-/// This is a syntactic check for a clear message; the generated code also
-/// asserts the equality so that rustc catches aliases written differently
-/// (accepted there) and distinct types sharing a name (rejected there).
-pub fn same_type(a: &Type, b: &Type) -> bool {
-    normalize(a) == normalize(b)
-}
-
-/// The token string of `ty` with every path reduced to its last segment.
-pub fn normalize(ty: &Type) -> String {
-    let mut ty = ty.clone();
-    StripQualifiers.visit_type_mut(&mut ty);
-    ty.to_token_stream().to_string()
-}
-
-struct StripQualifiers;
-
-impl VisitMut for StripQualifiers {
-    fn visit_type_mut(&mut self, ty: &mut Type) {
-        // `(T)` and invisible groups (from `macro_rules!` fragments) are
-        // just `T`.
-        loop {
-            match ty {
-                Type::Group(g) => *ty = (*g.elem).clone(),
-                Type::Paren(p) => *ty = (*p.elem).clone(),
-                _ => break,
-            }
-        }
-        syn::visit_mut::visit_type_mut(self, ty);
-    }
-
-    fn visit_type_path_mut(&mut self, ty: &mut syn::TypePath) {
-        if ty.qself.is_none() && ty.path.segments.len() > 1 {
-            let last = ty.path.segments.pop().expect("more than one segment");
-            ty.path.segments.clear();
-            ty.path.segments.push(last);
-        }
-        ty.path.leading_colon = None;
-        syn::visit_mut::visit_type_path_mut(self, ty);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use syn::parse_quote;
-
-    fn same(a: Type, b: Type) -> bool {
-        same_type(&a, &b)
-    }
-
-    #[test]
-    fn leading_qualifiers_are_ignored() {
-        assert!(same(
-            parse_quote!(crate::a::UploadResult),
-            parse_quote!(UploadResult)
-        ));
-        assert!(same(
-            parse_quote!(::std::vec::Vec<u8>),
-            parse_quote!(Vec<u8>)
-        ));
-        assert!(same(
-            parse_quote!(Option<crate::x::Receipt>),
-            parse_quote!(std::option::Option<Receipt>)
-        ));
-        assert!(same(parse_quote!((A)), parse_quote!(A)));
-    }
-
-    #[test]
-    fn different_types_differ() {
-        assert!(!same(parse_quote!(Foo), parse_quote!(UploadResult)));
-        assert!(!same(parse_quote!(Vec<u8>), parse_quote!(Vec<u16>)));
-        assert!(!same(parse_quote!((A, B)), parse_quote!((B, A))));
-        assert!(!same(parse_quote!(Option<A>), parse_quote!(A)));
-    }
-
-    #[test]
-    fn qualified_self_paths_are_kept() {
-        assert!(!same(
-            parse_quote!(<T as a::Tr>::Out),
-            parse_quote!(<T as b::Other>::Out)
-        ));
     }
 }

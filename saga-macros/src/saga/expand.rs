@@ -10,11 +10,8 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::Type;
 
-use super::model::{type_to_string, Backoff, BreakerDef, OnExhausted, PolicyDef, SagaDef, StepDef};
-
-fn rt() -> TokenStream {
-    quote!(::saga_runtime::__private)
-}
+use super::model::{Backoff, BreakerDef, OnExhausted, PolicyDef, SagaDef, StepDef};
+use crate::types::type_to_string;
 
 /// The full expansion of a valid saga.
 pub fn expand(saga: &SagaDef) -> TokenStream {
@@ -40,7 +37,7 @@ pub fn expand(saga: &SagaDef) -> TokenStream {
 /// implemented" or "cannot find trait" errors on top of the real one
 /// (thiserror does the same for `Display`).
 pub fn fallback(saga: &SagaDef) -> TokenStream {
-    let rt = rt();
+    let rt = saga.rt();
     let mut item = saga.item.clone();
     // The steps are not called from anywhere while the saga is broken.
     item.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
@@ -157,7 +154,7 @@ fn cancellable_impl(saga: &SagaDef) -> TokenStream {
     if !saga.cancellable {
         return TokenStream::new();
     }
-    let rt = rt();
+    let rt = saga.rt();
     let (impl_generics, where_clause) = impl_header(saga);
     let self_ty = &saga.item.self_ty;
     quote! {
@@ -166,7 +163,7 @@ fn cancellable_impl(saga: &SagaDef) -> TokenStream {
 }
 
 fn saga_impl(saga: &SagaDef) -> TokenStream {
-    let rt = rt();
+    let rt = saga.rt();
     let steps = saga.steps_in_order();
     let value: Type = syn::parse_quote!(#rt::Value);
     let input = steps
@@ -186,9 +183,10 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
     let fingerprint = saga.fingerprint();
 
     let step_definitions = steps.iter().map(|s| step_definition(saga, s));
-    let encode_input = encode(&input, quote!(__input));
-    let decode_output = decode(&output, quote!(__output));
-    let execute_arms = steps.iter().copied().map(execute_arm);
+    let codec_traits = codec_traits(&rt);
+    let encode_input = encode(&rt, &input, quote!(__input));
+    let decode_output = decode(&rt, &output, quote!(__output));
+    let execute_arms = steps.iter().map(|s| execute_arm(saga, s));
     let compensate = compensate_body(saga, &steps);
 
     quote! {
@@ -212,12 +210,14 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
             fn encode_input(
                 __input: &Self::Input,
             ) -> ::core::result::Result<#rt::Value, #rt::StepError> {
+                #codec_traits
                 #encode_input
             }
 
             fn decode_output(
                 __output: #rt::Value,
             ) -> ::core::result::Result<Self::Output, #rt::StepError> {
+                #codec_traits
                 #decode_output
             }
 
@@ -227,6 +227,7 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
                 __input: #rt::Value,
                 __ctx: &'a #rt::StepContext,
             ) -> #rt::BoxFuture<'a, ::core::result::Result<#rt::Value, #rt::StepError>> {
+                #codec_traits
                 match __order {
                     #(#execute_arms)*
                     _ => #rt::unknown_step(#name, __order),
@@ -239,6 +240,7 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
                 __output: #rt::Value,
                 __ctx: &'a #rt::StepContext,
             ) -> #rt::BoxFuture<'a, ::core::result::Result<(), #rt::StepError>> {
+                #codec_traits
                 #compensate
             }
         }
@@ -246,15 +248,15 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
 }
 
 fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
-    let rt = rt();
+    let rt = saga.rt();
     let name = step.ident.to_string();
     let order = step.number();
-    let retry = retry_policy(step.retry.as_ref());
+    let retry = retry_policy(&rt, step.retry.as_ref());
     let compensation = match saga.compensation_of(step) {
         Some(comp) => {
             let comp_name = comp.ident.to_string();
             let comp_retry = match &step.compensation_retry {
-                Some(policy) => retry_policy(Some(policy)),
+                Some(policy) => retry_policy(&rt, Some(policy)),
                 None => retry.clone(),
             };
             quote! {
@@ -299,8 +301,7 @@ fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
     }
 }
 
-fn retry_policy(policy: Option<&PolicyDef>) -> TokenStream {
-    let rt = rt();
+fn retry_policy(rt: &TokenStream, policy: Option<&PolicyDef>) -> TokenStream {
     let Some(policy) = policy else {
         return quote!(#rt::RetryPolicy::NO_RETRY);
     };
@@ -345,7 +346,7 @@ fn retry_policy(policy: Option<&PolicyDef>) -> TokenStream {
 /// rustc shows the two reports as one. A type naming `Self` cannot be
 /// written there and is left to the steps' own code.
 fn type_checks(saga: &SagaDef) -> TokenStream {
-    let rt = rt();
+    let rt = saga.rt();
     let steps = saga.steps_in_order();
     let mut clauses = Vec::new();
     let mut clause = |ty: &Type, bound: TokenStream, other: Option<&Type>| {
@@ -438,25 +439,31 @@ fn clause(ty: &Type, bound: TokenStream, other: Option<&Type>) -> TokenStream {
 /// `ty` (`codec(ty, decode, value)`). Through
 /// [`Codec`](::saga_runtime::__private::Codec) so that a type without the
 /// serde derives is reported once, by [`type_checks`], and not again here.
-fn codec(ty: &Type, method: TokenStream, value: TokenStream) -> TokenStream {
-    let rt = rt();
-    quote! {{
+///
+/// The two traits are brought in scope once per generated function, by
+/// [`codec_traits`], not per call: what a step adds stays small.
+fn codec(rt: &TokenStream, ty: &Type, method: TokenStream, value: TokenStream) -> TokenStream {
+    quote!((&#rt::Codec::<#ty>::NEW).#method(#value))
+}
+
+/// The `use` that [`codec`] calls need, at the top of a function body.
+fn codec_traits(rt: &TokenStream) -> TokenStream {
+    quote! {
         #[allow(unused_imports)]
         use #rt::{NotPersistable as _, Persist as _};
-        (&#rt::Codec::<#ty>::NEW).#method(#value)
-    }}
+    }
 }
 
-fn encode(ty: &Type, value: TokenStream) -> TokenStream {
-    codec(ty, quote!(encode), value)
+fn encode(rt: &TokenStream, ty: &Type, value: TokenStream) -> TokenStream {
+    codec(rt, ty, quote!(encode), value)
 }
 
-fn decode(ty: &Type, value: TokenStream) -> TokenStream {
-    codec(ty, quote!(decode), value)
+fn decode(rt: &TokenStream, ty: &Type, value: TokenStream) -> TokenStream {
+    codec(rt, ty, quote!(decode), value)
 }
 
-fn execute_arm(step: &StepDef) -> TokenStream {
-    let rt = rt();
+fn execute_arm(saga: &SagaDef, step: &StepDef) -> TokenStream {
+    let rt = saga.rt();
     let order = step.number();
     let method = &step.ident;
     let input = step
@@ -470,8 +477,8 @@ fn execute_arm(step: &StepDef) -> TokenStream {
         .output
         .clone()
         .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
-    let decode = decode(&input, quote!(__input));
-    let encode = encode(&output, quote!(&__output));
+    let decode = decode(&rt, &input, quote!(__input));
+    let encode = encode(&rt, &output, quote!(&__output));
     let boxed = quote_spanned! {method.span()=>
         ::std::boxed::Box::pin(async move {
             let __input: #input = #decode?;
@@ -483,7 +490,7 @@ fn execute_arm(step: &StepDef) -> TokenStream {
 }
 
 fn compensate_body(saga: &SagaDef, steps: &[&StepDef]) -> TokenStream {
-    let rt = rt();
+    let rt = saga.rt();
     let name = &saga.name;
     let arms: Vec<TokenStream> = steps
         .iter()
@@ -496,7 +503,7 @@ fn compensate_body(saga: &SagaDef, steps: &[&StepDef]) -> TokenStream {
                 .clone()
                 .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
             let ctx = comp.takes_ctx.then(|| quote!(, __ctx));
-            let decode = decode(&param, quote!(__output));
+            let decode = decode(&rt, &param, quote!(__output));
             let boxed = quote_spanned! {method.span()=>
                 ::std::boxed::Box::pin(async move {
                     let __output: #param = #decode?;
@@ -522,7 +529,8 @@ fn compensate_body(saga: &SagaDef, steps: &[&StepDef]) -> TokenStream {
 }
 
 fn output_enum(saga: &SagaDef) -> TokenStream {
-    let rt = rt();
+    let rt = saga.rt();
+    let codec_traits = codec_traits(&rt);
     let ident = saga.output_enum_ident();
     let name = &saga.name;
     let steps = saga.steps_in_order();
@@ -545,7 +553,7 @@ fn output_enum(saga: &SagaDef) -> TokenStream {
             .output
             .clone()
             .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
-        let decode = decode(&output, quote!(__value));
+        let decode = decode(&rt, &output, quote!(__value));
         quote! {
             #order => ::core::result::Result::map_err(
                 ::core::result::Result::map(#decode, Self::#variant),
@@ -575,6 +583,7 @@ fn output_enum(saga: &SagaDef) -> TokenStream {
                 __order: u32,
                 __value: #rt::Value,
             ) -> ::core::result::Result<Self, #rt::ReconcileError> {
+                #codec_traits
                 match __order {
                     #(#arms)*
                     _ => ::core::result::Result::Err(#rt::reconcile::decode_error(
@@ -589,7 +598,7 @@ fn output_enum(saga: &SagaDef) -> TokenStream {
 }
 
 fn reconciliation_trait(saga: &SagaDef) -> TokenStream {
-    let rt = rt();
+    let rt = saga.rt();
     let version = saga.version;
     let ident = saga.reconciliation_ident();
     let output_enum = saga.output_enum_ident();

@@ -1,18 +1,19 @@
 //! The IR: what a `#[saga]` impl declares, independent of how it was written.
 //!
-//! Built from the parsed attributes; `check.rs` validates it as a whole and
+//! Built from the parsed attributes by `lower.rs` (this module does not know
+//! how they were parsed); `check.rs` validates it as a whole and
 //! `expand.rs` generates code from it alone. Parts that were invalid are
 //! `None` (already reported), which tells the checks to skip the rules that
 //! depend on them.
 
 use darling::util::SpannedValue;
-use heck::{ToKebabCase, ToUpperCamelCase};
+use heck::ToUpperCamelCase;
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, ToTokens};
-use syn::{Ident, ImplItem, Type};
+use quote::format_ident;
+use syn::{Ident, Type};
 
-use super::parse::{self, Parsed, ParsedSaga, Role};
-use crate::ctxt::Ctxt;
+pub use super::vocab::{Backoff, OnExhausted};
+use crate::types::type_to_string;
 
 pub struct SagaDef {
     /// The user's impl block, helper attributes removed, otherwise untouched.
@@ -23,6 +24,8 @@ pub struct SagaDef {
     pub name: String,
     /// `#[saga(version = N)]`, 1 by default.
     pub version: u32,
+    /// Where the runtime is: `::saga_runtime`, or `#[saga(crate = ..)]`.
+    pub runtime: syn::Path,
     pub cancellable: bool,
     /// In source order; `check` makes sure their numbers are 1..=n.
     pub steps: Vec<StepDef>,
@@ -70,22 +73,6 @@ pub struct PolicyDef {
     pub on_exhausted: Option<OnExhausted>,
 }
 
-/// `backoff = ..` of a retry policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backoff {
-    Exponential,
-    Linear,
-    Constant,
-}
-
-/// `on_exhausted = ..` of a retry policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnExhausted {
-    Compensate,
-    Fail,
-    DeadLetter,
-}
-
 pub struct BreakerDef {
     pub failure_threshold: u32,
     pub duration_secs: u64,
@@ -98,113 +85,13 @@ pub enum Model {
     Other(TokenStream),
 }
 
-pub fn build(cx: &Ctxt, parsed: Parsed) -> Model {
-    match parsed {
-        Parsed::Impl(saga) => match build_saga(cx, *saga) {
-            Ok(def) => Model::Saga(Box::new(def)),
-            Err(tokens) => Model::Other(tokens),
-        },
-        Parsed::Other(tokens) => Model::Other(tokens),
-    }
-}
-
-fn build_saga(cx: &Ctxt, parsed: ParsedSaga) -> Result<SagaDef, TokenStream> {
-    let ParsedSaga {
-        item,
-        args,
-        cancellable,
-        methods,
-        any_step_attr,
-        misplaced,
-    } = parsed;
-
-    let Some(type_ident) = type_ident(&item.self_ty) else {
-        cx.error_spanned_by(
-            &item.self_ty,
-            "`#[saga]` goes on the impl block of a named type: `impl MySaga { .. }`",
-        );
-        return Err(quote::quote!(#item));
-    };
-    let name = match args.name {
-        Some(name) => name.into_inner(),
-        None => type_ident.to_string().to_kebab_case(),
-    };
-
-    let mut steps = Vec::new();
-    let mut compensations = Vec::new();
-    for method in methods {
-        match method.role {
-            Role::Step(step) => {
-                let step = *step;
-                steps.push(StepDef {
-                    ident: method.ident,
-                    order: step.order,
-                    timeout_ms: step.timeout_ms,
-                    input: step.sig.input,
-                    output: step.sig.output,
-                    takes_ctx: step.sig.takes_ctx,
-                    retry: step.retry.map(policy),
-                    compensation_retry: step.compensation_retry.map(policy),
-                    breaker: step.breaker.map(|b| BreakerDef {
-                        failure_threshold: b.failure_threshold,
-                        duration_secs: b.duration_secs,
-                    }),
-                });
-            }
-            Role::Compensation(comp) => compensations.push(CompensationDef {
-                ident: method.ident,
-                target: comp.target,
-                param: comp.sig.input,
-                takes_ctx: comp.sig.takes_ctx,
-            }),
-        }
-    }
-
-    let method_names = item
-        .items
-        .iter()
-        .filter_map(|i| match i {
-            ImplItem::Fn(f) => Some(f.sig.ident.clone()),
-            _ => None,
-        })
-        .collect();
-
-    Ok(SagaDef {
-        item,
-        type_ident,
-        name,
-        version: args.version.unwrap_or(1),
-        cancellable,
-        steps,
-        compensations,
-        any_step_attr,
-        method_names,
-        misplaced,
-    })
-}
-
-fn policy(p: parse::PolicyArgs) -> PolicyDef {
-    PolicyDef {
-        attr: p.attr,
-        max_retries: p.max_retries,
-        backoff: p.backoff,
-        base_delay_ms: p.base_delay_ms,
-        max_delay_ms: p.max_delay_ms,
-        jitter: p.jitter,
-        on_exhausted: p.on_exhausted,
-    }
-}
-
-pub(crate) fn type_ident(ty: &Type) -> Option<Ident> {
-    match ty {
-        Type::Path(p) if p.qself.is_none() => p.path.segments.last().map(|s| s.ident.clone()),
-        Type::Group(g) => type_ident(&g.elem),
-        Type::Paren(p) => type_ident(&p.elem),
-        _ => None,
-    }
-}
-
 impl SagaDef {
+    /// What generated code reaches the runtime through.
+    pub fn rt(&self) -> TokenStream {
+        let runtime = &self.runtime;
+        quote::quote!(#runtime::__private)
+    }
+
     /// What a task started on this definition must find again to go on:
     /// each step's number, name, input and output type as written, hashed
     /// (64-bit FNV-1a, stable across compilers and platforms, unlike
@@ -268,52 +155,5 @@ impl StepDef {
     /// The variant of `{Type}StepOutput` holding this step's output.
     pub fn variant_ident(&self) -> Ident {
         format_ident!("{}", self.ident.to_string().to_upper_camel_case())
-    }
-}
-
-/// A type as a user would write it, for messages and for the definition's
-/// `input_type`/`output_type` strings.
-pub fn type_to_string(ty: &Type) -> String {
-    tokens_to_string(&ty.to_token_stream())
-}
-
-/// Token text without the spaces `TokenStream`'s `Display` puts around
-/// punctuation: `Vec<u8>` rather than `Vec < u8 >`.
-fn tokens_to_string(tokens: &TokenStream) -> String {
-    let raw = tokens.to_string();
-    let mut out = String::with_capacity(raw.len());
-    let chars: Vec<char> = raw.chars().collect();
-    for (i, &c) in chars.iter().enumerate() {
-        if c == ' ' {
-            let prev = if i > 0 { chars[i - 1] } else { ' ' };
-            let next = chars.get(i + 1).copied().unwrap_or(' ');
-            let glue_before = matches!(next, '<' | '>' | ',' | ';' | ':' | ')' | ']');
-            let glue_after = matches!(prev, '<' | ':' | '&' | '(' | '[');
-            // Keep `dyn Trait`, `&'a T`, `-> T` readable.
-            let keep = matches!(prev, ',') || (prev == '>' && next.is_alphanumeric());
-            if (glue_before || glue_after) && !keep {
-                continue;
-            }
-        }
-        out.push(c);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn type_strings_read_like_source() {
-        let ty: Type = syn::parse_quote!(std::collections::HashMap<String, Vec<u8>>);
-        assert_eq!(
-            type_to_string(&ty),
-            "std::collections::HashMap<String, Vec<u8>>"
-        );
-        let ty: Type = syn::parse_quote!(&'a mut [u8]);
-        assert_eq!(type_to_string(&ty), "&'a mut [u8]");
-        let ty: Type = syn::parse_quote!((A, B));
-        assert_eq!(type_to_string(&ty), "(A, B)");
     }
 }

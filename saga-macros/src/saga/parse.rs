@@ -10,8 +10,6 @@
 //! rules that depend on a missing part instead of piling a second error onto
 //! the first.
 
-use std::collections::BTreeMap;
-
 use darling::ast::NestedMeta;
 use darling::util::SpannedValue;
 use darling::FromMeta;
@@ -23,10 +21,13 @@ use syn::{
     ReceiverKind, ReturnType, Type,
 };
 
-use super::model::{type_to_string, Backoff, OnExhausted};
+use super::vocab::{Backoff, OnExhausted};
+use crate::attr_args::{
+    choice, key_values, last_segment, last_segment_is, name_value, path_str, runtime_path,
+};
 use crate::ctxt::Ctxt;
 use crate::helpers::{attr_name, is_method_helper};
-use crate::suggest;
+use crate::types::type_to_string;
 
 /// What `#[saga]` was put on.
 pub enum Parsed {
@@ -50,11 +51,12 @@ pub struct ParsedSaga {
     pub misplaced: bool,
 }
 
-/// `#[saga(name = "..", version = N)]`.
+/// `#[saga(name = "..", version = N, crate = path)]`.
 #[derive(Default)]
 pub struct SagaArgs {
     pub name: Option<SpannedValue<String>>,
     pub version: Option<u32>,
+    pub runtime: Option<syn::Path>,
 }
 
 pub struct ParsedMethod {
@@ -167,7 +169,7 @@ fn parse_saga_args(cx: &Ctxt, args: TokenStream) -> SagaArgs {
             return SagaArgs::default();
         }
     };
-    let keys = key_values(cx, "saga", &["name", "version"], &[], items);
+    let keys = key_values(cx, "saga", &["name", "version", "crate"], &[], items);
     let mut args = SagaArgs::default();
     if let Some(meta) = keys.get("name") {
         match name_value(meta).map(string_value) {
@@ -189,6 +191,9 @@ fn parse_saga_args(cx: &Ctxt, args: TokenStream) -> SagaArgs {
             ": versions count from 1 (a saga without `version` is version 1)",
         )
         .and_then(|v| u32::try_from(*v).ok());
+    }
+    if let Some(meta) = keys.get("crate") {
+        args.runtime = runtime_path(cx, meta);
     }
     args
 }
@@ -682,85 +687,6 @@ fn parse_compensate_target(cx: &Ctxt, attr: &Attribute) -> Option<Ident> {
 // ---------------------------------------------------------------------------
 // Key-value attributes
 
-/// Splits `key = value` items into a map, reporting malformed items, unknown
-/// keys (with a suggestion) and repeated keys. `flags` may also be written
-/// as a bare word.
-pub(crate) fn key_values(
-    cx: &Ctxt,
-    attr: &str,
-    known: &[&str],
-    flags: &[&str],
-    items: Vec<NestedMeta>,
-) -> BTreeMap<String, Meta> {
-    let mut map = BTreeMap::new();
-    for item in items {
-        let meta = match item {
-            NestedMeta::Meta(meta) => meta,
-            NestedMeta::Lit(lit) => {
-                cx.error_spanned_by(
-                    &lit,
-                    format!(
-                        "expected `key = value` in `#[{attr}]`; keys: {}",
-                        known.join(", ")
-                    ),
-                );
-                continue;
-            }
-            NestedMeta::NameValueInvalidExpr(nv) => {
-                cx.error_spanned_by(
-                    &nv.value,
-                    format!(
-                        "this value can't be read; write `{} = value`",
-                        path_str(&nv.path)
-                    ),
-                );
-                continue;
-            }
-        };
-        let key = path_str(meta.path());
-        if !known.contains(&key.as_str()) {
-            cx.error_spanned_by(
-                meta.path(),
-                suggest::unknown(&format!("unknown key `{key}` in `#[{attr}]`"), &key, known),
-            );
-            continue;
-        }
-        let shape_ok = match &meta {
-            Meta::NameValue(_) => true,
-            Meta::Path(_) => flags.contains(&key.as_str()),
-            Meta::List(_) => false,
-        };
-        if !shape_ok {
-            cx.error_spanned_by(&meta, format!("write `{key} = value` in `#[{attr}]`"));
-            continue;
-        }
-        if map.contains_key(&key) {
-            cx.error_spanned_by(
-                meta.path(),
-                format!("`{key}` is given twice in `#[{attr}]`; keep one"),
-            );
-            continue;
-        }
-        map.insert(key, meta);
-    }
-    map
-}
-
-fn path_str(path: &syn::Path) -> String {
-    path.segments
-        .iter()
-        .map(|s| s.ident.to_string())
-        .collect::<Vec<_>>()
-        .join("::")
-}
-
-pub(crate) fn name_value(meta: &Meta) -> Option<&Expr> {
-    match meta {
-        Meta::NameValue(nv) => Some(&nv.value),
-        _ => None,
-    }
-}
-
 /// One required key reported missing, with an example value to paste.
 fn report_missing(cx: &Ctxt, attr: &Attribute, missing: &[(&str, &str)]) {
     if missing.is_empty() {
@@ -866,52 +792,6 @@ fn int_key(
         return None;
     }
     Some(SpannedValue::new(n, value.span()))
-}
-
-/// An enum-like value written as a bare identifier (`backoff = linear`) or
-/// a string (`backoff = "linear"`).
-pub(crate) fn choice<T: Copy>(
-    cx: &Ctxt,
-    meta: &Meta,
-    what: &str,
-    values: &[(&str, T)],
-) -> Option<T> {
-    let key = path_str(meta.path());
-    let expr = name_value(meta)?;
-    let names: Vec<&str> = values.iter().map(|(n, _)| *n).collect();
-    let (word, span) = match expr {
-        Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => (
-            p.path
-                .get_ident()
-                .map(ToString::to_string)
-                .unwrap_or_default(),
-            p.span(),
-        ),
-        Expr::Lit(syn::ExprLit {
-            lit: Lit::Str(s), ..
-        }) => (s.value(), s.span()),
-        other => {
-            cx.error_spanned_by(
-                other,
-                format!(
-                    "expected one of {}, e.g. `{key} = {}`",
-                    names.join(", "),
-                    names[0]
-                ),
-            );
-            return None;
-        }
-    };
-    match values.iter().find(|(n, _)| *n == word) {
-        Some((_, value)) => Some(*value),
-        None => {
-            cx.error_at(
-                span,
-                suggest::unknown(&format!("unknown {what} `{word}`"), &word, &names),
-            );
-            None
-        }
-    }
 }
 
 /// `jitter` or `jitter = true|false`.
@@ -1335,19 +1215,6 @@ fn is_step_context(ty: &Type) -> bool {
         Type::Group(g) => is_step_context(&g.elem),
         _ => false,
     }
-}
-
-pub(crate) fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
-    match ty {
-        Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
-        Type::Group(g) => last_segment(&g.elem),
-        Type::Paren(p) => last_segment(&p.elem),
-        _ => None,
-    }
-}
-
-pub(crate) fn last_segment_is(ty: &Type, name: &str) -> bool {
-    last_segment(ty).is_some_and(|s| s.ident == name)
 }
 
 /// `T` of a `Result<T, StepError>` return type; anything else is reported.
