@@ -149,7 +149,7 @@ fn messages(pm: &ProcessDef) -> Vec<&Type> {
 }
 
 fn message_of(rt: &TokenStream, handler: &HandlerDef) -> Type {
-    handler.message.clone().unwrap_or_else(|| value_type(&rt))
+    handler.message.clone().unwrap_or_else(|| value_type(rt))
 }
 
 /// `&mut __state.<field>` / `&mut __msg.<field>`, every token on the user's
@@ -392,7 +392,7 @@ fn handler_definition(rt: &TokenStream, handler: &HandlerDef) -> TokenStream {
 
 fn handle_arm(rt: &TokenStream, handler: &HandlerDef) -> TokenStream {
     let method = &handler.ident;
-    let message = message_of(&rt, handler);
+    let message = message_of(rt, handler);
     // The declared state, handed over as the handler's own state type: the
     // compiler judges whether the two are the same (an alias passes), and a
     // mismatch is one error on the parameter's type.
@@ -417,7 +417,7 @@ fn handle_arm(rt: &TokenStream, handler: &HandlerDef) -> TokenStream {
 }
 
 fn message_key_arm(rt: &TokenStream, handler: &HandlerDef) -> Option<TokenStream> {
-    let message = message_of(&rt, handler);
+    let message = message_of(rt, handler);
     let ops = message_ops(rt, &message);
     let key = match &handler.correlation {
         Correlation::Instance => return None,
@@ -442,7 +442,7 @@ fn seed_arm(rt: &TokenStream, handler: &HandlerDef) -> Option<TokenStream> {
     else {
         return None;
     };
-    let message_ty = message_of(&rt, handler);
+    let message_ty = message_of(rt, handler);
     let ops = message_ops(rt, &message_ty);
     let state = state_field(state);
     let message = message_field(message);
