@@ -8,19 +8,53 @@
 //!
 //! Only transient failures count: a permanent error means the endpoint answered
 //! (and refused the request), not that it is down.
+//!
+//! With `scope = shared` the breaker's state lives in the backend instead,
+//! so every worker of the deployment opens and closes it together and one
+//! half-open probe is let through across all of them. With
+//! `when_open = wait`, a task that meets the open breaker is not failed: it
+//! is parked durably (a scheduled message; no worker, no lease, no retry
+//! spent) until the break ends, spread over part of the break so the tasks
+//! come back gradually.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// `#[circuit_breaker(failure_threshold, duration_secs)]`.
+/// `#[circuit_breaker(failure_threshold, duration_secs, scope, when_open)]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CircuitBreakerConfig {
     /// Consecutive failed calls that open the circuit.
     pub failure_threshold: u32,
     /// How long the circuit stays open before letting one probe through.
     pub duration: Duration,
+    /// Whose breaker it is: this process's, or the deployment's.
+    pub scope: BreakerScope,
+    /// What a task that meets the open breaker does.
+    pub when_open: WhenOpen,
+}
+
+/// `scope = process | shared`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BreakerScope {
+    /// One breaker per engine (per process): the default.
+    #[default]
+    Process,
+    /// One breaker for every engine on the backend, kept there.
+    Shared,
+}
+
+/// `when_open = fail | wait`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WhenOpen {
+    /// The step fails at once and its `on_exhausted` action applies: the
+    /// default.
+    #[default]
+    Fail,
+    /// The task is parked until the break ends, then tries again; no retry
+    /// is spent.
+    Wait,
 }
 
 impl CircuitBreakerConfig {
@@ -29,7 +63,21 @@ impl CircuitBreakerConfig {
         CircuitBreakerConfig {
             failure_threshold,
             duration: Duration::from_secs(duration_secs),
+            scope: BreakerScope::Process,
+            when_open: WhenOpen::Fail,
         }
+    }
+
+    /// With `scope`.
+    pub const fn with_scope(mut self, scope: BreakerScope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// With `when_open`.
+    pub const fn with_when_open(mut self, when_open: WhenOpen) -> Self {
+        self.when_open = when_open;
+        self
     }
 }
 

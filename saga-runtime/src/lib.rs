@@ -122,7 +122,7 @@ pub mod prelude {
 /// notice.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::circuit::CircuitBreakerConfig;
+    pub use crate::circuit::{BreakerScope, CircuitBreakerConfig, WhenOpen};
     pub use crate::context::StepContext;
     pub use crate::engine::Engine;
     pub use crate::error::StepError;

@@ -10,7 +10,9 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::Type;
 
-use super::model::{Backoff, BreakerDef, OnExhausted, PolicyDef, SagaDef, StepDef};
+use super::model::{
+    Backoff, BreakerDef, BreakerScope, OnExhausted, PolicyDef, SagaDef, StepDef, WhenOpen,
+};
 use crate::types::type_to_string;
 
 /// The full expansion of a valid saga.
@@ -272,11 +274,24 @@ fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
         Some(BreakerDef {
             failure_threshold,
             duration_secs,
-        }) => quote! {
-            ::core::option::Option::Some(#rt::CircuitBreakerConfig::new(
-                #failure_threshold, #duration_secs,
-            ))
-        },
+            scope,
+            when_open,
+        }) => {
+            let scope = scope.map(|scope| match scope {
+                BreakerScope::Process => quote!(.with_scope(#rt::BreakerScope::Process)),
+                BreakerScope::Shared => quote!(.with_scope(#rt::BreakerScope::Shared)),
+            });
+            let when_open = when_open.map(|when| match when {
+                WhenOpen::Fail => quote!(.with_when_open(#rt::WhenOpen::Fail)),
+                WhenOpen::Wait => quote!(.with_when_open(#rt::WhenOpen::Wait)),
+            });
+            quote! {
+                ::core::option::Option::Some(
+                    #rt::CircuitBreakerConfig::new(#failure_threshold, #duration_secs)
+                        #scope #when_open
+                )
+            }
+        }
         None => quote!(::core::option::Option::None),
     };
     let timeout = match step.timeout_ms {

@@ -60,6 +60,8 @@ fn build_saga(cx: &Ctxt, parsed: ParsedSaga) -> Result<SagaDef, TokenStream> {
                     breaker: step.breaker.map(|b| BreakerDef {
                         failure_threshold: b.failure_threshold,
                         duration_secs: b.duration_secs,
+                        scope: b.scope,
+                        when_open: b.when_open,
                     }),
                 });
             }

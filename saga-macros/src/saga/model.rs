@@ -12,7 +12,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::format_ident;
 use syn::{Ident, Type};
 
-pub use super::vocab::{Backoff, OnExhausted};
+pub use super::vocab::{Backoff, BreakerScope, OnExhausted, WhenOpen};
 use crate::types::type_to_string;
 
 pub struct SagaDef {
@@ -76,6 +76,8 @@ pub struct PolicyDef {
 pub struct BreakerDef {
     pub failure_threshold: u32,
     pub duration_secs: u64,
+    pub scope: Option<BreakerScope>,
+    pub when_open: Option<WhenOpen>,
 }
 
 /// What `#[saga]` turned out to be on.

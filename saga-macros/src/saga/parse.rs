@@ -21,7 +21,7 @@ use syn::{
     ReceiverKind, ReturnType, Type,
 };
 
-use super::vocab::{Backoff, OnExhausted};
+use super::vocab::{Backoff, BreakerScope, OnExhausted, WhenOpen};
 use crate::attr_args::{
     choice, key_values, last_segment, last_segment_is, name_value, path_str, runtime_path,
 };
@@ -115,6 +115,8 @@ pub struct PolicyArgs {
 pub struct BreakerArgs {
     pub failure_threshold: u32,
     pub duration_secs: u64,
+    pub scope: Option<BreakerScope>,
+    pub when_open: Option<WhenOpen>,
 }
 
 /// Entry point: the `#[saga(..)]` arguments and the item it is on.
@@ -966,10 +968,29 @@ fn parse_breaker(cx: &Ctxt, attr: &Attribute) -> Option<BreakerArgs> {
     let keys = key_values(
         cx,
         "circuit_breaker",
-        &["failure_threshold", "duration_secs"],
+        &["failure_threshold", "duration_secs", "scope", "when_open"],
         &[],
         items,
     );
+    let scope = keys.get("scope").map(|m| {
+        choice(
+            cx,
+            m,
+            "breaker scope",
+            &[
+                ("process", BreakerScope::Process),
+                ("shared", BreakerScope::Shared),
+            ],
+        )
+    });
+    let when_open = keys.get("when_open").map(|m| {
+        choice(
+            cx,
+            m,
+            "`when_open` action",
+            &[("fail", WhenOpen::Fail), ("wait", WhenOpen::Wait)],
+        )
+    });
     let malformed = cx.error_count() > errors_before;
     let mut missing = Vec::new();
     let failure_threshold = match keys.get("failure_threshold") {
@@ -1004,6 +1025,14 @@ fn parse_breaker(cx: &Ctxt, attr: &Attribute) -> Option<BreakerArgs> {
     Some(BreakerArgs {
         failure_threshold: u32::try_from(*failure_threshold?).ok()?,
         duration_secs: u64::try_from(*duration_secs?).ok()?,
+        scope: match scope {
+            Some(v) => Some(v?),
+            None => None,
+        },
+        when_open: match when_open {
+            Some(v) => Some(v?),
+            None => None,
+        },
     })
 }
 

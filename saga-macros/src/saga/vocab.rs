@@ -16,3 +16,17 @@ pub enum OnExhausted {
     Fail,
     DeadLetter,
 }
+
+/// `scope = ..` of a circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerScope {
+    Process,
+    Shared,
+}
+
+/// `when_open = ..` of a circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenOpen {
+    Fail,
+    Wait,
+}

@@ -18,10 +18,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    truncate_payload, BackendError, Created, DeadLetter, DeadLetterQuery, Delivery, Heartbeat,
-    Housekeeping, Housekept, Interest, Lease, Leases, Locked, NextAttempt, Page, ProcessCommit,
-    ProcessInstance, ProcessStore, QueueMessage, Retention, Settle, TaskCommit, TaskQuery,
-    TaskStore, WorkItem, WorkQueue,
+    truncate_payload, BackendError, BreakerDecision, Breakers, Created, DeadLetter,
+    DeadLetterQuery, Delivery, Heartbeat, Housekeeping, Housekept, Interest, Lease, Leases, Locked,
+    NextAttempt, Page, ProcessCommit, ProcessInstance, ProcessStore, QueueMessage, Retention,
+    Settle, TaskCommit, TaskQuery, TaskStore, WorkItem, WorkQueue,
 };
 use crate::process::Envelope;
 use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
@@ -69,6 +69,17 @@ struct State {
     leases: HashMap<String, (String, Instant)>,
     /// What deleted instances handled, by [`Tombstone`], until it expires.
     tombstones: HashMap<Tombstone, (HashSet<String>, Instant)>,
+    breakers: HashMap<String, SharedBreaker>,
+}
+
+/// A `scope = shared` breaker: shared by the engines on this backend.
+#[derive(Default)]
+struct SharedBreaker {
+    failures: u32,
+    /// Open until then; `None` while closed.
+    open_until: Option<Instant>,
+    /// A probe is out until then.
+    probe_until: Option<Instant>,
 }
 
 /// Where a deleted instance's handled message ids are remembered: under its
@@ -939,6 +950,75 @@ impl Leases for MemoryBackend {
             return Ok(true);
         }
         Ok(false)
+    }
+}
+
+#[async_trait]
+impl Breakers for MemoryBackend {
+    async fn breaker_acquire(
+        &self,
+        name: &str,
+        probe_ttl: Duration,
+    ) -> Result<BreakerDecision, BackendError> {
+        let mut state = self.state();
+        let breaker = state.breakers.entry(name.to_owned()).or_default();
+        let now = Instant::now();
+        let Some(open_until) = breaker.open_until else {
+            return Ok(BreakerDecision::Call { probe: false });
+        };
+        if now < open_until {
+            return Ok(BreakerDecision::Open {
+                retry_after: open_until - now,
+            });
+        }
+        if let Some(probe_until) = breaker.probe_until.filter(|until| now < *until) {
+            return Ok(BreakerDecision::Open {
+                retry_after: probe_until - now,
+            });
+        }
+        breaker.probe_until = Some(now + probe_ttl);
+        Ok(BreakerDecision::Call { probe: true })
+    }
+
+    async fn breaker_report(
+        &self,
+        name: &str,
+        probe: bool,
+        failed: Option<bool>,
+        threshold: u32,
+        open_for: Duration,
+    ) -> Result<(), BackendError> {
+        let mut state = self.state();
+        let breaker = state.breakers.entry(name.to_owned()).or_default();
+        let now = Instant::now();
+        let Some(failed) = failed else {
+            if probe {
+                breaker.probe_until = None;
+            }
+            return Ok(());
+        };
+        match (failed, probe) {
+            (false, true) => *breaker = SharedBreaker::default(),
+            (false, false) => breaker.failures = 0,
+            (true, true) => {
+                *breaker = SharedBreaker {
+                    open_until: Some(now + open_for),
+                    ..SharedBreaker::default()
+                }
+            }
+            // A call admitted before the breaker opened changes nothing.
+            (true, false) if breaker.open_until.is_some() => {}
+            (true, false) => {
+                breaker.failures += 1;
+                if breaker.failures >= threshold {
+                    *breaker = SharedBreaker {
+                        open_until: Some(now + open_for),
+                        ..SharedBreaker::default()
+                    };
+                }
+            }
+        }
+        Ok(())
     }
 }
 

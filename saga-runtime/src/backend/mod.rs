@@ -911,10 +911,54 @@ pub trait Housekeeping: Send + Sync + 'static {
     async fn housekeep(&self, retention: &Retention) -> Result<Housekept, BackendError>;
 }
 
-/// A complete backend: every concern above.
-pub trait Backend: TaskStore + WorkQueue + ProcessStore + Leases + Housekeeping {}
+/// What a shared circuit breaker lets a caller do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerDecision {
+    /// Make the call; `probe` if it is the one half-open probe.
+    Call {
+        /// Whether this call decides between closing and reopening.
+        probe: bool,
+    },
+    /// The breaker is open (or its probe is out): not before `retry_after`.
+    Open {
+        /// How long until the breaker lets a call through, at the earliest.
+        retry_after: Duration,
+    },
+}
 
-impl<T: TaskStore + WorkQueue + ProcessStore + Leases + Housekeeping> Backend for T {}
+/// Circuit breakers shared by every engine on the backend
+/// (`#[circuit_breaker(scope = shared)]`): closed, open until a time, then
+/// half-open with one probe at a time across the deployment.
+#[async_trait]
+pub trait Breakers: Send + Sync + 'static {
+    /// Asks to call through breaker `name`. A probe holds its slot for at
+    /// most `probe_ttl` (a prober that dies must not hold it for ever).
+    async fn breaker_acquire(
+        &self,
+        name: &str,
+        probe_ttl: Duration,
+    ) -> Result<BreakerDecision, BackendError>;
+
+    /// Reports a call's outcome: a success closes (and resets the count);
+    /// a failure counts, and opens the breaker for `open_for` at
+    /// `threshold` consecutive failures, or at once after a failed probe.
+    /// `None`: the call did not happen after all (its attempt was claimed
+    /// elsewhere, the task was cancelled); a probe's slot is freed for the
+    /// next caller instead of being held until it expires.
+    async fn breaker_report(
+        &self,
+        name: &str,
+        probe: bool,
+        failed: Option<bool>,
+        threshold: u32,
+        open_for: Duration,
+    ) -> Result<(), BackendError>;
+}
+
+/// A complete backend: every concern above.
+pub trait Backend: TaskStore + WorkQueue + ProcessStore + Leases + Housekeeping + Breakers {}
+
+impl<T: TaskStore + WorkQueue + ProcessStore + Leases + Housekeeping + Breakers> Backend for T {}
 
 /// Cuts a dead-lettered payload to `limit` bytes (on a character
 /// boundary); returns the kept prefix and the original size when cut.

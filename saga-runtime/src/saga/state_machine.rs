@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::circuit::CircuitBreakerConfig;
 use crate::error::StepErrorKind;
 use crate::policy::{Backoff, OnExhausted, RetryPolicy};
 use crate::saga::SagaDefinition;
@@ -148,6 +149,12 @@ pub(crate) enum Outcome {
     Cancelled { at: Timestamp, error: String },
     /// The circuit breaker refused the call; no attempt was made (steps only).
     CircuitOpen(String),
+    /// The same for a breaker declared `when_open = wait`: the task is
+    /// parked until the break ends (`retry_after`), no retry spent.
+    CircuitWait {
+        error: String,
+        retry_after: Duration,
+    },
     /// The attempt's claim was already taken: this attempt number ran (or
     /// began) elsewhere, so it was not run again.
     AlreadyClaimed,
@@ -396,6 +403,20 @@ fn step_outcome(
             );
             return exhausted(task, def, idx, error, false);
         }
+        Outcome::CircuitWait { error, retry_after } => {
+            let delay = retry_after + release_spread(task, def.steps[idx].circuit_breaker);
+            task.audit(
+                AuditEntry::new(AuditAction::CircuitOpen)
+                    .step(name)
+                    .error(&error)
+                    .details(format!(
+                        "parked until the break ends: tried again in {}",
+                        humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
+                    )),
+            );
+            task.steps[idx].status = StepStatus::Pending;
+            return Effects::next(NextMove::After(delay));
+        }
         Outcome::AlreadyClaimed => {
             // Someone else began this attempt number (a duplicate delivery,
             // a worker whose lease expired, a store restored from an older
@@ -494,7 +515,9 @@ fn compensation_outcome(
         ),
         // Compensation never sees the task's cancellation and has no
         // breaker; treat these defensively as failures.
-        Outcome::Cancelled { error, .. } | Outcome::CircuitOpen(error) => (error, true),
+        Outcome::Cancelled { error, .. }
+        | Outcome::CircuitOpen(error)
+        | Outcome::CircuitWait { error, .. } => (error, true),
     };
     task.steps[idx].compensation_error = Some(error.clone());
     let used = attempt - task.steps[idx].compensation_retry_base;
@@ -611,6 +634,19 @@ fn next_compensable(task: &TaskInstance, def: &SagaDefinition) -> Option<usize> 
 
 /// The step used up its retries (or failed permanently): its
 /// `on_exhausted` action decides.
+/// How much later than the end of the break a parked task comes back: a
+/// share of half the break, fixed per task (pure: derived from its id), so
+/// that tasks parked together return spread out instead of all at once on
+/// a dependency that has only just recovered.
+fn release_spread(task: &TaskInstance, breaker: Option<CircuitBreakerConfig>) -> Duration {
+    let Some(config) = breaker else {
+        return Duration::ZERO;
+    };
+    let window = config.duration / 2;
+    let share = (task.id.0.as_u128() % 1000) as u32;
+    window * share / 1000
+}
+
 fn exhausted(
     task: &mut TaskInstance,
     def: &SagaDefinition,

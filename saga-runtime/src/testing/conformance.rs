@@ -26,9 +26,9 @@ use futures::StreamExt;
 use serde_json::json;
 
 use crate::backend::{
-    Backend, BackendError, Created, DeadLetterQuery, Delivery, InstanceStatus, Interest, Lease,
-    Next, NextAttempt, ProcessCommit, ProcessInstance, QueueMessage, Retention, Settle, TakenLease,
-    TaskCommit, TaskCursor, TaskQuery, WorkItem,
+    Backend, BackendError, BreakerDecision, Created, DeadLetterQuery, Delivery, InstanceStatus,
+    Interest, Lease, Next, NextAttempt, ProcessCommit, ProcessInstance, QueueMessage, Retention,
+    Settle, TakenLease, TaskCommit, TaskCursor, TaskQuery, WorkItem,
 };
 use crate::process::{Envelope, EnvelopeKind};
 use crate::task::{
@@ -1223,6 +1223,75 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     assert_eq!(b.process_commit("pm", late).await.unwrap(), 1);
 }
 
+/// A shared circuit breaker: closed until `threshold` consecutive failures,
+/// then open for its duration, then one probe at a time; a failed probe
+/// reopens it, a successful one closes it; a success resets the count.
+pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
+    const OPEN: Duration = Duration::from_millis(300);
+    const PROBE: Duration = Duration::from_secs(5);
+    let call = |probe| BreakerDecision::Call { probe };
+    let report = |probe, failed| b.breaker_report("s:step", probe, Some(failed), 3, OPEN);
+    assert_eq!(
+        b.breaker_acquire("s:step", PROBE).await.unwrap(),
+        call(false)
+    );
+    report(false, true).await.unwrap();
+    report(false, false).await.unwrap();
+    report(false, true).await.unwrap();
+    report(false, true).await.unwrap();
+    assert_eq!(
+        b.breaker_acquire("s:step", PROBE).await.unwrap(),
+        call(false),
+        "a success reset the count: two failures since"
+    );
+    report(false, true).await.unwrap();
+    match b.breaker_acquire("s:step", PROBE).await.unwrap() {
+        BreakerDecision::Open { retry_after } => assert!(
+            retry_after <= OPEN && retry_after > OPEN / 2,
+            "open for about the break: {retry_after:?}"
+        ),
+        other => panic!("the third failure in a row opens the breaker: {other:?}"),
+    }
+    assert_eq!(
+        b.breaker_acquire("other:step", PROBE).await.unwrap(),
+        call(false),
+        "breakers are per name"
+    );
+
+    tokio::time::sleep(OPEN + Duration::from_millis(50)).await;
+    assert_eq!(
+        b.breaker_acquire("s:step", PROBE).await.unwrap(),
+        call(true)
+    );
+    assert!(
+        matches!(
+            b.breaker_acquire("s:step", PROBE).await.unwrap(),
+            BreakerDecision::Open { .. }
+        ),
+        "one probe at a time"
+    );
+    report(true, true).await.unwrap();
+    assert!(
+        matches!(
+            b.breaker_acquire("s:step", PROBE).await.unwrap(),
+            BreakerDecision::Open { .. }
+        ),
+        "a failed probe reopens"
+    );
+
+    tokio::time::sleep(OPEN + Duration::from_millis(50)).await;
+    assert_eq!(
+        b.breaker_acquire("s:step", PROBE).await.unwrap(),
+        call(true)
+    );
+    report(true, false).await.unwrap();
+    assert_eq!(
+        b.breaker_acquire("s:step", PROBE).await.unwrap(),
+        call(false),
+        "a successful probe closes"
+    );
+}
+
 /// The outbox, scheduled timeouts moved exactly once, named leases.
 pub async fn process_outbox_schedule_and_single_delivery_of_due_entries(b: Arc<dyn Backend>) {
     let i = instance("x");
@@ -1298,6 +1367,7 @@ macro_rules! backend_conformance {
             housekeeping_caps_dead_letters,
             process_instances_versions_and_correlation_entries,
             process_tombstones_refuse_late_duplicates,
+            shared_breakers_open_probe_once_and_close,
             process_outbox_schedule_and_single_delivery_of_due_entries,
         );
     };

@@ -22,16 +22,65 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::lease::{Heartbeat, LeaseGuard};
+use crate::backend::BreakerDecision;
 use crate::backend::{
     BackendError, Delivery, Lease, Locked, Next, NextAttempt, QueueMessage, Settle, TakenLease,
     TaskCommit,
 };
+use crate::circuit::{BreakerScope, CircuitBreaker, CircuitBreakerConfig, CircuitOpen, WhenOpen};
 use crate::context::StepContext;
 use crate::error::{StepError, StepErrorKind};
 use crate::runtime::Runtime;
 use crate::saga::state_machine::{self as sm, Call, Effects, NextMove, Outcome, Phase, Plan};
-use crate::saga::{ErasedSaga, SagaDefinition};
+use crate::saga::{ErasedSaga, SagaDefinition, StepDefinition};
 use crate::task::{TaskInstance, TaskStatus};
+
+/// Permission from a step's circuit breaker for one call.
+enum BreakerPermit<'b> {
+    Local(crate::circuit::Permit<'b>),
+    Shared {
+        name: String,
+        probe: bool,
+        config: CircuitBreakerConfig,
+    },
+}
+
+impl BreakerPermit<'_> {
+    /// Records the call's outcome: `Some(failed)`, or `None` when the call
+    /// proved nothing (it did not run, or was cut short by cancellation).
+    async fn report(self, rt: &Runtime, failed: Option<bool>) {
+        match (self, failed) {
+            (BreakerPermit::Local(permit), Some(false)) => permit.success(),
+            (BreakerPermit::Local(permit), Some(true)) => permit.failure(),
+            (BreakerPermit::Local(permit), None) => drop(permit),
+            (
+                BreakerPermit::Shared {
+                    name,
+                    probe,
+                    config,
+                },
+                failed,
+            ) => {
+                if failed.is_none() && !probe {
+                    return;
+                }
+                let reported = rt
+                    .backend
+                    .breaker_report(
+                        &name,
+                        probe,
+                        failed,
+                        config.failure_threshold,
+                        config.duration,
+                    )
+                    .await;
+                if let Err(error) = reported {
+                    tracing::warn!(%error, breaker = %name, "recording a call in the shared circuit breaker failed");
+                }
+            }
+        }
+    }
+}
 
 /// Handles one saga message.
 pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &QueueMessage) {
@@ -446,21 +495,22 @@ impl Run<'_> {
         continuing: bool,
     ) -> Result<Attempted, BackendError> {
         let step = &self.def.steps[call.idx];
-        let breaker = match call.phase {
+        let local = match call.phase {
             Phase::Step => self.rt.breaker(self.def.name, step),
             Phase::Compensation => None,
         };
-        let permit = match breaker.as_deref().map(|b| b.try_acquire()) {
-            Some(Err(open)) => {
-                let outcome = Outcome::CircuitOpen(open.to_string());
+        let permit = match self
+            .breaker_permit(step, call.phase, local.as_deref())
+            .await
+        {
+            Ok(permit) => permit,
+            Err(outcome) => {
                 let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
                 return Ok(Attempted::Effects {
                     effects,
                     wrote: false,
                 });
             }
-            Some(Ok(permit)) => Some(permit),
-            None => None,
         };
         // Going on with a running task is refused once its cancellation
         // is requested (a task already being cancelled or compensated
@@ -504,7 +554,9 @@ impl Run<'_> {
             .await;
         let (version, claimed) = match written {
             Err(BackendError::CancelRequested { at, .. }) if before.is_some() => {
-                drop(permit);
+                if let Some(permit) = permit {
+                    permit.report(self.rt, None).await;
+                }
                 let before = before.expect("checked");
                 return Ok(Attempted::Cancelled { at, before });
             }
@@ -521,7 +573,9 @@ impl Run<'_> {
         task.audit_saved();
         *stored = task.status;
         if !claimed {
-            drop(permit);
+            if let Some(permit) = permit {
+                permit.report(self.rt, None).await;
+            }
             let outcome = Outcome::AlreadyClaimed;
             let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
             return Ok(Attempted::Effects {
@@ -531,22 +585,72 @@ impl Run<'_> {
         }
         let outcome = self.call(task, call, attempt.number).await?;
         if let Some(permit) = permit {
-            match &outcome {
-                Outcome::Succeeded(_) => permit.success(),
+            let failed = match &outcome {
+                Outcome::Succeeded(_) => Some(false),
                 // A permanent error proves the endpoint answered.
                 Outcome::Failed {
                     kind: StepErrorKind::Permanent | StepErrorKind::InvalidPayload,
                     ..
-                } => permit.success(),
-                Outcome::Failed { .. } | Outcome::TimedOut { .. } => permit.failure(),
-                _ => drop(permit),
-            }
+                } => Some(false),
+                Outcome::Failed { .. } | Outcome::TimedOut { .. } => Some(true),
+                _ => None,
+            };
+            permit.report(self.rt, failed).await;
         }
         let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
         Ok(Attempted::Effects {
             effects,
             wrote: true,
         })
+    }
+
+    /// Asks the step's circuit breaker (this engine's, or with
+    /// `scope = shared` the deployment's) for a call. Refused, it hands
+    /// back the outcome to apply instead: fail at once, or with
+    /// `when_open = wait` park the task until the break ends.
+    async fn breaker_permit<'b>(
+        &self,
+        step: &StepDefinition,
+        phase: Phase,
+        local: Option<&'b CircuitBreaker>,
+    ) -> Result<Option<BreakerPermit<'b>>, Outcome> {
+        let Some(config) = step.circuit_breaker.filter(|_| phase == Phase::Step) else {
+            return Ok(None);
+        };
+        let refused = |retry_after: Duration| {
+            let error = CircuitOpen { retry_after }.to_string();
+            match config.when_open {
+                WhenOpen::Fail => Outcome::CircuitOpen(error),
+                WhenOpen::Wait => Outcome::CircuitWait { error, retry_after },
+            }
+        };
+        match config.scope {
+            BreakerScope::Process => match local.map(CircuitBreaker::try_acquire) {
+                Some(Ok(permit)) => Ok(Some(BreakerPermit::Local(permit))),
+                Some(Err(open)) => Err(refused(open.retry_after)),
+                None => Ok(None),
+            },
+            BreakerScope::Shared => {
+                let name = format!("{}:{}", self.def.name, step.name);
+                // A probe holds its slot for as long as one call may run.
+                let probe_ttl = step.timeout.unwrap_or(self.rt.settings.step_timeout)
+                    + self.rt.settings.stop_grace;
+                match self.rt.backend.breaker_acquire(&name, probe_ttl).await {
+                    Ok(BreakerDecision::Call { probe }) => Ok(Some(BreakerPermit::Shared {
+                        name,
+                        probe,
+                        config,
+                    })),
+                    Ok(BreakerDecision::Open { retry_after }) => Err(refused(retry_after)),
+                    // The breaker cannot be read: let the call decide (it
+                    // needs the same backend to be recorded anyway).
+                    Err(error) => {
+                        tracing::warn!(%error, breaker = %name, "shared circuit breaker unreadable; calling");
+                        Ok(None)
+                    }
+                }
+            }
+        }
     }
 
     /// Calls the step (or compensation). The attempt gets the step's

@@ -176,6 +176,15 @@ impl Keys {
         format!("{}:lease:{name}", self.pm_tag())
     }
 
+    /// A `scope = shared` circuit breaker's state: a hash with its own hash
+    /// tag (it is touched by one script at a time, alone).
+    pub fn breaker(&self, name: &str) -> String {
+        format!(
+            "{}:{{{}:breakers}}:breaker:{name}",
+            self.prefix, self.prefix
+        )
+    }
+
     /// The deployment's layout (its partition count), recorded by the first
     /// backend to connect.
     pub fn layout(&self) -> String {

@@ -36,6 +36,7 @@
 //! entries), then one file per concern: `tasks`, `queue`, `process`,
 //! `housekeeping`, `finished` (end-of-task notifications).
 
+mod breakers;
 mod entry;
 mod finished;
 mod housekeeping;

@@ -696,3 +696,47 @@ end
 return 0",
     )
 });
+
+/// KEYS: breaker. ARGV: probe ttl ms. A shared circuit breaker's decision:
+/// {1, 0} call, {1, 1} call as the probe, {0, ms} open for ms more.
+pub static BREAKER_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')
+if open_until == 0 then return {{1, 0}} end
+if now < open_until then return {{0, open_until - now}} end
+local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until') or '0')
+if now < probe_until then return {{0, probe_until - now}} end
+redis.call('HSET', KEYS[1], 'probe_until', now + tonumber(ARGV[1]))
+return {{1, 1}}"
+    ))
+});
+
+/// KEYS: breaker. ARGV: probe (0/1), failed (0/1, '-' = the call did not
+/// happen), threshold, open ms, keep ms. Records a call's outcome (see
+/// `Breakers::breaker_report`); the state expires after `keep` without
+/// calls, so idle breakers go.
+pub static BREAKER_REPORT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+local probe, failed = ARGV[1] == '1', ARGV[2] == '1'
+if ARGV[2] == '-' then
+  if probe and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'probe_until', 0) end
+  return 0
+end
+local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')
+if not failed then
+  if probe then redis.call('DEL', KEYS[1]) return 0 end
+  if open_until == 0 then redis.call('HSET', KEYS[1], 'failures', 0) end
+elseif probe then
+  redis.call('HSET', KEYS[1], 'open_until', now + tonumber(ARGV[4]), 'probe_until', 0, 'failures', 0)
+elseif open_until == 0 then
+  local f = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+  if f >= tonumber(ARGV[3]) then
+    redis.call('HSET', KEYS[1], 'open_until', now + tonumber(ARGV[4]), 'failures', 0)
+  end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[5]) end
+return 0"
+    ))
+});

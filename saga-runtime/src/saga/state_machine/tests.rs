@@ -2849,3 +2849,58 @@ fn an_interrupted_compensation_is_made_again_now_without_spending_the_budget() {
     assert!(t.status.is_terminal(), "{:?}", t.status);
     assert_eq!(find(&t, &AuditAction::AttemptAbandoned).len(), 1);
 }
+
+// ---- `when_open = wait`: parked, not failed ----
+
+/// One step behind a breaker that parks tasks: 10 s breaks.
+static WAITS: SagaDefinition = SagaDefinition {
+    name: "waits",
+    version: 1,
+    fingerprint: 0,
+    type_name: "Waits",
+    cancellable: false,
+    steps: &[StepDefinition {
+        circuit_breaker: Some(
+            crate::circuit::CircuitBreakerConfig::new(3, 10)
+                .with_when_open(crate::circuit::WhenOpen::Wait),
+        ),
+        ..step(
+            "notify",
+            1,
+            RetryPolicy::new(2, BackoffKind::Constant, 100),
+            None,
+        )
+    }],
+};
+
+#[test]
+fn a_task_meeting_a_breaker_that_waits_is_parked_until_the_break_ends() {
+    let mut t = fresh(&WAITS);
+    let call = expect_call(plan(&mut t, &WAITS, None, W));
+    let retry_after = Duration::from_millis(4_000);
+    let outcome = Outcome::CircuitWait {
+        error: "circuit breaker is open".into(),
+        retry_after,
+    };
+    let e = on_outcome(&mut t, &WAITS, call, outcome, W);
+    // Back after the break plus a share of half the break (5 s), fixed by
+    // the task's id: tasks parked together come back spread out.
+    let spread = Duration::from_secs(5) * (t.id.0.as_u128() % 1000) as u32 / 1000;
+    assert_effects(&e, NextMove::After(retry_after + spread), None, false);
+    assert!(!t.status.is_terminal(), "{:?}", t.status);
+    assert_eq!(t.steps[0].status, StepStatus::Pending);
+    assert_eq!(t.steps[0].attempt_count, 0, "no retry is spent");
+    let parked = t.audit_log.last().unwrap();
+    assert_eq!(parked.action, AuditAction::CircuitOpen);
+    assert!(
+        parked
+            .details
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("parked until the break ends"),
+        "{parked:?}"
+    );
+    // And when it comes back, the step is called as if for the first time.
+    let again = expect_call(plan(&mut t, &WAITS, None, W));
+    assert_eq!(again.idx, 0);
+}

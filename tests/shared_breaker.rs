@@ -1,0 +1,143 @@
+//! `#[circuit_breaker(scope = shared, when_open = wait)]` on a real
+//! redis-server, with two engines standing in for two machines: the
+//! breaker opens for both after the threshold counted across both, lets
+//! one probe through per break across both, and the tasks that met it
+//! are parked (no retry spent, nothing compensated) and finish once it
+//! closes.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::redis_server::TestRedis;
+use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::prelude::*;
+use saga_runtime::AuditAction;
+
+/// The dependency both engines call: up or down, and every call it got.
+#[derive(Default)]
+struct Service {
+    up: AtomicBool,
+    calls: Mutex<Vec<(Instant, &'static str, bool)>>,
+}
+
+struct Notify {
+    service: Arc<Service>,
+    engine: &'static str,
+}
+
+#[saga(name = "notify")]
+impl Notify {
+    #[saga_step(1)]
+    #[retry_policy(max_retries = 20, backoff = constant, base_delay_ms = 20)]
+    #[circuit_breaker(failure_threshold = 3, duration_secs = 1, scope = shared, when_open = wait)]
+    async fn send(&self, n: u32) -> Result<u32, StepError> {
+        let up = self.service.up.load(Ordering::SeqCst);
+        self.service
+            .calls
+            .lock()
+            .unwrap()
+            .push((Instant::now(), self.engine, up));
+        if up {
+            Ok(n)
+        } else {
+            Err(StepError::transient("connection refused"))
+        }
+    }
+
+    #[compensate(send)]
+    async fn unsend(&self, _n: u32) -> Result<(), StepError> {
+        Ok(())
+    }
+}
+
+async fn engine(redis: &TestRedis, service: &Arc<Service>, name: &'static str) -> Engine {
+    let config = RedisConfig {
+        block: Duration::from_millis(50),
+        ..RedisConfig::default()
+    };
+    Engine::builder()
+        .backend(
+            RedisBackend::connect_with(&redis.url(), config)
+                .await
+                .unwrap(),
+        )
+        .saga(Notify {
+            service: service.clone(),
+            engine: name,
+        })
+        .timeout_poll_interval(Duration::from_millis(20))
+        .worker_concurrency(4)
+        .workers(1)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finish() {
+    let redis = TestRedis::start();
+    let service = Arc::new(Service::default());
+    let a = engine(&redis, &service, "a").await;
+    let b = engine(&redis, &service, "b").await;
+    let mut ids = Vec::new();
+    for n in 0..8 {
+        let engine = if n % 2 == 0 { &a } else { &b };
+        ids.push(engine.start::<Notify>(n).await.unwrap());
+    }
+    // Down for 2.5 s: the three failures that open the breaker (counted
+    // across both engines), then one failed probe per one-second break.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    service.up.store(true, Ordering::SeqCst);
+    for id in &ids {
+        let Ok(task) = tokio::time::timeout(Duration::from_secs(20), a.wait(*id)).await else {
+            let task = a.task(*id).await.unwrap();
+            panic!(
+                "every parked task finishes once the breaker closes: {task:#?}\n{:?}",
+                service.calls.lock().unwrap()
+            );
+        };
+        let task = task.unwrap();
+        assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
+        assert!(
+            task.steps[0].attempt_count <= 4,
+            "waiting spent no retries: {task:#?}"
+        );
+        assert!(
+            task.audit_log
+                .iter()
+                .any(|e| e.action == AuditAction::CircuitOpen),
+            "it met the open breaker and waited: {task:#?}"
+        );
+    }
+
+    let calls = service.calls.lock().unwrap().clone();
+    let down: Vec<_> = calls.iter().filter(|(_, _, up)| !up).collect();
+    let engines: std::collections::HashSet<_> = calls.iter().map(|(_, e, _)| *e).collect();
+    assert_eq!(engines.len(), 2, "both engines ran tasks: {calls:?}");
+    // The first failures come together: those that opened the breaker
+    // (3, counted across both engines) and the calls already admitted
+    // beside them (at most one per task).
+    let first = down[0].0;
+    let burst = down
+        .iter()
+        .take_while(|(at, _, _)| *at - first < Duration::from_millis(500))
+        .count();
+    assert!((3..=8).contains(&burst), "{down:?}");
+    // After that, every call while down was a lone probe, a break (1 s)
+    // after the one before, whichever engine made it; with a breaker per
+    // engine each would have gone on failing on its own.
+    assert!(
+        down.len() - burst >= 1,
+        "a probe while still down: {down:?}"
+    );
+    for pair in down[burst - 1..].windows(2) {
+        let gap = pair[1].0 - pair[0].0;
+        assert!(
+            gap >= Duration::from_millis(900),
+            "a call {gap:?} after the previous one while the breaker was open: {down:?}"
+        );
+    }
+}
