@@ -17,6 +17,7 @@ use crate::types::type_to_string;
 
 /// The full expansion of a valid saga.
 pub fn expand(saga: &SagaDef) -> TokenStream {
+    let (saga, aliases) = &through_aliases(saga);
     let item = &saga.item;
     let type_checks = type_checks(saga);
     let saga_impl = saga_impl(saga);
@@ -24,6 +25,7 @@ pub fn expand(saga: &SagaDef) -> TokenStream {
     let output_enum = output_enum(saga);
     let reconciliation = reconciliation_trait(saga);
     quote! {
+        #aliases
         #item
         #saga_impl
         #type_checks
@@ -31,6 +33,84 @@ pub fn expand(saga: &SagaDef) -> TokenStream {
         #output_enum
         #reconciliation
     }
+}
+
+/// The saga with every step type named once, by a hidden alias written
+/// with the user's tokens, and the aliases. The step methods' signatures,
+/// the `Saga` impl, the output enum and the checks all use the alias, so a
+/// type that does not resolve is one error, where it is written; named in
+/// several places, rustc would report it in each (with different hints,
+/// so not merged). The definition and the fingerprint keep the types as
+/// written (`StepDef::written`). Types naming `Self` stay as they are.
+fn through_aliases(saga: &SagaDef) -> (SagaDef, TokenStream) {
+    let mut saga = saga.clone();
+    let mut aliases = TokenStream::new();
+    let owner = saga.type_ident.clone();
+    let mut alias = |ty: &mut Type, method: &syn::Ident, role: &str| {
+        if names_self(ty) {
+            return;
+        }
+        let ident = quote::format_ident!("__{}_{}_{}", owner, method, role, span = ty.span());
+        aliases.extend(quote! {
+            #[doc(hidden)]
+            #[allow(non_camel_case_types)]
+            type #ident = #ty;
+        });
+        *ty = syn::parse_quote!(#ident);
+    };
+    let mut signatures: Vec<(syn::Ident, Option<Type>, Option<Type>)> = Vec::new();
+    for step in &mut saga.steps {
+        if let Some(input) = &mut step.input {
+            alias(input, &step.ident, "input");
+        }
+        if let Some(output) = &mut step.output {
+            alias(output, &step.ident, "output");
+        }
+        signatures.push((step.ident.clone(), step.input.clone(), step.output.clone()));
+    }
+    for comp in &mut saga.compensations {
+        if let Some(param) = &mut comp.param {
+            alias(param, &comp.ident, "input");
+        }
+        signatures.push((comp.ident.clone(), comp.param.clone(), None));
+    }
+    for item in &mut saga.item.items {
+        let syn::ImplItem::Fn(method) = item else {
+            continue;
+        };
+        let Some((_, input, output)) = signatures.iter().find(|(m, ..)| *m == method.sig.ident)
+        else {
+            continue;
+        };
+        if let Some(input) = input {
+            let first = method.sig.inputs.iter_mut().find_map(|arg| match arg {
+                syn::FnArg::Typed(pat) => Some(pat),
+                syn::FnArg::Receiver(_) => None,
+            });
+            if let Some(param) = first {
+                *param.ty = input.clone();
+            }
+        }
+        if let (Some(output), syn::ReturnType::Type(_, ty)) = (output, &mut method.sig.output) {
+            if let Some(slot) = result_ok_type(ty) {
+                *slot = output.clone();
+            }
+        }
+    }
+    (saga, aliases)
+}
+
+/// `T` in `Result<T, E>`, to rewrite it.
+fn result_ok_type(ty: &mut Type) -> Option<&mut Type> {
+    let Type::Path(path) = ty else { return None };
+    let segment = path.path.segments.last_mut()?;
+    let syn::PathArguments::AngleBracketed(args) = &mut segment.arguments else {
+        return None;
+    };
+    args.args.iter_mut().find_map(|arg| match arg {
+        syn::GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    })
 }
 
 /// What is emitted next to the errors when the saga is invalid: the user's
@@ -300,8 +380,7 @@ fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
         },
         None => quote!(::core::option::Option::None),
     };
-    let input_type = step.input.as_ref().map(type_to_string).unwrap_or_default();
-    let output_type = step.output.as_ref().map(type_to_string).unwrap_or_default();
+    let (input_type, output_type) = &step.written;
     quote! {
         #rt::StepDefinition {
             name: #name,

@@ -8,7 +8,7 @@ use syn::ImplItem;
 use super::model::{BreakerDef, CompensationDef, Model, PolicyDef, SagaDef, StepDef};
 use super::parse::{self, Parsed, ParsedSaga, Role};
 use crate::ctxt::Ctxt;
-use crate::types::type_ident;
+use crate::types::{type_ident, type_to_string};
 
 pub fn build(cx: &Ctxt, parsed: Parsed) -> Model {
     match parsed {
@@ -52,6 +52,18 @@ fn build_saga(cx: &Ctxt, parsed: ParsedSaga) -> Result<SagaDef, TokenStream> {
                     ident: method.ident,
                     order: step.order,
                     timeout_ms: step.timeout_ms,
+                    written: (
+                        step.sig
+                            .input
+                            .as_ref()
+                            .map(type_to_string)
+                            .unwrap_or_default(),
+                        step.sig
+                            .output
+                            .as_ref()
+                            .map(type_to_string)
+                            .unwrap_or_default(),
+                    ),
                     input: step.sig.input,
                     output: step.sig.output,
                     takes_ctx: step.sig.takes_ctx,

@@ -13,8 +13,8 @@ use quote::format_ident;
 use syn::{Ident, Type};
 
 pub use super::vocab::{Backoff, BreakerScope, OnExhausted, WhenOpen};
-use crate::types::type_to_string;
 
+#[derive(Clone)]
 pub struct SagaDef {
     /// The user's impl block, helper attributes removed, otherwise untouched.
     pub item: syn::ItemImpl,
@@ -39,6 +39,7 @@ pub struct SagaDef {
     pub misplaced: bool,
 }
 
+#[derive(Clone)]
 pub struct StepDef {
     pub ident: Ident,
     pub order: Option<SpannedValue<u32>>,
@@ -47,12 +48,16 @@ pub struct StepDef {
     pub timeout_ms: Option<u64>,
     pub input: Option<Type>,
     pub output: Option<Type>,
+    /// `input` and `output` as the user wrote them: what the definition
+    /// and the fingerprint say, whatever the expansion names them by.
+    pub written: (String, String),
     pub takes_ctx: bool,
     pub retry: Option<PolicyDef>,
     pub compensation_retry: Option<PolicyDef>,
     pub breaker: Option<BreakerDef>,
 }
 
+#[derive(Clone)]
 pub struct CompensationDef {
     pub ident: Ident,
     /// The step it undoes.
@@ -62,6 +67,7 @@ pub struct CompensationDef {
     pub takes_ctx: bool,
 }
 
+#[derive(Clone)]
 pub struct PolicyDef {
     /// The attribute's tokens, to point errors at it.
     pub attr: TokenStream,
@@ -73,6 +79,7 @@ pub struct PolicyDef {
     pub on_exhausted: Option<OnExhausted>,
 }
 
+#[derive(Clone)]
 pub struct BreakerDef {
     pub failure_threshold: u32,
     pub duration_secs: u64,
@@ -102,13 +109,11 @@ impl SagaDef {
     pub fn fingerprint(&self) -> u64 {
         let mut canonical = String::new();
         for step in self.steps_in_order() {
-            let ty = |t: &Option<Type>| t.as_ref().map(type_to_string).unwrap_or_default();
+            let (input, output) = &step.written;
             canonical.push_str(&format!(
-                "{}|{}|{}|{};",
+                "{}|{}|{input}|{output};",
                 step.number(),
                 step.ident,
-                ty(&step.input),
-                ty(&step.output)
             ));
         }
         canonical.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
