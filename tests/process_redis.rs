@@ -328,6 +328,7 @@ async fn a_load_refuses_a_record_that_belongs_to_another_process_manager() {
         process: "acct".into(),
         id: "x:1".into(),
         generation: "g".into(),
+        started_by: None,
         state: serde_json::json!({"balance": 100}),
         status: InstanceStatus::Active,
         version: 0,

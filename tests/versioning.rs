@@ -53,6 +53,7 @@ struct Receipt {
 }
 
 #[saga(name = "transfer", version = 2)]
+#[cancellable]
 impl TransferV2 {
     #[saga_step(1)]
     async fn debit(&self, cents: u64) -> Result<u64, StepError> {
@@ -191,6 +192,48 @@ async fn two_versions_run_side_by_side_each_task_on_its_own() {
     let sagas = engine.sagas();
     assert_eq!(sagas.len(), 1);
     assert_eq!(sagas[0].version, 2);
+}
+
+/// A task answers to its own version: another version's typed output (which
+/// might decode by accident) and another version's `#[cancellable]` do not
+/// apply to it.
+#[tokio::test]
+async fn typed_results_and_cancellation_follow_the_tasks_version() {
+    let journal = Journal::default();
+    let engine = Engine::builder()
+        .saga(TransferV1 {
+            journal: journal.clone(),
+            hold_credit: true,
+        })
+        .saga(v2(&journal))
+        .build()
+        .await
+        .unwrap();
+    let old = engine.start::<TransferV1>(5).await.unwrap();
+    common::eventually(|| journal.count("v1 debit") == 1).await;
+
+    match engine.output::<TransferV2>(old).await {
+        Err(Error::WrongSaga {
+            expected, actual, ..
+        }) => assert_eq!(
+            (expected.as_str(), actual.as_str()),
+            ("transfer v2", "transfer")
+        ),
+        other => panic!("a v1 task read as v2: {other:?}"),
+    }
+    // v2 is `#[cancellable]`, v1 is not: the v1 task is not cancelled.
+    let result = engine.cancel::<TransferV2>(old).await.unwrap();
+    assert!(
+        matches!(result, CancelResult::NotCancellable(_)),
+        "{result:?}"
+    );
+    assert!(engine
+        .task(old)
+        .await
+        .unwrap()
+        .unwrap()
+        .cancelled_at
+        .is_none());
 }
 
 #[tokio::test]

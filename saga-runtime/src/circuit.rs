@@ -172,9 +172,12 @@ impl CircuitBreaker {
                 *state = State::HalfOpen { probing: true };
                 true
             }
+            // The probe's outcome is not known yet; it may take as long as
+            // a call does. Ask again after a share of the break rather than
+            // at once (a parked task would otherwise spin).
             State::HalfOpen { probing: true } => {
                 return Err(CircuitOpen {
-                    retry_after: Duration::ZERO,
+                    retry_after: self.config.duration / 4,
                 })
             }
         };

@@ -32,7 +32,9 @@ pub fn router(engine: Engine) -> Router {
         let route = get(
             move |State(engine): State<Engine>, Path(id): Path<String>| get_task(engine, saga, id),
         );
-        let route = if def.cancellable {
+        // Some versions may be cancellable and others not: the route is
+        // there if any is, and the task's own version decides.
+        let route = if engine.any_version_cancellable(saga) {
             route.delete(
                 move |State(engine): State<Engine>, Path(id): Path<String>| {
                     cancel_task(engine, saga, id)

@@ -833,7 +833,7 @@ impl ProcessStore for MemoryBackend {
                     let now = Instant::now();
                     let until = now + commit.tombstone_ttl;
                     state.tombstones.retain(|_, (_, until)| *until > now);
-                    let ids: HashSet<String> = instance.processed.iter().cloned().collect();
+                    let ids: HashSet<String> = instance.handled().into_iter().collect();
                     let places = std::iter::once(Tombstone::Instance(
                         process.to_owned(),
                         instance.id.clone(),

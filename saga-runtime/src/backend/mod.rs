@@ -451,6 +451,11 @@ pub struct ProcessInstance {
     /// written before generations existed.
     #[serde(default)]
     pub generation: String,
+    /// The id of the message that created it: kept in its tombstone even
+    /// once `processed` has forgotten it, so that a late duplicate of it
+    /// never starts the process again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<String>,
     /// The state, as JSON.
     pub state: Value,
     /// Active, completed or stopped.
@@ -953,6 +958,20 @@ pub trait Breakers: Send + Sync + 'static {
         threshold: u32,
         open_for: Duration,
     ) -> Result<(), BackendError>;
+}
+
+impl ProcessInstance {
+    /// What a tombstone of this instance remembers: the message ids it
+    /// handled, and the one that created it.
+    pub fn handled(&self) -> Vec<String> {
+        let mut ids = self.processed.clone();
+        if let Some(first) = &self.started_by {
+            if !ids.contains(first) {
+                ids.push(first.clone());
+            }
+        }
+        ids
+    }
 }
 
 /// A complete backend: every concern above.

@@ -340,6 +340,15 @@ impl Engine {
                 actual: task.saga,
             });
         }
+        // Whether it may be cancelled is its own version's to say.
+        let cancellable = self
+            .rt
+            .sagas
+            .get(&task.saga, task.saga_version)
+            .is_none_or(|s| s.definition().cancellable);
+        if !cancellable {
+            return Ok(CancelResult::NotCancellable(task.status));
+        }
         match task.status {
             TaskStatus::Completed => return Ok(CancelResult::AlreadyCompleted),
             TaskStatus::Cancelled => return Ok(CancelResult::AlreadyCancelled),
@@ -396,13 +405,19 @@ impl Engine {
 /// message), and decoding another saga's output as `S::Output` could
 /// succeed by accident.
 fn check_saga<S: Saga>(task: &TaskInstance) -> Result<(), Error> {
-    if task.saga == S::NAME {
+    let version = S::definition().version;
+    if task.saga == S::NAME && task.saga_version == version {
         return Ok(());
     }
+    // Another version's output may decode as this one's by accident.
+    let named = |saga: &str, version: u32| match version {
+        1 => saga.to_owned(),
+        n => format!("{saga} v{n}"),
+    };
     Err(Error::WrongSaga {
         task: task.id,
-        expected: S::NAME.to_owned(),
-        actual: task.saga.clone(),
+        expected: named(S::NAME, version),
+        actual: named(&task.saga, task.saga_version),
     })
 }
 

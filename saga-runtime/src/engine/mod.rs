@@ -96,6 +96,12 @@ impl Engine {
         self.rt.sagas.latest()
     }
 
+    /// Whether any registered version of saga `name` is `#[cancellable]`.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn any_version_cancellable(&self, name: &str) -> bool {
+        self.rt.sagas.any_cancellable(name)
+    }
+
     /// The backend, for operators and tests.
     pub fn backend(&self) -> &Arc<dyn crate::backend::Backend> {
         &self.rt.backend

@@ -200,7 +200,10 @@ pub(crate) async fn dispatch(
                     None => env.backend.process_load(process, id).await?,
                 };
                 if let (Some(instance), Some(generation)) = (&existing, &envelope.generation) {
-                    if instance.generation != *generation {
+                    // A record without a generation was written by a worker
+                    // that predates them (a rolling deploy): unknown, so the
+                    // timeout is delivered rather than lost.
+                    if !instance.generation.is_empty() && instance.generation != *generation {
                         tracing::debug!(process, instance = %id, "timeout of an earlier instance with this id ignored");
                         env.settle_only(process, env.ack()).await?;
                         return Ok(Dispatched::Ignored {
@@ -281,6 +284,7 @@ pub(crate) async fn dispatch(
                     process: process.to_owned(),
                     id,
                     generation: uuid::Uuid::new_v4().simple().to_string(),
+                    started_by: Some(envelope.message_id.clone()),
                     state: Value::Null,
                     status: InstanceStatus::Active,
                     version: 0,

@@ -55,6 +55,12 @@ impl SagaRegistry {
             .map(|versions| versions.keys().copied().collect())
     }
 
+    pub fn any_cancellable(&self, name: &str) -> bool {
+        self.by_name
+            .get(name)
+            .is_some_and(|versions| versions.values().any(|s| s.definition().cancellable))
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }

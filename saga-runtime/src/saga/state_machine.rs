@@ -404,7 +404,10 @@ fn step_outcome(
             return exhausted(task, def, idx, error, false);
         }
         Outcome::CircuitWait { error, retry_after } => {
-            let delay = retry_after + release_spread(task, def.steps[idx].circuit_breaker);
+            // Never at once: a parked task that came straight back would
+            // spin on the breaker.
+            let delay =
+                retry_after.max(MIN_PARK) + release_spread(task, def.steps[idx].circuit_breaker);
             task.audit(
                 AuditEntry::new(AuditAction::CircuitOpen)
                     .step(name)
@@ -634,6 +637,9 @@ fn next_compensable(task: &TaskInstance, def: &SagaDefinition) -> Option<usize> 
 
 /// The step used up its retries (or failed permanently): its
 /// `on_exhausted` action decides.
+/// The shortest a task parked by a breaker waits.
+const MIN_PARK: Duration = Duration::from_millis(100);
+
 /// How much later than the end of the break a parked task comes back: a
 /// share of half the break, fixed per task (pure: derived from its id), so
 /// that tasks parked together return spread out instead of all at once on

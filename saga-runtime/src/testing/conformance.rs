@@ -1097,6 +1097,7 @@ fn instance(id: &str) -> ProcessInstance {
         process: "pm".into(),
         id: id.into(),
         generation: format!("{id}-1"),
+        started_by: None,
         state: json!({"n": 0}),
         status: InstanceStatus::Active,
         version: 0,
@@ -1182,7 +1183,9 @@ pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backe
 /// duplicate), with another message it is not; the tombstone expires.
 pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     let mut a = instance("t");
+    // `processed` is bounded: the creating message may have left it.
     a.processed = vec!["m-1".into(), "m-2".into()];
+    a.started_by = Some("m-0".into());
     let mut create = write(&a, &[("order", "7")]);
     create.created_by = Some("m-1");
     b.process_commit("pm", create).await.unwrap();
@@ -1211,6 +1214,15 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
         b.process_commit("pm", late).await,
         Err(BackendError::ProcessTombstoned { .. })
     ));
+    let mut late = write(&again, &[]);
+    late.created_by = Some("m-0");
+    assert!(
+        matches!(
+            b.process_commit("pm", late).await,
+            Err(BackendError::ProcessTombstoned { .. })
+        ),
+        "the creating message is remembered even once `processed` forgot it"
+    );
     // A new message may start it again.
     let mut fresh = write(&again, &[]);
     fresh.created_by = Some("m-3");

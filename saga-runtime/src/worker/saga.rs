@@ -560,11 +560,19 @@ impl Run<'_> {
                 let before = before.expect("checked");
                 return Ok(Attempted::Cancelled { at, before });
             }
+            Err(error) => {
+                // No call happens: a shared probe's slot is freed now
+                // rather than when it expires.
+                if let Some(permit) = permit {
+                    permit.report(self.rt, None).await;
+                }
+                return Err(error);
+            }
             // Our write landed but its reply was lost: whether the claim
             // was won is unknown, so count it as not won. A step then
             // skips to the next attempt number without spending its
             // budget; one attempt number never runs twice.
-            written => written?.unwrap_or_else(|version| (version, false)),
+            Ok(written) => written.unwrap_or_else(|version| (version, false)),
         };
         if renew.is_some() {
             *self.leased_at.lock().unwrap_or_else(|p| p.into_inner()) = sent;
@@ -583,7 +591,15 @@ impl Run<'_> {
                 wrote: true,
             });
         }
-        let outcome = self.call(task, call, attempt.number).await?;
+        let outcome = match self.call(task, call, attempt.number).await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                if let Some(permit) = permit {
+                    permit.report(self.rt, None).await;
+                }
+                return Err(error);
+            }
+        };
         if let Some(permit) = permit {
             let failed = match &outcome {
                 Outcome::Succeeded(_) => Some(false),
@@ -618,6 +634,9 @@ impl Run<'_> {
             return Ok(None);
         };
         let refused = |retry_after: Duration| {
+            // A probe out may hold its slot for as long as a call may run:
+            // a parked task asks again within a break, not after that.
+            let retry_after = retry_after.min(config.duration);
             let error = CircuitOpen { retry_after }.to_string();
             match config.when_open {
                 WhenOpen::Fail => Outcome::CircuitOpen(error),
@@ -633,8 +652,10 @@ impl Run<'_> {
             BreakerScope::Shared => {
                 let name = format!("{}:{}", self.def.name, step.name);
                 // A probe holds its slot for as long as one call may run.
-                let probe_ttl = step.timeout.unwrap_or(self.rt.settings.step_timeout)
-                    + self.rt.settings.stop_grace;
+                let probe_ttl = step
+                    .timeout
+                    .unwrap_or(self.rt.settings.step_timeout)
+                    .saturating_add(self.rt.settings.stop_grace);
                 match self.rt.backend.breaker_acquire(&name, probe_ttl).await {
                     Ok(BreakerDecision::Call { probe }) => Ok(Some(BreakerPermit::Shared {
                         name,

@@ -150,7 +150,7 @@ impl ProcessStore for RedisBackend {
             invocation.key(k.correlation_tombstone(process, field, value));
         }
         let handled = match (commit.delete, commit.instance) {
-            (true, Some(i)) => serde_json::to_string(&i.processed).map_err(corrupt)?,
+            (true, Some(i)) => serde_json::to_string(&i.handled()).map_err(corrupt)?,
             _ => "[]".to_owned(),
         };
         invocation
