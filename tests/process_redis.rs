@@ -340,7 +340,7 @@ async fn a_load_refuses_a_record_that_belongs_to_another_process_manager() {
     };
     let commit = ProcessCommit {
         instance: Some(&instance),
-        created_by: None,
+        handling: None,
         tombstone_ttl: Duration::from_secs(60),
         delete: false,
         add_keys: Vec::new(),

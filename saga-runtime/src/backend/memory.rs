@@ -793,7 +793,7 @@ impl ProcessStore for MemoryBackend {
                 if stored != instance.version {
                     return Err(conflict());
                 }
-                if let (0, false, Some(message)) = (stored, commit.delete, commit.created_by) {
+                if let (false, Some(message)) = (commit.delete, commit.handling) {
                     let now = Instant::now();
                     let remembers = |t: Tombstone| {
                         state

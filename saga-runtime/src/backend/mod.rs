@@ -482,12 +482,12 @@ pub struct ProcessCommit<'a> {
     /// The instance to write (`version` is the one it was loaded with; 0 to
     /// create), unless `None`.
     pub instance: Option<&'a ProcessInstance>,
-    /// When creating: the id of the message that creates the instance. The
-    /// write is refused with [`BackendError::ProcessTombstoned`] if a
-    /// deleted instance with this id, or one that owned a correlation entry
-    /// being claimed, handled that message (a late duplicate must not start
-    /// the process again).
-    pub created_by: Option<&'a str>,
+    /// The id of the message this write handles. The write is refused with
+    /// [`BackendError::ProcessTombstoned`] if a deleted instance with this
+    /// id, or one that owned a correlation entry being claimed, handled
+    /// that message: a late duplicate must neither start the process again
+    /// nor reach the instance created after it.
+    pub handling: Option<&'a str>,
     /// When deleting: how long the tombstone remembers the message ids the
     /// instance handled (its `processed` list).
     pub tombstone_ttl: Duration,

@@ -112,7 +112,7 @@ impl DispatchEnv<'_> {
 fn commit<'a>(instance: Option<&'a ProcessInstance>, settle: Settle<'a>) -> ProcessCommit<'a> {
     ProcessCommit {
         instance,
-        created_by: None,
+        handling: None,
         tombstone_ttl: std::time::Duration::ZERO,
         delete: false,
         add_keys: Vec::new(),
@@ -488,7 +488,7 @@ pub(crate) async fn dispatch(
             .collect();
         let write = ProcessCommit {
             instance: Some(&instance),
-            created_by: created.then_some(envelope.message_id.as_str()),
+            handling: Some(envelope.message_id.as_str()),
             tombstone_ttl: env.tombstone_ttl,
             delete,
             add_keys,
@@ -505,8 +505,9 @@ pub(crate) async fn dispatch(
                     created,
                 })
             }
-            // A late duplicate of the message that started a deleted
-            // instance: it must not start the process again.
+            // A late duplicate of a message a deleted instance with this id
+            // (or correlation) handled: it must not start the process again,
+            // nor reach the instance created since.
             Err(BackendError::ProcessTombstoned { instance, .. }) => {
                 tracing::debug!(process, %instance, message = %envelope.message_id, "duplicate of a deleted instance's message dropped");
                 env.settle_only(process, env.ack()).await?;

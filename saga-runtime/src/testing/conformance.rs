@@ -1112,7 +1112,7 @@ fn instance(id: &str) -> ProcessInstance {
 fn write<'a>(i: &'a ProcessInstance, add: &[(&str, &str)]) -> ProcessCommit<'a> {
     ProcessCommit {
         instance: Some(i),
-        created_by: None,
+        handling: None,
         tombstone_ttl: Duration::from_secs(3600),
         delete: false,
         add_keys: add
@@ -1179,15 +1179,16 @@ pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backe
 
 /// A deleted instance leaves a tombstone of the message ids it handled,
 /// under its id and under the correlation entries it released: creating an
-/// instance there again with one of those messages is refused (a late
-/// duplicate), with another message it is not; the tombstone expires.
+/// instance there again with one of those messages, or handling one in the
+/// instance created since, is refused (a late duplicate); another message
+/// is not; the tombstone expires.
 pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     let mut a = instance("t");
     // `processed` is bounded: the creating message may have left it.
     a.processed = vec!["m-1".into(), "m-2".into()];
     a.started_by = Some("m-0".into());
     let mut create = write(&a, &[("order", "7")]);
-    create.created_by = Some("m-1");
+    create.handling = Some("m-1");
     b.process_commit("pm", create).await.unwrap();
     a.version = 1;
     let mut delete = write(&a, &[]);
@@ -1199,7 +1200,7 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     // Under the same id.
     let again = instance("t");
     let mut late = write(&again, &[]);
-    late.created_by = Some("m-2");
+    late.handling = Some("m-2");
     let refused = b.process_commit("pm", late).await;
     assert!(
         matches!(&refused, Err(BackendError::ProcessTombstoned { instance, .. }) if instance == "t"),
@@ -1209,13 +1210,13 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     // Under another id that claims the released correlation entry.
     let other = instance("u");
     let mut late = write(&other, &[("order", "7")]);
-    late.created_by = Some("m-1");
+    late.handling = Some("m-1");
     assert!(matches!(
         b.process_commit("pm", late).await,
         Err(BackendError::ProcessTombstoned { .. })
     ));
     let mut late = write(&again, &[]);
-    late.created_by = Some("m-0");
+    late.handling = Some("m-0");
     assert!(
         matches!(
             b.process_commit("pm", late).await,
@@ -1225,13 +1226,29 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     );
     // A new message may start it again.
     let mut fresh = write(&again, &[]);
-    fresh.created_by = Some("m-3");
+    fresh.handling = Some("m-3");
     assert_eq!(b.process_commit("pm", fresh).await.unwrap(), 1);
+    // ... and a late duplicate of what its predecessor handled does not
+    // reach the new instance either.
+    let mut recreated = instance("t");
+    recreated.version = 1;
+    let mut late = write(&recreated, &[]);
+    late.handling = Some("m-2");
+    assert!(
+        matches!(
+            b.process_commit("pm", late).await,
+            Err(BackendError::ProcessTombstoned { .. })
+        ),
+        "the recreated instance handled its predecessor's message"
+    );
+    let mut next = write(&recreated, &[]);
+    next.handling = Some("m-4");
+    assert_eq!(b.process_commit("pm", next).await.unwrap(), 2);
 
     // Past the TTL the tombstone is gone.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let mut late = write(&other, &[("order", "7")]);
-    late.created_by = Some("m-1");
+    late.handling = Some("m-1");
     assert_eq!(b.process_commit("pm", late).await.unwrap(), 1);
 }
 

@@ -172,7 +172,7 @@ impl ProcessStore for RedisBackend {
             .arg(size.map(|s| s.to_string()).unwrap_or_default())
             .arg(self.dead_letters_ceiling())
             .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
-            .arg(commit.created_by.unwrap_or_default())
+            .arg(commit.handling.unwrap_or_default())
             .arg(super::ms(commit.tombstone_ttl))
             .arg(handled);
         for envelope in &commit.enqueue {

@@ -601,14 +601,14 @@ return n",
 /// release, `n_ep` endpoint streams. ARGV: has instance, expected version,
 /// doc, id, delete, n_add, n_rem, n_ep, n_enqueue, n_schedule, settle
 /// ('none'|'ack'|'dead'), entry id, group, payload, reason, size ('' = not
-/// cut), dead-letter cap, endpoint cap, the id of the message creating the
-/// instance ('' = not creating), tombstone TTL ms, the JSON array of the
+/// cut), dead-letter cap, endpoint cap, the id of the message handled ('' =
+/// none), tombstone TTL ms, the JSON array of the
 /// message ids a deleted instance handled; then the enqueued payloads, the
 /// endpoint payloads, and (due, payload) pairs. After the endpoint streams,
 /// KEYS go on with the instance's tombstone and those of the `n_add` and
 /// `n_rem` correlation entries.
 /// Returns {new version} or {-2, stored version} / {-4, owner} on conflict,
-/// {-5} when a tombstone remembers the creating message.
+/// {-5} when a tombstone remembers the message handled.
 pub static PROCESS_COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}{SETTLE_FN}
@@ -619,7 +619,7 @@ local version = 0
 if ARGV[1] == '1' then
   local v = redis.call('HGET', KEYS[1], 'version') or '0'
   if v ~= ARGV[2] then return {{-2, v}} end
-  if v == '0' and ARGV[5] ~= '1' and ARGV[19] ~= '' then
+  if ARGV[5] ~= '1' and ARGV[19] ~= '' then
     for i = 0, nadd do
       if redis.call('SISMEMBER', KEYS[tomb + i], ARGV[19]) == 1 then return {{-5}} end
     end
