@@ -78,8 +78,9 @@ struct SharedBreaker {
     failures: u32,
     /// Open until then; `None` while closed.
     open_until: Option<Instant>,
-    /// A probe is out until then.
+    /// A probe is out until then, under this token.
     probe_until: Option<Instant>,
+    probe_token: String,
 }
 
 /// Where a deleted instance's handled message ids are remembered: under its
@@ -959,6 +960,7 @@ impl Breakers for MemoryBackend {
         &self,
         name: &str,
         probe_ttl: Duration,
+        token: &str,
     ) -> Result<BreakerDecision, BackendError> {
         let mut state = self.state();
         let breaker = state.breakers.entry(name.to_owned()).or_default();
@@ -977,13 +979,14 @@ impl Breakers for MemoryBackend {
             });
         }
         breaker.probe_until = Some(now + probe_ttl);
+        breaker.probe_token = token.to_owned();
         Ok(BreakerDecision::Call { probe: true })
     }
 
     async fn breaker_report(
         &self,
         name: &str,
-        probe: bool,
+        probe: Option<&str>,
         failed: Option<bool>,
         threshold: u32,
         open_for: Duration,
@@ -991,6 +994,11 @@ impl Breakers for MemoryBackend {
         let mut state = self.state();
         let breaker = state.breakers.entry(name.to_owned()).or_default();
         let now = Instant::now();
+        if probe.is_some_and(|token| token != breaker.probe_token || breaker.probe_until.is_none())
+        {
+            return Ok(());
+        }
+        let probe = probe.is_some();
         let Some(failed) = failed else {
             if probe {
                 breaker.probe_until = None;

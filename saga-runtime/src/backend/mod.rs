@@ -937,11 +937,13 @@ pub enum BreakerDecision {
 #[async_trait]
 pub trait Breakers: Send + Sync + 'static {
     /// Asks to call through breaker `name`. A probe holds its slot for at
-    /// most `probe_ttl` (a prober that dies must not hold it for ever).
+    /// most `probe_ttl` (a prober that dies must not hold it for ever), and
+    /// under `token`, which its report must carry.
     async fn breaker_acquire(
         &self,
         name: &str,
         probe_ttl: Duration,
+        token: &str,
     ) -> Result<BreakerDecision, BackendError>;
 
     /// Reports a call's outcome: a success closes (and resets the count);
@@ -950,10 +952,14 @@ pub trait Breakers: Send + Sync + 'static {
     /// `None`: the call did not happen after all (its attempt was claimed
     /// elsewhere, the task was cancelled); a probe's slot is freed for the
     /// next caller instead of being held until it expires.
+    ///
+    /// `probe` is the token of the probe this call was; a probe whose slot
+    /// expired and was given to another is ignored, so that a late report
+    /// cannot close or reopen the breaker under the current probe.
     async fn breaker_report(
         &self,
         name: &str,
-        probe: bool,
+        probe: Option<&str>,
         failed: Option<bool>,
         threshold: u32,
         open_for: Duration,

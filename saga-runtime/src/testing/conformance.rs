@@ -1259,22 +1259,22 @@ pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
     const OPEN: Duration = Duration::from_millis(300);
     const PROBE: Duration = Duration::from_secs(5);
     let call = |probe| BreakerDecision::Call { probe };
-    let report = |probe, failed| b.breaker_report("s:step", probe, Some(failed), 3, OPEN);
+    let acquire = |token: &'static str| b.breaker_acquire("s:step", PROBE, token);
+    let report = |probe: Option<&'static str>, failed| {
+        b.breaker_report("s:step", probe, Some(failed), 3, OPEN)
+    };
+    assert_eq!(acquire("t0").await.unwrap(), call(false));
+    report(None, true).await.unwrap();
+    report(None, false).await.unwrap();
+    report(None, true).await.unwrap();
+    report(None, true).await.unwrap();
     assert_eq!(
-        b.breaker_acquire("s:step", PROBE).await.unwrap(),
-        call(false)
-    );
-    report(false, true).await.unwrap();
-    report(false, false).await.unwrap();
-    report(false, true).await.unwrap();
-    report(false, true).await.unwrap();
-    assert_eq!(
-        b.breaker_acquire("s:step", PROBE).await.unwrap(),
+        acquire("t0").await.unwrap(),
         call(false),
         "a success reset the count: two failures since"
     );
-    report(false, true).await.unwrap();
-    match b.breaker_acquire("s:step", PROBE).await.unwrap() {
+    report(None, true).await.unwrap();
+    match acquire("t0").await.unwrap() {
         BreakerDecision::Open { retry_after } => assert!(
             retry_after <= OPEN && retry_after > OPEN / 2,
             "open for about the break: {retry_after:?}"
@@ -1282,40 +1282,39 @@ pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
         other => panic!("the third failure in a row opens the breaker: {other:?}"),
     }
     assert_eq!(
-        b.breaker_acquire("other:step", PROBE).await.unwrap(),
+        b.breaker_acquire("other:step", PROBE, "t0").await.unwrap(),
         call(false),
         "breakers are per name"
     );
 
     tokio::time::sleep(OPEN + Duration::from_millis(50)).await;
-    assert_eq!(
-        b.breaker_acquire("s:step", PROBE).await.unwrap(),
-        call(true)
-    );
+    assert_eq!(acquire("p1").await.unwrap(), call(true));
     assert!(
-        matches!(
-            b.breaker_acquire("s:step", PROBE).await.unwrap(),
-            BreakerDecision::Open { .. }
-        ),
+        matches!(acquire("p2").await.unwrap(), BreakerDecision::Open { .. }),
         "one probe at a time"
     );
-    report(true, true).await.unwrap();
+    report(Some("p1"), true).await.unwrap();
     assert!(
-        matches!(
-            b.breaker_acquire("s:step", PROBE).await.unwrap(),
-            BreakerDecision::Open { .. }
-        ),
+        matches!(acquire("p2").await.unwrap(), BreakerDecision::Open { .. }),
         "a failed probe reopens"
     );
 
     tokio::time::sleep(OPEN + Duration::from_millis(50)).await;
-    assert_eq!(
-        b.breaker_acquire("s:step", PROBE).await.unwrap(),
-        call(true)
+    assert_eq!(acquire("p3").await.unwrap(), call(true));
+    // A probe that did not happen frees its slot for the next caller.
+    b.breaker_report("s:step", Some("p3"), None, 3, OPEN)
+        .await
+        .unwrap();
+    assert_eq!(acquire("p4").await.unwrap(), call(true));
+    // A stale probe's report (its slot went to p4) changes nothing.
+    report(Some("p3"), false).await.unwrap();
+    assert!(
+        matches!(acquire("p5").await.unwrap(), BreakerDecision::Open { .. }),
+        "p4 is still the probe: p3's late success did not close the breaker"
     );
-    report(true, false).await.unwrap();
+    report(Some("p4"), false).await.unwrap();
     assert_eq!(
-        b.breaker_acquire("s:step", PROBE).await.unwrap(),
+        acquire("t0").await.unwrap(),
         call(false),
         "a successful probe closes"
     );

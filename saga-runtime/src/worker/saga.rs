@@ -40,7 +40,8 @@ enum BreakerPermit<'b> {
     Local(crate::circuit::Permit<'b>),
     Shared {
         name: String,
-        probe: bool,
+        /// The probe's token, if this call is the half-open probe.
+        probe: Option<String>,
         config: CircuitBreakerConfig,
     },
 }
@@ -61,14 +62,14 @@ impl BreakerPermit<'_> {
                 },
                 failed,
             ) => {
-                if failed.is_none() && !probe {
+                if failed.is_none() && probe.is_none() {
                     return;
                 }
                 let reported = rt
                     .backend
                     .breaker_report(
                         &name,
-                        probe,
+                        probe.as_deref(),
                         failed,
                         config.failure_threshold,
                         config.duration,
@@ -656,10 +657,16 @@ impl Run<'_> {
                     .timeout
                     .unwrap_or(self.rt.settings.step_timeout)
                     .saturating_add(self.rt.settings.stop_grace);
-                match self.rt.backend.breaker_acquire(&name, probe_ttl).await {
+                let token = uuid::Uuid::new_v4().simple().to_string();
+                match self
+                    .rt
+                    .backend
+                    .breaker_acquire(&name, probe_ttl, &token)
+                    .await
+                {
                     Ok(BreakerDecision::Call { probe }) => Ok(Some(BreakerPermit::Shared {
                         name,
-                        probe,
+                        probe: probe.then_some(token),
                         config,
                     })),
                     Ok(BreakerDecision::Open { retry_after }) => Err(refused(retry_after)),

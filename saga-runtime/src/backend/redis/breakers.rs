@@ -13,12 +13,14 @@ impl Breakers for RedisBackend {
         &self,
         name: &str,
         probe_ttl: Duration,
+        token: &str,
     ) -> Result<BreakerDecision, BackendError> {
         let (call, value): (i64, u64) = self
             .run(
                 s::BREAKER_ACQUIRE
                     .key(self.keys().breaker(name))
-                    .arg(ms(probe_ttl)),
+                    .arg(ms(probe_ttl))
+                    .arg(token),
             )
             .await?;
         Ok(match call {
@@ -32,7 +34,7 @@ impl Breakers for RedisBackend {
     async fn breaker_report(
         &self,
         name: &str,
-        probe: bool,
+        probe: Option<&str>,
         failed: Option<bool>,
         threshold: u32,
         open_for: Duration,
@@ -43,7 +45,7 @@ impl Breakers for RedisBackend {
             .run(
                 s::BREAKER_REPORT
                     .key(self.keys().breaker(name))
-                    .arg(u8::from(probe))
+                    .arg(probe.unwrap_or_default())
                     .arg(match failed {
                         None => "-",
                         Some(true) => "1",

@@ -697,8 +697,9 @@ return 0",
     )
 });
 
-/// KEYS: breaker. ARGV: probe ttl ms. A shared circuit breaker's decision:
-/// {1, 0} call, {1, 1} call as the probe, {0, ms} open for ms more.
+/// KEYS: breaker. ARGV: probe ttl ms, token. A shared circuit breaker's
+/// decision: {1, 0} call, {1, 1} call as the probe (under token), {0, ms}
+/// open for ms more.
 pub static BREAKER_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}
@@ -707,19 +708,24 @@ if open_until == 0 then return {{1, 0}} end
 if now < open_until then return {{0, open_until - now}} end
 local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until') or '0')
 if now < probe_until then return {{0, probe_until - now}} end
-redis.call('HSET', KEYS[1], 'probe_until', now + tonumber(ARGV[1]))
+redis.call('HSET', KEYS[1], 'probe_until', now + tonumber(ARGV[1]), 'probe', ARGV[2])
 return {{1, 1}}"
     ))
 });
 
-/// KEYS: breaker. ARGV: probe (0/1), failed (0/1, '-' = the call did not
-/// happen), threshold, open ms, keep ms. Records a call's outcome (see
-/// `Breakers::breaker_report`); the state expires after `keep` without
+/// KEYS: breaker. ARGV: probe token ('' = not a probe), failed (0/1, '-' =
+/// the call did not happen), threshold, open ms, keep ms. Records a call's
+/// outcome (see `Breakers::breaker_report`); a probe whose slot has since
+/// gone to another is ignored; the state expires after `keep` without
 /// calls, so idle breakers go.
 pub static BREAKER_REPORT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}
-local probe, failed = ARGV[1] == '1', ARGV[2] == '1'
+local probe, failed = ARGV[1] ~= '', ARGV[2] == '1'
+if probe then
+  local out = tonumber(redis.call('HGET', KEYS[1], 'probe_until') or '0')
+  if out == 0 or redis.call('HGET', KEYS[1], 'probe') ~= ARGV[1] then return 0 end
+end
 if ARGV[2] == '-' then
   if probe and redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'probe_until', 0) end
   return 0
