@@ -966,7 +966,10 @@ impl Breakers for MemoryBackend {
         let breaker = state.breakers.entry(name.to_owned()).or_default();
         let now = Instant::now();
         let Some(open_until) = breaker.open_until else {
-            return Ok(BreakerDecision::Call { probe: false });
+            return Ok(BreakerDecision::Call {
+                probe: false,
+                counting: breaker.failures > 0,
+            });
         };
         if now < open_until {
             return Ok(BreakerDecision::Open {
@@ -980,7 +983,10 @@ impl Breakers for MemoryBackend {
         }
         breaker.probe_until = Some(now + probe_ttl);
         breaker.probe_token = token.to_owned();
-        Ok(BreakerDecision::Call { probe: true })
+        Ok(BreakerDecision::Call {
+            probe: true,
+            counting: false,
+        })
     }
 
     async fn breaker_report(

@@ -923,6 +923,10 @@ pub enum BreakerDecision {
     Call {
         /// Whether this call decides between closing and reopening.
         probe: bool,
+        /// Whether failures are being counted (a success must reset
+        /// them). A success that finds nothing to reset is not reported:
+        /// a healthy step pays one round trip for its breaker, not two.
+        counting: bool,
     },
     /// The breaker is open (or its probe is out): not before `retry_after`.
     Open {

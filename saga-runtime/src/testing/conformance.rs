@@ -1258,21 +1258,26 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
 pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
     const OPEN: Duration = Duration::from_millis(300);
     const PROBE: Duration = Duration::from_secs(5);
-    let call = |probe| BreakerDecision::Call { probe };
+    let call = |probe, counting| BreakerDecision::Call { probe, counting };
     let acquire = |token: &'static str| b.breaker_acquire("s:step", PROBE, token);
     let report = |probe: Option<&'static str>, failed| {
         b.breaker_report("s:step", probe, Some(failed), 3, OPEN)
     };
-    assert_eq!(acquire("t0").await.unwrap(), call(false));
-    report(None, true).await.unwrap();
-    report(None, false).await.unwrap();
-    report(None, true).await.unwrap();
+    assert_eq!(acquire("t0").await.unwrap(), call(false, false));
     report(None, true).await.unwrap();
     assert_eq!(
         acquire("t0").await.unwrap(),
-        call(false),
-        "a success reset the count: two failures since"
+        call(false, true),
+        "a failure is being counted: a success must report"
     );
+    report(None, false).await.unwrap();
+    assert_eq!(
+        acquire("t0").await.unwrap(),
+        call(false, false),
+        "the success reset the count"
+    );
+    report(None, true).await.unwrap();
+    report(None, true).await.unwrap();
     report(None, true).await.unwrap();
     match acquire("t0").await.unwrap() {
         BreakerDecision::Open { retry_after } => assert!(
@@ -1283,12 +1288,12 @@ pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
     }
     assert_eq!(
         b.breaker_acquire("other:step", PROBE, "t0").await.unwrap(),
-        call(false),
+        call(false, false),
         "breakers are per name"
     );
 
     tokio::time::sleep(OPEN + Duration::from_millis(50)).await;
-    assert_eq!(acquire("p1").await.unwrap(), call(true));
+    assert_eq!(acquire("p1").await.unwrap(), call(true, false));
     assert!(
         matches!(acquire("p2").await.unwrap(), BreakerDecision::Open { .. }),
         "one probe at a time"
@@ -1300,12 +1305,12 @@ pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
     );
 
     tokio::time::sleep(OPEN + Duration::from_millis(50)).await;
-    assert_eq!(acquire("p3").await.unwrap(), call(true));
+    assert_eq!(acquire("p3").await.unwrap(), call(true, false));
     // A probe that did not happen frees its slot for the next caller.
     b.breaker_report("s:step", Some("p3"), None, 3, OPEN)
         .await
         .unwrap();
-    assert_eq!(acquire("p4").await.unwrap(), call(true));
+    assert_eq!(acquire("p4").await.unwrap(), call(true, false));
     // A stale probe's report (its slot went to p4) changes nothing.
     report(Some("p3"), false).await.unwrap();
     assert!(
@@ -1315,7 +1320,7 @@ pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
     report(Some("p4"), false).await.unwrap();
     assert_eq!(
         acquire("t0").await.unwrap(),
-        call(false),
+        call(false, false),
         "a successful probe closes"
     );
 }

@@ -42,11 +42,22 @@ enum BreakerPermit<'b> {
         name: String,
         /// The probe's token, if this call is the half-open probe.
         probe: Option<String>,
+        /// Whether failures were being counted when the call was let through.
+        counting: bool,
         config: CircuitBreakerConfig,
     },
 }
 
 impl BreakerPermit<'_> {
+    /// A permit whose call did not happen (its attempt was claimed
+    /// elsewhere, its write failed, its task was cancelled): a shared
+    /// probe's slot is freed now rather than when it expires.
+    async fn abandon(permit: Option<Self>, rt: &Runtime) {
+        if let Some(permit) = permit {
+            permit.report(rt, None).await;
+        }
+    }
+
     /// Records the call's outcome: `Some(failed)`, or `None` when the call
     /// proved nothing (it did not run, or was cut short by cancellation).
     async fn report(self, rt: &Runtime, failed: Option<bool>) {
@@ -58,11 +69,19 @@ impl BreakerPermit<'_> {
                 BreakerPermit::Shared {
                     name,
                     probe,
+                    counting,
                     config,
                 },
                 failed,
             ) => {
-                if failed.is_none() && probe.is_none() {
+                // Nothing to record: no call, or a success with no count
+                // to reset (a shared breaker's steady state).
+                let nothing = match failed {
+                    None => probe.is_none(),
+                    Some(false) => probe.is_none() && !counting,
+                    Some(true) => false,
+                };
+                if nothing {
                     return;
                 }
                 let reported = rt
@@ -555,18 +574,12 @@ impl Run<'_> {
             .await;
         let (version, claimed) = match written {
             Err(BackendError::CancelRequested { at, .. }) if before.is_some() => {
-                if let Some(permit) = permit {
-                    permit.report(self.rt, None).await;
-                }
+                BreakerPermit::abandon(permit, self.rt).await;
                 let before = before.expect("checked");
                 return Ok(Attempted::Cancelled { at, before });
             }
             Err(error) => {
-                // No call happens: a shared probe's slot is freed now
-                // rather than when it expires.
-                if let Some(permit) = permit {
-                    permit.report(self.rt, None).await;
-                }
+                BreakerPermit::abandon(permit, self.rt).await;
                 return Err(error);
             }
             // Our write landed but its reply was lost: whether the claim
@@ -582,9 +595,7 @@ impl Run<'_> {
         task.audit_saved();
         *stored = task.status;
         if !claimed {
-            if let Some(permit) = permit {
-                permit.report(self.rt, None).await;
-            }
+            BreakerPermit::abandon(permit, self.rt).await;
             let outcome = Outcome::AlreadyClaimed;
             let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
             return Ok(Attempted::Effects {
@@ -595,9 +606,7 @@ impl Run<'_> {
         let outcome = match self.call(task, call, attempt.number).await {
             Ok(outcome) => outcome,
             Err(error) => {
-                if let Some(permit) = permit {
-                    permit.report(self.rt, None).await;
-                }
+                BreakerPermit::abandon(permit, self.rt).await;
                 return Err(error);
             }
         };
@@ -664,11 +673,14 @@ impl Run<'_> {
                     .breaker_acquire(&name, probe_ttl, &token)
                     .await
                 {
-                    Ok(BreakerDecision::Call { probe }) => Ok(Some(BreakerPermit::Shared {
-                        name,
-                        probe: probe.then_some(token),
-                        config,
-                    })),
+                    Ok(BreakerDecision::Call { probe, counting }) => {
+                        Ok(Some(BreakerPermit::Shared {
+                            name,
+                            probe: probe.then_some(token),
+                            counting,
+                            config,
+                        }))
+                    }
                     Ok(BreakerDecision::Open { retry_after }) => Err(refused(retry_after)),
                     // The breaker cannot be read: let the call decide (it
                     // needs the same backend to be recorded anyway).

@@ -15,7 +15,7 @@ impl Breakers for RedisBackend {
         probe_ttl: Duration,
         token: &str,
     ) -> Result<BreakerDecision, BackendError> {
-        let (call, value): (i64, u64) = self
+        let reply: Vec<u64> = self
             .run(
                 s::BREAKER_ACQUIRE
                     .key(self.keys().breaker(name))
@@ -23,11 +23,15 @@ impl Breakers for RedisBackend {
                     .arg(token),
             )
             .await?;
-        Ok(match call {
-            1 => BreakerDecision::Call { probe: value == 1 },
-            _ => BreakerDecision::Open {
-                retry_after: Duration::from_millis(value),
+        Ok(match reply.as_slice() {
+            [1, probe, counting] => BreakerDecision::Call {
+                probe: *probe == 1,
+                counting: *counting == 1,
             },
+            [0, ms] => BreakerDecision::Open {
+                retry_after: Duration::from_millis(*ms),
+            },
+            _ => return Err(super::corrupt("unexpected reply from the breaker script")),
         })
     }
 

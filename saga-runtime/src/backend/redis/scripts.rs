@@ -698,18 +698,21 @@ return 0",
 });
 
 /// KEYS: breaker. ARGV: probe ttl ms, token. A shared circuit breaker's
-/// decision: {1, 0} call, {1, 1} call as the probe (under token), {0, ms}
-/// open for ms more.
+/// decision: {1, 0, counting} call (counting: failures are being counted),
+/// {1, 1, 0} call as the probe (under token), {0, ms} open for ms more.
 pub static BREAKER_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}
 local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')
-if open_until == 0 then return {{1, 0}} end
+if open_until == 0 then
+  local failures = tonumber(redis.call('HGET', KEYS[1], 'failures') or '0')
+  return {{1, 0, failures > 0 and 1 or 0}}
+end
 if now < open_until then return {{0, open_until - now}} end
 local probe_until = tonumber(redis.call('HGET', KEYS[1], 'probe_until') or '0')
 if now < probe_until then return {{0, probe_until - now}} end
 redis.call('HSET', KEYS[1], 'probe_until', now + tonumber(ARGV[1]), 'probe', ARGV[2])
-return {{1, 1}}"
+return {{1, 1, 0}}"
     ))
 });
 
@@ -733,7 +736,9 @@ end
 local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')
 if not failed then
   if probe then redis.call('DEL', KEYS[1]) return 0 end
-  if open_until == 0 then redis.call('HSET', KEYS[1], 'failures', 0) end
+  if open_until == 0 and redis.call('HEXISTS', KEYS[1], 'failures') == 1 then
+    redis.call('HSET', KEYS[1], 'failures', 0)
+  end
 elseif probe then
   redis.call('HSET', KEYS[1], 'open_until', now + tonumber(ARGV[4]), 'probe_until', 0, 'failures', 0)
 elseif open_until == 0 then
