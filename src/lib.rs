@@ -3,6 +3,8 @@
 //! from here.
 
 #[doc(hidden)]
+pub mod batch;
+#[doc(hidden)]
 pub mod chaos;
 
 #[cfg(doctest)]

@@ -157,6 +157,17 @@ pub enum Error {
         /// The wire name.
         message_type: String,
     },
+    /// A tally that was never opened, or has expired.
+    #[error("{0} does not exist (never opened, or expired: see `OpenTally::keep_for`)")]
+    TallyNotFound(crate::process::TallyRef),
+    /// An item the tally was not opened with.
+    #[error("{tally} has no item `{item}`")]
+    UnknownTallyItem {
+        /// The tally.
+        tally: crate::process::TallyRef,
+        /// The item checked.
+        item: String,
+    },
     /// A task id that the store does not know.
     #[error("task {0} does not exist")]
     TaskNotFound(crate::task::TaskId),

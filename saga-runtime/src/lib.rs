@@ -107,6 +107,7 @@ pub mod prelude {
     pub use crate::error::{StepError, StepErrorKind};
     pub use crate::process::{
         ErrorAction, Failure, FailureKind, Message, ProcessContext, ProcessError, ProcessManager,
+        TallyCompleted, TallyRef, TallyStatus,
     };
     pub use crate::reconcile::{ReconcileError, ReconcileReport};
     pub use crate::saga::{Cancellable, Saga};

@@ -21,9 +21,10 @@ use super::{
     truncate_payload, BackendError, BreakerDecision, Breakers, Created, DeadLetter,
     DeadLetterQuery, Delivery, Heartbeat, Housekeeping, Housekept, Interest, Lease, Leases, Locked,
     NextAttempt, Page, ProcessCommit, ProcessInstance, ProcessStore, QueueMessage, Retention,
-    Settle, TaskCommit, TaskQuery, TaskStore, WorkItem, WorkQueue,
+    Settle, Tallies, TaskCommit, TaskQuery, TaskStore, WorkItem, WorkQueue,
 };
-use crate::process::Envelope;
+use crate::process::tally::{TallyProgress, COMPLETED_TALLY_KEEP};
+use crate::process::{Envelope, TallyCheck, TallyRef};
 use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
 /// The default visibility timeout: how long a delivered, unsettled message
@@ -70,6 +71,18 @@ struct State {
     /// What deleted instances handled, by [`Tombstone`], until it expires.
     tombstones: HashMap<Tombstone, (HashSet<String>, Instant)>,
     breakers: HashMap<String, SharedBreaker>,
+    tallies: HashMap<TallyRef, MemTally>,
+}
+
+/// A tally (see [`Tallies`]), kept until `expires`.
+struct MemTally {
+    pending: HashSet<String>,
+    checked: HashSet<String>,
+    complete: bool,
+    deadline_passed: bool,
+    completion: Envelope,
+    completion_late: Envelope,
+    expires: Instant,
 }
 
 /// A `scope = shared` breaker: shared by the engines on this backend.
@@ -784,6 +797,15 @@ impl ProcessStore for MemoryBackend {
         let version = {
             let mut state = self.state();
             let mut version = 0;
+            let now = Instant::now();
+            state.tallies.retain(|_, t| t.expires > now);
+            if let Some(open) = commit
+                .tallies
+                .iter()
+                .find(|o| state.tallies.contains_key(&o.tally))
+            {
+                return Err(BackendError::TallyExists(open.tally.clone()));
+            }
             if let Some(instance) = commit.instance {
                 let key = (process.to_owned(), instance.id.clone());
                 let stored = state.instances.get(&key).map_or(0, |i| i.version);
@@ -881,6 +903,24 @@ impl ProcessStore for MemoryBackend {
             }
             state.scheduled.extend(commit.schedule.iter().cloned());
             state.scheduled.sort_by_key(|(due, _)| *due);
+            for open in commit.tallies {
+                let complete = open.items.is_empty();
+                if complete {
+                    state.push_item(&WorkItem::Process(open.completion.clone()), Duration::ZERO);
+                }
+                state.tallies.insert(
+                    open.tally,
+                    MemTally {
+                        pending: open.items.into_iter().collect(),
+                        checked: HashSet::new(),
+                        complete,
+                        deadline_passed: false,
+                        completion: open.completion,
+                        completion_late: open.completion_late,
+                        expires: now + open.keep_for,
+                    },
+                );
+            }
             state.settle(commit.settle, None, self.shared.payload_limit);
             version
         };
@@ -951,6 +991,66 @@ impl Leases for MemoryBackend {
             return Ok(true);
         }
         Ok(false)
+    }
+}
+
+#[async_trait]
+impl Tallies for MemoryBackend {
+    async fn tally_check(&self, tally: &TallyRef, item: &str) -> Result<TallyCheck, BackendError> {
+        let checked = {
+            let mut state = self.state();
+            let now = Instant::now();
+            let Some(t) = state.tallies.get_mut(tally).filter(|t| t.expires > now) else {
+                return Ok(TallyCheck::NoTally);
+            };
+            let late = t.deadline_passed;
+            if !t.pending.remove(item) {
+                return Ok(match t.checked.contains(item) {
+                    true => TallyCheck::AlreadyChecked,
+                    false => TallyCheck::UnknownItem,
+                });
+            }
+            t.checked.insert(item.to_owned());
+            if !t.pending.is_empty() {
+                return Ok(TallyCheck::Counted {
+                    remaining: t.pending.len() as u64,
+                    late,
+                });
+            }
+            t.complete = true;
+            t.expires = t.expires.min(now + COMPLETED_TALLY_KEEP);
+            let done = match late {
+                true => t.completion_late.clone(),
+                false => t.completion.clone(),
+            };
+            state.push_item(&WorkItem::Process(done), Duration::ZERO);
+            TallyCheck::Completed { late }
+        };
+        self.queue_changed();
+        Ok(checked)
+    }
+
+    async fn tally_progress(
+        &self,
+        tally: &TallyRef,
+        missing: usize,
+        mark_deadline: bool,
+    ) -> Result<Option<TallyProgress>, BackendError> {
+        let mut state = self.state();
+        let now = Instant::now();
+        let Some(t) = state.tallies.get_mut(tally).filter(|t| t.expires > now) else {
+            return Ok(None);
+        };
+        if mark_deadline && !t.complete {
+            t.deadline_passed = true;
+        }
+        Ok(Some(TallyProgress {
+            total: (t.pending.len() + t.checked.len()) as u64,
+            checked: t.checked.len() as u64,
+            missing: t.pending.iter().take(missing).cloned().collect(),
+            complete: t.complete,
+            deadline_passed: t.deadline_passed,
+        }))
     }
 }
 

@@ -45,7 +45,8 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::process::Envelope;
+use crate::process::tally::TallyProgress;
+use crate::process::{Envelope, TallyCheck, TallyRef};
 use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 
 pub use wire::{QueueMessage, WorkItem};
@@ -504,8 +505,26 @@ pub struct ProcessCommit<'a> {
     pub endpoints: Vec<(String, String)>,
     /// Envelopes to deliver later: `(due, wall-clock ms; envelope)`.
     pub schedule: Vec<(u64, Envelope)>,
+    /// Tallies the handler opened. One that exists already refuses the
+    /// whole write ([`BackendError::TallyExists`]).
+    pub tallies: Vec<TallyOpen>,
     /// What to do with the message being handled.
     pub settle: Settle<'a>,
+}
+
+/// A tally to create with a [`ProcessCommit`].
+#[derive(Debug, Clone)]
+pub struct TallyOpen {
+    /// Which tally.
+    pub tally: TallyRef,
+    /// Its items (duplicates count once).
+    pub items: Vec<String>,
+    /// How long its keys live if it does not complete.
+    pub keep_for: Duration,
+    /// What the check of its last item enqueues, before its deadline...
+    pub completion: Envelope,
+    /// ... and after it.
+    pub completion_late: Envelope,
 }
 
 /// The error type of backend failures that come from below (a dropped
@@ -526,6 +545,9 @@ pub enum BackendError {
         /// The instance.
         instance: String,
     },
+    /// A handler opened a tally its instance had opened before.
+    #[error("{0} is already open: give each tally of an instance its own name")]
+    TallyExists(TallyRef),
     /// The stored version is not the one the write was based on.
     #[error("task {task}: version conflict (expected {expected}, found {actual})")]
     Conflict {
@@ -890,6 +912,26 @@ pub trait ProcessStore: Send + Sync + 'static {
     async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError>;
 }
 
+/// Tallies ([`crate::process::tally`]): opened by a [`ProcessCommit`],
+/// checked and read here. Every operation is one atomic step.
+#[async_trait]
+pub trait Tallies: Send + Sync + 'static {
+    /// Checks `item` off: idempotent per item. The check of the last item
+    /// enqueues the tally's completion envelope in the same atomic step,
+    /// so it is sent exactly once.
+    async fn tally_check(&self, tally: &TallyRef, item: &str) -> Result<TallyCheck, BackendError>;
+
+    /// The tally's progress with at most `missing` unchecked items;
+    /// `mark_deadline` records (first) that its deadline has passed, unless
+    /// it is complete. `None` when it does not exist.
+    async fn tally_progress(
+        &self,
+        tally: &TallyRef,
+        missing: usize,
+        mark_deadline: bool,
+    ) -> Result<Option<TallyProgress>, BackendError>;
+}
+
 /// Named leases: one holder at a time (the timer poller, the janitor).
 #[async_trait]
 pub trait Leases: Send + Sync + 'static {
@@ -985,9 +1027,15 @@ impl ProcessInstance {
 }
 
 /// A complete backend: every concern above.
-pub trait Backend: TaskStore + WorkQueue + ProcessStore + Leases + Housekeeping + Breakers {}
+pub trait Backend:
+    TaskStore + WorkQueue + ProcessStore + Tallies + Leases + Housekeeping + Breakers
+{
+}
 
-impl<T: TaskStore + WorkQueue + ProcessStore + Leases + Housekeeping + Breakers> Backend for T {}
+impl<T: TaskStore + WorkQueue + ProcessStore + Tallies + Leases + Housekeeping + Breakers> Backend
+    for T
+{
+}
 
 /// Cuts a dead-lettered payload to `limit` bytes (on a character
 /// boundary); returns the kept prefix and the original size when cut.

@@ -13,6 +13,7 @@ mod client;
 mod lifecycle;
 mod operator;
 mod processes;
+mod tally;
 
 use std::sync::Arc;
 
@@ -31,6 +32,7 @@ pub use builder::EngineBuilder;
 pub use client::{TaskFilter, TaskPage};
 pub use lifecycle::shutdown_signal;
 pub use operator::{DeadLetterFilter, DeadLetterPage};
+pub use tally::{Checked, Tally};
 
 /// The result of [`Engine::cancel`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

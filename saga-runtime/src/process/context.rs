@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::tally::{self, OpenTally, TallyOpening, TallyRef};
 use super::Message;
 
 /// Where an outgoing message goes.
@@ -44,22 +45,34 @@ pub struct ScheduledTimeout {
 pub struct ProcessContext {
     pub(crate) process: &'static str,
     pub(crate) instance_id: String,
+    pub(crate) generation: String,
     pub(crate) message_id: String,
     pub(crate) outgoing: Vec<Outgoing>,
     pub(crate) timeouts: Vec<ScheduledTimeout>,
+    pub(crate) tallies: Vec<TallyOpening>,
+    /// Tally reports asked for: `(delay, tally name)`.
+    pub(crate) polls: Vec<(Duration, String)>,
     pub(crate) complete: bool,
     pub(crate) stop: bool,
     pub(crate) error: Option<String>,
 }
 
 impl ProcessContext {
-    pub(crate) fn new(process: &'static str, instance_id: String, message_id: String) -> Self {
+    pub(crate) fn new(
+        process: &'static str,
+        instance_id: String,
+        generation: String,
+        message_id: String,
+    ) -> Self {
         ProcessContext {
             process,
             instance_id,
+            generation,
             message_id,
             outgoing: Vec::new(),
             timeouts: Vec::new(),
+            tallies: Vec::new(),
+            polls: Vec::new(),
             complete: false,
             stop: false,
             error: None,
@@ -127,6 +140,57 @@ impl ProcessContext {
                 payload,
             });
         }
+    }
+
+    /// Opens a tally of `items` for fan-in (see [`tally`](super::tally)):
+    /// written with this handler's save, so it exists exactly when the
+    /// state that opened it does. Hand its [`reference`](OpenTally::reference)
+    /// to whoever does the items; each checks its own off
+    /// ([`Engine::tally`](crate::Engine::tally)) without touching this
+    /// instance, and the instance receives one
+    /// [`TallyCompleted`](super::TallyCompleted) when the last is checked
+    /// (at once, for no items). Duplicate items count once.
+    ///
+    /// `name` is unique per instance (`A-Z a-z 0-9 - _ .`): opening a name
+    /// the instance has opened before fails the handler.
+    pub fn open_tally<I>(&mut self, name: &str, items: I) -> OpenTally<'_>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        if let Err(e) = tally::check_name(name) {
+            self.error.get_or_insert(e);
+        }
+        let reference = self.tally(name);
+        self.tallies.push(TallyOpening {
+            name: name.to_owned(),
+            items: items.into_iter().map(Into::into).collect(),
+            deadline: None,
+            keep_for: tally::DEFAULT_TALLY_KEEP,
+        });
+        let opening = self.tallies.last_mut().expect("just pushed");
+        OpenTally { opening, reference }
+    }
+
+    /// The reference of this instance's tally `name` (opened by this
+    /// handler or an earlier one).
+    pub fn tally(&self, name: &str) -> TallyRef {
+        TallyRef {
+            process: self.process.to_owned(),
+            instance: self.instance_id.clone(),
+            generation: self.generation.clone(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Delivers the [`TallyStatus`](super::TallyStatus) of this instance's
+    /// tally `name` to it after `delay` (`deadline: false`), read when it
+    /// is due: the periodic poll, for a process that would rather look at
+    /// the sheet every so often than be told per item (ask again from the
+    /// handler to keep polling). Not delivered if the tally is gone by
+    /// then.
+    pub fn poll_tally(&mut self, name: &str, delay: Duration) {
+        self.polls.push((delay, name.to_owned()));
     }
 
     /// Marks the instance complete: later messages and timeouts are ignored

@@ -9,6 +9,7 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use serde_json::Value;
 
+use super::tally;
 use super::{
     Concurrency, Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure,
     FailureKind, HandlerKind, OnComplete, ProcessContext, ProcessError, Target,
@@ -120,8 +121,39 @@ fn commit<'a>(instance: Option<&'a ProcessInstance>, settle: Settle<'a>) -> Proc
         enqueue: Vec::new(),
         endpoints: Vec::new(),
         schedule: Vec::new(),
+        tallies: Vec::new(),
         settle,
     }
+}
+
+/// The status a due tally report carries, read now; `Err(reason)` when
+/// there is nothing to report (the tally is gone, or its deadline came
+/// after it completed).
+async fn tally_report(
+    env: &DispatchEnv<'_>,
+    envelope: &Envelope,
+) -> Result<Result<Envelope, String>, BackendError> {
+    let Some((tally, request)) = tally::report_target(envelope) else {
+        return Ok(Err("malformed tally report".to_owned()));
+    };
+    let progress = env
+        .backend
+        .tally_progress(&tally, tally::MISSING_LISTED, request.deadline)
+        .await?;
+    Ok(match progress {
+        None => Err(format!("{tally} no longer exists")),
+        Some(p) if request.deadline && p.complete => {
+            Err(format!("{tally} completed before its deadline"))
+        }
+        Some(p) => {
+            let status = tally::status_of(&tally, p, request.deadline);
+            Ok(Envelope {
+                kind: EnvelopeKind::Message,
+                payload: serde_json::to_value(status).unwrap_or(Value::Null),
+                ..envelope.clone()
+            })
+        }
+    })
 }
 
 fn audit(instance: &mut ProcessInstance, envelope: &Envelope, action: ProcessAuditAction) {
@@ -150,6 +182,21 @@ pub(crate) async fn dispatch(
 ) -> Result<Dispatched, BackendError> {
     let def = pm.definition();
     let process = def.name;
+    let filled;
+    let envelope = match envelope.kind {
+        EnvelopeKind::TallyReport => match tally_report(env, envelope).await? {
+            Ok(report) => {
+                filled = report;
+                &filled
+            }
+            Err(reason) => {
+                tracing::debug!(process, message = %envelope.message_id, %reason, "tally report not delivered");
+                env.settle_only(process, env.ack()).await?;
+                return Ok(Dispatched::Ignored { reason });
+            }
+        },
+        _ => envelope,
+    };
     let dead_letter = |reason: String| async move {
         tracing::error!(process, message = %envelope.message_id, %reason, "dead-lettering process message");
         env.settle_only(process, env.dead(&reason)).await?;
@@ -199,20 +246,6 @@ pub(crate) async fn dispatch(
                     Some(existing) => existing,
                     None => env.backend.process_load(process, id).await?,
                 };
-                if let (Some(instance), Some(generation)) = (&existing, &envelope.generation) {
-                    // A record without a generation was written by a worker
-                    // that predates them (a rolling deploy): unknown, so the
-                    // timeout is delivered rather than lost.
-                    if !instance.generation.is_empty() && instance.generation != *generation {
-                        tracing::debug!(process, instance = %id, "timeout of an earlier instance with this id ignored");
-                        env.settle_only(process, env.ack()).await?;
-                        return Ok(Dispatched::Ignored {
-                            reason: format!(
-                                "timeout of an earlier instance `{id}` (deleted, then created again)"
-                            ),
-                        });
-                    }
-                }
                 (existing, id.to_owned())
             }
             Correlation::Id | Correlation::Field { .. } => {
@@ -242,6 +275,23 @@ pub(crate) async fn dispatch(
                 (found, key)
             }
         };
+
+        // A timeout or a tally's message is for the generation that asked
+        // for it. A record without a generation was written by a worker
+        // that predates them (a rolling deploy): unknown, so the message
+        // is delivered rather than lost.
+        if let (Some(instance), Some(generation)) = (&existing, &envelope.generation) {
+            if !instance.generation.is_empty() && instance.generation != *generation {
+                tracing::debug!(process, instance = %instance.id, "message for an earlier instance with this id ignored");
+                env.settle_only(process, env.ack()).await?;
+                return Ok(Dispatched::Ignored {
+                    reason: format!(
+                        "`{}` is for an earlier instance `{}` (deleted, then created again)",
+                        envelope.message_type, instance.id
+                    ),
+                });
+            }
+        }
 
         // 2. Decide whether the handler runs.
         let fresh = match (&existing, handler.kind) {
@@ -342,7 +392,12 @@ pub(crate) async fn dispatch(
         let created = fresh.version == 0;
 
         // 3. Run the handler on a copy of the state.
-        let mut ctx = ProcessContext::new(process, fresh.id.clone(), envelope.message_id.clone());
+        let mut ctx = ProcessContext::new(
+            process,
+            fresh.id.clone(),
+            fresh.generation.clone(),
+            envelope.message_id.clone(),
+        );
         let state = (!created).then(|| fresh.state.clone());
         let run = pm.handle_json(
             &envelope.message_type,
@@ -389,6 +444,9 @@ pub(crate) async fn dispatch(
         };
 
         // 4. Save state, correlation entries, outbox and acknowledgement at once.
+        // (The state as it was, for `#[on_error]`, should a tally it opens
+        // turn out to exist.)
+        let before = (!ctx.tallies.is_empty() && !created).then(|| fresh.clone());
         let mut instance = fresh;
         instance.state = state;
         instance.processed.push(envelope.message_id.clone());
@@ -466,7 +524,7 @@ pub(crate) async fn dispatch(
                 )),
             }
         }
-        let schedule = ctx
+        let mut schedule = ctx
             .timeouts
             .iter()
             .enumerate()
@@ -485,7 +543,9 @@ pub(crate) async fn dispatch(
                 };
                 (due(env.now_ms, t.delay), envelope)
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let (tallies, reports) = tally::commit_parts(&ctx, envelope, env.now_ms);
+        schedule.extend(reports);
         let write = ProcessCommit {
             instance: Some(&instance),
             handling: Some(envelope.message_id.as_str()),
@@ -496,6 +556,7 @@ pub(crate) async fn dispatch(
             enqueue,
             endpoints,
             schedule,
+            tallies,
             settle: env.ack(),
         };
         match env.backend.process_commit(process, write).await {
@@ -513,6 +574,10 @@ pub(crate) async fn dispatch(
                 env.settle_only(process, env.ack()).await?;
                 return Ok(Dispatched::Duplicate { instance });
             }
+            Err(BackendError::TallyExists(tally)) => {
+                let error = BackendError::TallyExists(tally).to_string();
+                return fail(pm, env, envelope, before, FailureKind::Handler, error).await;
+            }
             // Someone else wrote the instance (or claimed its correlation
             // entry) first: re-run on the fresh state.
             Err(e) if is_conflict(&e) => {
@@ -529,14 +594,14 @@ pub(crate) async fn dispatch(
 
 /// When something `delay` from `now_ms` is due, saturating rather than
 /// overflowing for absurd delays.
-fn due(now_ms: u64, delay: std::time::Duration) -> u64 {
+pub(crate) fn due(now_ms: u64, delay: std::time::Duration) -> u64 {
     now_ms.saturating_add(delay.as_millis().min(u64::MAX as u128) as u64)
 }
 
 /// The id of a message a handler emits: derived from the message being
 /// handled, so a handler re-run after a write conflict (or a redelivery)
 /// emits the same ids, and receivers can drop the duplicates.
-fn derived_id(parent: &str, instance: &str, n: &str) -> String {
+pub(crate) fn derived_id(parent: &str, instance: &str, n: &str) -> String {
     let name = format!("{parent}/{instance}/{n}");
     uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
 }

@@ -11,6 +11,10 @@ pub enum EnvelopeKind {
     Message,
     /// A timeout for one instance.
     Timeout,
+    /// A tally's report for the instance that opened it (its deadline, or
+    /// a poll): the worker fills in the [`TallyStatus`](super::TallyStatus)
+    /// when it is due.
+    TallyReport,
 }
 
 /// One message for one process manager.

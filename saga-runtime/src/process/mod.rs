@@ -25,6 +25,7 @@ mod dispatch;
 mod envelope;
 mod error;
 mod metrics;
+pub mod tally;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -36,6 +37,7 @@ pub(crate) use dispatch::{dispatch, DispatchEnv};
 pub use envelope::{Envelope, EnvelopeKind};
 pub use error::{ErrorAction, Failure, FailureKind, ProcessError};
 pub use metrics::ProcessMetrics;
+pub use tally::{TallyCheck, TallyCompleted, TallyRef, TallyStatus};
 
 use crate::saga::BoxFuture;
 

@@ -52,7 +52,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{ProcessInstance, ProcessStore, WorkItem, WorkQueue};
+use crate::backend::{ProcessInstance, ProcessStore, Tallies, WorkItem, WorkQueue};
 use crate::process::{
     dispatch, DispatchEnv, Dispatched, Envelope, EnvelopeKind, Message, ProcessManager,
 };
@@ -245,6 +245,35 @@ impl<P: ProcessManager> ProcessTest<P> {
             outcomes.push(self.dispatch(envelope, &delivery).await);
         }
         outcomes
+    }
+
+    /// Checks `item` off `tally`, as a worker would with
+    /// [`Engine::tally`](crate::Engine::tally), then handles what that made
+    /// due (the completion, on the last item).
+    pub async fn check(
+        &mut self,
+        tally: &crate::process::TallyRef,
+        item: &str,
+    ) -> (crate::process::TallyCheck, Vec<Dispatched>) {
+        let checked = self
+            .backend
+            .tally_check(tally, item)
+            .await
+            .expect("memory store");
+        (checked, self.drain().await)
+    }
+
+    /// The progress of `tally` (`None` if it does not exist).
+    pub async fn tally_status(
+        &self,
+        tally: &crate::process::TallyRef,
+    ) -> Option<crate::process::TallyStatus> {
+        let progress = self
+            .backend
+            .tally_progress(tally, crate::process::tally::MISSING_LISTED, false)
+            .await
+            .expect("memory store")?;
+        Some(crate::process::tally::status_of(tally, progress, false))
     }
 
     /// The instance `id`.

@@ -8,6 +8,7 @@
 //! this one" be one script. Partitions spread tasks over slots; one partition
 //! (the default) keeps everything in one slot.
 
+use crate::process::TallyRef;
 use crate::task::{TaskId, TaskStatus};
 
 #[derive(Debug, Clone)]
@@ -164,6 +165,20 @@ impl Keys {
         format!("{}:idxtomb:{process}:{field}:{value}", self.pm_tag())
     }
 
+    /// A tally's keys: `part` is `` (a hash: total, done, late, the
+    /// completion envelopes), `:pending` or `:checked` (sets of items).
+    /// The instance id goes last: it is the one part that may hold `:`.
+    pub fn tally(&self, tally: &TallyRef, part: &str) -> String {
+        format!(
+            "{}:tally{part}:{}:{}:{}:{}",
+            self.pm_tag(),
+            tally.process,
+            tally.name,
+            tally.generation,
+            tally.instance
+        )
+    }
+
     pub fn scheduled(&self) -> String {
         format!("{}:scheduled", self.pm_tag())
     }
@@ -268,6 +283,15 @@ mod tests {
             keys.scheduled(),
             keys.endpoint("billing"),
             keys.dead(keys.process_stream()),
+            keys.tally(
+                &TallyRef {
+                    process: "batch".into(),
+                    instance: "b:1".into(),
+                    generation: "g".into(),
+                    name: "items".into(),
+                },
+                ":pending",
+            ),
         ] {
             assert_eq!(tag(&key), pm, "{key}");
         }

@@ -44,6 +44,7 @@ mod keys;
 mod process;
 mod queue;
 mod scripts;
+mod tally;
 mod tasks;
 
 use std::collections::HashMap;

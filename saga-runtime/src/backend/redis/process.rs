@@ -149,6 +149,11 @@ impl ProcessStore for RedisBackend {
         for (field, value) in commit.add_keys.iter().chain(&commit.remove_keys) {
             invocation.key(k.correlation_tombstone(process, field, value));
         }
+        for open in &commit.tallies {
+            invocation
+                .key(k.tally(&open.tally, ""))
+                .key(k.tally(&open.tally, ":pending"));
+        }
         let handled = match (commit.delete, commit.instance) {
             (true, Some(i)) => serde_json::to_string(&i.handled()).map_err(corrupt)?,
             _ => "[]".to_owned(),
@@ -174,7 +179,8 @@ impl ProcessStore for RedisBackend {
             .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
             .arg(commit.handling.unwrap_or_default())
             .arg(super::ms(commit.tombstone_ttl))
-            .arg(handled);
+            .arg(handled)
+            .arg(commit.tallies.len());
         for envelope in &commit.enqueue {
             invocation.arg(WorkItem::Process(envelope.clone()).encode());
         }
@@ -186,9 +192,30 @@ impl ProcessStore for RedisBackend {
                 .arg(*due)
                 .arg(WorkItem::Process(envelope.clone()).encode());
         }
+        for open in &commit.tallies {
+            invocation
+                .arg(open.items.len())
+                .arg(super::ms(open.keep_for).max(1))
+                .arg(WorkItem::Process(open.completion.clone()).encode())
+                .arg(WorkItem::Process(open.completion_late.clone()).encode());
+            for item in &open.items {
+                invocation.arg(item);
+            }
+        }
         let reply: Vec<Value> = self.run(&invocation).await?;
         match reply.first() {
             Some(Value::Int(v)) if *v >= 0 => Ok(*v as u64),
+            Some(Value::Int(-6)) => {
+                let n = match reply.get(1) {
+                    Some(Value::Int(n)) => *n as usize,
+                    _ => 1,
+                };
+                let open = commit.tallies.get(n.saturating_sub(1));
+                Err(open.map_or_else(
+                    || corrupt("the process commit script named no tally"),
+                    |o| BackendError::TallyExists(o.tally.clone()),
+                ))
+            }
             Some(Value::Int(-5)) => Err(BackendError::ProcessTombstoned {
                 process: process.to_owned(),
                 instance: id,

@@ -1,0 +1,95 @@
+//! Checking tally items off, from anywhere: [`Engine::tally`].
+
+use super::Engine;
+use crate::error::Error;
+use crate::process::tally::{status_of, MISSING_LISTED};
+use crate::process::{TallyCheck, TallyRef, TallyStatus};
+
+/// What checking an item did ([`Tally::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// Counted; `remaining` items are still unchecked.
+    Counted {
+        /// Items still unchecked.
+        remaining: u64,
+        /// After the tally's deadline: counted all the same (the instance
+        /// learns of it from the completion, `late: true`).
+        late: bool,
+    },
+    /// The last item: the instance is being sent
+    /// [`TallyCompleted`](crate::process::TallyCompleted).
+    Completed {
+        /// After the deadline.
+        late: bool,
+    },
+    /// Checked before: a duplicate, which changes nothing.
+    AlreadyChecked,
+}
+
+/// One tally, as seen by whoever does its items: [`Engine::tally`].
+#[derive(Debug, Clone)]
+pub struct Tally<'a> {
+    engine: &'a Engine,
+    tally: TallyRef,
+}
+
+impl Engine {
+    /// The tally `tally` (a reference its process manager handed out with
+    /// the work; see [`ProcessContext::open_tally`](crate::process::ProcessContext::open_tally)).
+    /// Checking its items is one atomic step each and never touches the
+    /// instance, so any number of workers in any number of processes check
+    /// items concurrently.
+    pub fn tally(&self, tally: &TallyRef) -> Tally<'_> {
+        Tally {
+            engine: self,
+            tally: tally.clone(),
+        }
+    }
+}
+
+impl Tally<'_> {
+    /// Checks `item` off; idempotent (a retry or a redelivered work item
+    /// answers [`Checked::AlreadyChecked`]). The check of the last item
+    /// sends the instance its completion, exactly once, in the same step.
+    /// An item the tally does not have is [`Error::UnknownTallyItem`]; a
+    /// tally that does not exist (or expired) [`Error::TallyNotFound`].
+    pub async fn check(&self, item: impl AsRef<str>) -> Result<Checked, Error> {
+        let item = item.as_ref();
+        let checked = self
+            .engine
+            .retrying("tally check", || {
+                self.engine.rt.backend.tally_check(&self.tally, item)
+            })
+            .await?;
+        match checked {
+            TallyCheck::Counted { remaining, late } => Ok(Checked::Counted { remaining, late }),
+            TallyCheck::Completed { late } => Ok(Checked::Completed { late }),
+            TallyCheck::AlreadyChecked => Ok(Checked::AlreadyChecked),
+            TallyCheck::UnknownItem => Err(Error::UnknownTallyItem {
+                tally: self.tally.clone(),
+                item: item.to_owned(),
+            }),
+            TallyCheck::NoTally => Err(Error::TallyNotFound(self.tally.clone())),
+        }
+    }
+
+    /// Its progress, with up to [`MISSING_LISTED`] unchecked items.
+    pub async fn status(&self) -> Result<TallyStatus, Error> {
+        let progress = self
+            .engine
+            .retrying("tally status", || {
+                self.engine
+                    .rt
+                    .backend
+                    .tally_progress(&self.tally, MISSING_LISTED, false)
+            })
+            .await?
+            .ok_or_else(|| Error::TallyNotFound(self.tally.clone()))?;
+        Ok(status_of(&self.tally, progress, false))
+    }
+
+    /// Which tally.
+    pub fn reference(&self) -> &TallyRef {
+        &self.tally
+    }
+}
