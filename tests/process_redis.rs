@@ -348,6 +348,7 @@ async fn a_load_refuses_a_record_that_belongs_to_another_process_manager() {
         enqueue: Vec::new(),
         endpoints: Vec::new(),
         schedule: Vec::new(),
+        tallies: Vec::new(),
         settle: Settle::Nothing,
     };
     backend.process_commit("acct", commit).await.unwrap();

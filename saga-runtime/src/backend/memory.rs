@@ -1041,7 +1041,7 @@ impl Tallies for MemoryBackend {
         let Some(t) = state.tallies.get_mut(tally).filter(|t| t.expires > now) else {
             return Ok(None);
         };
-        if mark_deadline && !t.complete {
+        if mark_deadline && !t.pending.is_empty() {
             t.deadline_passed = true;
         }
         Ok(Some(TallyProgress {
@@ -1176,6 +1176,7 @@ impl Housekeeping for MemoryBackend {
             tasks: expired.len(),
             dead_letters: before - state.dead.len(),
             consumers: 0,
+            tallies: 0,
         })
     }
 }

@@ -386,6 +386,10 @@ pub struct Housekept {
     pub dead_letters: usize,
     /// Idle consumers removed.
     pub consumers: usize,
+    /// Tally completions sent here: each tally's last item was checked by
+    /// a checker that stopped before sending it (a backend whose check is
+    /// one atomic step never has any).
+    pub tallies: usize,
 }
 
 /// What happened to a process-manager instance, in its audit log.

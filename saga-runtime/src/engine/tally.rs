@@ -27,10 +27,18 @@ pub enum Checked {
 }
 
 /// One tally, as seen by whoever does its items: [`Engine::tally`].
-#[derive(Debug, Clone)]
-pub struct Tally<'a> {
-    engine: &'a Engine,
+/// Cheap to clone; holds a handle to the engine, so it can move into
+/// spawned tasks.
+#[derive(Clone)]
+pub struct Tally {
+    engine: Engine,
     tally: TallyRef,
+}
+
+impl std::fmt::Debug for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Tally").field(&self.tally).finish()
+    }
 }
 
 impl Engine {
@@ -39,15 +47,15 @@ impl Engine {
     /// Checking its items is one atomic step each and never touches the
     /// instance, so any number of workers in any number of processes check
     /// items concurrently.
-    pub fn tally(&self, tally: &TallyRef) -> Tally<'_> {
+    pub fn tally(&self, tally: &TallyRef) -> Tally {
         Tally {
-            engine: self,
+            engine: self.clone(),
             tally: tally.clone(),
         }
     }
 }
 
-impl Tally<'_> {
+impl Tally {
     /// Checks `item` off; idempotent (a retry or a redelivered work item
     /// answers [`Checked::AlreadyChecked`]). The check of the last item
     /// sends the instance its completion, exactly once, in the same step.

@@ -149,7 +149,8 @@ impl ProcessContext {
     /// ([`Engine::tally`](crate::Engine::tally)) without touching this
     /// instance, and the instance receives one
     /// [`TallyCompleted`](super::TallyCompleted) when the last is checked
-    /// (at once, for no items). Duplicate items count once.
+    /// (at once, for no items). Items are non-empty strings; duplicates
+    /// count once.
     ///
     /// `name` is unique per instance (`A-Z a-z 0-9 - _ .`): opening a name
     /// the instance has opened before fails the handler.
@@ -162,9 +163,15 @@ impl ProcessContext {
             self.error.get_or_insert(e);
         }
         let reference = self.tally(name);
+        let items: Vec<String> = items.into_iter().map(Into::into).collect();
+        if items.iter().any(String::is_empty) {
+            self.error.get_or_insert(format!(
+                "tally `{name}` has an empty item; items are non-empty strings"
+            ));
+        }
         self.tallies.push(TallyOpening {
             name: name.to_owned(),
-            items: items.into_iter().map(Into::into).collect(),
+            items,
             deadline: None,
             keep_for: tally::DEFAULT_TALLY_KEEP,
         });

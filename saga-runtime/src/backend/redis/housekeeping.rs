@@ -221,6 +221,7 @@ impl Housekeeping for RedisBackend {
                 .await?;
             done.consumers += reaped;
         }
+        done.tallies = self.finish_open_tallies().await?;
         Ok(done)
     }
 }

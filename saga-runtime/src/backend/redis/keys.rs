@@ -179,6 +179,13 @@ impl Keys {
         )
     }
 
+    /// The tallies not yet complete, by when they expire: what
+    /// housekeeping looks at to send a completion whose checker died
+    /// between checking the last item and sending it.
+    pub fn open_tallies(&self) -> String {
+        format!("{}:tallies", self.pm_tag())
+    }
+
     pub fn scheduled(&self) -> String {
         format!("{}:scheduled", self.pm_tag())
     }

@@ -152,7 +152,11 @@ impl ProcessStore for RedisBackend {
         for open in &commit.tallies {
             invocation
                 .key(k.tally(&open.tally, ""))
-                .key(k.tally(&open.tally, ":pending"));
+                .key(k.tally(&open.tally, ":pending"))
+                .key(k.tally(&open.tally, ":checked"));
+        }
+        if !commit.tallies.is_empty() {
+            invocation.key(k.open_tallies());
         }
         let handled = match (commit.delete, commit.instance) {
             (true, Some(i)) => serde_json::to_string(&i.handled()).map_err(corrupt)?,
@@ -201,6 +205,7 @@ impl ProcessStore for RedisBackend {
             for item in &open.items {
                 invocation.arg(item);
             }
+            invocation.arg(super::tally::member(&open.tally)?);
         }
         let reply: Vec<Value> = self.run(&invocation).await?;
         match reply.first() {

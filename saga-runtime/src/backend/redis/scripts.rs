@@ -606,9 +606,11 @@ return n",
 /// message ids a deleted instance handled; then the enqueued payloads, the
 /// endpoint payloads, and (due, payload) pairs. After the endpoint streams,
 /// KEYS go on with the instance's tombstone and those of the `n_add` and
-/// `n_rem` correlation entries, then each tally's hash and pending set.
+/// `n_rem` correlation entries, then each tally's hash, pending and
+/// checked sets, then the open tallies (a sorted set, by expiry).
 /// ARGV 22 is the number of tallies; after the schedule pairs, each tally
-/// has: its item count n, keep ms, completion, late completion, n items.
+/// has: its item count n, keep ms, completion, late completion, n items,
+/// its member of the open tallies.
 /// Returns {new version} or {-2, stored version} / {-4, owner} on conflict,
 /// {-5} when a tombstone remembers the message handled, {-6, i} when tally
 /// i exists already.
@@ -620,7 +622,7 @@ local nenq, nsch = tonumber(ARGV[9]), tonumber(ARGV[10])
 local tomb = 5 + nadd + nrem + nep + 1
 local ntally, tk = tonumber(ARGV[22]), tomb + nadd + nrem
 for t = 1, ntally do
-  if redis.call('EXISTS', KEYS[tk + 2 * t - 1]) == 1 then return {{-6, t}} end
+  if redis.call('EXISTS', KEYS[tk + 3 * t - 2]) == 1 then return {{-6, t}} end
 end
 local version = 0
 if ARGV[1] == '1' then
@@ -668,9 +670,11 @@ a = a + nep
 for i = 1, nsch do redis.call('ZADD', KEYS[4], ARGV[a + 2 * i - 1], ARGV[a + 2 * i]) end
 a = a + 2 * nsch
 for t = 1, ntally do
-  local h, pend = KEYS[tk + 2 * t - 1], KEYS[tk + 2 * t]
+  local h, pend, checked = KEYS[tk + 3 * t - 2], KEYS[tk + 3 * t - 1], KEYS[tk + 3 * t]
   local n, keep, first = tonumber(ARGV[a + 1]), ARGV[a + 2], a + 5
-  redis.call('DEL', pend)
+  redis.call('DEL', pend, checked)
+  redis.call('SADD', checked, '')
+  redis.call('PEXPIRE', checked, keep)
   for i = first, first + n - 1, 500 do
     redis.call('SADD', pend, unpack(ARGV, i, math.min(i + 499, first + n - 1)))
   end
@@ -681,8 +685,9 @@ for t = 1, ntally do
     redis.call('XADD', KEYS[3], '*', 'payload', ARGV[a + 3])
   else
     redis.call('PEXPIRE', pend, keep)
+    redis.call('ZADD', KEYS[tk + 3 * ntally + 1], now + tonumber(keep), ARGV[first + n])
   end
-  a = first + n - 1
+  a = first + n
 end
 if ARGV[11] == 'dead' then
   local fields = {{'payload', ARGV[14], 'reason', ARGV[15], 'task', '', 'at', now}}
@@ -777,47 +782,48 @@ return 0"
     ))
 });
 
-/// KEYS: tally hash, pending, checked, process-manager queue. ARGV: item,
-/// completed keep ms. Checks one item off: {-1} no tally, {-2} unknown
-/// item, {0} already checked, {1, remaining, late} counted, {2, late} the
-/// last one (the completion is enqueued here, so exactly once).
-pub static TALLY_CHECK: LazyLock<Script> = LazyLock::new(|| {
+/// KEYS: tally hash, pending, checked, process-manager queue, open
+/// tallies. ARGV: completed keep ms, the tally's member of open tallies.
+/// Sends a tally's completion if every item is checked and it has not
+/// been sent: called by the check that took the last item, by a later
+/// check that finds it unsent (the first one died between its check and
+/// this), and by housekeeping. {1} sent now, {0} not (yet), {-1} gone.
+pub static TALLY_FINISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('EXISTS', KEYS[1]) == 0 then return {-1} end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZREM', KEYS[5], ARGV[2])
+  return -1
+end
+if redis.call('HGET', KEYS[1], 'done') == '1' then
+  redis.call('ZREM', KEYS[5], ARGV[2])
+  return 0
+end
+if redis.call('SCARD', KEYS[2]) > 0 then return 0 end
 local late = redis.call('HGET', KEYS[1], 'late') == '1'
-if redis.call('SMOVE', KEYS[2], KEYS[3], ARGV[1]) == 0 then
-  if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return {0} end
-  return {-2}
-end
-if redis.call('PTTL', KEYS[3]) == -1 then
-  local ttl = redis.call('PTTL', KEYS[1])
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
-end
-local left = redis.call('SCARD', KEYS[2])
-if left > 0 then return {1, left, late and 1 or 0} end
-local done = redis.call('HGET', KEYS[1], late and 'completion_late' or 'completion')
-redis.call('XADD', KEYS[4], '*', 'payload', done)
+redis.call('XADD', KEYS[4], '*', 'payload', redis.call('HGET', KEYS[1], late and 'completion_late' or 'completion'))
 redis.call('HSET', KEYS[1], 'done', 1)
 for i = 1, 3 do
   local ttl = redis.call('PTTL', KEYS[i])
-  if ttl == -1 or ttl > tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
+  if ttl == -1 or ttl > tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
 end
-return {2, late and 1 or 0}",
+redis.call('ZREM', KEYS[5], ARGV[2])
+return 1",
     )
 });
 
 /// KEYS: tally hash, pending. ARGV: how many missing items to list, mark
-/// the deadline (1/0). {-1} no tally, else {total, checked, done, late,
-/// {missing items}}.
+/// the deadline (1/0: only while items are unchecked, so that once the
+/// last one is checked its completion's lateness is settled). {-1} no
+/// tally, else {total, checked, done, late, {missing items}}.
 pub static TALLY_PROGRESS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1} end
 local done = redis.call('HGET', KEYS[1], 'done') == '1'
-if ARGV[2] == '1' and not done then redis.call('HSET', KEYS[1], 'late', 1) end
 local total = tonumber(redis.call('HGET', KEYS[1], 'total') or '0')
 local left = redis.call('SCARD', KEYS[2])
+if ARGV[2] == '1' and left > 0 then redis.call('HSET', KEYS[1], 'late', 1) end
 local missing = {}
 if left > 0 and tonumber(ARGV[1]) > 0 then missing = redis.call('SRANDMEMBER', KEYS[2], ARGV[1]) end
 local late = redis.call('HGET', KEYS[1], 'late') == '1'

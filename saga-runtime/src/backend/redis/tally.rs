@@ -1,14 +1,21 @@
-//! Tallies: one script per check, one per progress read, on the
-//! process-manager slot (the check of the last item enqueues the
-//! completion in the same script).
+//! Tallies. A check is one transaction of plain commands (`SMOVE` from
+//! the unchecked set to the checked one, `SCARD`, `HMGET`): about half
+//! the server time of a script, which is what lets checking keep up with
+//! plain `INCR`s. The check that takes the last item then sends the
+//! completion (`TALLY_FINISH`, guarded by the tally's `done` flag, so it is
+//! sent once); should that checker die in between, the next check of any
+//! item, or housekeeping, sends it.
 
 use async_trait::async_trait;
 use redis::Value;
 
-use super::{corrupt, entry, ms, scripts as s, RedisBackend};
+use super::{corrupt, entry, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{BackendError, Tallies};
 use crate::process::tally::{TallyProgress, COMPLETED_TALLY_KEEP};
 use crate::process::{TallyCheck, TallyRef};
+
+/// Open tallies looked at per round trip by housekeeping.
+const SWEEP_BATCH: usize = 200;
 
 fn int(value: Option<&Value>) -> Result<i64, BackendError> {
     match value {
@@ -17,31 +24,130 @@ fn int(value: Option<&Value>) -> Result<i64, BackendError> {
     }
 }
 
-#[async_trait]
-impl Tallies for RedisBackend {
-    async fn tally_check(&self, tally: &TallyRef, item: &str) -> Result<TallyCheck, BackendError> {
+/// A tally's member of the open tallies.
+pub(super) fn member(tally: &TallyRef) -> Result<String, BackendError> {
+    serde_json::to_string(tally).map_err(corrupt)
+}
+
+impl RedisBackend {
+    /// Sends `tally`'s completion if it is due and unsent; `true` if sent
+    /// by this call.
+    async fn finish(&self, tally: &TallyRef) -> Result<bool, BackendError> {
         let k = self.keys();
-        let reply: Vec<Value> = self
+        let sent: i64 = self
             .run(
-                s::TALLY_CHECK
+                s::TALLY_FINISH
                     .key(k.tally(tally, ""))
                     .key(k.tally(tally, ":pending"))
                     .key(k.tally(tally, ":checked"))
                     .key(k.queue(k.process_stream()))
-                    .arg(item)
-                    .arg(ms(COMPLETED_TALLY_KEEP)),
+                    .key(k.open_tallies())
+                    .arg(ms(COMPLETED_TALLY_KEEP))
+                    .arg(member(tally)?),
             )
             .await?;
-        let late = |i: usize| int(reply.get(i)).map(|n| n == 1);
-        Ok(match int(reply.first())? {
-            -1 => TallyCheck::NoTally,
-            -2 => TallyCheck::UnknownItem,
-            0 => TallyCheck::AlreadyChecked,
-            1 => TallyCheck::Counted {
-                remaining: int(reply.get(1))? as u64,
-                late: late(2)?,
-            },
-            _ => TallyCheck::Completed { late: late(1)? },
+        Ok(sent == 1)
+    }
+
+    /// Sends the completions whose checker died before sending them, and
+    /// forgets tallies that expired; returns how many were sent.
+    pub(super) async fn finish_open_tallies(&self) -> Result<usize, BackendError> {
+        let k = self.keys();
+        let mut conn = self.conn();
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(k.open_tallies())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let mut sent = 0;
+        for chunk in members.chunks(SWEEP_BATCH) {
+            let tallies: Vec<Option<TallyRef>> =
+                chunk.iter().map(|m| serde_json::from_str(m).ok()).collect();
+            let mut pipe = redis::pipe();
+            for tally in &tallies {
+                match tally {
+                    Some(t) => pipe.cmd("SCARD").arg(k.tally(t, ":pending")),
+                    None => pipe.cmd("ECHO").arg(0),
+                };
+            }
+            let left: Vec<i64> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            for ((tally, left), raw) in tallies.iter().zip(left).zip(chunk) {
+                match tally {
+                    Some(t) if left == 0 => sent += usize::from(self.finish(t).await?),
+                    Some(_) => {}
+                    None => {
+                        tracing::warn!(member = %raw, "unreadable open tally forgotten");
+                        let _: () = redis::cmd("ZREM")
+                            .arg(k.open_tallies())
+                            .arg(raw)
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(unavailable)?;
+                    }
+                }
+            }
+        }
+        if sent > 0 {
+            tracing::warn!(
+                sent,
+                "sent tally completions whose checker stopped before sending them"
+            );
+        }
+        Ok(sent)
+    }
+}
+
+#[async_trait]
+impl Tallies for RedisBackend {
+    async fn tally_check(&self, tally: &TallyRef, item: &str) -> Result<TallyCheck, BackendError> {
+        let k = self.keys();
+        let (pending, checked) = (k.tally(tally, ":pending"), k.tally(tally, ":checked"));
+        let (moved, left, (late, done)): (i64, u64, (Option<String>, Option<String>)) =
+            redis::pipe()
+                .atomic()
+                .cmd("SMOVE")
+                .arg(&pending)
+                .arg(&checked)
+                .arg(item)
+                .cmd("SCARD")
+                .arg(&pending)
+                .cmd("HMGET")
+                .arg(k.tally(tally, ""))
+                .arg("late")
+                .arg("done")
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+        let late = late.as_deref() == Some("1");
+        let Some(done) = done.map(|d| d == "1") else {
+            return Ok(TallyCheck::NoTally);
+        };
+        if moved == 1 {
+            if left > 0 {
+                return Ok(TallyCheck::Counted {
+                    remaining: left,
+                    late,
+                });
+            }
+            self.finish(tally).await?;
+            return Ok(TallyCheck::Completed { late });
+        }
+        if left == 0 && !done {
+            // Everything is checked, and the completion is not sent: the
+            // checker of the last item stopped in between.
+            self.finish(tally).await?;
+        }
+        let known: bool = redis::cmd("SISMEMBER")
+            .arg(&checked)
+            .arg(item)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(match known && !item.is_empty() {
+            true => TallyCheck::AlreadyChecked,
+            false => TallyCheck::UnknownItem,
         })
     }
 
