@@ -71,6 +71,7 @@
 pub mod backend;
 pub mod circuit;
 pub mod context;
+pub mod endpoint;
 pub mod engine;
 pub mod error;
 #[cfg(feature = "http")]

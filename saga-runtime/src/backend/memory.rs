@@ -19,9 +19,10 @@ use uuid::Uuid;
 
 use super::{
     truncate_payload, BackendError, BreakerDecision, Breakers, Created, DeadLetter,
-    DeadLetterQuery, Delivery, Heartbeat, Housekeeping, Housekept, Interest, Lease, Leases, Locked,
-    NextAttempt, Page, ProcessCommit, ProcessInstance, ProcessStore, QueueMessage, Retention,
-    Settle, Tallies, TaskCommit, TaskQuery, TaskStore, WorkItem, WorkQueue,
+    DeadLetterQuery, Delivery, EndpointDelivery, Endpoints, Heartbeat, Housekeeping, Housekept,
+    Interest, Lease, Leases, Locked, NextAttempt, Page, ProcessCommit, ProcessInstance,
+    ProcessStore, QueueMessage, Retention, Settle, Tallies, TaskCommit, TaskQuery, TaskStore,
+    WorkItem, WorkQueue,
 };
 use crate::process::tally::{TallyProgress, COMPLETED_TALLY_KEEP};
 use crate::process::{Envelope, TallyCheck, TallyRef};
@@ -66,12 +67,92 @@ struct State {
     instances: HashMap<(String, String), ProcessInstance>,
     index: HashMap<(String, String, String), String>,
     scheduled: Vec<(u64, Envelope)>,
-    endpoints: HashMap<String, Vec<String>>,
+    endpoints: HashMap<String, MemEndpoint>,
     leases: HashMap<String, (String, Instant)>,
     /// What deleted instances handled, by [`Tombstone`], until it expires.
     tombstones: HashMap<Tombstone, (HashSet<String>, Instant)>,
     breakers: HashMap<String, SharedBreaker>,
     tallies: HashMap<TallyRef, MemTally>,
+}
+
+/// Messages an endpoint keeps at most (oldest go first), as Redis's
+/// default `endpoint_max_len`.
+const ENDPOINT_CAP: usize = 100_000;
+/// Dead letters an endpoint keeps at most.
+const ENDPOINT_DEAD_CAP: usize = 10_000;
+
+/// An endpoint: its messages (by id) and consumer groups.
+#[derive(Default)]
+struct MemEndpoint {
+    entries: VecDeque<(u64, String)>,
+    next: u64,
+    groups: HashMap<String, MemGroup>,
+    dead: VecDeque<DeadLetter>,
+}
+
+/// A consumer group: the last message it was given, and those given but
+/// not settled: `id -> (consumer, deliveries, since)`.
+#[derive(Default)]
+struct MemGroup {
+    last: u64,
+    pending: std::collections::BTreeMap<u64, (String, u32, Instant)>,
+}
+
+impl MemEndpoint {
+    fn push(&mut self, envelope: String) {
+        self.next += 1;
+        self.entries.push_back((self.next, envelope));
+        if self.entries.len() > ENDPOINT_CAP {
+            self.entries.pop_front();
+        }
+    }
+
+    fn get(&self, id: u64) -> Option<&String> {
+        let i = self.entries.binary_search_by_key(&id, |(k, _)| *k).ok()?;
+        Some(&self.entries[i].1)
+    }
+
+    /// A message held too long by someone, else the next new one.
+    fn take(
+        &mut self,
+        group: &str,
+        consumer: &str,
+        claim_idle: Duration,
+    ) -> Option<EndpointDelivery> {
+        let now = Instant::now();
+        let entries = std::mem::take(&mut self.entries);
+        let g = self.groups.entry(group.to_owned()).or_default();
+        let exists = |id: u64| entries.binary_search_by_key(&id, |(k, _)| *k).ok();
+        // Trimmed (capped) messages leave the pending list.
+        g.pending.retain(|id, _| exists(*id).is_some());
+        let stale = g
+            .pending
+            .iter()
+            .find(|(_, (_, _, since))| *since + claim_idle <= now)
+            .map(|(id, _)| *id);
+        let taken = match stale {
+            Some(id) => {
+                let p = g.pending.get_mut(&id).expect("just found");
+                *p = (consumer.to_owned(), p.1 + 1, now);
+                Some((id, p.1))
+            }
+            None => entries
+                .iter()
+                .find(|(id, _)| *id > g.last)
+                .map(|(id, _)| *id)
+                .map(|id| {
+                    g.last = id;
+                    g.pending.insert(id, (consumer.to_owned(), 1, now));
+                    (id, 1)
+                }),
+        };
+        self.entries = entries;
+        taken.map(|(id, deliveries)| EndpointDelivery {
+            id: id.to_string(),
+            raw: self.get(id).cloned().unwrap_or_default(),
+            deliveries,
+        })
+    }
 }
 
 /// A tally (see [`Tallies`]), kept until `expires`.
@@ -958,7 +1039,126 @@ impl ProcessStore for MemoryBackend {
             .state()
             .endpoints
             .get(endpoint)
-            .cloned()
+            .map(|e| e.entries.iter().map(|(_, m)| m.clone()).collect())
+            .unwrap_or_default())
+    }
+}
+
+#[async_trait]
+impl Endpoints for MemoryBackend {
+    async fn endpoint_receive(
+        &self,
+        endpoint: &str,
+        group: &str,
+        consumer: &str,
+        claim_idle: Duration,
+        block: Duration,
+    ) -> Result<Option<EndpointDelivery>, BackendError> {
+        tokio::task::yield_now().await;
+        let deadline = later(block);
+        loop {
+            let notified = self.shared.queue_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let wake = {
+                let mut state = self.state();
+                let e = state.endpoints.entry(endpoint.to_owned()).or_default();
+                if let Some(d) = e.take(group, consumer, claim_idle) {
+                    return Ok(Some(d));
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Ok(None);
+                }
+                // A held message becomes claimable at `since + claim_idle`.
+                let g = &e.groups[group];
+                g.pending
+                    .values()
+                    .map(|(_, _, since)| *since + claim_idle)
+                    .min()
+                    .map_or(deadline, |at| at.min(deadline))
+            };
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    async fn endpoint_touch(
+        &self,
+        endpoint: &str,
+        group: &str,
+        consumer: &str,
+        id: &str,
+    ) -> Result<(), BackendError> {
+        let mut state = self.state();
+        let pending = state
+            .endpoints
+            .get_mut(endpoint)
+            .and_then(|e| e.groups.get_mut(group))
+            .and_then(|g| g.pending.get_mut(&id.parse().unwrap_or(0)));
+        if let Some(p) = pending {
+            p.0 = consumer.to_owned();
+            p.2 = Instant::now();
+        }
+        Ok(())
+    }
+
+    async fn endpoint_settle(
+        &self,
+        endpoint: &str,
+        group: &str,
+        delivery: &EndpointDelivery,
+        dead: Option<&str>,
+    ) -> Result<(), BackendError> {
+        let limit = self.shared.payload_limit;
+        let mut state = self.state();
+        let e = state.endpoints.entry(endpoint.to_owned()).or_default();
+        if let Some(g) = e.groups.get_mut(group) {
+            g.pending.remove(&delivery.id.parse().unwrap_or(0));
+        }
+        if let Some(reason) = dead {
+            let (payload, truncated) = truncate_payload(&delivery.raw, limit);
+            e.dead.push_back(DeadLetter {
+                id: delivery.id.clone(),
+                payload: payload.to_owned(),
+                reason: reason.to_owned(),
+                task_id: None,
+                at: Timestamp::now(),
+                truncated,
+            });
+            if e.dead.len() > ENDPOINT_DEAD_CAP {
+                e.dead.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    async fn endpoint_trim(&self, endpoint: &str) -> Result<usize, BackendError> {
+        let mut state = self.state();
+        let Some(e) = state.endpoints.get_mut(endpoint) else {
+            return Ok(0);
+        };
+        let Some(floor) = e
+            .groups
+            .values()
+            .map(|g| g.pending.keys().next().copied().unwrap_or(g.last + 1))
+            .min()
+        else {
+            return Ok(0);
+        };
+        let before = e.entries.len();
+        e.entries.retain(|(id, _)| *id >= floor);
+        Ok(before - e.entries.len())
+    }
+
+    async fn endpoint_dead_letters(&self, endpoint: &str) -> Result<Vec<DeadLetter>, BackendError> {
+        Ok(self
+            .state()
+            .endpoints
+            .get(endpoint)
+            .map(|e| e.dead.iter().cloned().collect())
             .unwrap_or_default())
     }
 }

@@ -936,6 +936,63 @@ pub trait Tallies: Send + Sync + 'static {
     ) -> Result<Option<TallyProgress>, BackendError>;
 }
 
+/// One message of an endpoint, delivered to a consumer of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointDelivery {
+    /// Its id in the endpoint.
+    pub id: String,
+    /// The envelope as stored.
+    pub raw: String,
+    /// Deliveries to the group so far, this one included.
+    pub deliveries: u32,
+}
+
+/// Endpoints ([`crate::endpoint`]): streams written by process-manager
+/// commits, read by consumer groups.
+#[async_trait]
+pub trait Endpoints: Send + Sync + 'static {
+    /// The next message of `endpoint` for `consumer` of `group` (a group
+    /// that does not exist yet is created, reading from the oldest message
+    /// kept): one that another consumer has held unsettled for longer than
+    /// `claim_idle` first (its delivery count goes up), else a new one,
+    /// waiting up to `block` for one.
+    async fn endpoint_receive(
+        &self,
+        endpoint: &str,
+        group: &str,
+        consumer: &str,
+        claim_idle: Duration,
+        block: Duration,
+    ) -> Result<Option<EndpointDelivery>, BackendError>;
+
+    /// Keeps message `id` with `consumer`: restarts its idle time (not its
+    /// delivery count), so that a long handler keeps its message.
+    async fn endpoint_touch(
+        &self,
+        endpoint: &str,
+        group: &str,
+        consumer: &str,
+        id: &str,
+    ) -> Result<(), BackendError>;
+
+    /// Acknowledges a delivery; with `dead: Some(reason)`, parks it on the
+    /// endpoint's dead letters in the same step.
+    async fn endpoint_settle(
+        &self,
+        endpoint: &str,
+        group: &str,
+        delivery: &EndpointDelivery,
+        dead: Option<&str>,
+    ) -> Result<(), BackendError>;
+
+    /// Removes the messages every group has settled; returns how many.
+    /// Nothing goes while the endpoint has no group.
+    async fn endpoint_trim(&self, endpoint: &str) -> Result<usize, BackendError>;
+
+    /// The endpoint's dead letters, oldest first (capped).
+    async fn endpoint_dead_letters(&self, endpoint: &str) -> Result<Vec<DeadLetter>, BackendError>;
+}
+
 /// Named leases: one holder at a time (the timer poller, the janitor).
 #[async_trait]
 pub trait Leases: Send + Sync + 'static {
@@ -1032,12 +1089,19 @@ impl ProcessInstance {
 
 /// A complete backend: every concern above.
 pub trait Backend:
-    TaskStore + WorkQueue + ProcessStore + Tallies + Leases + Housekeeping + Breakers
+    TaskStore + WorkQueue + ProcessStore + Tallies + Endpoints + Leases + Housekeeping + Breakers
 {
 }
 
-impl<T: TaskStore + WorkQueue + ProcessStore + Tallies + Leases + Housekeeping + Breakers> Backend
-    for T
+impl<T> Backend for T where
+    T: TaskStore
+        + WorkQueue
+        + ProcessStore
+        + Tallies
+        + Endpoints
+        + Leases
+        + Housekeeping
+        + Breakers
 {
 }
 

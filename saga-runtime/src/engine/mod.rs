@@ -66,7 +66,7 @@ impl Drop for Owner {
 /// stop without waiting for them; [`shutdown`](Self::shutdown) waits.
 #[derive(Clone)]
 pub struct Engine {
-    rt: Arc<Runtime>,
+    pub(crate) rt: Arc<Runtime>,
     _owner: Arc<Owner>,
 }
 

@@ -27,6 +27,8 @@ pub struct Outgoing {
     pub message_type: String,
     /// The message as JSON.
     pub payload: Value,
+    /// Its `#[correlation_id]`, if it has one (for the envelope).
+    pub correlation_id: Option<String>,
 }
 
 /// A timeout a handler requested.
@@ -105,13 +107,18 @@ impl ProcessContext {
         }
     }
 
-    /// Sends `msg` to the endpoint `endpoint` (another service's queue),
-    /// when the handler returns `Ok`.
+    /// Sends `msg` to the endpoint `endpoint` (another service's queue,
+    /// see [`crate::endpoint`]), when the handler returns `Ok`. Endpoint
+    /// names use `A-Z a-z 0-9 - _ .`; another name fails the handler.
     pub fn send<M: Message>(&mut self, endpoint: &str, msg: M) {
         if let Some(payload) = self.encode(&msg) {
+            if let Err(e) = crate::endpoint::check_name(endpoint) {
+                self.error.get_or_insert(e);
+            }
             self.outgoing.push(Outgoing {
                 target: Target::Endpoint(endpoint.to_owned()),
                 message_type: M::TYPE.to_owned(),
+                correlation_id: msg.correlation_id(),
                 payload,
             });
         }
@@ -124,6 +131,7 @@ impl ProcessContext {
             self.outgoing.push(Outgoing {
                 target: Target::Publish,
                 message_type: M::TYPE.to_owned(),
+                correlation_id: msg.correlation_id(),
                 payload,
             });
         }

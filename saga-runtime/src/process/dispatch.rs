@@ -415,11 +415,7 @@ pub(crate) async fn dispatch(
             )))),
         };
         let result = result.unwrap_or_else(|panic| {
-            let text = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic payload".to_owned());
+            let text = crate::worker::panic_message(&*panic);
             Err(ProcessError::new(format!("handler panicked: {text}")))
         });
         let result = match (result, ctx.error.take()) {
@@ -514,13 +510,13 @@ pub(crate) async fn dispatch(
                         });
                     }
                     endpoints.push((
-                        "published".to_owned(),
-                        outgoing_payload(&message_id, process, &out.message_type, &out.payload),
+                        crate::endpoint::PUBLISHED.to_owned(),
+                        sent(message_id, process, &instance.id, out, env.now_ms),
                     ));
                 }
                 Target::Endpoint(name) => endpoints.push((
                     name.clone(),
-                    outgoing_payload(&message_id, process, &out.message_type, &out.payload),
+                    sent(message_id, process, &instance.id, out, env.now_ms),
                 )),
             }
         }
@@ -606,14 +602,26 @@ pub(crate) fn derived_id(parent: &str, instance: &str, n: &str) -> String {
     uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
 }
 
-fn outgoing_payload(message_id: &str, from: &str, message_type: &str, payload: &Value) -> String {
-    serde_json::json!({
-        "message_id": message_id,
-        "from": from,
-        "message_type": message_type,
-        "payload": payload,
-    })
-    .to_string()
+/// The envelope of a message a handler sends (see [`crate::endpoint`]).
+fn sent(
+    message_id: String,
+    from: &str,
+    instance: &str,
+    out: &super::Outgoing,
+    now_ms: u64,
+) -> String {
+    crate::endpoint::EndpointMessage {
+        v: crate::endpoint::ENVELOPE_VERSION,
+        message_id,
+        message_type: out.message_type.clone(),
+        from: from.to_owned(),
+        correlation_id: out.correlation_id.clone(),
+        headers: [("instance".to_owned(), instance.to_owned())].into(),
+        sent_at: now_ms,
+        payload: out.payload.clone(),
+        deliveries: 0,
+    }
+    .encode()
 }
 
 /// Asks `#[on_error]` and carries out its answer.

@@ -1532,6 +1532,113 @@ pub async fn tallies_count_each_item_once_and_complete_once(b: Arc<dyn Backend>)
     );
 }
 
+/// Endpoints: each group gets every message once (a new group from the
+/// oldest kept); a message its consumer leaves untouched goes to another,
+/// counted; a touch keeps it; settling acknowledges or dead-letters it;
+/// trimming removes what every group has settled, and nothing before.
+pub async fn endpoints_deliver_to_groups_claim_settle_and_trim(b: Arc<dyn Backend>) {
+    const IDLE: Duration = Duration::from_millis(150);
+    const NO_WAIT: Duration = Duration::from_millis(20);
+    let i = instance("e");
+    let mut c = write(&i, &[]);
+    c.endpoints = vec![
+        ("billing".into(), "env-1".into()),
+        ("billing".into(), "env-2".into()),
+    ];
+    b.process_commit("pm", c).await.unwrap();
+    let take = |group: &'static str, consumer: &'static str| {
+        let b = b.clone();
+        async move {
+            b.endpoint_receive("billing", group, consumer, IDLE, NO_WAIT)
+                .await
+                .unwrap()
+        }
+    };
+    let first = take("g1", "c1").await.unwrap();
+    assert_eq!((first.raw.as_str(), first.deliveries), ("env-1", 1));
+    let second = take("g1", "c1").await.unwrap();
+    assert_eq!((second.raw.as_str(), second.deliveries), ("env-2", 1));
+    assert_eq!(take("g1", "c1").await, None);
+    let other = take("g2", "c9").await.unwrap();
+    assert_eq!(
+        other.raw, "env-1",
+        "a new group starts at the oldest message"
+    );
+
+    b.endpoint_settle("billing", "g1", &first, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        b.endpoint_trim("billing").await.unwrap(),
+        0,
+        "g2 still holds env-1"
+    );
+
+    // c1 stops touching env-2: after the idle time another consumer takes it.
+    tokio::time::sleep(IDLE + Duration::from_millis(50)).await;
+    let claimed = take("g1", "c2").await.unwrap();
+    assert_eq!((claimed.raw.as_str(), claimed.deliveries), ("env-2", 2));
+    tokio::time::sleep(IDLE / 2).await;
+    b.endpoint_touch("billing", "g1", "c2", &claimed.id)
+        .await
+        .unwrap();
+    tokio::time::sleep(IDLE / 2 + Duration::from_millis(30)).await;
+    assert_eq!(take("g1", "c3").await, None, "a touched message stays");
+    b.endpoint_settle("billing", "g1", &claimed, Some("boom"))
+        .await
+        .unwrap();
+    let dead = b.endpoint_dead_letters("billing").await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].payload.as_str(), dead[0].reason.as_str()),
+        ("env-2", "boom")
+    );
+    assert_eq!(
+        take("g1", "c1").await,
+        None,
+        "settled messages are not delivered again"
+    );
+
+    b.endpoint_settle("billing", "g2", &other, None)
+        .await
+        .unwrap();
+    let rest = take("g2", "c9").await.unwrap();
+    b.endpoint_settle("billing", "g2", &rest, None)
+        .await
+        .unwrap();
+    assert_eq!(b.endpoint_trim("billing").await.unwrap(), 2);
+    assert!(b.endpoint_messages("billing").await.unwrap().is_empty());
+    assert_eq!(b.endpoint_trim("billing").await.unwrap(), 0);
+    assert_eq!(b.endpoint_trim("nobody-reads-this").await.unwrap(), 0);
+
+    let mut c = write(&i, &[]);
+    c.instance = None;
+    c.endpoints = vec![("billing".into(), "env-3".into())];
+    b.process_commit("pm", c).await.unwrap();
+    assert_eq!(take("g1", "c1").await.unwrap().raw, "env-3");
+    let third = take("g2", "c9").await.unwrap();
+    b.endpoint_settle("billing", "g2", &third, None)
+        .await
+        .unwrap();
+    // A read that waits is woken by the write it waits for.
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.endpoint_receive("billing", "g2", "c9", IDLE, Duration::from_secs(5))
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut c = write(&i, &[]);
+    c.instance = None;
+    c.endpoints = vec![("billing".into(), "env-4".into())];
+    let started = tokio::time::Instant::now();
+    b.process_commit("pm", c).await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap().raw, "env-4");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
 /// Generates one `#[tokio::test]` per conformance case, each on a fresh
 /// backend from `$factory`: an async fn returning
 /// `(Arc<dyn Backend>, Guard)`, where the guard lives as long as the case
@@ -1564,6 +1671,7 @@ macro_rules! backend_conformance {
             process_instances_versions_and_correlation_entries,
             process_tombstones_refuse_late_duplicates,
             tallies_count_each_item_once_and_complete_once,
+            endpoints_deliver_to_groups_claim_settle_and_trim,
             shared_breakers_open_probe_once_and_close,
             process_outbox_schedule_and_single_delivery_of_due_entries,
         );

@@ -257,7 +257,7 @@ async fn panicked(rt: &Arc<Runtime>, delivery: &Delivery, what: &str) {
 }
 
 /// The text of a panic's payload.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

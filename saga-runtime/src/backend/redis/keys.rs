@@ -194,6 +194,11 @@ impl Keys {
         format!("{}:endpoint:{name}", self.pm_tag())
     }
 
+    /// An endpoint's dead letters.
+    pub fn endpoint_dead(&self, name: &str) -> String {
+        format!("{}:endpoint:{name}:dead", self.pm_tag())
+    }
+
     pub fn lease(&self, name: &str) -> String {
         format!("{}:lease:{name}", self.pm_tag())
     }

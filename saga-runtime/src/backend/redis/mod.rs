@@ -37,6 +37,7 @@
 //! `housekeeping`, `finished` (end-of-task notifications).
 
 mod breakers;
+mod endpoint;
 mod entry;
 mod finished;
 mod housekeeping;

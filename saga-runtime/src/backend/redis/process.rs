@@ -272,13 +272,7 @@ impl ProcessStore for RedisBackend {
             .map_err(unavailable)?;
         Ok(super::entry::entries(&reply)
             .into_iter()
-            .map(|(_, fields)| {
-                super::entry::fields(fields)
-                    .iter()
-                    .find(|(k, _)| *k == b"payload")
-                    .map(|(_, v)| super::entry::text(v))
-                    .unwrap_or_default()
-            })
+            .map(|(_, fields)| super::endpoint::envelope(fields))
             .collect())
     }
 }

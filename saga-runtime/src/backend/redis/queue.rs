@@ -74,7 +74,7 @@ impl RedisBackend {
     /// The blocking-read connection of a consumer: its own, with a response
     /// timeout longer than the block time (the crate's default would cut a
     /// blocking read off).
-    async fn reader_conn(
+    pub(super) async fn reader_conn(
         &self,
         consumer: &str,
     ) -> Result<redis::aio::MultiplexedConnection, BackendError> {

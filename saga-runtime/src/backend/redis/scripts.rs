@@ -664,7 +664,7 @@ local a = 22
 for i = 1, nenq do redis.call('XADD', KEYS[3], '*', 'payload', ARGV[a + i]) end
 a = a + nenq
 for i = 1, nep do
-  redis.call('XADD', KEYS[5 + nadd + nrem + i], 'MAXLEN', '~', ARGV[18], '*', 'payload', ARGV[a + i])
+  redis.call('XADD', KEYS[5 + nadd + nrem + i], 'MAXLEN', '~', ARGV[18], '*', 'envelope', ARGV[a + i])
 end
 a = a + nep
 for i = 1, nsch do redis.call('ZADD', KEYS[4], ARGV[a + 2 * i - 1], ARGV[a + 2 * i]) end
@@ -829,4 +829,50 @@ if left > 0 and tonumber(ARGV[1]) > 0 then missing = redis.call('SRANDMEMBER', K
 local late = redis.call('HGET', KEYS[1], 'late') == '1'
 return {total, total - left, done and 1 or 0, late and 1 or 0, missing}",
     )
+});
+
+/// KEYS: endpoint stream. ARGV: group, consumer, claim idle ms. Takes a
+/// message for the consumer without blocking: one another consumer has
+/// left untouched for `claim idle` first, else a new one; creates the
+/// group (from the oldest message kept) if it does not exist. {id,
+/// fields, deliveries} or {}.
+pub static ENDPOINT_TAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', 1)
+if not ok then
+  local why = type(claimed) == 'table' and claimed.err or tostring(claimed)
+  if not string.find(why, 'NOGROUP') then return redis.error_reply(why) end
+  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+  claimed = {'0-0', {}}
+end
+local e = claimed[2][1]
+if e then
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
+  return {e[1], e[2], p[1][4]}
+end
+local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[1], '>')
+if r and r[1] and r[1][2][1] then
+  local n = r[1][2][1]
+  return {n[1], n[2], 1}
+end
+return {}",
+    )
+});
+
+/// KEYS: endpoint stream, its dead letters. ARGV: group, entry id, dead
+/// (1/0), payload, reason, size ('' = not cut), dead-letter cap.
+/// Acknowledges the entry, parking it first when dead.
+pub static ENDPOINT_SETTLE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+if ARGV[3] == '1' then
+  local fields = {{'payload', ARGV[4], 'reason', ARGV[5], 'at', now}}
+  if ARGV[6] ~= '' then table.insert(fields, 'size') table.insert(fields, ARGV[6]) end
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', unpack(fields))
+end
+local ok, n = pcall(redis.call, 'XACK', KEYS[1], ARGV[1], ARGV[2])
+if ok then return n end
+return 0"
+    ))
 });

@@ -1,0 +1,198 @@
+//! Endpoints: where process managers send messages for other services
+//! (`ctx.send("invoicing", msg)`), and how those services receive them.
+//!
+//! An endpoint is a stream of messages written in the same atomic save as
+//! the state of the instance that sent them (an outbox: nothing is sent by
+//! a handler whose save failed, nothing saved is left unsent). Everything
+//! published (`ctx.publish`) also goes to the endpoint `published`.
+//!
+//! # Receiving in Rust
+//!
+//! [`Engine::consumer`](crate::Engine::consumer) runs a handler per
+//! message, in a consumer group: each message goes to one consumer of the
+//! group; it is acknowledged when the handler returns `Ok`, retried with
+//! backoff on a transient error, and dead-lettered after its retries, on a
+//! permanent error, when it is not an envelope at all, or when it has been
+//! delivered more than the cap without being settled (a message whose
+//! handler kills its worker, or never returns). A message whose consumer
+//! died goes to another one after the visibility timeout. Consumed
+//! messages are trimmed from the stream once every group has them.
+//!
+//! # The envelope (version 1)
+//!
+//! On Redis an endpoint is the stream `<prefix>:{<prefix>:pm}:endpoint:<name>`
+//! (`saga:{saga:pm}:endpoint:invoicing` with the default prefix); each entry
+//! has one field, `envelope`, holding this JSON:
+//!
+//! ```json
+//! {
+//!   "v": 1,
+//!   "message_id": "0b5c6a9e-...",
+//!   "message_type": "SendInvoice",
+//!   "from": "fulfillment",
+//!   "correlation_id": "order-17",
+//!   "headers": { "instance": "order-17" },
+//!   "sent_at": 1764000000000,
+//!   "payload": { "order": "order-17", "amount": 250 }
+//! }
+//! ```
+//!
+//! - `message_id` is stable: a handler re-run after a conflict, or a
+//!   redelivered message, sends the same id. Consumers drop duplicates by
+//!   it (the library's own consumer does not do it for you: the handler's
+//!   side effects are yours).
+//! - `message_type` is the sender's `Message::TYPE`; `payload` the message
+//!   as JSON.
+//! - `correlation_id` is the message's `#[correlation_id]`, if it has one;
+//!   `headers.instance` the sending instance. Unknown fields may be added
+//!   in later versions of the same `v`: ignore what you do not know.
+//!
+//! Any Redis client can consume an endpoint with a consumer group:
+//!
+//! ```text
+//! XGROUP CREATE saga:{saga:pm}:endpoint:invoicing billing 0 MKSTREAM
+//! XREADGROUP GROUP billing worker-1 COUNT 10 BLOCK 5000 STREAMS saga:{saga:pm}:endpoint:invoicing >
+//! XACK saga:{saga:pm}:endpoint:invoicing billing <entry id>
+//! ```
+//!
+//! (and `XAUTOCLAIM` for the messages of consumers that died). The stream
+//! is capped (`RedisConfig::endpoint_max_len`): a consumer that falls that
+//! far behind loses the oldest messages.
+
+mod consumer;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use consumer::Consumer;
+
+use crate::error::StepError;
+use crate::process::Message;
+
+/// The version of the envelope this library writes.
+pub const ENVELOPE_VERSION: u32 = 1;
+
+/// The endpoint everything published also goes to.
+pub const PUBLISHED: &str = "published";
+
+/// A message sent to an endpoint: the documented envelope, plus how many
+/// times it has been delivered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointMessage {
+    /// The envelope's version.
+    #[serde(default = "version_one")]
+    pub v: u32,
+    /// Unique per message; duplicates of it share it.
+    pub message_id: String,
+    /// The sender's `Message::TYPE`.
+    pub message_type: String,
+    /// The process manager that sent it.
+    pub from: String,
+    /// The message's `#[correlation_id]`, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    /// `instance`: the sending instance.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// When it was sent, in ms since the epoch (0 if unknown).
+    #[serde(default)]
+    pub sent_at: u64,
+    /// The message as JSON.
+    pub payload: Value,
+    /// How many times it has been delivered to the group (1 the first
+    /// time). Not part of the envelope.
+    #[serde(skip)]
+    pub deliveries: u32,
+}
+
+fn version_one() -> u32 {
+    1
+}
+
+impl EndpointMessage {
+    /// Whether it is an `M`.
+    pub fn is<M: Message>(&self) -> bool {
+        self.message_type == M::TYPE
+    }
+
+    /// The payload as an `M`. Another type, or a payload that does not
+    /// deserialize as one, is a permanent error (it would never decode):
+    /// `?` in a handler dead-letters the message.
+    pub fn decode<M: Message>(&self) -> Result<M, StepError> {
+        if !self.is::<M>() {
+            return Err(StepError::permanent(format!(
+                "`{}` is not a `{}`",
+                self.message_type,
+                M::TYPE
+            )));
+        }
+        serde_json::from_value(self.payload.clone())
+            .map_err(|e| StepError::permanent(format!("`{}` does not deserialize: {e}", M::TYPE)))
+    }
+
+    /// The envelope as stored.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// An envelope as stored; `Err` with the reason if it is not one.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let message: EndpointMessage =
+            serde_json::from_str(raw).map_err(|e| format!("not an envelope: {e}"))?;
+        if message.v != ENVELOPE_VERSION {
+            return Err(format!(
+                "envelope version {} (this library reads {ENVELOPE_VERSION})",
+                message.v
+            ));
+        }
+        Ok(message)
+    }
+}
+
+/// The names endpoints may have: part of keys, like process-manager names.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    match ok {
+        true => Ok(()),
+        false => Err(format!(
+            "endpoint name `{name}` must be 1-200 characters of `A-Z a-z 0-9 - _ .`"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_envelope_parses_and_round_trips() {
+        let doc = r#"{
+          "v": 1,
+          "message_id": "0b5c6a9e",
+          "message_type": "SendInvoice",
+          "from": "fulfillment",
+          "correlation_id": "order-17",
+          "headers": { "instance": "order-17" },
+          "sent_at": 1764000000000,
+          "payload": { "order": "order-17", "amount": 250 },
+          "added_later": true
+        }"#;
+        let m = EndpointMessage::parse(doc).unwrap();
+        assert_eq!(m.message_type, "SendInvoice");
+        assert_eq!(m.headers["instance"], "order-17");
+        assert_eq!(m.payload["amount"], 250);
+        assert_eq!(EndpointMessage::parse(&m.encode()).unwrap(), m);
+        assert!(EndpointMessage::parse(
+            r#"{"v": 2, "message_id": "x", "message_type": "t", "from": "f", "payload": null}"#
+        )
+        .unwrap_err()
+        .contains("version 2"));
+        assert!(EndpointMessage::parse("garbage").is_err());
+    }
+}
