@@ -72,17 +72,8 @@ async fn engine(backend: Arc<dyn Backend>, workers: usize) -> Engine {
 /// would.
 async fn send_raw(backend: &dyn Backend, raw: &str) {
     let commit = ProcessCommit {
-        instance: None,
-        handling: None,
-        tombstone_ttl: Duration::ZERO,
-        delete: false,
-        add_keys: Vec::new(),
-        remove_keys: Vec::new(),
-        enqueue: Vec::new(),
         endpoints: vec![("invoicing".into(), raw.into())],
-        schedule: Vec::new(),
-        tallies: Vec::new(),
-        settle: Settle::Nothing,
+        ..ProcessCommit::new(None, Settle::Nothing)
     };
     backend.process_commit("shop", commit).await.unwrap();
 }

@@ -338,19 +338,7 @@ async fn a_load_refuses_a_record_that_belongs_to_another_process_manager() {
         created_at: Timestamp::now(),
         updated_at: Timestamp::now(),
     };
-    let commit = ProcessCommit {
-        instance: Some(&instance),
-        handling: None,
-        tombstone_ttl: Duration::from_secs(60),
-        delete: false,
-        add_keys: Vec::new(),
-        remove_keys: Vec::new(),
-        enqueue: Vec::new(),
-        endpoints: Vec::new(),
-        schedule: Vec::new(),
-        tallies: Vec::new(),
-        settle: Settle::Nothing,
-    };
+    let commit = ProcessCommit::new(Some(&instance), Settle::Nothing);
     backend.process_commit("acct", commit).await.unwrap();
 
     let own = backend.process_load("acct", "x:1").await.unwrap().unwrap();

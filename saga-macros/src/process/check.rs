@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use proc_macro2::Span;
 use syn::{Ident, Type};
 
-use super::model::{HandlerDef, ProcessDef};
+use super::model::{member_name, Correlation, HandlerDef, HandlerKind, ProcessDef};
 use crate::ctxt::Ctxt;
 use crate::types::{normalize, type_to_string};
 
@@ -21,6 +21,36 @@ pub fn check(cx: &Ctxt, pm: &ProcessDef) {
     check_one_handler_per_message(cx, pm);
     check_one_on_error(cx, pm);
     check_generic_params(cx, pm);
+    check_shared_fields_do_not_start(cx, pm);
+}
+
+/// A field `#[handles(many)]` shares among instances cannot find the one
+/// instance a starting message creates or continues.
+fn check_shared_fields_do_not_start(cx: &Ctxt, pm: &ProcessDef) {
+    for starts in &pm.handlers {
+        let (HandlerKind::Starts { .. }, Correlation::Field { state, .. }) =
+            (&starts.kind, &starts.correlation)
+        else {
+            continue;
+        };
+        let sharer = pm.handlers.iter().find(|h| {
+            h.shared_field()
+                .is_some_and(|f| member_name(f) == member_name(state))
+        });
+        if let Some(sharer) = sharer {
+            cx.error_spanned_by(
+                state,
+                format!(
+                    "`state.{field}` is shared by many instances (`#[handles(many)]` on `{}`), \
+                     so a starting message could not tell which one to continue: correlate \
+                     `{}` by the message's `#[correlation_id]` or by another field",
+                    sharer.ident,
+                    starts.ident,
+                    field = member_name(state),
+                ),
+            );
+        }
+    }
 }
 
 fn check_has_starts(cx: &Ctxt, pm: &ProcessDef) {

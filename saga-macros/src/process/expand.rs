@@ -368,7 +368,7 @@ fn handler_definition(rt: &TokenStream, handler: &HandlerDef) -> TokenStream {
     let ops = message_ops(rt, &message_of(rt, handler));
     let kind = match handler.kind {
         HandlerKind::Starts { strict } => quote!(Starts { strict: #strict }),
-        HandlerKind::Handles { strict } => quote!(Handles { strict: #strict }),
+        HandlerKind::Handles { strict, many } => quote!(Handles { strict: #strict, many: #many }),
         HandlerKind::Timeout => quote!(Timeout),
     };
     let correlation = match &handler.correlation {

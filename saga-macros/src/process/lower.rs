@@ -56,7 +56,7 @@ fn build_process(cx: &Ctxt, parsed: ParsedProcess) -> Result<ProcessDef, TokenSt
                 } = *handler;
                 let kind = match kind {
                     Kind::Starts { strict } => HandlerKind::Starts { strict },
-                    Kind::Handles { strict } => HandlerKind::Handles { strict },
+                    Kind::Handles { strict, many } => HandlerKind::Handles { strict, many },
                     Kind::Timeout => HandlerKind::Timeout,
                 };
                 let correlation = match (kind, correlate) {

@@ -145,7 +145,10 @@ mod tests {
             assert!(bare.is_empty(), "bare {bare:?} in {item:?}");
         }
         assert!(text.contains("state_field : \"order_number\""), "{text}");
-        assert!(text.contains("Handles { strict : true }"), "{text}");
+        assert!(
+            text.contains("Handles { strict : true , many : false }"),
+            "{text}"
+        );
         assert!(text.contains("fn on_error"), "{text}");
     }
 

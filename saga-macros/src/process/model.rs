@@ -45,8 +45,14 @@ pub struct HandlerDef {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum HandlerKind {
-    Starts { strict: bool },
-    Handles { strict: bool },
+    Starts {
+        strict: bool,
+    },
+    /// `many`: the message reaches every instance holding its value.
+    Handles {
+        strict: bool,
+        many: bool,
+    },
     Timeout,
 }
 
@@ -91,6 +97,19 @@ impl ProcessDef {
             }
         }
         keys
+    }
+}
+
+impl HandlerDef {
+    /// The state field this handler shares among instances
+    /// (`#[handles(many)]` with `#[correlate]`).
+    pub fn shared_field(&self) -> Option<&Member> {
+        match (&self.kind, &self.correlation) {
+            (HandlerKind::Handles { many: true, .. }, Correlation::Field { state, .. }) => {
+                Some(state)
+            }
+            _ => None,
+        }
     }
 }
 

@@ -95,7 +95,7 @@ pub enum Role {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Starts { strict: bool },
-    Handles { strict: bool },
+    Handles { strict: bool, many: bool },
     Timeout,
 }
 
@@ -442,8 +442,34 @@ fn parse_method(
     }
 
     let kind = match role_name {
-        "starts" => parse_strict(cx, &role_attr).map(|strict| Kind::Starts { strict }),
-        "handles" => parse_strict(cx, &role_attr).map(|strict| Kind::Handles { strict }),
+        "starts" => parse_flags(cx, &role_attr).map(|flags| {
+            if let Some(many) = &flags.many {
+                cx.error_spanned_by(
+                    many,
+                    "`many` goes on `#[handles]`: a starting message creates or continues one \
+                     instance; remove it, or handle this message with `#[handles(many)]`",
+                );
+            }
+            Kind::Starts {
+                strict: flags.strict,
+            }
+        }),
+        "handles" => parse_flags(cx, &role_attr).map(|flags| {
+            if let (Some(many), None) = (&flags.many, &helpers.correlate) {
+                cx.error_spanned_by(
+                    many,
+                    format!(
+                        "`many` needs `#[correlate(state.<field> = msg.<field>)]` on `{ident}`: \
+                         by its `#[correlation_id]` a message finds one instance (the id is \
+                         unique), so there is never more than one to reach"
+                    ),
+                );
+            }
+            Kind::Handles {
+                strict: flags.strict,
+                many: flags.many.is_some(),
+            }
+        }),
         _ => {
             no_arguments(
                 cx,
@@ -479,7 +505,10 @@ fn parse_method(
             // other rules (no "has no #[starts] handler" on top).
             kind: kind.unwrap_or(match role_name {
                 "starts" => Kind::Starts { strict: false },
-                _ => Kind::Handles { strict: false },
+                _ => Kind::Handles {
+                    strict: false,
+                    many: false,
+                },
             }),
             message: sig.message,
             state: sig.state,
@@ -514,11 +543,19 @@ fn no_arguments(cx: &Ctxt, attr: &Attribute, message: &str) {
     }
 }
 
-/// `#[starts]` / `#[starts(strict)]` / `#[starts(strict = true)]`.
-fn parse_strict(cx: &Ctxt, attr: &Attribute) -> Option<bool> {
+/// The flags of `#[starts(..)]` and `#[handles(..)]`.
+#[derive(Default)]
+struct Flags {
+    strict: bool,
+    /// The `many` token, where given.
+    many: Option<syn::Path>,
+}
+
+/// `#[handles]` / `#[handles(strict)]` / `#[handles(strict = true, many)]`.
+fn parse_flags(cx: &Ctxt, attr: &Attribute) -> Option<Flags> {
     let name = helper_name(attr).unwrap_or_default();
     let list = match &attr.meta {
-        Meta::Path(_) => return Some(false),
+        Meta::Path(_) => return Some(Flags::default()),
         Meta::List(list) => list,
         Meta::NameValue(_) => {
             cx.error_spanned_by(attr, format!("write `#[{name}]` or `#[{name}(strict)]`"));
@@ -533,27 +570,31 @@ fn parse_strict(cx: &Ctxt, attr: &Attribute) -> Option<bool> {
         }
     };
     let errors_before = cx.error_count();
-    let keys = key_values(cx, name, &["strict"], &["strict"], items);
+    let keys = key_values(cx, name, &["strict", "many"], &["strict", "many"], items);
     if cx.error_count() > errors_before {
         return None;
     }
-    match keys.get("strict") {
-        None => Some(false),
-        Some(Meta::Path(_)) => Some(true),
+    let flag = |key: &str| match keys.get(key) {
+        None => Some(None),
+        Some(meta @ Meta::Path(_)) => Some(Some(meta.path().clone())),
         Some(Meta::NameValue(nv)) => match &nv.value {
             Expr::Lit(syn::ExprLit {
                 lit: Lit::Bool(b), ..
-            }) => Some(b.value),
+            }) => Some(b.value.then(|| nv.path.clone())),
             other => {
                 cx.error_spanned_by(
                     other,
-                    "`strict` is a flag: write `strict`, `strict = true` or `strict = false`",
+                    format!("`{key}` is a flag: write `{key}`, `{key} = true` or `{key} = false`"),
                 );
                 None
             }
         },
         Some(Meta::List(_)) => None,
-    }
+    };
+    Some(Flags {
+        strict: flag("strict")?.is_some(),
+        many: flag("many")?,
+    })
 }
 
 // ---------------------------------------------------------------------------

@@ -66,6 +66,8 @@ struct State {
     next_id: u64,
     instances: HashMap<(String, String), ProcessInstance>,
     index: HashMap<(String, String, String), String>,
+    /// Shared correlation entries: `(process, field, value) -> instances`.
+    shared: HashMap<(String, String, String), HashSet<String>>,
     scheduled: Vec<(u64, Envelope)>,
     endpoints: HashMap<String, MemEndpoint>,
     leases: HashMap<String, (String, Instant)>,
@@ -858,6 +860,23 @@ impl ProcessStore for MemoryBackend {
             .cloned())
     }
 
+    async fn process_find_shared(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Vec<String>, BackendError> {
+        let key = (process.to_owned(), field.to_owned(), value.to_owned());
+        let mut ids: Vec<String> = self
+            .state()
+            .shared
+            .get(&key)
+            .map(|ids| ids.iter().cloned().collect())
+            .unwrap_or_default();
+        ids.sort();
+        Ok(ids)
+    }
+
     async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
         let state = self.state();
         let mut list: Vec<_> = state
@@ -958,12 +977,34 @@ impl ProcessStore for MemoryBackend {
                     state
                         .index
                         .retain(|(p, _, _), owner| !(p == process && *owner == id));
+                    state.shared.retain(|(p, _, _), ids| {
+                        if p == process {
+                            ids.remove(&id);
+                        }
+                        !ids.is_empty()
+                    });
                 } else {
                     for (field, value) in &commit.add_keys {
                         state.index.insert(
                             (process.to_owned(), field.clone(), value.clone()),
                             instance.id.clone(),
                         );
+                    }
+                    for (field, value) in &commit.add_shared {
+                        state
+                            .shared
+                            .entry((process.to_owned(), field.clone(), value.clone()))
+                            .or_default()
+                            .insert(instance.id.clone());
+                    }
+                    for (field, value) in &commit.remove_shared {
+                        let k = (process.to_owned(), field.clone(), value.clone());
+                        if let Some(ids) = state.shared.get_mut(&k) {
+                            ids.remove(&instance.id);
+                            if ids.is_empty() {
+                                state.shared.remove(&k);
+                            }
+                        }
                     }
                     let mut stored = instance.clone();
                     stored.version += 1;

@@ -503,6 +503,11 @@ pub struct ProcessCommit<'a> {
     pub add_keys: Vec<(String, String)>,
     /// Correlation entries to release.
     pub remove_keys: Vec<(String, String)>,
+    /// Shared correlation entries (fields `#[handles(many)]` correlates
+    /// by: a set of instances per value) to join...
+    pub add_shared: Vec<(String, String)>,
+    /// ... and to leave.
+    pub remove_shared: Vec<(String, String)>,
     /// Process-manager envelopes to enqueue.
     pub enqueue: Vec<Envelope>,
     /// Messages for endpoints: `(endpoint, payload)`.
@@ -514,6 +519,28 @@ pub struct ProcessCommit<'a> {
     pub tallies: Vec<TallyOpen>,
     /// What to do with the message being handled.
     pub settle: Settle<'a>,
+}
+
+impl<'a> ProcessCommit<'a> {
+    /// A write of `instance` (or of nothing but effects, with `None`) that
+    /// settles the message as `settle`, with nothing else: fill in the rest.
+    pub fn new(instance: Option<&'a ProcessInstance>, settle: Settle<'a>) -> Self {
+        ProcessCommit {
+            instance,
+            handling: None,
+            tombstone_ttl: Duration::ZERO,
+            delete: false,
+            add_keys: Vec::new(),
+            remove_keys: Vec::new(),
+            add_shared: Vec::new(),
+            remove_shared: Vec::new(),
+            enqueue: Vec::new(),
+            endpoints: Vec::new(),
+            schedule: Vec::new(),
+            tallies: Vec::new(),
+            settle,
+        }
+    }
 }
 
 /// A tally to create with a [`ProcessCommit`].
@@ -889,6 +916,15 @@ pub trait ProcessStore: Send + Sync + 'static {
         field: &str,
         value: &str,
     ) -> Result<Option<ProcessInstance>, BackendError>;
+
+    /// The ids of the instances that share the value `value` of the state
+    /// field `field` (one `#[handles(many)]` correlates by).
+    async fn process_find_shared(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Vec<String>, BackendError>;
 
     /// Every instance of a process manager (for operators and tests).
     async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError>;

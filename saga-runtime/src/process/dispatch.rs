@@ -61,6 +61,12 @@ pub enum Dispatched {
         /// The error.
         error: String,
     },
+    /// A `#[handles(many)]` message was handed to each of the instances
+    /// sharing its value (each copy then has its own outcome).
+    FannedOut {
+        /// How many.
+        instances: usize,
+    },
     /// The message cannot be handled at all (malformed payload, no
     /// correlation id): parked on the dead-letter queue.
     DeadLettered {
@@ -111,19 +117,7 @@ impl DispatchEnv<'_> {
 }
 
 fn commit<'a>(instance: Option<&'a ProcessInstance>, settle: Settle<'a>) -> ProcessCommit<'a> {
-    ProcessCommit {
-        instance,
-        handling: None,
-        tombstone_ttl: std::time::Duration::ZERO,
-        delete: false,
-        add_keys: Vec::new(),
-        remove_keys: Vec::new(),
-        enqueue: Vec::new(),
-        endpoints: Vec::new(),
-        schedule: Vec::new(),
-        tallies: Vec::new(),
-        settle,
-    }
+    ProcessCommit::new(instance, settle)
 }
 
 /// The status a due tally report carries, read now; `Err(reason)` when
@@ -261,6 +255,44 @@ pub(crate) async fn dispatch(
                     Err(e) => return dead_letter(e.to_string()).await,
                 };
                 let found = match handler.correlation {
+                    Correlation::Field { state_field, .. } if def.is_shared(state_field) => {
+                        let many = matches!(handler.kind, HandlerKind::Handles { many: true, .. });
+                        let ids = match (many, envelope.instance_id.as_deref()) {
+                            // One instance's copy of a fanned-out message.
+                            (true, Some(id)) => vec![id.to_owned()],
+                            _ => {
+                                env.backend
+                                    .process_find_shared(process, state_field, &key)
+                                    .await?
+                            }
+                        };
+                        match ids.as_slice() {
+                            [] => None,
+                            [id] => match loaded_by(id, None) {
+                                Some(found) => found,
+                                None => env.backend.process_load(process, id).await?,
+                            },
+                            _ if many => return fan_out(process, env, envelope, ids).await,
+                            _ => {
+                                let error = format!(
+                                    "`{}` matched {} instances of `{process}` by `{state_field}` = \
+                                     `{key}`, and one cannot be picked: mark its handler \
+                                     `#[handles(many)]` to deliver it to each",
+                                    envelope.message_type,
+                                    ids.len()
+                                );
+                                return fail(
+                                    pm,
+                                    env,
+                                    envelope,
+                                    None,
+                                    FailureKind::Ambiguous,
+                                    error,
+                                )
+                                .await;
+                            }
+                        }
+                    }
                     Correlation::Field { state_field, .. } => {
                         match loaded_by(&key, Some(state_field)) {
                             Some(found) => found,
@@ -302,7 +334,7 @@ pub(crate) async fn dispatch(
                     reason: format!("instance `{key}` does not exist"),
                 });
             }
-            (None, HandlerKind::Handles { strict: false }) => {
+            (None, HandlerKind::Handles { strict: false, .. }) => {
                 tracing::warn!(
                     process, message_type = %envelope.message_type, correlation = %key,
                     "continuing message matched no instance"
@@ -319,7 +351,7 @@ pub(crate) async fn dispatch(
                 env.settle_only(process, settle).await?;
                 return Ok(Dispatched::Unmatched { key });
             }
-            (None, HandlerKind::Handles { strict: true }) => {
+            (None, HandlerKind::Handles { strict: true, .. }) => {
                 let error =
                     format!("no instance of `{process}` for `{key}` (`#[handles(strict)]`)");
                 return fail(pm, env, envelope, None, FailureKind::NotStarted, error).await;
@@ -479,6 +511,13 @@ pub(crate) async fn dispatch(
                     .collect(),
             )
         };
+        // Entries of shared fields join and leave sets of instances.
+        let shared = |keys: Vec<(String, String)>| -> (Vec<_>, Vec<_>) {
+            keys.into_iter()
+                .partition(|(field, _)| def.is_shared(field))
+        };
+        let (add_shared, add_keys) = shared(add_keys);
+        let (remove_shared, remove_keys) = shared(remove_keys);
         instance.keys = desired;
         if ctx.complete {
             instance.status = InstanceStatus::Completed;
@@ -549,6 +588,8 @@ pub(crate) async fn dispatch(
             delete,
             add_keys,
             remove_keys,
+            add_shared,
+            remove_shared,
             enqueue,
             endpoints,
             schedule,
@@ -586,6 +627,31 @@ pub(crate) async fn dispatch(
     Err(BackendError::unavailable(format!(
         "process `{process}`: still conflicting after {CONFLICT_RETRIES} attempts; the message will be redelivered"
     )))
+}
+
+/// Hands a `#[handles(many)]` message to each instance sharing its value:
+/// one copy per instance, addressed to it, enqueued with the
+/// acknowledgement of the original. Each copy is then handled like any
+/// message of one instance (its own save, duplicate detection and errors).
+async fn fan_out(
+    process: &str,
+    env: &DispatchEnv<'_>,
+    envelope: &Envelope,
+    ids: Vec<String>,
+) -> Result<Dispatched, BackendError> {
+    let instances = ids.len();
+    let mut write = commit(None, env.ack());
+    write.enqueue = ids
+        .into_iter()
+        .map(|id| Envelope {
+            instance_id: Some(id.clone()),
+            key: Some(id),
+            key_field: None,
+            ..envelope.clone()
+        })
+        .collect();
+    env.backend.process_commit(process, write).await?;
+    Ok(Dispatched::FannedOut { instances })
 }
 
 /// When something `delay` from `now_ms` is due, saturating rather than

@@ -61,6 +61,10 @@ pub enum FailureKind {
     AlreadyStarted,
     /// `#[handles(strict)]` found no instance.
     NotStarted,
+    /// The message's correlation value is shared by several instances and
+    /// its handler is not `#[handles(many)]`: which one is meant cannot be
+    /// told.
+    Ambiguous,
 }
 
 /// What `#[on_error]` receives.

@@ -20,6 +20,9 @@ pub struct ProcessMetrics {
     pub failed: AtomicU64,
     /// Messages dead-lettered.
     pub dead_lettered: AtomicU64,
+    /// Messages handed to each of the instances sharing their value
+    /// (`#[handles(many)]`).
+    pub fanned_out: AtomicU64,
 }
 
 impl ProcessMetrics {
@@ -31,6 +34,7 @@ impl ProcessMetrics {
             Dispatched::Unmatched { .. } => &self.unmatched,
             Dispatched::Failed { .. } => &self.failed,
             Dispatched::DeadLettered { .. } => &self.dead_lettered,
+            Dispatched::FannedOut { .. } => &self.fanned_out,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

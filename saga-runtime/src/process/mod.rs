@@ -86,6 +86,9 @@ pub enum HandlerKind {
     Handles {
         /// `#[handles(strict)]`.
         strict: bool,
+        /// `#[handles(many)]`: the message reaches every instance whose
+        /// correlated field holds its value, each on its own.
+        many: bool,
     },
     /// `#[timeout]`: delivered to the instance that requested it; ignored if
     /// the instance is complete or gone.
@@ -162,6 +165,16 @@ impl ProcessDefinition {
         self.handlers
             .iter()
             .find(|h| h.message_type == message_type)
+    }
+
+    /// Whether instances share values of the state field `field` (a
+    /// `#[handles(many)]` handler correlates by it): its index is a set of
+    /// instances per value, not one owner.
+    pub fn is_shared(&self, field: &str) -> bool {
+        self.handlers.iter().any(|h| {
+            matches!(h.kind, HandlerKind::Handles { many: true, .. })
+                && matches!(h.correlation, Correlation::Field { state_field, .. } if state_field == field)
+        })
     }
 }
 
@@ -306,6 +319,10 @@ pub(crate) fn routing_key(
     match handler.correlation {
         Correlation::Instance => (None, None),
         Correlation::Id => (key(), None),
+        // A shared field has no single owner to load with the message.
+        Correlation::Field { state_field, .. } if pm.definition().is_shared(state_field) => {
+            (None, None)
+        }
         Correlation::Field { state_field, .. } => match key() {
             Some(key) => (Some(key), Some(state_field.to_owned())),
             None => (None, None),

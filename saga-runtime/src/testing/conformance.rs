@@ -1112,20 +1112,12 @@ fn instance(id: &str) -> ProcessInstance {
 
 fn write<'a>(i: &'a ProcessInstance, add: &[(&str, &str)]) -> ProcessCommit<'a> {
     ProcessCommit {
-        instance: Some(i),
-        handling: None,
         tombstone_ttl: Duration::from_secs(3600),
-        delete: false,
         add_keys: add
             .iter()
             .map(|(f, v)| (f.to_string(), v.to_string()))
             .collect(),
-        remove_keys: Vec::new(),
-        enqueue: Vec::new(),
-        endpoints: Vec::new(),
-        schedule: Vec::new(),
-        tallies: Vec::new(),
-        settle: Settle::Nothing,
+        ..ProcessCommit::new(Some(i), Settle::Nothing)
     }
 }
 

@@ -155,6 +155,12 @@ impl Keys {
         format!("{}:idx:{process}:{field}:{value}", self.pm_tag())
     }
 
+    /// The instances sharing a value of a field `#[handles(many)]`
+    /// correlates by (a set of ids).
+    pub fn shared_correlation(&self, process: &str, field: &str, value: &str) -> String {
+        format!("{}:idxs:{process}:{field}:{value}", self.pm_tag())
+    }
+
     /// The message ids a deleted instance handled (a set that expires).
     pub fn tombstone(&self, process: &str, id: &str) -> String {
         format!("{}:tomb:{process}:{id}", self.pm_tag())

@@ -74,6 +74,21 @@ impl ProcessStore for RedisBackend {
         }
     }
 
+    async fn process_find_shared(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Vec<String>, BackendError> {
+        let mut ids: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.keys().shared_correlation(process, field, value))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        ids.sort();
+        Ok(ids)
+    }
+
     async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
         let mut conn = self.conn();
         let ids: Vec<String> = redis::cmd("SMEMBERS")
@@ -155,8 +170,9 @@ impl ProcessStore for RedisBackend {
                 .key(k.tally(&open.tally, ":pending"))
                 .key(k.tally(&open.tally, ":checked"));
         }
-        if !commit.tallies.is_empty() {
-            invocation.key(k.open_tallies());
+        invocation.key(k.open_tallies());
+        for (field, value) in commit.add_shared.iter().chain(&commit.remove_shared) {
+            invocation.key(k.shared_correlation(process, field, value));
         }
         let handled = match (commit.delete, commit.instance) {
             (true, Some(i)) => serde_json::to_string(&i.handled()).map_err(corrupt)?,
@@ -184,7 +200,9 @@ impl ProcessStore for RedisBackend {
             .arg(commit.handling.unwrap_or_default())
             .arg(super::ms(commit.tombstone_ttl))
             .arg(handled)
-            .arg(commit.tallies.len());
+            .arg(commit.tallies.len())
+            .arg(commit.add_shared.len())
+            .arg(commit.remove_shared.len());
         for envelope in &commit.enqueue {
             invocation.arg(WorkItem::Process(envelope.clone()).encode());
         }

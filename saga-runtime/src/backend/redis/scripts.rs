@@ -607,10 +607,12 @@ return n",
 /// endpoint payloads, and (due, payload) pairs. After the endpoint streams,
 /// KEYS go on with the instance's tombstone and those of the `n_add` and
 /// `n_rem` correlation entries, then each tally's hash, pending and
-/// checked sets, then the open tallies (a sorted set, by expiry).
-/// ARGV 22 is the number of tallies; after the schedule pairs, each tally
-/// has: its item count n, keep ms, completion, late completion, n items,
-/// its member of the open tallies.
+/// checked sets, then the open tallies (a sorted set, by expiry), then the
+/// shared correlation entries (sets of instance ids) to join and to leave.
+/// ARGV 22 is the number of tallies, 23 and 24 the numbers of shared
+/// entries to join and leave; after the schedule pairs, each tally has:
+/// its item count n, keep ms, completion, late completion, n items, its
+/// member of the open tallies.
 /// Returns {new version} or {-2, stored version} / {-4, owner} on conflict,
 /// {-5} when a tombstone remembers the message handled, {-6, i} when tally
 /// i exists already.
@@ -621,6 +623,7 @@ local nadd, nrem, nep = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local nenq, nsch = tonumber(ARGV[9]), tonumber(ARGV[10])
 local tomb = 5 + nadd + nrem + nep + 1
 local ntally, tk = tonumber(ARGV[22]), tomb + nadd + nrem
+local sh, nsadd, nsrem = tk + 3 * ntally + 1, tonumber(ARGV[23]), tonumber(ARGV[24])
 for t = 1, ntally do
   if redis.call('EXISTS', KEYS[tk + 3 * t - 2]) == 1 then return {{-6, t}} end
 end
@@ -641,6 +644,8 @@ if ARGV[1] == '1' then
     local k = KEYS[5 + nadd + i]
     if redis.call('GET', k) == ARGV[4] then redis.call('DEL', k) end
   end
+  for i = 1, nsadd do redis.call('SADD', KEYS[sh + i], ARGV[4]) end
+  for i = 1, nsrem do redis.call('SREM', KEYS[sh + nsadd + i], ARGV[4]) end
   if ARGV[5] == '1' then
     redis.call('DEL', KEYS[1])
     redis.call('SREM', KEYS[2], ARGV[4])
@@ -660,7 +665,7 @@ if ARGV[1] == '1' then
     redis.call('SADD', KEYS[2], ARGV[4])
   end
 end
-local a = 22
+local a = 24
 for i = 1, nenq do redis.call('XADD', KEYS[3], '*', 'payload', ARGV[a + i]) end
 a = a + nenq
 for i = 1, nep do
@@ -685,7 +690,7 @@ for t = 1, ntally do
     redis.call('XADD', KEYS[3], '*', 'payload', ARGV[a + 3])
   else
     redis.call('PEXPIRE', pend, keep)
-    redis.call('ZADD', KEYS[tk + 3 * ntally + 1], now + tonumber(keep), ARGV[first + n])
+    redis.call('ZADD', KEYS[sh], now + tonumber(keep), ARGV[first + n])
   end
   a = first + n
 end
