@@ -116,7 +116,7 @@ fn main() {
     assert_eq!(submitted.kind, HandlerKind::Starts { strict: false });
     assert_eq!(submitted.correlation, Correlation::Id);
     let reserved = def.handler("InventoryReserved").unwrap();
-    assert_eq!(reserved.kind, HandlerKind::Handles { strict: false });
+    assert_eq!(reserved.kind, HandlerKind::Handles { strict: false, many: false });
     assert_eq!(
         reserved.correlation,
         Correlation::Field {

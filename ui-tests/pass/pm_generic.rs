@@ -124,7 +124,7 @@ fn main() {
         }
     );
     let deposited = def.handler("Deposited").unwrap();
-    assert_eq!(deposited.kind, HandlerKind::Handles { strict: true });
+    assert_eq!(deposited.kind, HandlerKind::Handles { strict: true, many: false });
     assert_eq!(def.handler("Audit").unwrap().kind, HandlerKind::Timeout);
 
     let msg = serde_json::json!([42, "ACC-1"]);

@@ -442,19 +442,10 @@ fn parse_method(
     }
 
     let kind = match role_name {
-        "starts" => parse_flags(cx, &role_attr).map(|flags| {
-            if let Some(many) = &flags.many {
-                cx.error_spanned_by(
-                    many,
-                    "`many` goes on `#[handles]`: a starting message creates or continues one \
-                     instance; remove it, or handle this message with `#[handles(many)]`",
-                );
-            }
-            Kind::Starts {
-                strict: flags.strict,
-            }
+        "starts" => parse_flags(cx, &role_attr, false).map(|flags| Kind::Starts {
+            strict: flags.strict,
         }),
-        "handles" => parse_flags(cx, &role_attr).map(|flags| {
+        "handles" => parse_flags(cx, &role_attr, true).map(|flags| {
             if let (Some(many), None) = (&flags.many, &helpers.correlate) {
                 cx.error_spanned_by(
                     many,
@@ -551,8 +542,9 @@ struct Flags {
     many: Option<syn::Path>,
 }
 
-/// `#[handles]` / `#[handles(strict)]` / `#[handles(strict = true, many)]`.
-fn parse_flags(cx: &Ctxt, attr: &Attribute) -> Option<Flags> {
+/// `#[handles]` / `#[handles(strict)]` / `#[handles(strict = true, many)]`;
+/// `#[starts]` takes `strict` only.
+fn parse_flags(cx: &Ctxt, attr: &Attribute, many_allowed: bool) -> Option<Flags> {
     let name = helper_name(attr).unwrap_or_default();
     let list = match &attr.meta {
         Meta::Path(_) => return Some(Flags::default()),
@@ -570,7 +562,24 @@ fn parse_flags(cx: &Ctxt, attr: &Attribute) -> Option<Flags> {
         }
     };
     let errors_before = cx.error_count();
-    let keys = key_values(cx, name, &["strict", "many"], &["strict", "many"], items);
+    let is_many =
+        |item: &NestedMeta| matches!(item, NestedMeta::Meta(m) if m.path().is_ident("many"));
+    let (many, items): (Vec<_>, Vec<_>) = items
+        .into_iter()
+        .partition(|item| !many_allowed && is_many(item));
+    for item in many {
+        cx.error_spanned_by(
+            item,
+            "`many` goes on `#[handles]`: a starting message creates or continues one \
+             instance; remove it, or handle this message with `#[handles(many)]`",
+        );
+    }
+    let known: &[&str] = if many_allowed {
+        &["strict", "many"]
+    } else {
+        &["strict"]
+    };
+    let keys = key_values(cx, name, known, known, items);
     if cx.error_count() > errors_before {
         return None;
     }

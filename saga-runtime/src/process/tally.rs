@@ -110,19 +110,29 @@ impl TallyStatus {
     }
 }
 
-macro_rules! instance_message {
-    ($ty:ident, $name:literal) => {
-        impl Message for $ty {
-            const TYPE: &'static str = $name;
-            fn correlation_id(&self) -> Option<String> {
-                Some(self.instance.clone())
-            }
-        }
-        impl HasCorrelationId for $ty {}
-    };
+// Library messages, correlated by the instance id. Not offered as
+// examples when a user's type is not a message (`do_not_recommend`).
+#[diagnostic::do_not_recommend]
+impl Message for TallyCompleted {
+    const TYPE: &'static str = "saga.TallyCompleted";
+    fn correlation_id(&self) -> Option<String> {
+        Some(self.instance.clone())
+    }
 }
-instance_message!(TallyCompleted, "saga.TallyCompleted");
-instance_message!(TallyStatus, "saga.TallyStatus");
+
+#[diagnostic::do_not_recommend]
+impl HasCorrelationId for TallyCompleted {}
+
+#[diagnostic::do_not_recommend]
+impl Message for TallyStatus {
+    const TYPE: &'static str = "saga.TallyStatus";
+    fn correlation_id(&self) -> Option<String> {
+        Some(self.instance.clone())
+    }
+}
+
+#[diagnostic::do_not_recommend]
+impl HasCorrelationId for TallyStatus {}
 
 /// What checking an item did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
