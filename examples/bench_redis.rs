@@ -302,9 +302,35 @@ impl Hot {
     }
 }
 
+/// The same instance counter, with `concurrency = pessimistic`.
+struct HotLocked {
+    done: Arc<AtomicU64>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, saga_runtime::Message)]
+struct LockedTick {
+    #[correlation_id]
+    id: String,
+}
+
+#[process_manager(name = "hot-locked", state = Ticks, concurrency = pessimistic)]
+impl HotLocked {
+    #[starts]
+    async fn tick(
+        &self,
+        _t: LockedTick,
+        s: &mut Ticks,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.n += 1;
+        self.done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 /// Enqueues `messages` for one instance, then runs `workers` workers until
 /// the instance has counted them all. Returns messages per second.
-async fn run_process(url: &str, messages: u64, workers: usize, id: &str) -> f64 {
+async fn run_process(url: &str, messages: u64, workers: usize, id: &str, locked: bool) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
     let build = |workers| {
         let done = done.clone();
@@ -315,7 +341,8 @@ async fn run_process(url: &str, messages: u64, workers: usize, id: &str) -> f64 
             };
             Engine::builder()
                 .backend(RedisBackend::connect_with(url, config).await.unwrap())
-                .process_manager(Hot { done })
+                .process_manager(Hot { done: done.clone() })
+                .process_manager(HotLocked { done })
                 .workers(workers)
                 .build()
                 .await
@@ -324,16 +351,21 @@ async fn run_process(url: &str, messages: u64, workers: usize, id: &str) -> f64 
     };
     let client = build(0).await;
     for _ in 0..messages {
-        client.publish(Tick { id: id.to_owned() }).await.unwrap();
+        match locked {
+            true => client.publish(LockedTick { id: id.to_owned() }).await,
+            false => client.publish(Tick { id: id.to_owned() }).await,
+        }
+        .unwrap();
     }
     let started = Instant::now();
     let pool = build(workers).await;
     loop {
-        let n = client
-            .process_state::<Hot>(id)
-            .await
-            .unwrap()
-            .map_or(0, |s| s.n);
+        let n = match locked {
+            true => client.process_state::<HotLocked>(id).await,
+            false => client.process_state::<Hot>(id).await,
+        }
+        .unwrap()
+        .map_or(0, |s| s.n);
         if n >= messages {
             break;
         }
@@ -441,6 +473,32 @@ fn run_peer(peer: &str, port: u16, tasks: u64) {
     }
 }
 
+/// One instance receiving `messages` at once, with 1 and 4 workers, in
+/// both concurrency modes; and the ratios the issue tracks.
+async fn hot_instance(url: &str, messages: u64) {
+    let mut rates = Vec::new();
+    for locked in [false, true] {
+        for workers in [1usize, 4] {
+            let mode = if locked { "pessimistic" } else { "optimistic" };
+            let id = format!("hot-{mode}-{workers}");
+            let rate = run_process(url, messages, workers, &id, locked).await;
+            println!(
+                "process manager, one instance, {mode}, {workers} worker(s): {rate:.0} messages/s ({messages} messages)"
+            );
+            rates.push(rate);
+        }
+    }
+    let (slowest, fastest) = rates
+        .iter()
+        .fold((f64::MAX, 0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
+    println!(
+        "hot instance, 4 workers / 1 worker: optimistic {:.2}, pessimistic {:.2}; slowest mode / fastest: {:.2}",
+        rates[1] / rates[0],
+        rates[3] / rates[2],
+        slowest / fastest
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -453,6 +511,10 @@ async fn main() {
     let redis = redis_server::TestRedis::start_with_aof(false);
     let url = redis.url();
     let port = redis.port();
+    if args.iter().any(|a| a == "--process-only") {
+        hot_instance(&url, (tasks / 2).max(200)).await;
+        return;
+    }
 
     // Round trips: every command the worker sends while it runs the
     // sample (MONITOR; those a script runs inside Redis are not counted).
@@ -533,14 +595,7 @@ async fn main() {
         memory / hand
     );
 
-    let messages = (tasks / 2).max(200);
-    for workers in [1usize, 4] {
-        let rate = run_process(&url, messages, workers, &format!("hot-{workers}")).await;
-        println!(
-            "process manager, one instance, {workers} worker(s): {rate:.0} messages/s ({messages} messages) = {:.4} x SET rps",
-            rate / set
-        );
-    }
+    hot_instance(&url, (tasks / 2).max(200)).await;
 
     if let Some(peer) = peer {
         println!();

@@ -125,6 +125,8 @@ pub(crate) struct Runtime {
     /// a shutdown is over only once they all are, or the process could
     /// exit with a step half-way and a lease held.
     pub tasks: TaskTracker,
+    /// One process-manager handler per instance at a time in this process.
+    pub instance_locks: crate::worker::instance_lock::InstanceLocks,
 }
 
 impl Runtime {
@@ -148,6 +150,7 @@ impl Runtime {
             running: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            instance_locks: Default::default(),
         }
     }
 

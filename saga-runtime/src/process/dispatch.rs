@@ -15,8 +15,8 @@ use super::{
     FailureKind, HandlerKind, OnComplete, ProcessContext, ProcessError, Target,
 };
 use crate::backend::{
-    Backend, BackendError, Delivery, InstanceStatus, ProcessAudit, ProcessAuditAction,
-    ProcessCommit, ProcessInstance, Settle,
+    Backend, BackendError, Delivery, InstanceStatus, LoadedInstance, ProcessAudit,
+    ProcessAuditAction, ProcessCommit, ProcessInstance, Settle,
 };
 use crate::task::Timestamp;
 
@@ -90,6 +90,16 @@ pub(crate) struct DispatchEnv<'a> {
     pub routing_key: &'a RoutingKey<'a>,
     pub now_ms: u64,
     pub delivery: Option<&'a Delivery>,
+    /// The instance as this process last saved it, if it knows (see
+    /// `worker::instance_lock`): used for the first look instead of the
+    /// backend's read with the delivery.
+    pub cached: Option<&'a LoadedInstance>,
+    /// Whether the instance the backend read with the delivery may be
+    /// stale (another handler of it ran since): then it is not used.
+    pub stale_read: bool,
+    /// Where to leave the instance as this dispatch saved it, for the
+    /// next message of the instance in this process.
+    pub saved: Option<&'a std::sync::Mutex<Option<LoadedInstance>>>,
     pub dead_letter_unmatched: bool,
     /// How long one handler call may run before it is dropped and counted
     /// as a failure for `#[on_error]`.
@@ -209,9 +219,12 @@ pub(crate) async fn dispatch(
     // what this handler looks up. Not in pessimistic mode, whose lease is
     // taken after the read.
     let mut loaded = env
-        .delivery
-        .and_then(|d| d.instance.as_deref())
-        .filter(|_| def.concurrency != Concurrency::Pessimistic)
+        .cached
+        .or(env
+            .delivery
+            .filter(|_| !env.stale_read)
+            .and_then(|d| d.instance.as_deref())
+            .filter(|_| def.concurrency != Concurrency::Pessimistic))
         // Only a record of this process manager and, looked up by id, of
         // that instance (as the store's own loads check).
         .filter(|l| {
@@ -597,11 +610,15 @@ pub(crate) async fn dispatch(
             settle: env.ack(),
         };
         match env.backend.process_commit(process, write).await {
-            Ok(_) => {
+            Ok(version) => {
+                if let Some(saved) = env.saved {
+                    *saved.lock().unwrap_or_else(|p| p.into_inner()) =
+                        saved_as(pm, envelope, instance.clone(), version, delete);
+                }
                 return Ok(Dispatched::Handled {
                     instance: instance.id,
                     created,
-                })
+                });
             }
             // A late duplicate of a message a deleted instance with this id
             // (or correlation) handled: it must not start the process again,
@@ -627,6 +644,33 @@ pub(crate) async fn dispatch(
     Err(BackendError::unavailable(format!(
         "process `{process}`: still conflicting after {CONFLICT_RETRIES} attempts; the message will be redelivered"
     )))
+}
+
+/// The instance as a commit left it, as the next message that finds it
+/// the same way would load it; `None` when that would not be this record
+/// (its correlated value changed, so that lookup now finds another).
+fn saved_as(
+    pm: &dyn ErasedProcess,
+    envelope: &Envelope,
+    mut instance: ProcessInstance,
+    version: u64,
+    deleted: bool,
+) -> Option<crate::backend::LoadedInstance> {
+    let (key, field) = super::lookup(pm, envelope)?;
+    let found_again = match field {
+        Some(field) => instance.keys.iter().any(|(f, v)| f == field && *v == key),
+        None => instance.id == key,
+    };
+    if !found_again {
+        return None;
+    }
+    instance.version = version;
+    instance.updated_at = Timestamp::now();
+    Some(crate::backend::LoadedInstance {
+        key,
+        key_field: field.map(str::to_owned),
+        instance: (!deleted).then_some(instance),
+    })
 }
 
 /// Hands a `#[handles(many)]` message to each instance sharing its value:

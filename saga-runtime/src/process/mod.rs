@@ -330,6 +330,34 @@ pub(crate) fn routing_key(
     }
 }
 
+/// What a message finds its instance by, once its handler is known: an
+/// instance id (`None` field) or a value of a correlated state field.
+/// `None` when that is a set of instances (a `#[handles(many)]` message
+/// before it is fanned out, or an ambiguous one) or cannot be told.
+pub(crate) fn lookup(
+    pm: &dyn ErasedProcess,
+    envelope: &Envelope,
+) -> Option<(String, Option<&'static str>)> {
+    let def = pm.definition();
+    let handler = def.handler(&envelope.message_type)?;
+    let key = || {
+        pm.message_key(&envelope.message_type, &envelope.payload)
+            .ok()
+            .flatten()
+    };
+    match handler.correlation {
+        Correlation::Instance => Some((envelope.instance_id.clone()?, None)),
+        Correlation::Id => Some((key()?, None)),
+        Correlation::Field { state_field, .. } if def.is_shared(state_field) => {
+            match (handler.kind, &envelope.instance_id) {
+                (HandlerKind::Handles { many: true, .. }, Some(id)) => Some((id.clone(), None)),
+                _ => None,
+            }
+        }
+        Correlation::Field { state_field, .. } => Some((key()?, Some(state_field))),
+    }
+}
+
 /// The error for a message type the process manager has no handler for.
 #[doc(hidden)]
 pub fn unknown_message<'a, T: Send + 'a>(

@@ -217,6 +217,9 @@ impl<P: ProcessManager> ProcessTest<P> {
             routing_key: &routing_key,
             now_ms: self.now_ms,
             delivery: Some(delivery),
+            cached: None,
+            stale_read: false,
+            saved: None,
             dead_letter_unmatched: false,
             // Virtual time: a handler is never timed out here.
             handler_timeout: Duration::from_secs(365 * 24 * 60 * 60),

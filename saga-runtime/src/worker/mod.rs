@@ -9,6 +9,7 @@
 //! - `housekeeping`: retention (expired tasks, dead letters, idle consumers).
 
 mod housekeeping;
+pub(crate) mod instance_lock;
 mod lease;
 mod process;
 mod saga;

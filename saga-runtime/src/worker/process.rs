@@ -3,6 +3,7 @@
 //! the pessimistic instance lease, keeping the message alive while the
 //! handler runs, and metrics.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tracing::Instrument;
@@ -24,7 +25,25 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         return super::dead_letter(rt, delivery, reason, None).await;
     }
     let backend = &rt.backend;
-    // Pessimistic mode: one handler per instance at a time.
+    // One handler per instance at a time in this process; the next one
+    // starts from the instance as the previous one saved it.
+    let lookup = crate::process::lookup(pm.as_ref(), envelope);
+    let mut local = match &lookup {
+        Some((key, field)) => {
+            let name = format!("{}\0{}\0{key}", envelope.process, field.unwrap_or(""));
+            // Waiting behind other handlers may take a while: keep the
+            // message meanwhile.
+            let lock = rt.instance_locks.lock(name);
+            Some(touching(rt, delivery, lock).await)
+        }
+        None => None,
+    };
+    let cached = local.as_mut().and_then(|l| l.take_cached());
+    // The backend read the instance with the message; if another handler
+    // of it ran meanwhile, that read is stale.
+    let stale_read = local.as_ref().is_some_and(|l| l.waited);
+    // Pessimistic mode: one handler per instance at a time, across
+    // processes too.
     let lease = if pm.definition().concurrency == Concurrency::Pessimistic {
         let name = match instance_lock_name(pm.as_ref(), backend.as_ref(), envelope).await {
             Ok(name) => name,
@@ -45,6 +64,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     } else {
         None
     };
+    let saved = std::sync::Mutex::new(None);
     let subscribers = |t: &str| rt.subscribers(t);
     let routing_key = |process: &str, message_type: &str, payload: &serde_json::Value| match rt
         .processes
@@ -59,6 +79,9 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         routing_key: &routing_key,
         now_ms: Timestamp::now().0,
         delivery: Some(delivery),
+        cached: cached.as_ref(),
+        stale_read,
+        saved: Some(&saved),
         dead_letter_unmatched: rt.settings.dead_letter_unmatched,
         handler_timeout: rt.settings.step_timeout,
         tombstone_ttl: rt.settings.process_tombstone_ttl,
@@ -95,11 +118,29 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         );
         let _ = backend.release_named_lease(&name, &token).await;
     }
+    if let Some(local) = local.as_mut() {
+        local.set_cached(saved.into_inner().unwrap_or_else(|p| p.into_inner()));
+    }
+    drop(local);
     match result {
         Ok(outcome) => rt.metrics.count(&outcome),
         Err(error) => {
             tracing::warn!(%error, "process message not recorded; it will be redelivered");
             super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+    }
+}
+
+/// Runs `work`, touching `delivery` every heartbeat so that no other
+/// worker takes it over meanwhile.
+async fn touching<T>(rt: &Runtime, delivery: &Delivery, work: impl Future<Output = T>) -> T {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = tokio::time::sleep(rt.heartbeat_every()) => {
+                let _ = rt.backend.touch(delivery).await;
+            }
         }
     }
 }
