@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::tally;
 use super::{
-    Concurrency, Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure,
-    FailureKind, HandlerKind, OnComplete, ProcessContext, ProcessError, Target,
+    Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure, FailureKind,
+    HandlerKind, OnComplete, ProcessContext, ProcessError, Target,
 };
 use crate::backend::{
     Backend, BackendError, Delivery, InstanceStatus, LoadedInstance, ProcessAudit,
@@ -214,17 +214,18 @@ pub(crate) async fn dispatch(
         .await;
     };
 
-    // The instance the backend loaded with the delivery: used for the first
-    // look only (a conflict re-run loads again), if it was looked up by
-    // what this handler looks up. Not in pessimistic mode, whose lease is
-    // taken after the read.
+    // The instance as this process last saved it, or as the backend read
+    // it with the delivery: used for the first look only (a conflict
+    // re-run loads again), if it was looked up by what this handler looks
+    // up. Either may be stale (another process wrote since; in pessimistic
+    // mode the read came before the lease): the save's version check
+    // catches that, and the handler runs again on the fresh state.
     let mut loaded = env
         .cached
         .or(env
             .delivery
             .filter(|_| !env.stale_read)
-            .and_then(|d| d.instance.as_deref())
-            .filter(|_| def.concurrency != Concurrency::Pessimistic))
+            .and_then(|d| d.instance.as_deref()))
         // Only a record of this process manager and, looked up by id, of
         // that instance (as the store's own loads check).
         .filter(|l| {

@@ -15,8 +15,23 @@ use tokio::sync::OwnedMutexGuard;
 
 use crate::backend::LoadedInstance;
 
-/// The last saved state of an instance, as its lock holder left it.
-pub(crate) type Cached = Option<LoadedInstance>;
+/// What a lock holder leaves the next one: the instance as it saved it,
+/// and (pessimistic mode) the instance's lease, still held, so the next
+/// one need not take it again.
+#[derive(Default)]
+pub(crate) struct Cached {
+    pub instance: Option<LoadedInstance>,
+    pub lease: Option<HeldLease>,
+}
+
+/// A named lease held on behalf of this process's handlers of one
+/// instance.
+pub(crate) struct HeldLease {
+    pub name: String,
+    pub token: String,
+    /// When it was last taken or renewed.
+    pub since: tokio::time::Instant,
+}
 
 type Slot = Arc<tokio::sync::Mutex<Cached>>;
 
@@ -60,9 +75,12 @@ impl InstanceLocks {
 }
 
 impl InstanceGuard<'_> {
-    /// The instance the previous holder saved (taken: once).
+    /// What the previous holder left (taken: once).
     pub fn take_cached(&mut self) -> Cached {
-        self.guard.as_mut().and_then(|g| g.take())
+        self.guard
+            .as_mut()
+            .map(|g| std::mem::take(&mut **g))
+            .unwrap_or_default()
     }
 
     /// What the next holder starts from.
@@ -70,6 +88,15 @@ impl InstanceGuard<'_> {
         if let Some(g) = self.guard.as_mut() {
             **g = cached;
         }
+    }
+
+    /// Whether another handler waits for this lock now.
+    pub fn has_waiters(&self) -> bool {
+        let slots = self.locks.slots.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's reference, the held guard's, and one per waiter.
+        slots
+            .get(&self.key)
+            .is_some_and(|slot| Arc::strong_count(slot) > 2)
     }
 }
 
@@ -98,16 +125,20 @@ mod tests {
         let locks = InstanceLocks::default();
         let mut first = locks.lock("pm\0a".into()).await;
         assert!(!first.waited);
-        first.set_cached(Some(LoadedInstance {
-            key: "a".into(),
-            key_field: None,
-            instance: None,
-        }));
+        first.set_cached(Cached {
+            instance: Some(LoadedInstance {
+                key: "a".into(),
+                key_field: None,
+                instance: None,
+            }),
+            lease: None,
+        });
+        assert!(!first.has_waiters());
         let second = {
             let locks = &locks;
             async move {
                 let mut g = locks.lock("pm\0a".into()).await;
-                (g.waited, g.take_cached().map(|l| l.key))
+                (g.waited, g.take_cached().instance.map(|l| l.key))
             }
         };
         let other = locks.lock("pm\0b".into()).await;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
+use super::instance_lock::{Cached, HeldLease};
 use crate::backend::{Backend, BackendError, Delivery};
 use crate::process::{dispatch, Concurrency, Correlation, DispatchEnv, Envelope, ErasedProcess};
 use crate::runtime::Runtime;
@@ -38,7 +39,10 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         }
         None => None,
     };
-    let cached = local.as_mut().and_then(|l| l.take_cached());
+    let Cached {
+        instance: cached,
+        lease: handed,
+    } = local.as_mut().map(|l| l.take_cached()).unwrap_or_default();
     // The backend read the instance with the message; if another handler
     // of it ran meanwhile, that read is stale.
     let stale_read = local.as_ref().is_some_and(|l| l.waited);
@@ -52,15 +56,31 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
                 return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
             }
         };
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        match backend.named_lease(&name, &token, rt.lease_ttl()).await {
-            Ok(true) => Some(NamedLeaseGuard {
-                rt: rt.clone(),
-                name,
-                token,
-            }),
-            _ => return super::release(rt, delivery, rt.settings.lock_retry_delay).await,
+        // The previous handler of the instance in this process may have
+        // left its lease: fresh enough, it is used as it is.
+        let handed = handed.filter(|l| l.name == name);
+        let since = handed.as_ref().map(|l| l.since);
+        let fresh = since.is_some_and(|at| at.elapsed() < rt.lease_ttl() / 2);
+        let token = handed
+            .map(|l| l.token)
+            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        let held = fresh
+            || matches!(
+                backend.named_lease(&name, &token, rt.lease_ttl()).await,
+                Ok(true)
+            );
+        if !held {
+            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
+        Some(NamedLeaseGuard {
+            rt: rt.clone(),
+            name,
+            token,
+            since: match (fresh, since) {
+                (true, Some(at)) => at,
+                _ => tokio::time::Instant::now(),
+            },
+        })
     } else {
         None
     };
@@ -110,16 +130,33 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         result = dispatch(pm.as_ref(), &env, envelope).instrument(span) => result,
         never = keep_alive => never,
     };
+    let mut handover = Cached {
+        instance: saved.into_inner().unwrap_or_else(|p| p.into_inner()),
+        lease: None,
+    };
     if let Some(mut lease) = lease {
-        // Release inline; the guard's spawned release is for abnormal exits.
         let (name, token) = (
             std::mem::take(&mut lease.name),
             std::mem::take(&mut lease.token),
         );
-        let _ = backend.release_named_lease(&name, &token).await;
+        match local.as_ref().is_some_and(|l| l.has_waiters()) && result.is_ok() {
+            // The next handler of the instance here goes on under it.
+            true => {
+                handover.lease = Some(HeldLease {
+                    name,
+                    token,
+                    since: lease.since,
+                })
+            }
+            // Release inline; the guard's spawned release is for abnormal
+            // exits.
+            false => {
+                let _ = backend.release_named_lease(&name, &token).await;
+            }
+        }
     }
     if let Some(local) = local.as_mut() {
-        local.set_cached(saved.into_inner().unwrap_or_else(|p| p.into_inner()));
+        local.set_cached(handover);
     }
     drop(local);
     match result {
@@ -216,6 +253,8 @@ struct NamedLeaseGuard {
     rt: Arc<Runtime>,
     name: String,
     token: String,
+    /// When it was taken or last renewed (before the handler ran).
+    since: tokio::time::Instant,
 }
 
 impl Drop for NamedLeaseGuard {
