@@ -335,3 +335,29 @@ async fn a_hung_handler_is_timed_out_and_keeps_its_message_meanwhile() {
     );
     engine.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_name_that_could_alias_keys_is_refused_at_once() {
+    let engine = engine(Arc::new(MemoryBackend::new()), 0).await;
+    let bad_endpoint = engine
+        .consumer("invoicing:eu")
+        .run(|_| async { Ok(()) })
+        .await
+        .unwrap_err();
+    assert!(
+        bad_endpoint
+            .to_string()
+            .contains("endpoint name `invoicing:eu` must be"),
+        "{bad_endpoint}"
+    );
+    let bad_group = engine
+        .consumer("invoicing")
+        .group("")
+        .run(|_| async { Ok(()) })
+        .await
+        .unwrap_err();
+    assert!(
+        bad_group.to_string().contains("consumer group `` must be"),
+        "{bad_group}"
+    );
+}

@@ -77,6 +77,7 @@ pub mod error;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+mod name;
 pub mod policy;
 pub mod process;
 pub mod reconcile;

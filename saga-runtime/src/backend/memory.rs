@@ -202,6 +202,43 @@ impl Default for MemoryBackend {
 }
 
 impl MemoryBackend {
+    /// Looks with `look` until it finds something or `wait` has passed.
+    /// `look` answers `Err(when)` when there is nothing yet: when looking
+    /// again is worth it (besides any change to the queues, which wakes
+    /// the wait at once).
+    async fn wait_for<T>(
+        &self,
+        wait: Duration,
+        mut look: impl FnMut(&mut State, Instant) -> Result<T, Option<Instant>>,
+    ) -> Option<T> {
+        // Nothing below suspends when a message is ready, so without this a
+        // worker whose message bounces (a locked task, handed back) would
+        // never give its thread to the worker holding the lock. A network
+        // backend yields on its I/O anyway.
+        tokio::task::yield_now().await;
+        let deadline = later(wait);
+        loop {
+            // Register interest before looking, so a push between the look
+            // and the wait is not missed.
+            let notified = self.shared.queue_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let wake = {
+                let mut state = self.state();
+                let now = Instant::now();
+                match look(&mut state, now) {
+                    Ok(found) => return Some(found),
+                    Err(_) if now >= deadline => return None,
+                    Err(next) => next.map_or(deadline, |at| at.min(deadline)),
+                }
+            };
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
     /// An empty store with the default visibility timeout.
     pub fn new() -> Self {
         MemoryBackend::with_visibility_timeout(DEFAULT_VISIBILITY_TIMEOUT)
@@ -695,21 +732,9 @@ impl WorkQueue for MemoryBackend {
         interest: Interest,
         wait: Duration,
     ) -> Result<Option<Delivery>, BackendError> {
-        // Nothing below suspends when a message is ready, so without this a
-        // worker whose message bounces (a locked task, handed back) would
-        // never give its thread to the worker holding the lock. A network
-        // backend yields on its I/O anyway.
-        tokio::task::yield_now().await;
-        let deadline = later(wait);
-        loop {
-            // Register interest before looking, so a push between the look
-            // and the wait is not missed.
-            let notified = self.shared.queue_changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let wake = {
-                let mut state = self.state();
-                let now = Instant::now();
+        let visibility = self.shared.visibility_timeout;
+        Ok(self
+            .wait_for(wait, |state, now| {
                 state.promote(now);
                 let taken = if interest == Interest::ALL {
                     (!state.ready.is_empty()).then_some(0)
@@ -719,31 +744,23 @@ impl WorkQueue for MemoryBackend {
                         .iter()
                         .position(|m| interest.takes(&WorkItem::decode(&m.raw)))
                 };
-                if let Some(mut m) = taken.and_then(|i| state.ready.remove(i)) {
-                    m.deliveries += 1;
-                    let delivery = Delivery {
-                        id: m.id.clone(),
-                        item: WorkItem::decode(&m.raw),
-                        raw: String::from_utf8_lossy(&m.raw).into_owned(),
-                        deliveries: m.deliveries,
-                        consumer: consumer.to_owned(),
-                        lease: None,
-                        instance: None,
-                    };
-                    let visible_again = now + self.shared.visibility_timeout;
-                    state.in_flight.insert(m.id.clone(), (m, visible_again));
-                    return Ok(Some(delivery));
-                }
-                if now >= deadline {
-                    return Ok(None);
-                }
-                state.next_wakeup().map_or(deadline, |at| at.min(deadline))
-            };
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep_until(wake) => {}
-            }
-        }
+                let Some(mut m) = taken.and_then(|i| state.ready.remove(i)) else {
+                    return Err(state.next_wakeup());
+                };
+                m.deliveries += 1;
+                let delivery = Delivery {
+                    id: m.id.clone(),
+                    item: WorkItem::decode(&m.raw),
+                    raw: String::from_utf8_lossy(&m.raw).into_owned(),
+                    deliveries: m.deliveries,
+                    consumer: consumer.to_owned(),
+                    lease: None,
+                    instance: None,
+                };
+                state.in_flight.insert(m.id.clone(), (m, now + visibility));
+                Ok(delivery)
+            })
+            .await)
     }
 
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError> {
@@ -1095,35 +1112,20 @@ impl Endpoints for MemoryBackend {
         claim_idle: Duration,
         block: Duration,
     ) -> Result<Option<EndpointDelivery>, BackendError> {
-        tokio::task::yield_now().await;
-        let deadline = later(block);
-        loop {
-            let notified = self.shared.queue_changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let wake = {
-                let mut state = self.state();
+        Ok(self
+            .wait_for(block, |state, _| {
                 let e = state.endpoints.entry(endpoint.to_owned()).or_default();
                 if let Some(d) = e.take(group, consumer, claim_idle) {
-                    return Ok(Some(d));
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    return Ok(None);
+                    return Ok(d);
                 }
                 // A held message becomes claimable at `since + claim_idle`.
-                let g = &e.groups[group];
-                g.pending
+                Err(e.groups[group]
+                    .pending
                     .values()
                     .map(|(_, _, since)| *since + claim_idle)
-                    .min()
-                    .map_or(deadline, |at| at.min(deadline))
-            };
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep_until(wake) => {}
-            }
-        }
+                    .min())
+            })
+            .await)
     }
 
     async fn endpoint_touch(

@@ -128,9 +128,8 @@ impl Consumer {
         F: Fn(EndpointMessage) -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = Result<(), StepError>> + Send + 'static,
     {
-        for name in [&self.endpoint, &self.group] {
-            super::check_name(name).map_err(Error::Config)?;
-        }
+        crate::name::check("endpoint name", &self.endpoint).map_err(Error::Config)?;
+        crate::name::check("consumer group", &self.group).map_err(Error::Config)?;
         let loops = (0..self.concurrency).map(|n| {
             let (this, handler) = (self.clone(), handler.clone());
             let name = format!("{}-{n}", self.engine.rt.instance);

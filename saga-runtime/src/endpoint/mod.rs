@@ -151,21 +151,6 @@ impl EndpointMessage {
     }
 }
 
-/// The names endpoints may have: part of keys, like process-manager names.
-pub(crate) fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 200
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    match ok {
-        true => Ok(()),
-        false => Err(format!(
-            "endpoint name `{name}` must be 1-200 characters of `A-Z a-z 0-9 - _ .`"
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

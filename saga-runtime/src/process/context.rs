@@ -112,7 +112,7 @@ impl ProcessContext {
     /// names use `A-Z a-z 0-9 - _ .`; another name fails the handler.
     pub fn send<M: Message>(&mut self, endpoint: &str, msg: M) {
         if let Some(payload) = self.encode(&msg) {
-            if let Err(e) = crate::endpoint::check_name(endpoint) {
+            if let Err(e) = crate::name::check("endpoint name", endpoint) {
                 self.error.get_or_insert(e);
             }
             self.outgoing.push(Outgoing {
@@ -167,7 +167,7 @@ impl ProcessContext {
         I: IntoIterator,
         I::Item: Into<String>,
     {
-        if let Err(e) = tally::check_name(name) {
+        if let Err(e) = crate::name::check("tally name", name) {
             self.error.get_or_insert(e);
         }
         let reference = self.tally(name);

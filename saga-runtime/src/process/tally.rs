@@ -216,23 +216,6 @@ impl OpenTally<'_> {
     }
 }
 
-/// Tally names share the alphabet of process-manager names: they are part
-/// of keys.
-pub(crate) fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 200
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "tally name `{name}` must be 1-200 characters of `A-Z a-z 0-9 - _ .`"
-        ))
-    }
-}
-
 /// The payload of a scheduled report (a deadline or a poll): what the
 /// worker needs to fill in the [`TallyStatus`] when it is due.
 #[derive(Debug, Serialize, Deserialize)]
