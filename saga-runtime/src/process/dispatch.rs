@@ -120,14 +120,10 @@ impl DispatchEnv<'_> {
 
     async fn settle_only(&self, process: &str, settle: Settle<'_>) -> Result<(), BackendError> {
         self.backend
-            .process_commit(process, commit(None, settle))
+            .process_commit(process, ProcessCommit::new(None, settle))
             .await
             .map(|_| ())
     }
-}
-
-fn commit<'a>(instance: Option<&'a ProcessInstance>, settle: Settle<'a>) -> ProcessCommit<'a> {
-    ProcessCommit::new(instance, settle)
 }
 
 /// The status a due tally report carries, read now; `Err(reason)` when
@@ -409,7 +405,7 @@ pub(crate) async fn dispatch(
                 );
                 match env
                     .backend
-                    .process_commit(process, commit(Some(&instance), env.ack()))
+                    .process_commit(process, ProcessCommit::new(Some(&instance), env.ack()))
                     .await
                 {
                     Err(e) if is_conflict(&e) => continue,
@@ -685,7 +681,7 @@ async fn fan_out(
     ids: Vec<String>,
 ) -> Result<Dispatched, BackendError> {
     let instances = ids.len();
-    let mut write = commit(None, env.ack());
+    let mut write = ProcessCommit::new(None, env.ack());
     write.enqueue = ids
         .into_iter()
         .map(|id| Envelope {
@@ -763,7 +759,7 @@ async fn fail(
     tracing::warn!(process, message_type = %envelope.message_type, %error, failures = failure.failures, ?action, "process handler failed");
     let mut again = envelope.clone();
     again.failures += 1;
-    let mut write = commit(None, env.ack());
+    let mut write = ProcessCommit::new(None, env.ack());
     let mut instance = instance;
     let reason;
     match action {
