@@ -361,3 +361,49 @@ async fn a_name_that_could_alias_keys_is_refused_at_once() {
         "{bad_group}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_lets_a_running_handler_finish_within_the_grace_then_leaves_its_message() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let engine = Engine::builder()
+        .backend_arc(backend.clone())
+        .shutdown_grace(Duration::from_secs(10))
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
+    engine
+        .consumer("invoicing")
+        .handler_timeout(Duration::from_secs(60))
+        .visibility_timeout(Duration::from_secs(3))
+        .spawn(move |_| {
+            s.fetch_add(1, Ordering::SeqCst);
+            std::future::pending()
+        });
+    send_raw(&*backend, &invoice("slow")).await;
+    until("started", async || started.load(Ordering::SeqCst) == 1).await;
+    let stopping = Instant::now();
+    engine.shutdown().await;
+    assert_eq!(
+        stopping.elapsed(),
+        Duration::from_secs(10),
+        "the grace, then no longer"
+    );
+
+    // Unsettled: another consumer takes it once it is no longer touched.
+    let taken = backend
+        .endpoint_receive(
+            "invoicing",
+            "consumers",
+            "next",
+            Duration::from_secs(3),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap()
+        .expect("the message comes back");
+    assert_eq!(taken.deliveries, 2);
+    assert!(dead_letters(&*backend).await.is_empty());
+}

@@ -197,7 +197,21 @@ impl Consumer {
                 }
             };
             failures = 0;
-            let dead = self.handle(&consumer, &delivery, &handler).await;
+            // A shutdown lets the handler finish within the engine's
+            // shutdown grace; past it the message is left unsettled, and
+            // another consumer takes it after the visibility timeout.
+            let handled = self.handle(&consumer, &delivery, &handler);
+            tokio::pin!(handled);
+            let dead = tokio::select! {
+                dead = &mut handled => dead,
+                _ = shutdown.cancelled() => {
+                    let grace = self.engine.rt.settings.shutdown_grace;
+                    match tokio::time::timeout(grace, &mut handled).await {
+                        Ok(dead) => dead,
+                        Err(_) => return,
+                    }
+                }
+            };
             match self.settle(&delivery, dead.as_deref()).await {
                 Ok(()) => settled = true,
                 // Not settled: it comes back after the visibility timeout.
