@@ -916,13 +916,6 @@ impl ProcessStore for MemoryBackend {
             let mut version = 0;
             let now = Instant::now();
             state.tallies.retain(|_, t| t.expires > now);
-            if let Some(open) = commit
-                .tallies
-                .iter()
-                .find(|o| state.tallies.contains_key(&o.tally))
-            {
-                return Err(BackendError::TallyExists(open.tally.clone()));
-            }
             if let Some(instance) = commit.instance {
                 let key = (process.to_owned(), instance.id.clone());
                 let stored = state.instances.get(&key).map_or(0, |i| i.version);
@@ -932,6 +925,15 @@ impl ProcessStore for MemoryBackend {
                 };
                 if stored != instance.version {
                     return Err(conflict());
+                }
+                // After the version: a handler that lost a race to the
+                // writer that opened the tally runs again instead.
+                if let Some(open) = commit
+                    .tallies
+                    .iter()
+                    .find(|o| state.tallies.contains_key(&o.tally))
+                {
+                    return Err(BackendError::TallyExists(open.tally.clone()));
                 }
                 if let (false, Some(message)) = (commit.delete, commit.handling) {
                     let now = Instant::now();
@@ -1178,7 +1180,22 @@ impl Endpoints for MemoryBackend {
         Ok(())
     }
 
-    async fn endpoint_trim(&self, endpoint: &str) -> Result<usize, BackendError> {
+    async fn endpoint_leave(
+        &self,
+        _endpoint: &str,
+        _group: &str,
+        _consumer: &str,
+    ) -> Result<(), BackendError> {
+        // Consumers are not registered here: what one holds is in the
+        // group's pending list, under its name.
+        Ok(())
+    }
+
+    async fn endpoint_trim(
+        &self,
+        endpoint: &str,
+        _idle_consumers: Duration,
+    ) -> Result<usize, BackendError> {
         let mut state = self.state();
         let Some(e) = state.endpoints.get_mut(endpoint) else {
             return Ok(0);

@@ -1021,9 +1021,24 @@ pub trait Endpoints: Send + Sync + 'static {
         dead: Option<&str>,
     ) -> Result<(), BackendError>;
 
-    /// Removes the messages every group has settled; returns how many.
-    /// Nothing goes while the endpoint has no group.
-    async fn endpoint_trim(&self, endpoint: &str) -> Result<usize, BackendError>;
+    /// Removes the messages every group has settled, and the consumers
+    /// that hold none and have been idle for `idle_consumers` (their
+    /// processes died); returns how many messages went. Nothing goes while
+    /// the endpoint has no group.
+    async fn endpoint_trim(
+        &self,
+        endpoint: &str,
+        idle_consumers: Duration,
+    ) -> Result<usize, BackendError>;
+
+    /// `consumer` leaves `group`, if it holds no message (one it holds
+    /// stays, for another consumer to take over).
+    async fn endpoint_leave(
+        &self,
+        endpoint: &str,
+        group: &str,
+        consumer: &str,
+    ) -> Result<(), BackendError>;
 
     /// The endpoint's dead letters, oldest first (capped).
     async fn endpoint_dead_letters(&self, endpoint: &str) -> Result<Vec<DeadLetter>, BackendError>;

@@ -133,10 +133,18 @@ impl Consumer {
         let loops = (0..self.concurrency).map(|n| {
             let (this, handler) = (self.clone(), handler.clone());
             let name = format!("{}-{n}", self.engine.rt.instance);
-            self.engine
-                .rt
-                .tasks
-                .track_future(async move { this.consume(name, handler).await })
+            self.engine.rt.tasks.track_future(async move {
+                this.consume(&name, handler).await;
+                // Leave the group rather than stay in it for ever; one that
+                // could not (it held a message) is removed once idle.
+                let left = this
+                    .backend()
+                    .endpoint_leave(&this.endpoint, &this.group, &name)
+                    .await;
+                if let Err(error) = left {
+                    tracing::debug!(endpoint = %this.endpoint, %error, "could not leave the group");
+                }
+            })
         });
         futures::future::join_all(loops).await;
         Ok(())
@@ -157,7 +165,7 @@ impl Consumer {
         &*self.engine.rt.backend
     }
 
-    async fn consume<F, Fut>(&self, consumer: String, handler: F)
+    async fn consume<F, Fut>(&self, consumer: &str, handler: F)
     where
         F: Fn(EndpointMessage) -> Fut,
         Fut: Future<Output = Result<(), StepError>>,
@@ -173,7 +181,7 @@ impl Consumer {
             let received = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 r = self.backend().endpoint_receive(
-                    &self.endpoint, &self.group, &consumer, self.visibility, BLOCK,
+                    &self.endpoint, &self.group, consumer, self.visibility, BLOCK,
                 ) => r,
             };
             let delivery = match received {
@@ -200,7 +208,7 @@ impl Consumer {
             // A shutdown lets the handler finish within the engine's
             // shutdown grace; past it the message is left unsettled, and
             // another consumer takes it after the visibility timeout.
-            let handled = self.handle(&consumer, &delivery, &handler);
+            let handled = self.handle(consumer, &delivery, &handler);
             tokio::pin!(handled);
             let dead = tokio::select! {
                 dead = &mut handled => dead,
@@ -226,7 +234,8 @@ impl Consumer {
     async fn trim(&self, settled: &mut bool, at: &mut tokio::time::Instant) {
         *settled = false;
         *at = tokio::time::Instant::now();
-        if let Err(error) = self.backend().endpoint_trim(&self.endpoint).await {
+        let idle = self.engine.rt.settings.idle_consumers;
+        if let Err(error) = self.backend().endpoint_trim(&self.endpoint, idle).await {
             tracing::debug!(endpoint = %self.endpoint, %error, "trim failed");
         }
     }

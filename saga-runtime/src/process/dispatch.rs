@@ -213,9 +213,10 @@ pub(crate) async fn dispatch(
     // The instance as this process last saved it, or as the backend read
     // it with the delivery: used for the first look only (a conflict
     // re-run loads again), if it was looked up by what this handler looks
-    // up. Either may be stale (another process wrote since; in pessimistic
-    // mode the read came before the lease): the save's version check
-    // catches that, and the handler runs again on the fresh state.
+    // up. Either may be stale (another process wrote since): the save's
+    // version check catches that, and the handler runs again on the fresh
+    // state. (The worker passes neither where a decision must rest on a
+    // read under the pessimistic lease.)
     let mut loaded = env
         .cached
         .or(env
@@ -277,7 +278,9 @@ pub(crate) async fn dispatch(
                             }
                         };
                         match ids.as_slice() {
-                            [] => None,
+                            // Not in the set: an instance saved before the
+                            // field was shared is found by its old entry.
+                            [] => env.backend.process_find(process, state_field, &key).await?,
                             [id] => match loaded_by(id, None) {
                                 Some(found) => found,
                                 None => env.backend.process_load(process, id).await?,
@@ -526,8 +529,18 @@ pub(crate) async fn dispatch(
             keys.into_iter()
                 .partition(|(field, _)| def.is_shared(field))
         };
-        let (add_shared, add_keys) = shared(add_keys);
-        let (remove_shared, remove_keys) = shared(remove_keys);
+        let (mut add_shared, add_keys) = shared(add_keys);
+        let (remove_shared, mut remove_keys) = shared(remove_keys);
+        // An instance saved before its field was shared has an exclusive
+        // entry instead: every save joins the set (it is idempotent) and
+        // drops the old entry, so no instance is missed after `many` is
+        // added to a handler.
+        for entry in desired.iter().filter(|(f, _)| def.is_shared(f)) {
+            if !delete && !add_shared.contains(entry) {
+                add_shared.push(entry.clone());
+            }
+            remove_keys.push(entry.clone());
+        }
         instance.keys = desired;
         if ctx.complete {
             instance.status = InstanceStatus::Completed;

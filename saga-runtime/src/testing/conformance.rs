@@ -1561,7 +1561,7 @@ pub async fn endpoints_deliver_to_groups_claim_settle_and_trim(b: Arc<dyn Backen
         .await
         .unwrap();
     assert_eq!(
-        b.endpoint_trim("billing").await.unwrap(),
+        b.endpoint_trim("billing", TTL).await.unwrap(),
         0,
         "g2 still holds env-1"
     );
@@ -1598,10 +1598,10 @@ pub async fn endpoints_deliver_to_groups_claim_settle_and_trim(b: Arc<dyn Backen
     b.endpoint_settle("billing", "g2", &rest, None)
         .await
         .unwrap();
-    assert_eq!(b.endpoint_trim("billing").await.unwrap(), 2);
+    assert_eq!(b.endpoint_trim("billing", TTL).await.unwrap(), 2);
     assert!(b.endpoint_messages("billing").await.unwrap().is_empty());
-    assert_eq!(b.endpoint_trim("billing").await.unwrap(), 0);
-    assert_eq!(b.endpoint_trim("nobody-reads-this").await.unwrap(), 0);
+    assert_eq!(b.endpoint_trim("billing", TTL).await.unwrap(), 0);
+    assert_eq!(b.endpoint_trim("nobody-reads-this", TTL).await.unwrap(), 0);
 
     let mut c = write(&i, &[]);
     c.instance = None;

@@ -40,25 +40,43 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         None => None,
     };
     let Cached {
-        instance: cached,
+        instance: mut cached,
         lease: handed,
     } = local.as_mut().map(|l| l.take_cached()).unwrap_or_default();
     // The backend read the instance with the message; if another handler
     // of it ran meanwhile, that read is stale.
-    let stale_read = local.as_ref().is_some_and(|l| l.waited);
+    let mut stale_read = local.as_ref().is_some_and(|l| l.waited);
     // Pessimistic mode: one handler per instance at a time, across
-    // processes too.
+    // processes too, and its decisions are made on what it reads under
+    // the lease: not the read that came with the message, and the
+    // previous handler's save only if the lease passed on without a gap.
     let lease = if pm.definition().concurrency == Concurrency::Pessimistic {
+        stale_read = true;
         let name = match instance_lock_name(pm.as_ref(), backend.as_ref(), envelope).await {
             Ok(name) => name,
             Err(error) => {
                 tracing::warn!(%error, "resolving the instance failed; message handed back");
+                if let Some(other) = handed {
+                    let _ = backend.release_named_lease(&other.name, &other.token).await;
+                }
                 return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
             }
         };
-        // The previous handler of the instance in this process may have
-        // left its lease: fresh enough, it is used as it is.
-        let handed = handed.filter(|l| l.name == name);
+        // A lease left by the previous handler under another name (the
+        // starter of a new instance held its correlation value's; this
+        // message finds the instance by its id) is released, or it would
+        // stay held for its TTL.
+        let handed = match handed {
+            Some(other) if other.name != name => {
+                let _ = backend.release_named_lease(&other.name, &other.token).await;
+                None
+            }
+            handed => handed,
+        };
+        if handed.is_none() {
+            cached = None;
+        }
+        // A handed lease fresh enough is used as it is.
         let since = handed.as_ref().map(|l| l.since);
         let fresh = since.is_some_and(|at| at.elapsed() < rt.lease_ttl() / 2);
         let token = handed

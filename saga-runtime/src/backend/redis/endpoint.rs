@@ -78,7 +78,8 @@ impl Endpoints for RedisBackend {
         let mut conn = self
             .reader_conn(&Self::reader_name(endpoint, group, consumer))
             .await?;
-        let read: Value = redis::cmd("XREADGROUP")
+        let reader = Self::reader_name(endpoint, group, consumer);
+        let read: Value = match redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(group)
             .arg(consumer)
@@ -91,7 +92,15 @@ impl Endpoints for RedisBackend {
             .arg(">")
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+        {
+            Ok(read) => read,
+            Err(e) => {
+                // The next read connects afresh (a restarted server left
+                // this connection dead).
+                self.reader(&reader, |r| r.conn = None);
+                return Err(unavailable(e));
+            }
+        };
         let stream = entry::items(&read).into_iter().next();
         let first = stream
             .and_then(|s| entry::items(s).get(1).copied())
@@ -151,7 +160,33 @@ impl Endpoints for RedisBackend {
         Ok(())
     }
 
-    async fn endpoint_trim(&self, endpoint: &str) -> Result<usize, BackendError> {
+    async fn endpoint_leave(
+        &self,
+        endpoint: &str,
+        group: &str,
+        consumer: &str,
+    ) -> Result<(), BackendError> {
+        let _: i64 = self
+            .run(
+                s::LEAVE_GROUP
+                    .key(self.keys().endpoint(endpoint))
+                    .arg(group)
+                    .arg(consumer),
+            )
+            .await?;
+        self.shared
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&Self::reader_name(endpoint, group, consumer));
+        Ok(())
+    }
+
+    async fn endpoint_trim(
+        &self,
+        endpoint: &str,
+        idle_consumers: Duration,
+    ) -> Result<usize, BackendError> {
         let key = self.keys().endpoint(endpoint);
         let mut conn = self.conn();
         let groups: Value = match redis::cmd("XINFO")
@@ -178,6 +213,14 @@ impl Endpoints for RedisBackend {
             let (Some(name), Some(last)) = (field(b"name"), field(b"last-delivered-id")) else {
                 return Err(corrupt("XINFO GROUPS answered a group without a name"));
             };
+            let _: usize = self
+                .run(
+                    s::REAP_CONSUMERS
+                        .key(&key)
+                        .arg(&name)
+                        .arg(ms(idle_consumers)),
+                )
+                .await?;
             let pending: u64 = field(b"pending").and_then(|p| p.parse().ok()).unwrap_or(0);
             let needs = if pending > 0 {
                 let oldest: Value = redis::cmd("XPENDING")

@@ -596,6 +596,25 @@ return n",
     )
 });
 
+/// KEYS: stream. ARGV: group, consumer. Removes the consumer from the group
+/// if it holds no message. 1 if removed.
+pub static LEAVE_GROUP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+if not ok then return 0 end
+for _, c in ipairs(consumers) do
+  local info = {}
+  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
+  if info['name'] == ARGV[2] and tonumber(info['pending']) == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+    return 1
+  end
+end
+return 0",
+    )
+});
+
 /// The process-manager commit. KEYS: instance, instance set, queue,
 /// schedule, dead, then `n_add` correlation keys to claim, `n_rem` to
 /// release, `n_ep` endpoint streams. ARGV: has instance, expected version,
@@ -624,13 +643,13 @@ local nenq, nsch = tonumber(ARGV[9]), tonumber(ARGV[10])
 local tomb = 5 + nadd + nrem + nep + 1
 local ntally, tk = tonumber(ARGV[22]), tomb + nadd + nrem
 local sh, nsadd, nsrem = tk + 3 * ntally + 1, tonumber(ARGV[23]), tonumber(ARGV[24])
-for t = 1, ntally do
-  if redis.call('EXISTS', KEYS[tk + 3 * t - 2]) == 1 then return {{-6, t}} end
-end
 local version = 0
 if ARGV[1] == '1' then
   local v = redis.call('HGET', KEYS[1], 'version') or '0'
   if v ~= ARGV[2] then return {{-2, v}} end
+  for t = 1, ntally do
+    if redis.call('EXISTS', KEYS[tk + 3 * t - 2]) == 1 then return {{-6, t}} end
+  end
   if ARGV[5] ~= '1' and ARGV[19] ~= '' then
     for i = 0, nadd do
       if redis.call('SISMEMBER', KEYS[tomb + i], ARGV[19]) == 1 then return {{-5}} end
