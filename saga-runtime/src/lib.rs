@@ -56,8 +56,10 @@
 //! - [`task`]: the persisted record ([`TaskInstance`], statuses, audit log);
 //! - [`backend`]: the storage traits, the in-memory backend and, with the
 //!   `redis` feature, [`backend::redis`];
-//! - [`process`]: process managers; [`testing`]: `ProcessTest` and, with the
-//!   `conformance` feature, the backend conformance suite;
+//! - [`process`]: process managers, with [`process::tally`] for fan-in;
+//!   [`endpoint`]: the messages they send to other services, and
+//!   [`Engine::consumer`] to receive them; [`testing`]: `ProcessTest` and,
+//!   with the `conformance` feature, the backend conformance suite;
 //! - `http` (feature `http`): axum routes to inspect and cancel tasks.
 //!
 //! Users depend on this crate (it re-exports the macros), on `serde` (step

@@ -1631,6 +1631,39 @@ pub async fn endpoints_deliver_to_groups_claim_settle_and_trim(b: Arc<dyn Backen
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
+/// An idle message is taken over wherever it stands in the group's
+/// pending list, even behind many that live consumers keep touching.
+pub async fn endpoints_claim_an_idle_message_behind_busy_ones(b: Arc<dyn Backend>) {
+    const IDLE: Duration = Duration::from_millis(200);
+    let i = instance("e");
+    let mut c = write(&i, &[]);
+    c.endpoints = (0..16)
+        .map(|n| ("jobs".to_owned(), format!("m-{n}")))
+        .collect();
+    b.process_commit("pm", c).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..15 {
+        let d = b.endpoint_receive("jobs", "g", "busy", IDLE, Duration::ZERO);
+        held.push(d.await.unwrap().unwrap());
+    }
+    let left = b
+        .endpoint_receive("jobs", "g", "died", IDLE, Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(left.raw, "m-15");
+    tokio::time::sleep(IDLE + Duration::from_millis(50)).await;
+    for d in &held {
+        b.endpoint_touch("jobs", "g", "busy", &d.id).await.unwrap();
+    }
+    let taken = b
+        .endpoint_receive("jobs", "g", "new", IDLE, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("the idle message is taken over");
+    assert_eq!((taken.raw.as_str(), taken.deliveries), ("m-15", 2));
+}
+
 /// Generates one `#[tokio::test]` per conformance case, each on a fresh
 /// backend from `$factory`: an async fn returning
 /// `(Arc<dyn Backend>, Guard)`, where the guard lives as long as the case
@@ -1664,6 +1697,7 @@ macro_rules! backend_conformance {
             process_tombstones_refuse_late_duplicates,
             tallies_count_each_item_once_and_complete_once,
             endpoints_deliver_to_groups_claim_settle_and_trim,
+            endpoints_claim_an_idle_message_behind_busy_ones,
             shared_breakers_open_probe_once_and_close,
             process_outbox_schedule_and_single_delivery_of_due_entries,
         );

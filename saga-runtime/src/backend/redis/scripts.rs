@@ -857,23 +857,28 @@ return {total, total - left, done and 1 or 0, late and 1 or 0, missing}",
 
 /// KEYS: endpoint stream. ARGV: group, consumer, claim idle ms. Takes a
 /// message for the consumer without blocking: one another consumer has
-/// left untouched for `claim idle` first, else a new one; creates the
-/// group (from the oldest message kept) if it does not exist. {id,
-/// fields, deliveries} or {}.
+/// left untouched for `claim idle` first (found anywhere in the group's
+/// pending list, as the work queue's `CLAIM` does), else a new one;
+/// creates the group (from the oldest message kept) if it does not exist.
+/// {id, fields, deliveries} or {}.
 pub static ENDPOINT_TAKE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', 1)
+local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', 10)
 if not ok then
-  local why = type(claimed) == 'table' and claimed.err or tostring(claimed)
+  local why = type(pending) == 'table' and pending.err or tostring(pending)
   if not string.find(why, 'NOGROUP') then return redis.error_reply(why) end
   redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
-  claimed = {'0-0', {}}
+  pending = {}
 end
-local e = claimed[2][1]
-if e then
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
-  return {e[1], e[2], p[1][4]}
+for _, p in ipairs(pending) do
+  local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], p[1])
+  if #claimed == 0 or not claimed[1][2] then
+    -- Trimmed away (the stream's cap) while pending: nothing to deliver.
+    redis.call('XACK', KEYS[1], ARGV[1], p[1])
+  else
+    return {p[1], claimed[1][2], p[4] + 1}
+  end
 end
 local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1, 'STREAMS', KEYS[1], '>')
 if r and r[1] and r[1][2][1] then
