@@ -269,7 +269,7 @@ async fn tallied(engine: &Engine, args: &Args, finished: &Notify) -> Result<Dura
         tokio::time::sleep(Duration::from_millis(1)).await;
     };
     let opened = started.elapsed();
-    let tally = engine.tally(&tally);
+    let tally = Arc::new(engine.tally(&tally));
     item_workers(args.items, args.checkers, move |item| {
         let tally = tally.clone();
         async move {

@@ -108,6 +108,30 @@ pub struct LoadedInstance {
     pub instance: Option<ProcessInstance>,
 }
 
+impl LoadedInstance {
+    /// The same record as found by `lookup` (an id, or a value of a field
+    /// it holds), if that lookup finds it; `None` if it cannot tell.
+    pub(crate) fn found_by(self, lookup: (String, Option<&str>)) -> Option<LoadedInstance> {
+        match lookup {
+            (key, None) if key == self.key && self.key_field.is_none() => Some(self),
+            (value, Some(field)) => {
+                let holds = self
+                    .instance
+                    .as_ref()?
+                    .keys
+                    .iter()
+                    .any(|(f, v)| f == field && *v == value);
+                holds.then(|| LoadedInstance {
+                    key: value,
+                    key_field: Some(field.to_owned()),
+                    instance: self.instance,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// A task lease taken while delivering the task's message.
 #[derive(Debug, Clone)]
 pub enum TakenLease {

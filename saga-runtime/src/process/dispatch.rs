@@ -268,41 +268,53 @@ pub(crate) async fn dispatch(
                 let found = match handler.correlation {
                     Correlation::Field { state_field, .. } if def.is_shared(state_field) => {
                         let many = matches!(handler.kind, HandlerKind::Handles { many: true, .. });
-                        let ids = match (many, envelope.instance_id.as_deref()) {
-                            // One instance's copy of a fanned-out message.
-                            (true, Some(id)) => vec![id.to_owned()],
-                            _ => {
-                                env.backend
-                                    .process_find_shared(process, state_field, &key)
-                                    .await?
-                            }
-                        };
-                        match ids.as_slice() {
-                            // Not in the set: an instance saved before the
-                            // field was shared is found by its old entry.
-                            [] => env.backend.process_find(process, state_field, &key).await?,
-                            [id] => match loaded_by(id, None) {
+                        if let (true, Some(id)) = (many, envelope.instance_id.as_deref()) {
+                            // One instance's copy of a fanned-out message:
+                            // for it only while it still holds the value.
+                            let found = match loaded_by(id, None) {
                                 Some(found) => found,
                                 None => env.backend.process_load(process, id).await?,
-                            },
-                            _ if many => return fan_out(process, env, envelope, ids).await,
-                            _ => {
-                                let error = format!(
-                                    "`{}` matched {} instances of `{process}` by `{state_field}` = \
-                                     `{key}`, and one cannot be picked: mark its handler \
-                                     `#[handles(many)]` to deliver it to each",
-                                    envelope.message_type,
-                                    ids.len()
-                                );
-                                return fail(
-                                    pm,
-                                    env,
-                                    envelope,
-                                    None,
-                                    FailureKind::Ambiguous,
-                                    error,
-                                )
-                                .await;
+                            };
+                            let holds = found.as_ref().is_some_and(|i| {
+                                i.keys.iter().any(|(f, v)| f == state_field && *v == key)
+                            });
+                            if !holds {
+                                env.settle_only(process, env.ack()).await?;
+                                return Ok(Dispatched::Ignored {
+                                    reason: format!(
+                                        "instance `{id}` no longer holds `{state_field}` = `{key}` \
+                                         (gone or changed since the message was handed to it)"
+                                    ),
+                                });
+                            }
+                            found
+                        } else {
+                            let ids = holders(env.backend, process, state_field, &key).await?;
+                            match ids.as_slice() {
+                                [] => None,
+                                [id] => match loaded_by(id, None) {
+                                    Some(found) => found,
+                                    None => env.backend.process_load(process, id).await?,
+                                },
+                                _ if many => return fan_out(process, env, envelope, ids).await,
+                                _ => {
+                                    let error = format!(
+                                        "`{}` matched {} instances of `{process}` by \
+                                         `{state_field}` = `{key}`, and one cannot be picked: \
+                                         mark its handler `#[handles(many)]` to deliver it to each",
+                                        envelope.message_type,
+                                        ids.len()
+                                    );
+                                    return fail(
+                                        pm,
+                                        env,
+                                        envelope,
+                                        None,
+                                        FailureKind::Ambiguous,
+                                        error,
+                                    )
+                                    .await;
+                                }
                             }
                         }
                     }
@@ -530,14 +542,22 @@ pub(crate) async fn dispatch(
                 .partition(|(field, _)| def.is_shared(field))
         };
         let (mut add_shared, add_keys) = shared(add_keys);
-        let (remove_shared, mut remove_keys) = shared(remove_keys);
+        let (mut remove_shared, mut remove_keys) = shared(remove_keys);
         // An instance saved before its field was shared has an exclusive
         // entry instead: every save joins the set (it is idempotent) and
         // drops the old entry, so no instance is missed after `many` is
         // added to a handler.
+        // A completed instance leaves its shared sets: it would only ignore
+        // what they bring it, and they would grow with every instance ever
+        // completed.
+        let leaves = delete || ctx.complete;
         for entry in desired.iter().filter(|(f, _)| def.is_shared(f)) {
-            if !delete && !add_shared.contains(entry) {
+            if !leaves && !add_shared.contains(entry) {
                 add_shared.push(entry.clone());
+            }
+            if ctx.complete && !delete {
+                add_shared.retain(|e| e != entry);
+                remove_shared.push(entry.clone());
             }
             remove_keys.push(entry.clone());
         }
@@ -623,7 +643,7 @@ pub(crate) async fn dispatch(
             Ok(version) => {
                 if let Some(saved) = env.saved {
                     *saved.lock().unwrap_or_else(|p| p.into_inner()) =
-                        saved_as(pm, envelope, instance.clone(), version, delete);
+                        Some(saved_as(instance.clone(), version, delete));
                 }
                 return Ok(Dispatched::Handled {
                     instance: instance.id,
@@ -656,31 +676,40 @@ pub(crate) async fn dispatch(
     )))
 }
 
-/// The instance as a commit left it, as the next message that finds it
-/// the same way would load it; `None` when that would not be this record
-/// (its correlated value changed, so that lookup now finds another).
+/// The instance as a commit left it, by its id, for the next handler of
+/// it in this process (which may find it by id or by a value it holds:
+/// see `worker::process`).
 fn saved_as(
-    pm: &dyn ErasedProcess,
-    envelope: &Envelope,
     mut instance: ProcessInstance,
     version: u64,
     deleted: bool,
-) -> Option<crate::backend::LoadedInstance> {
-    let (key, field) = super::lookup(pm, envelope)?;
-    let found_again = match field {
-        Some(field) => instance.keys.iter().any(|(f, v)| f == field && *v == key),
-        None => instance.id == key,
-    };
-    if !found_again {
-        return None;
-    }
+) -> crate::backend::LoadedInstance {
     instance.version = version;
     instance.updated_at = Timestamp::now();
-    Some(crate::backend::LoadedInstance {
-        key,
-        key_field: field.map(str::to_owned),
+    crate::backend::LoadedInstance {
+        key: instance.id.clone(),
+        key_field: None,
         instance: (!deleted).then_some(instance),
-    })
+    }
+}
+
+/// The instances holding `value` of the shared field `field`: those in
+/// its set, and one saved before the field was shared, found by its old
+/// exclusive entry (it joins the set on its next save).
+pub(crate) async fn holders(
+    backend: &dyn Backend,
+    process: &str,
+    field: &str,
+    value: &str,
+) -> Result<Vec<String>, BackendError> {
+    let mut ids = backend.process_find_shared(process, field, value).await?;
+    if let Some(legacy) = backend.process_find(process, field, value).await? {
+        if !ids.contains(&legacy.id) {
+            ids.push(legacy.id);
+            ids.sort();
+        }
+    }
+    Ok(ids)
 }
 
 /// Hands a `#[handles(many)]` message to each instance sharing its value:

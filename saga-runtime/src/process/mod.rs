@@ -33,7 +33,7 @@ use serde_json::Value;
 
 pub use context::{Outgoing, ProcessContext, ScheduledTimeout, Target};
 pub use dispatch::Dispatched;
-pub(crate) use dispatch::{dispatch, DispatchEnv};
+pub(crate) use dispatch::{dispatch, holders, DispatchEnv};
 pub use envelope::{Envelope, EnvelopeKind};
 pub use error::{ErrorAction, Failure, FailureKind, ProcessError};
 pub use metrics::ProcessMetrics;

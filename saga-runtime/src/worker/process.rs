@@ -10,7 +10,9 @@ use tracing::Instrument;
 
 use super::instance_lock::{Cached, HeldLease};
 use crate::backend::{Backend, BackendError, Delivery};
-use crate::process::{dispatch, Concurrency, Correlation, DispatchEnv, Envelope, ErasedProcess};
+use crate::process::{
+    dispatch, Concurrency, Correlation, DispatchEnv, Envelope, ErasedProcess, HandlerKind,
+};
 use crate::runtime::Runtime;
 use crate::saga::state_machine::poison_reason;
 use crate::task::Timestamp;
@@ -28,21 +30,26 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     let backend = &rt.backend;
     // One handler per instance at a time in this process; the next one
     // starts from the instance as the previous one saved it.
-    let lookup = crate::process::lookup(pm.as_ref(), envelope);
-    let mut local = match &lookup {
-        Some((key, field)) => {
-            let name = format!("{}\0{}\0{key}", envelope.process, field.unwrap_or(""));
-            // Waiting behind other handlers may take a while: keep the
-            // message meanwhile.
-            let lock = rt.instance_locks.lock(name);
-            Some(touching(rt, delivery, lock).await)
+    let target = match target(pm.as_ref(), backend.as_ref(), delivery, envelope).await {
+        Ok(target) => target,
+        Err(error) => {
+            tracing::warn!(%error, "resolving the instance failed; message handed back");
+            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
+    };
+    let mut local = match target.local_name(&envelope.process) {
+        // Waiting behind other handlers may take a while: keep the
+        // message meanwhile.
+        Some(name) => Some(touching(rt, delivery, rt.instance_locks.lock(name)).await),
         None => None,
     };
     let Cached {
-        instance: mut cached,
+        instance: cached,
         lease: handed,
     } = local.as_mut().map(|l| l.take_cached()).unwrap_or_default();
+    // As the message looks the instance up (by id, or by a value it holds).
+    let mut cached = cached
+        .and_then(|c| crate::process::lookup(pm.as_ref(), envelope).and_then(|l| c.found_by(l)));
     // The backend read the instance with the message; if another handler
     // of it ran meanwhile, that read is stale.
     let mut stale_read = local.as_ref().is_some_and(|l| l.waited);
@@ -52,16 +59,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     // previous handler's save only if the lease passed on without a gap.
     let lease = if pm.definition().concurrency == Concurrency::Pessimistic {
         stale_read = true;
-        let name = match instance_lock_name(pm.as_ref(), backend.as_ref(), envelope).await {
-            Ok(name) => name,
-            Err(error) => {
-                tracing::warn!(%error, "resolving the instance failed; message handed back");
-                if let Some(other) = handed {
-                    let _ = backend.release_named_lease(&other.name, &other.token).await;
-                }
-                return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
-            }
-        };
+        let name = target.lease_name(&envelope.process);
         // A lease left by the previous handler under another name (the
         // starter of a new instance held its correlation value's; this
         // message finds the instance by its id) is released, or it would
@@ -79,6 +77,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         // A handed lease fresh enough is used as it is.
         let since = handed.as_ref().map(|l| l.since);
         let fresh = since.is_some_and(|at| at.elapsed() < rt.lease_ttl() / 2);
+        let was_handed = handed.is_some();
         let token = handed
             .map(|l| l.token)
             .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
@@ -88,6 +87,11 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
                 Ok(true)
             );
         if !held {
+            if was_handed {
+                // Not renewed (the store failed to answer): let it go
+                // rather than leave it held for its TTL.
+                let _ = backend.release_named_lease(&name, &token).await;
+            }
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
         Some(NamedLeaseGuard {
@@ -229,39 +233,93 @@ async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
     super::dead_letter(rt, delivery, reason, None).await
 }
 
-/// The pessimistic lock of the instance a message is for: the instance's
-/// id when it exists, else (a message that may create it) its correlation
-/// value, so that two racing starters serialise too.
-async fn instance_lock_name(
+/// Which instance a message is for, as far as can be told before its
+/// handler runs: what both the in-process lock and the pessimistic lease
+/// are named after.
+enum Target {
+    /// This instance.
+    Id(String),
+    /// None holds this value yet: the message may create one, and its
+    /// racing starters queue on the value.
+    Value(String),
+    /// Several or unknown (a message to fan out, or an ambiguous one): it
+    /// writes no instance itself.
+    Unknown(String),
+}
+
+impl Target {
+    fn local_name(&self, process: &str) -> Option<String> {
+        match self {
+            Target::Id(id) => Some(format!("{process}\0{id}")),
+            Target::Value(value) => Some(format!("{process}\0\0{value}")),
+            Target::Unknown(_) => None,
+        }
+    }
+
+    fn lease_name(&self, process: &str) -> String {
+        match self {
+            Target::Id(id) => format!("pm-lock:{process}:{id}"),
+            Target::Value(key) | Target::Unknown(key) => format!("pm-lock:{process}:new:{key}"),
+        }
+    }
+}
+
+/// Resolves a message's instance: by its id where the message names it
+/// (a timeout, a copy of a fanned-out message, a correlation id), else by
+/// the read that came with the message, else by a lookup of the value.
+async fn target(
     pm: &dyn ErasedProcess,
     backend: &dyn Backend,
+    delivery: &Delivery,
     envelope: &Envelope,
-) -> Result<String, BackendError> {
+) -> Result<Target, BackendError> {
     let process = &envelope.process;
-    if let Some(id) = &envelope.instance_id {
-        return Ok(format!("pm-lock:{process}:{id}"));
-    }
-    let key = pm
-        .message_key(&envelope.message_type, &envelope.payload)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    let correlation = pm
-        .definition()
-        .handler(&envelope.message_type)
-        .map(|h| h.correlation);
-    let found = match correlation {
-        Some(Correlation::Field { state_field, .. }) => {
-            backend.process_find(process, state_field, &key).await?
+    let def = pm.definition();
+    let key = || {
+        pm.message_key(&envelope.message_type, &envelope.payload)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    };
+    let Some(handler) = def.handler(&envelope.message_type) else {
+        return Ok(Target::Unknown(String::new()));
+    };
+    let field = match handler.correlation {
+        Correlation::Field { state_field, .. } => state_field,
+        // Correlated by id, the instance's id is the key itself, whether or
+        // not the instance exists yet.
+        Correlation::Id => return Ok(Target::Id(key())),
+        Correlation::Instance => {
+            return Ok(Target::Id(envelope.instance_id.clone().unwrap_or_default()))
         }
-        // Correlated by id, the instance's id is the key itself: one lock
-        // name whether or not the instance exists yet, so the message that
-        // creates it and the ones that race it serialise on the same lock.
-        _ => return Ok(format!("pm-lock:{process}:{key}")),
+    };
+    let value = key();
+    if def.is_shared(field) {
+        let many = matches!(handler.kind, HandlerKind::Handles { many: true, .. });
+        if let (true, Some(id)) = (many, &envelope.instance_id) {
+            return Ok(Target::Id(id.clone()));
+        }
+        let ids = crate::process::holders(backend, process, field, &value).await?;
+        return Ok(match ids.as_slice() {
+            [id] => Target::Id(id.clone()),
+            [] => Target::Value(value),
+            _ => Target::Unknown(value),
+        });
+    }
+    let read = delivery
+        .instance
+        .as_deref()
+        .filter(|l| l.key == value && l.key_field.as_deref() == Some(field));
+    let found = match read {
+        Some(read) => read.instance.as_ref().map(|i| i.id.clone()),
+        None => backend
+            .process_find(process, field, &value)
+            .await?
+            .map(|i| i.id),
     };
     Ok(match found {
-        Some(instance) => format!("pm-lock:{process}:{}", instance.id),
-        None => format!("pm-lock:{process}:new:{key}"),
+        Some(id) => Target::Id(id),
+        None => Target::Value(value),
     })
 }
 
