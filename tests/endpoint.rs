@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::until;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -101,14 +103,6 @@ async fn dead_letters(backend: &dyn Backend) -> Vec<String> {
         .into_iter()
         .map(|d| d.reason)
         .collect()
-}
-
-async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::until;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,14 +66,6 @@ async fn engine(redis: &TestRedis, workers: usize) -> Engine {
         .build()
         .await
         .unwrap()
-}
-
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn order(n: usize) -> OrderPlaced {
@@ -143,7 +137,7 @@ async fn a_consumer_killed_mid_handler_leaves_its_message_to_another_and_the_str
             async { std::future::pending().await }
         });
     engine.publish(order(1)).await.unwrap();
-    until("the first consumer took it", || {
+    until("the first consumer took it", async || {
         started.load(Ordering::SeqCst) == 1
     })
     .await;
@@ -165,7 +159,7 @@ async fn a_consumer_killed_mid_handler_leaves_its_message_to_another_and_the_str
                 Ok(())
             }
         });
-    until("taken over", || !done.lock().unwrap().is_empty()).await;
+    until("taken over", async || !done.lock().unwrap().is_empty()).await;
     assert!(
         took_over.elapsed() >= Duration::from_millis(300),
         "not before the visibility timeout"
@@ -174,9 +168,9 @@ async fn a_consumer_killed_mid_handler_leaves_its_message_to_another_and_the_str
     for n in 2..5 {
         engine.publish(order(n)).await.unwrap();
     }
-    until("all handled", || done.lock().unwrap().len() == 4).await;
+    until("all handled", async || done.lock().unwrap().len() == 4).await;
     let mut conn = redis.conn();
-    until("trimmed", || {
+    until("trimmed", async || {
         redis::cmd("XLEN").arg(KEY).query::<i64>(&mut conn).unwrap() == 0
     })
     .await;
@@ -198,7 +192,7 @@ async fn a_consumer_outlives_the_loss_of_its_group() {
         }
     });
     engine.publish(order(1)).await.unwrap();
-    until("first", || done.lock().unwrap().len() == 1).await;
+    until("first", async || done.lock().unwrap().len() == 1).await;
     let mut conn = redis.conn();
     let _: i64 = redis::cmd("XGROUP")
         .arg("DESTROY")
@@ -207,7 +201,7 @@ async fn a_consumer_outlives_the_loss_of_its_group() {
         .query(&mut conn)
         .unwrap();
     engine.publish(order(2)).await.unwrap();
-    until("second, after the group was lost", || {
+    until("second, after the group was lost", async || {
         done.lock().unwrap().contains(&"o-2".to_owned())
     })
     .await;

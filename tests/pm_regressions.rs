@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::until;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -75,14 +77,6 @@ async fn shop_engine(redis: &TestRedis) -> Engine {
         .unwrap()
 }
 
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn order(n: usize) -> OrderPlaced {
     OrderPlaced {
         order: format!("o-{n}"),
@@ -134,7 +128,7 @@ async fn an_endpoint_consumer_blocks_again_after_a_redis_restart() {
         }
     });
     engine.publish(order(1)).await.unwrap();
-    until("first", || done.lock().unwrap().len() == 1).await;
+    until("first", async || done.lock().unwrap().len() == 1).await;
     let blocking_reads = |seen: &[String]| {
         seen.iter()
             .filter(|l| {
@@ -152,7 +146,7 @@ async fn an_endpoint_consumer_blocks_again_after_a_redis_restart() {
     // Let everything reconnect and the consumer go idle.
     tokio::time::sleep(Duration::from_secs(3)).await;
     engine.publish(order(2)).await.unwrap();
-    until("second, after the restart", || {
+    until("second, after the restart", async || {
         done.lock().unwrap().contains(&"o-2".to_owned())
     })
     .await;
@@ -187,7 +181,7 @@ async fn restarted_consumers_do_not_pile_up_in_the_group() {
             }
         });
         engine.publish(order(n)).await.unwrap();
-        until("delivered", || done.load(Ordering::SeqCst) >= 1).await;
+        until("delivered", async || done.load(Ordering::SeqCst) >= 1).await;
         engine.shutdown().await;
     }
     let consumers: Vec<redis::Value> = redis::cmd("XINFO")

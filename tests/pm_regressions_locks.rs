@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::until;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -21,14 +23,6 @@ fn config() -> RedisConfig {
         visibility_timeout: Duration::from_millis(800),
         block: Duration::from_millis(100),
         ..RedisConfig::default()
-    }
-}
-
-async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

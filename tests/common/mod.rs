@@ -77,3 +77,13 @@ pub async fn eventually(mut f: impl FnMut() -> bool) {
     }
     panic!("condition never became true");
 }
+
+/// Polls `done` every 10 ms until it holds; panics naming `what` after 60 s
+/// (of tokio's clock: virtual seconds under a paused clock).
+pub async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
