@@ -1,16 +1,17 @@
-//! Faults found by an adversarial review of tallies, endpoints,
-//! `#[handles(many)]` and the instance locks, each pinned by a test
-//! against a private redis-server (each failed before its fix).
+//! Faults found by two adversarial reviews of tallies, `#[handles(many)]`,
+//! the in-process instance locks and the pessimistic lease handover, each
+//! pinned by a test that failed before its fix. (The endpoint ones are in
+//! `endpoint_redis.rs`.)
 
 mod common;
 
 use common::until;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::redis_server::TestRedis;
+use saga_runtime::backend::memory::MemoryBackend;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::backend::{
     BackendError, InstanceStatus, ProcessCommit, ProcessInstance, ProcessStore, Settle, TallyOpen,
@@ -20,181 +21,47 @@ use saga_runtime::process::{Envelope, EnvelopeKind, TallyRef};
 use saga_runtime::task::Timestamp;
 use serde::{Deserialize, Serialize};
 
-// ---------------------------------------------------------------- shop --
-
-#[derive(Message, Serialize, Deserialize)]
-struct OrderPlaced {
-    #[correlation_id]
-    order: String,
-}
-
-#[derive(Debug, Message, Serialize, Deserialize)]
-struct SendInvoice {
-    #[correlation_id]
-    order: String,
-}
-
-#[derive(Default, Serialize, Deserialize)]
-struct Placed;
-
-struct Shop;
-
-#[process_manager(name = "shop", state = Placed)]
-impl Shop {
-    #[starts]
-    async fn placed(
-        &self,
-        msg: OrderPlaced,
-        _state: &mut Placed,
-        ctx: &mut ProcessContext,
-    ) -> Result<(), ProcessError> {
-        ctx.send("invoicing", SendInvoice { order: msg.order });
-        Ok(())
-    }
-}
-
-const KEY: &str = "saga:{saga:pm}:endpoint:invoicing";
-
 fn config() -> RedisConfig {
     RedisConfig {
         visibility_timeout: Duration::from_millis(800),
-        block: Duration::from_millis(200),
+        block: Duration::from_millis(100),
         ..RedisConfig::default()
     }
 }
 
-async fn shop_engine(redis: &TestRedis) -> Engine {
-    Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config())
-                .await
-                .unwrap(),
-        )
-        .process_manager(Shop)
-        .workers(1)
-        .build()
-        .await
-        .unwrap()
+/// How many handlers ran, and how many at most at once: two handlers of
+/// one instance must never overlap.
+struct Overlaps {
+    running: AtomicUsize,
+    most: AtomicUsize,
+    calls: AtomicUsize,
 }
 
-fn order(n: usize) -> OrderPlaced {
-    OrderPlaced {
-        order: format!("o-{n}"),
-    }
-}
-
-/// Every command line MONITOR shows for `for` (commands scripts run
-/// excluded).
-fn monitor_lines(redis: &TestRedis, r#for: Duration) -> Vec<String> {
-    use std::io::{BufRead, BufReader};
-    let mut child = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "monitor"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .filter(|l| !l.contains(" lua]"))
-            .collect::<Vec<_>>()
-    });
-    std::thread::sleep(r#for);
-    let _ = child.kill();
-    let _ = child.wait();
-    reader.join().unwrap()
-}
-
-/// Was: `endpoint_receive` (backend/redis/endpoint.rs, the blocking
-/// `XREADGROUP`) keeps its cached reader connection after an error (the
-/// task queue's `read_new` drops it: `r.conn = None`). After a Redis
-/// restart the connection is dead for good: every idle round fails
-/// ("endpoint read failed"), the consumer never blocks again and only
-/// finds messages through the non-blocking script between growing pauses.
-/// Seen from the server: no blocking XREADGROUP on the endpoint ever
-/// arrives again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_endpoint_consumer_blocks_again_after_a_redis_restart() {
-    let mut redis = TestRedis::start();
-    let engine = shop_engine(&redis).await;
-    let done = Arc::new(Mutex::new(Vec::new()));
-    let d = done.clone();
-    engine.consumer("invoicing").spawn(move |m| {
-        let d = d.clone();
-        async move {
-            d.lock().unwrap().push(m.decode::<SendInvoice>()?.order);
-            Ok(())
+impl Overlaps {
+    const fn new() -> Self {
+        Overlaps {
+            running: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            calls: AtomicUsize::new(0),
         }
-    });
-    engine.publish(order(1)).await.unwrap();
-    until("first", async || done.lock().unwrap().len() == 1).await;
-    let blocking_reads = |seen: &[String]| {
-        seen.iter()
-            .filter(|l| {
-                l.contains("\"XREADGROUP\"")
-                    && l.contains("\"BLOCK\"")
-                    && l.contains("endpoint:invoicing")
-            })
-            .count()
-    };
-    // Control: before the restart the idle consumer blocks on the stream.
-    let before = tokio::task::block_in_place(|| monitor_lines(&redis, Duration::from_secs(2)));
-    assert!(blocking_reads(&before) > 0, "control: {before:?}");
-
-    redis.restart();
-    // Let everything reconnect and the consumer go idle.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    engine.publish(order(2)).await.unwrap();
-    until("second, after the restart", async || {
-        done.lock().unwrap().contains(&"o-2".to_owned())
-    })
-    .await;
-
-    let seen = tokio::task::block_in_place(|| monitor_lines(&redis, Duration::from_secs(3)));
-    let blocking = blocking_reads(&seen);
-    engine.shutdown().await;
-    assert!(
-        blocking > 0,
-        "an idle endpoint consumer sent no blocking read in 3 s after the restart \
-         (its cached reader connection is dead and never replaced)"
-    );
-}
-
-/// Was (unbounded growth): every `Consumer::run` names its consumers
-/// `<engine instance>-<n>` and nothing ever deletes them from the group
-/// (`XGROUP DELCONSUMER` is only used for the work queues). Each restart
-/// of a consuming service adds `concurrency` consumers to the group, for
-/// ever.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restarted_consumers_do_not_pile_up_in_the_group() {
-    let redis = TestRedis::start();
-    for n in 0..5 {
-        let engine = shop_engine(&redis).await;
-        let done = Arc::new(AtomicUsize::new(0));
-        let d = done.clone();
-        engine.consumer("invoicing").spawn(move |_m| {
-            let d = d.clone();
-            async move {
-                d.fetch_add(1, Ordering::SeqCst);
-                Ok(())
-            }
-        });
-        engine.publish(order(n)).await.unwrap();
-        until("delivered", async || done.load(Ordering::SeqCst) >= 1).await;
-        engine.shutdown().await;
     }
-    let consumers: Vec<redis::Value> = redis::cmd("XINFO")
-        .arg("CONSUMERS")
-        .arg(KEY)
-        .arg("consumers")
-        .query(&mut redis.conn())
-        .unwrap();
-    assert!(
-        consumers.len() <= 1,
-        "{} consumers left in the group after 5 restarts of a 1-consumer service",
-        consumers.len()
-    );
+
+    /// A handler's body, `hold` long.
+    async fn run(&self, hold: Duration) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(hold).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// `(most at once, calls)`.
+    fn seen(&self) -> (usize, usize) {
+        (
+            self.most.load(Ordering::SeqCst),
+            self.calls.load(Ordering::SeqCst),
+        )
+    }
 }
 
 // ------------------------------------------------------------- tallies --
@@ -278,7 +145,7 @@ async fn a_stale_commit_that_opens_a_tally_is_a_conflict_not_tally_exists() {
     );
 }
 
-// ----------------------------------------------- handles(many) upgrade --
+// ------------------------------------------------ legacy + new instance --
 
 #[derive(Message, Serialize, Deserialize)]
 struct ItemOpened {
@@ -299,7 +166,6 @@ struct Item {
     price: u32,
 }
 
-/// Release 1: the product index is a plain one.
 struct ItemsV1;
 
 #[process_manager(name = "items", state = Item)]
@@ -328,7 +194,6 @@ impl ItemsV1 {
     }
 }
 
-/// Release 2: the same handler becomes `#[handles(many)]`.
 struct ItemsV2;
 
 #[process_manager(name = "items", state = Item)]
@@ -357,15 +222,17 @@ impl ItemsV2 {
     }
 }
 
-/// Was (lost messages after an upgrade): marking an existing
-/// `#[correlate]` handler `#[handles(many)]` moves the field's index from
-/// `idx:` (a string per value) to `idxs:` (a set per value), but instances
-/// saved before keep only their `idx:` entry, and their `keys` already
-/// list (field, value), so no later save adds them to the set. Every
-/// `many` message for them is "matched no instance" and acknowledged; the
-/// old `idx:` key is never deleted either (no TTL, nothing removes it).
+/// Was (lost messages after an upgrade): an instance saved before its
+/// field became shared has only its old exclusive `idx:` entry, and no
+/// later save moved it into the set; then the legacy
+/// fallback (an instance saved before the field became shared, found by its
+/// old exclusive `idx:` entry) is only consulted when the shared set is
+/// empty. As soon as one instance created after the upgrade shares the
+/// value, the set is `[new]` and the old instance never gets `many`
+/// messages again (nor is it ever migrated, since only its own save would
+/// move it into the set).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn instances_from_before_many_still_get_many_messages() {
+async fn a_legacy_instance_is_missed_once_a_new_one_shares_its_value() {
     let redis = TestRedis::start();
     let v1 = Engine::builder()
         .backend(
@@ -379,16 +246,15 @@ async fn instances_from_before_many_still_get_many_messages() {
         .await
         .unwrap();
     v1.publish(ItemOpened {
-        order: "o-1".into(),
+        order: "old".into(),
         product: "lamp".into(),
     })
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while v1.process_instances::<ItemsV1>().await.unwrap().is_empty() {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("v1 opened", async || {
+        v1.process_instances::<ItemsV1>().await.unwrap().len() == 1
+    })
+    .await;
     v1.shutdown().await;
 
     let v2 = Engine::builder()
@@ -402,41 +268,316 @@ async fn instances_from_before_many_still_get_many_messages() {
         .build()
         .await
         .unwrap();
+    v2.publish(ItemOpened {
+        order: "new".into(),
+        product: "lamp".into(),
+    })
+    .await
+    .unwrap();
+    until("v2 opened", async || {
+        v2.process_instances::<ItemsV2>().await.unwrap().len() == 2
+    })
+    .await;
     v2.publish(ItemRepriced {
         product: "lamp".into(),
         price: 20,
     })
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let price = loop {
-        let states: Vec<Item> = v2
-            .process_instances::<ItemsV2>()
-            .await
-            .unwrap()
-            .iter()
-            .map(|i| serde_json::from_value(i.state.clone()).unwrap())
-            .collect();
-        if states[0].price == 20 || Instant::now() > deadline {
-            break states[0].price;
+    let prices = |v2: &Engine| {
+        let v2 = v2.clone();
+        async move {
+            let mut p: Vec<(String, u32)> = v2
+                .process_instances::<ItemsV2>()
+                .await
+                .unwrap()
+                .iter()
+                .map(|i| {
+                    let s: Item = serde_json::from_value(i.state.clone()).unwrap();
+                    (i.id.clone(), s.price)
+                })
+                .collect();
+            p.sort();
+            p
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let unmatched = v2
-        .process_metrics()
-        .unmatched
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut seen = prices(&v2).await;
+    while Instant::now() < deadline && !seen.iter().all(|(_, p)| *p == 20) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        seen = prices(&v2).await;
+    }
     v2.shutdown().await;
     assert_eq!(
-        price,
-        20,
-        "the instance opened before `many` never got the reprice (unmatched: {unmatched}); \
-         keys: {:?}",
-        redis.keys()
+        seen,
+        vec![("new".to_owned(), 20), ("old".to_owned(), 20)],
+        "both instances hold `lamp`; the one from before `many` was skipped"
     );
 }
 
-// ------------------------------------------- pessimistic lease handover --
+// ---------------------------------------------- fan-out copy, value moved --
+
+#[derive(Message, Serialize, Deserialize)]
+struct OrderOpened {
+    #[correlation_id]
+    order: String,
+    product: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct PriceChanged {
+    product: String,
+    price: u32,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct ProductSwapped {
+    #[correlation_id]
+    order: String,
+    product: String,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq)]
+struct Order {
+    product: String,
+    price: u32,
+}
+
+struct Orders;
+
+#[process_manager(name = "orders", state = Order)]
+impl Orders {
+    #[starts]
+    async fn opened(
+        &self,
+        msg: OrderOpened,
+        state: &mut Order,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        state.product = msg.product;
+        state.price = 10;
+        Ok(())
+    }
+
+    #[handles(many)]
+    #[correlate(state.product = msg.product)]
+    async fn price_changed(
+        &self,
+        msg: PriceChanged,
+        state: &mut Order,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        state.price = msg.price;
+        Ok(())
+    }
+
+    #[handles]
+    async fn swapped(
+        &self,
+        msg: ProductSwapped,
+        state: &mut Order,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        state.product = msg.product;
+        Ok(())
+    }
+}
+
+/// dispatch.rs `(true, Some(id)) => vec![id]`: a fanned-out copy is
+/// delivered to the instance it names without checking that the instance
+/// still holds the value. An order that switched from `lamp` to `chair`
+/// after the fan-out (and before its copy was handled) gets `lamp`'s price:
+/// a message for `lamp` handled after the switch would not reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanned_out_copy_is_not_applied_to_an_instance_that_left_the_value() {
+    let engine = Engine::builder()
+        .backend(MemoryBackend::new())
+        .process_manager(Orders)
+        .workers(1)
+        .worker_concurrency(1)
+        .build()
+        .await
+        .unwrap();
+    for order in ["o-1", "o-2"] {
+        engine
+            .publish(OrderOpened {
+                order: order.into(),
+                product: "lamp".into(),
+            })
+            .await
+            .unwrap();
+    }
+    until("opened", async || {
+        engine.process_instances::<Orders>().await.unwrap().len() == 2
+    })
+    .await;
+    // In queue order: the price change (fanned out: its copies go to the
+    // back), then o-1's switch to another product, then the copies.
+    engine
+        .publish(PriceChanged {
+            product: "lamp".into(),
+            price: 99,
+        })
+        .await
+        .unwrap();
+    engine
+        .publish(ProductSwapped {
+            order: "o-1".into(),
+            product: "chair".into(),
+        })
+        .await
+        .unwrap();
+    let state = |id: &'static str| {
+        let engine = engine.clone();
+        async move {
+            let i = engine
+                .process_instance::<Orders>(id)
+                .await
+                .unwrap()
+                .unwrap();
+            serde_json::from_value::<Order>(i.state).unwrap()
+        }
+    };
+    until("o-2 repriced", async || state("o-2").await.price == 99).await;
+    until("o-1 swapped", async || {
+        state("o-1").await.product == "chair"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let o1 = state("o-1").await;
+    engine.shutdown().await;
+    assert_eq!(
+        o1,
+        Order {
+            product: "chair".into(),
+            price: 10
+        },
+        "a `lamp` price reached an order of `chair`"
+    );
+}
+
+// ------------------------------------ pessimistic, shared-field handler --
+
+static DESKS: Overlaps = Overlaps::new();
+
+#[derive(Message, Serialize, Deserialize)]
+struct Poke {
+    #[correlation_id]
+    order: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Desk {
+    product: String,
+    pokes: u32,
+    prices: u32,
+}
+
+struct Desks;
+
+#[process_manager(name = "desks", state = Desk, concurrency = pessimistic)]
+impl Desks {
+    #[starts]
+    async fn opened(
+        &self,
+        msg: OrderOpened,
+        state: &mut Desk,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        state.product = msg.product;
+        Ok(())
+    }
+
+    #[handles(many)]
+    #[correlate(state.product = msg.product)]
+    async fn price_changed(
+        &self,
+        _msg: PriceChanged,
+        state: &mut Desk,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        DESKS.run(Duration::from_millis(300)).await;
+        state.prices += 1;
+        Ok(())
+    }
+
+    #[handles]
+    async fn poked(
+        &self,
+        _msg: Poke,
+        state: &mut Desk,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        DESKS.run(Duration::from_millis(300)).await;
+        state.pokes += 1;
+        Ok(())
+    }
+}
+
+/// worker/process.rs `instance_lock_name`: a message correlated by a
+/// shared field (a `#[handles(many)]` message that one instance matches,
+/// handled inline, or a plain `#[handles]` on that field) names its lease
+/// after `process_find`, the *exclusive* index, which never holds a shared
+/// value: the lease is `pm-lock:desks:new:lamp`, not the instance's
+/// `pm-lock:desks:o-1`. So in pessimistic mode it runs at the same time as
+/// another handler of the same instance (here in one process; equally
+/// across processes), one of them loses the save and runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pessimistic_handlers_of_one_instance_never_overlap_with_a_shared_field() {
+    let engine = Engine::builder()
+        .backend(MemoryBackend::new())
+        .process_manager(Desks)
+        .workers(1)
+        .worker_concurrency(4)
+        .build()
+        .await
+        .unwrap();
+    engine
+        .publish(OrderOpened {
+            order: "o-1".into(),
+            product: "lamp".into(),
+        })
+        .await
+        .unwrap();
+    until("opened", async || {
+        engine.process_instances::<Desks>().await.unwrap().len() == 1
+    })
+    .await;
+    engine
+        .publish(PriceChanged {
+            product: "lamp".into(),
+            price: 1,
+        })
+        .await
+        .unwrap();
+    engine
+        .publish(Poke {
+            order: "o-1".into(),
+        })
+        .await
+        .unwrap();
+    until("both handled", async || {
+        let i = engine
+            .process_instance::<Desks>("o-1")
+            .await
+            .unwrap()
+            .unwrap();
+        let s: Desk = serde_json::from_value(i.state).unwrap();
+        s.pokes == 1 && s.prices == 1
+    })
+    .await;
+    engine.shutdown().await;
+    let (max, calls) = DESKS.seen();
+    assert_eq!(
+        (max, calls),
+        (1, 2),
+        "pessimistic: handlers of o-1 overlapped (max {max} at once) and ran {calls} times for 2 messages"
+    );
+}
+
+// ----------------- one process, one instance: value lock vs. id lock --
+
+static TICKETS: Overlaps = Overlaps::new();
 
 #[derive(Message, Serialize, Deserialize)]
 struct TicketOpened {
@@ -446,17 +587,24 @@ struct TicketOpened {
 #[derive(Message, Serialize, Deserialize)]
 struct TicketNoted {
     number: String,
+    n: u32,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Tick {
+    n: u32,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Ticket {
     number: String,
     notes: u32,
+    ticks: u32,
 }
 
 struct Tickets;
 
-#[process_manager(name = "tickets", state = Ticket, concurrency = pessimistic)]
+#[process_manager(name = "tickets", state = Ticket)]
 impl Tickets {
     #[starts]
     #[correlate(state.number = msg.number)]
@@ -464,6 +612,118 @@ impl Tickets {
         &self,
         msg: TicketOpened,
         state: &mut Ticket,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        state.number = msg.number;
+        Ok(())
+    }
+
+    #[handles]
+    #[correlate(state.number = msg.number)]
+    async fn noted(
+        &self,
+        msg: TicketNoted,
+        state: &mut Ticket,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        TICKETS.run(Duration::from_millis(200)).await;
+        state.notes += 1;
+        ctx.request_timeout(Duration::ZERO, Tick { n: msg.n });
+        Ok(())
+    }
+
+    #[timeout]
+    async fn tick(
+        &self,
+        _t: Tick,
+        state: &mut Ticket,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        TICKETS.run(Duration::from_millis(200)).await;
+        state.ticks += 1;
+        Ok(())
+    }
+}
+
+/// worker/process.rs: the in-process lock is named after what the message
+/// finds the instance by (`lookup`): `tickets\0number\0t-1` for a message
+/// correlated by `number`, `tickets\0\0<uuid>` for the same instance's
+/// timeout. README: "In one process, the workers run one handler per
+/// instance at a time ... (no read, no conflict)". Here the two kinds run
+/// side by side in one process, and one of them loses the save and runs
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_runs_one_handler_per_instance_whatever_finds_it() {
+    let engine = Engine::builder()
+        .backend(MemoryBackend::new())
+        .process_manager(Tickets)
+        .workers(1)
+        .worker_concurrency(4)
+        .timeout_poll_interval(Duration::from_millis(10))
+        .build()
+        .await
+        .unwrap();
+    engine
+        .publish(TicketOpened {
+            number: "t-1".into(),
+        })
+        .await
+        .unwrap();
+    until("opened", async || {
+        engine.process_instances::<Tickets>().await.unwrap().len() == 1
+    })
+    .await;
+    for n in 0..4 {
+        engine
+            .publish(TicketNoted {
+                number: "t-1".into(),
+                n,
+            })
+            .await
+            .unwrap();
+    }
+    until("all handled", async || {
+        let i = &engine.process_instances::<Tickets>().await.unwrap()[0];
+        let s: Ticket = serde_json::from_value(i.state.clone()).unwrap();
+        s.notes == 4 && s.ticks == 4
+    })
+    .await;
+    engine.shutdown().await;
+    let (max, calls) = TICKETS.seen();
+    assert_eq!(
+        (max, calls),
+        (1, 8),
+        "handlers of one instance overlapped in one process (max {max} at once), {calls} runs for 8 messages"
+    );
+}
+// ------------------------------------------- pessimistic lease handover --
+
+#[derive(Message, Serialize, Deserialize)]
+struct LockedTicketOpened {
+    number: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct LockedTicketNoted {
+    number: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct LockedTicket {
+    number: String,
+    notes: u32,
+}
+
+struct LockedTickets;
+
+#[process_manager(name = "locked-tickets", state = LockedTicket, concurrency = pessimistic)]
+impl LockedTickets {
+    #[starts]
+    #[correlate(state.number = msg.number)]
+    async fn opened(
+        &self,
+        msg: LockedTicketOpened,
+        state: &mut LockedTicket,
         _ctx: &mut ProcessContext,
     ) -> Result<(), ProcessError> {
         // Long enough for the next message of the ticket to queue behind
@@ -477,8 +737,8 @@ impl Tickets {
     #[correlate(state.number = msg.number)]
     async fn noted(
         &self,
-        _msg: TicketNoted,
-        state: &mut Ticket,
+        _msg: LockedTicketNoted,
+        state: &mut LockedTicket,
         _ctx: &mut ProcessContext,
     ) -> Result<(), ProcessError> {
         state.notes += 1;
@@ -509,29 +769,29 @@ async fn a_handed_over_lease_that_is_not_used_is_released() {
                 .await
                 .unwrap(),
         )
-        .process_manager(Tickets)
+        .process_manager(LockedTickets)
         .workers(1)
         .worker_concurrency(4)
         .build()
         .await
         .unwrap();
     engine
-        .publish(TicketOpened {
+        .publish(LockedTicketOpened {
             number: "t-1".into(),
         })
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     engine
-        .publish(TicketNoted {
+        .publish(LockedTicketNoted {
             number: "t-1".into(),
         })
         .await
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let states: Vec<Ticket> = engine
-            .process_instances::<Tickets>()
+        let states: Vec<LockedTicket> = engine
+            .process_instances::<LockedTickets>()
             .await
             .unwrap()
             .iter()

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::until;
+
 use std::time::Duration;
 
 use common::redis_server::TestRedis;
@@ -214,6 +216,49 @@ async fn an_ambiguous_correlation_without_many_is_an_error_not_a_pick() {
     assert_eq!(dead.len(), 1, "{dead:?}");
 }
 
+/// Opens orders `o-<n>` for `lamp`, `n` in `range`, and waits for them.
+async fn open_lamps(engine: &Engine, range: std::ops::Range<usize>) {
+    let count = range.len();
+    for n in range {
+        engine
+            .publish(opened(&format!("o-{n}"), "lamp"))
+            .await
+            .unwrap();
+    }
+    until("opened", async || {
+        engine.process_instances::<Orders>().await.unwrap().len() >= count
+    })
+    .await;
+}
+
+/// Publishes one lamp price change twice (the same id) and waits until all
+/// `instances` have it: each exactly once.
+async fn reprice_lamps_once(engine: &Engine, instances: usize) {
+    for _ in 0..2 {
+        let change = PriceChanged {
+            product: "lamp".into(),
+            price: 20,
+        };
+        engine.publish_with_id("p-1", change).await.unwrap();
+    }
+    let states = async || -> Vec<Order> {
+        engine
+            .process_instances::<Orders>()
+            .await
+            .unwrap()
+            .iter()
+            .map(|i| serde_json::from_value(i.state.clone()).unwrap())
+            .collect()
+    };
+    until("repriced", async || {
+        let s = states().await;
+        s.len() == instances && s.iter().all(|s| s.price == 20)
+    })
+    .await;
+    let s = states().await;
+    assert!(s.iter().all(|s| s.changes == 1), "{s:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_engine_each_instance_handles_it_once() {
     let engine = Engine::builder()
@@ -222,51 +267,10 @@ async fn through_the_engine_each_instance_handles_it_once() {
         .build()
         .await
         .unwrap();
-    for n in 0..20 {
-        engine
-            .publish(opened(&format!("o-{n}"), "lamp"))
-            .await
-            .unwrap();
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while engine.process_instances::<Orders>().await.unwrap().len() < 20 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    engine
-        .publish_with_id(
-            "p-1",
-            PriceChanged {
-                product: "lamp".into(),
-                price: 20,
-            },
-        )
-        .await
-        .unwrap();
-    engine
-        .publish_with_id(
-            "p-1",
-            PriceChanged {
-                product: "lamp".into(),
-                price: 20,
-            },
-        )
-        .await
-        .unwrap();
-    loop {
-        let all = engine.process_instances::<Orders>().await.unwrap();
-        let states: Vec<Order> = all
-            .iter()
-            .map(|i| serde_json::from_value(i.state.clone()).unwrap())
-            .collect();
-        if states.iter().all(|s| s.price == 20) {
-            assert!(states.iter().all(|s| s.changes == 1), "{states:?}");
-            assert!(all.iter().all(|i| i.status == InstanceStatus::Active));
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{states:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    open_lamps(&engine, 0..20).await;
+    reprice_lamps_once(&engine, 20).await;
+    let all = engine.process_instances::<Orders>().await.unwrap();
+    assert!(all.iter().all(|i| i.status == InstanceStatus::Active));
     engine.shutdown().await;
 }
 
@@ -289,14 +293,7 @@ async fn on_redis_the_shared_index_follows_instances_and_each_gets_the_message_o
         .build()
         .await
         .unwrap();
-    for n in 0..30 {
-        engine
-            .publish(opened(&format!("o-{n}"), "lamp"))
-            .await
-            .unwrap();
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let members = |redis: &TestRedis| -> Vec<String> {
+    let members = || -> Vec<String> {
         let mut ids: Vec<String> = redis::cmd("SMEMBERS")
             .arg("saga:{saga:pm}:idxs:orders:product:lamp")
             .query(&mut redis.conn())
@@ -304,50 +301,19 @@ async fn on_redis_the_shared_index_follows_instances_and_each_gets_the_message_o
         ids.sort();
         ids
     };
-    while members(&redis).len() < 30 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    open_lamps(&engine, 0..30).await;
+    assert_eq!(members().len(), 30, "each instance joined the set");
     engine
         .publish(OrderClosed {
             order: "o-0".into(),
         })
         .await
         .unwrap();
-    while members(&redis).contains(&"o-0".to_owned()) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a deleted instance leaves the set"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    for _ in 0..2 {
-        engine
-            .publish_with_id(
-                "p-1",
-                PriceChanged {
-                    product: "lamp".into(),
-                    price: 20,
-                },
-            )
-            .await
-            .unwrap();
-    }
-    loop {
-        let states: Vec<Order> = engine
-            .process_instances::<Orders>()
-            .await
-            .unwrap()
-            .iter()
-            .map(|i| serde_json::from_value(i.state.clone()).unwrap())
-            .collect();
-        if states.len() == 29 && states.iter().all(|s| s.price == 20) {
-            assert!(states.iter().all(|s| s.changes == 1), "{states:?}");
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{states:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("a deleted instance leaves the set", async || {
+        !members().contains(&"o-0".to_owned())
+    })
+    .await;
+    reprice_lamps_once(&engine, 29).await;
     // Without `many`, the shared value is ambiguous: dead-lettered with why.
     engine
         .publish(ProductRecalled {
@@ -355,18 +321,15 @@ async fn on_redis_the_shared_index_follows_instances_and_each_gets_the_message_o
         })
         .await
         .unwrap();
-    let letters = loop {
-        let letters = engine
+    let letters = async || {
+        engine
             .dead_letters(saga_runtime::DeadLetterFilter::new())
             .await
             .unwrap()
-            .letters;
-        if !letters.is_empty() {
-            break letters;
-        }
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
+            .letters
     };
+    until("dead-lettered", async || !letters().await.is_empty()).await;
+    let letters = letters().await;
     assert!(
         letters[0].reason.contains("matched 29 instances"),
         "{letters:?}"
