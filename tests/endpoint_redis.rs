@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::redis_server::TestRedis;
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -50,17 +49,8 @@ impl Shop {
 const KEY: &str = "saga:{saga:pm}:endpoint:invoicing";
 
 async fn engine(redis: &TestRedis, workers: usize) -> Engine {
-    let config = RedisConfig {
-        visibility_timeout: Duration::from_millis(800),
-        block: Duration::from_millis(200),
-        ..RedisConfig::default()
-    };
     Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config)
-                .await
-                .unwrap(),
-        )
+        .backend(redis.backend().await)
         .process_manager(Shop)
         .workers(workers)
         .build()

@@ -21,14 +21,6 @@ use saga_runtime::process::{Envelope, EnvelopeKind, TallyRef};
 use saga_runtime::task::Timestamp;
 use serde::{Deserialize, Serialize};
 
-fn config() -> RedisConfig {
-    RedisConfig {
-        visibility_timeout: Duration::from_millis(800),
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    }
-}
-
 /// How many handlers ran, and how many at most at once: two handlers of
 /// one instance must never overlap.
 struct Overlaps {
@@ -235,11 +227,7 @@ impl ItemsV2 {
 async fn a_legacy_instance_is_missed_once_a_new_one_shares_its_value() {
     let redis = TestRedis::start();
     let v1 = Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config())
-                .await
-                .unwrap(),
-        )
+        .backend(redis.backend().await)
         .process_manager(ItemsV1)
         .workers(1)
         .build()
@@ -258,11 +246,7 @@ async fn a_legacy_instance_is_missed_once_a_new_one_shares_its_value() {
     v1.shutdown().await;
 
     let v2 = Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config())
-                .await
-                .unwrap(),
-        )
+        .backend(redis.backend().await)
         .process_manager(ItemsV2)
         .workers(1)
         .build()
@@ -390,16 +374,19 @@ impl Orders {
 /// a message for `lamp` handled after the switch would not reach it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fanned_out_copy_is_not_applied_to_an_instance_that_left_the_value() {
-    let engine = Engine::builder()
-        .backend(MemoryBackend::new())
-        .process_manager(Orders)
-        .workers(1)
-        .worker_concurrency(1)
-        .build()
-        .await
-        .unwrap();
+    let backend: std::sync::Arc<dyn saga_runtime::backend::Backend> =
+        std::sync::Arc::new(MemoryBackend::new());
+    let engine = |workers| {
+        Engine::builder()
+            .backend_arc(backend.clone())
+            .process_manager(Orders)
+            .workers(workers)
+            .worker_concurrency(1)
+            .build()
+    };
+    let opener = engine(1).await.unwrap();
     for order in ["o-1", "o-2"] {
-        engine
+        opener
             .publish(OrderOpened {
                 order: order.into(),
                 product: "lamp".into(),
@@ -408,11 +395,14 @@ async fn a_fanned_out_copy_is_not_applied_to_an_instance_that_left_the_value() {
             .unwrap();
     }
     until("opened", async || {
-        engine.process_instances::<Orders>().await.unwrap().len() == 2
+        opener.process_instances::<Orders>().await.unwrap().len() == 2
     })
     .await;
-    // In queue order: the price change (fanned out: its copies go to the
-    // back), then o-1's switch to another product, then the copies.
+    opener.shutdown().await;
+    // Queued before any worker runs, so in this order: the price change
+    // (fanned out: its copies go to the back), then o-1's switch to
+    // another product, then the copies.
+    let engine = engine(0).await.unwrap();
     engine
         .publish(PriceChanged {
             product: "lamp".into(),
@@ -427,6 +417,8 @@ async fn a_fanned_out_copy_is_not_applied_to_an_instance_that_left_the_value() {
         })
         .await
         .unwrap();
+    let worker = engine.clone();
+    tokio::spawn(async move { worker.run_workers(1).await });
     let state = |id: &'static str| {
         let engine = engine.clone();
         async move {

@@ -7,10 +7,7 @@ mod common;
 
 use common::until;
 
-use std::time::Duration;
-
 use common::redis_server::TestRedis;
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 
 use saga_runtime::backend::InstanceStatus;
 use saga_runtime::prelude::*;
@@ -277,17 +274,8 @@ async fn through_the_engine_each_instance_handles_it_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_the_shared_index_follows_instances_and_each_gets_the_message_once() {
     let redis = TestRedis::start();
-    let config = RedisConfig {
-        visibility_timeout: Duration::from_millis(800),
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    };
     let engine = Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config)
-                .await
-                .unwrap(),
-        )
+        .backend(redis.backend().await)
         .process_manager(Orders)
         .workers(3)
         .build()

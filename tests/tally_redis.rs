@@ -8,7 +8,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::redis_server::TestRedis;
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::backend::InstanceStatus;
 use saga_runtime::Engine;
 use sagas::batch::{Batch, BatchStarted, Batches};
@@ -52,17 +51,8 @@ async fn batch(engine: &Engine) -> Batch {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tally_checked_by_four_processes_one_killed_completes_exactly_once() {
     let redis = TestRedis::start();
-    let config = RedisConfig {
-        visibility_timeout: Duration::from_millis(800),
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    };
     let engine = Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config)
-                .await
-                .unwrap(),
-        )
+        .backend(redis.backend().await)
         .process_manager(Batches)
         .workers(2)
         .build()
@@ -154,16 +144,7 @@ async fn a_completion_whose_checker_died_is_sent_by_the_next_check_or_housekeepi
     use std::sync::Arc;
 
     let redis = TestRedis::start();
-    let config = RedisConfig {
-        visibility_timeout: Duration::from_millis(800),
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    };
-    let backend: Arc<dyn Backend> = Arc::new(
-        RedisBackend::connect_with(&redis.url(), config)
-            .await
-            .unwrap(),
-    );
+    let backend: Arc<dyn Backend> = Arc::new(redis.backend().await);
     let engine = Engine::builder()
         .backend_arc(backend.clone())
         .process_manager(Batches)

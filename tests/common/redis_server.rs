@@ -93,6 +93,19 @@ impl TestRedis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// A backend on this server with test-sized timeouts: messages of a
+    /// stopped worker come back after 800 ms, idle reads block 100 ms.
+    pub async fn backend(&self) -> saga_runtime::backend::redis::RedisBackend {
+        let config = saga_runtime::backend::redis::RedisConfig {
+            visibility_timeout: Duration::from_millis(800),
+            block: Duration::from_millis(100),
+            ..Default::default()
+        };
+        saga_runtime::backend::redis::RedisBackend::connect_with(&self.url(), config)
+            .await
+            .expect("connect to the test redis-server")
+    }
+
     /// SIGKILLs the server.
     pub fn kill(&mut self) {
         if let Some(mut server) = self.server.take() {
