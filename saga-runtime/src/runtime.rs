@@ -127,6 +127,8 @@ pub(crate) struct Runtime {
     pub tasks: TaskTracker,
     /// One process-manager handler per instance at a time in this process.
     pub instance_locks: crate::worker::instance_lock::InstanceLocks,
+    /// The process-manager partitions this engine's workers read.
+    pub partitions: crate::worker::partitions::Ownership,
 }
 
 impl Runtime {
@@ -151,6 +153,7 @@ impl Runtime {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             instance_locks: Default::default(),
+            partitions: Default::default(),
         }
     }
 

@@ -803,6 +803,10 @@ pub struct Interest {
     pub sagas: bool,
     /// Process-manager messages and timeouts.
     pub processes: bool,
+    /// Which process-manager partitions, a bit each, as
+    /// [`Leases::process_partitions`] handed them out (every one by
+    /// default). A backend that does not partition ignores it.
+    pub process_partitions: u64,
 }
 
 impl Interest {
@@ -810,6 +814,7 @@ impl Interest {
     pub const ALL: Interest = Interest {
         sagas: true,
         processes: true,
+        process_partitions: u64::MAX,
     };
 
     /// Whether a worker with this interest takes `item`.
@@ -889,6 +894,17 @@ pub trait WorkQueue: Send + Sync + 'static {
     /// handle (its saga is not deployed here yet), so that one no worker
     /// can handle still reaches the delivery cap.
     async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
+
+    /// Moves a process-manager message off a partition this worker's engine
+    /// owns (see [`Leases::process_partitions`]) onto the stream every
+    /// engine reads: for a message of a process manager the owner does not
+    /// run, which an engine that runs it must get. `false`: the message was
+    /// on that stream already, or this backend does not partition; the
+    /// caller then hands it back as usual.
+    async fn share(&self, delivery: &Delivery) -> Result<bool, BackendError> {
+        let _ = delivery;
+        Ok(false)
+    }
 
     /// `consumer` is leaving (a graceful shutdown): hands back what was
     /// delivered to it and not handed out yet, so that nothing waits out
@@ -1082,6 +1098,29 @@ pub trait Leases: Send + Sync + 'static {
 
     /// Releases the named lease if `token` holds it.
     async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError>;
+
+    /// Registers (or keeps) `member`, an engine that runs process managers,
+    /// among the readers of process-manager messages for `ttl`, and returns
+    /// the partitions it owns now, a bit each, for [`Interest`]: the
+    /// backend balances them over its live members, each partition owned
+    /// by one at a time, so that one writer handles the messages of an
+    /// instance. `None`: this backend does not partition (every reader
+    /// reads every message, and versioning alone settles races).
+    async fn process_partitions(
+        &self,
+        member: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, BackendError> {
+        let _ = (member, ttl);
+        Ok(None)
+    }
+
+    /// Lets go of `member`'s partitions at once (an engine shutting down),
+    /// so that the others take them over without waiting for the TTL.
+    async fn leave_process_partitions(&self, member: &str) -> Result<(), BackendError> {
+        let _ = member;
+        Ok(())
+    }
 }
 
 /// Retention: what keeps a backend's size bounded over a year of traffic.

@@ -22,6 +22,7 @@ impl Engine {
         if n > 0 {
             tasks.spawn(worker::timers(self.rt.clone()));
             tasks.spawn(worker::housekeeping(self.rt.clone()));
+            tasks.spawn(worker::partitions(self.rt.clone()));
         }
     }
 
@@ -71,6 +72,7 @@ impl Engine {
         if n > 0 {
             set.spawn(tasks.track_future(worker::timers(self.rt.clone())));
             set.spawn(tasks.track_future(worker::housekeeping(self.rt.clone())));
+            set.spawn(tasks.track_future(worker::partitions(self.rt.clone())));
         }
         tokio::select! {
             _ = self.rt.shutdown.cancelled() => {}

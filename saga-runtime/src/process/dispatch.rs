@@ -106,6 +106,8 @@ pub(crate) struct DispatchEnv<'a> {
     pub handler_timeout: std::time::Duration,
     /// How long a deleted instance's handled message ids are remembered.
     pub tombstone_ttl: std::time::Duration,
+    /// Where conflicts are counted.
+    pub metrics: Option<&'a super::ProcessMetrics>,
 }
 
 impl DispatchEnv<'_> {
@@ -665,6 +667,9 @@ pub(crate) async fn dispatch(
             // Someone else wrote the instance (or claimed its correlation
             // entry) first: re-run on the fresh state.
             Err(e) if is_conflict(&e) => {
+                if let Some(metrics) = env.metrics {
+                    metrics.conflicts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 tracing::debug!(process, instance = %instance.id, "concurrent write; re-running the handler");
                 continue;
             }

@@ -23,6 +23,10 @@ pub struct ProcessMetrics {
     /// Messages handed to each of the instances sharing their value
     /// (`#[handles(many)]`).
     pub fanned_out: AtomicU64,
+    /// Handler runs thrown away because another writer saved the instance
+    /// first (each re-run counts): what the single writer per partition
+    /// keeps near zero.
+    pub conflicts: AtomicU64,
 }
 
 impl ProcessMetrics {

@@ -758,12 +758,12 @@ pub async fn workers_take_only_what_they_run(b: Arc<dyn Backend>) {
     b.enqueue(&[WorkItem::Process(envelope(1))]).await.unwrap();
     create(&*b, &t).await;
     let sagas = Interest {
-        sagas: true,
         processes: false,
+        ..Interest::ALL
     };
     let processes = Interest {
         sagas: false,
-        processes: true,
+        ..Interest::ALL
     };
     let mut got = None;
     for _ in 0..50 {

@@ -224,6 +224,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             // Virtual time: a handler is never timed out here.
             handler_timeout: Duration::from_secs(365 * 24 * 60 * 60),
             tombstone_ttl: crate::runtime::DEFAULT_PROCESS_TOMBSTONE_TTL,
+            metrics: None,
         };
         dispatch(self.pm.as_ref(), &env, envelope)
             .await

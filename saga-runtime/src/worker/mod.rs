@@ -11,6 +11,7 @@
 mod housekeeping;
 pub(crate) mod instance_lock;
 mod lease;
+pub(crate) mod partitions;
 mod process;
 mod saga;
 mod timers;
@@ -24,6 +25,7 @@ use futures::FutureExt;
 use tokio::task::JoinSet;
 
 pub(crate) use housekeeping::run as housekeeping;
+pub(crate) use partitions::run as partitions;
 pub(crate) use timers::run as timers;
 
 use crate::backend::{Delivery, Interest, TakenLease, WorkItem};
@@ -53,9 +55,10 @@ const HANDOVER: Duration = Duration::from_secs(10);
 pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
     let consumer = format!("{}-{name}", rt.instance);
     let mut backoff = ErrorBackoff::default();
-    let interest = Interest {
+    let mut interest = Interest {
         sagas: !rt.sagas.is_empty(),
         processes: !rt.processes.is_empty(),
+        process_partitions: 0,
     };
     let limit = rt.settings.worker_concurrency.max(1);
     let mut running: JoinSet<u64> = JoinSet::new();
@@ -77,6 +80,9 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
         }
         if rt.shutdown.is_cancelled() {
             break;
+        }
+        if interest.processes {
+            interest.process_partitions = partitions::owned(&rt).await;
         }
         let free = limit - running.len();
         let receive = rt.backend.receive_many(

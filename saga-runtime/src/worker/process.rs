@@ -127,6 +127,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         dead_letter_unmatched: rt.settings.dead_letter_unmatched,
         handler_timeout: rt.settings.step_timeout,
         tombstone_ttl: rt.settings.process_tombstone_ttl,
+        metrics: Some(&rt.metrics),
     };
     let span = tracing::info_span!(
         "process_message",
@@ -212,6 +213,16 @@ async fn touching<T>(rt: &Runtime, delivery: &Delivery, work: impl Future<Output
 async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
     let mut known: Vec<_> = rt.processes.keys().copied().collect();
     known.sort_unstable();
+    // On a partition this engine owns, no engine that runs it would ever
+    // see it: it goes where every engine reads.
+    match rt.backend.share(delivery).await {
+        Ok(true) => {
+            tracing::debug!(process = %envelope.process, "not run here; moved to the shared stream");
+            return;
+        }
+        Ok(false) => {}
+        Err(error) => tracing::debug!(%error, "moving the message to the shared stream failed"),
+    }
     let why = format!(
         "unknown process manager `{}` (this worker runs [{}])",
         envelope.process,

@@ -179,6 +179,18 @@ impl Leases for RedisBackend {
             .await?;
         Ok(released == 1)
     }
+
+    async fn process_partitions(
+        &self,
+        member: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, BackendError> {
+        self.balance(member, ttl, false).await.map(Some)
+    }
+
+    async fn leave_process_partitions(&self, member: &str) -> Result<(), BackendError> {
+        self.balance(member, Duration::ZERO, true).await.map(drop)
+    }
 }
 
 #[async_trait]

@@ -8,7 +8,7 @@
 //! this one" be one script. Partitions spread tasks over slots; one partition
 //! (the default) keeps everything in one slot.
 
-use crate::process::TallyRef;
+use crate::process::{Envelope, TallyRef};
 use crate::task::{TaskId, TaskStatus};
 
 #[derive(Debug, Clone)]
@@ -29,15 +29,47 @@ impl Keys {
         self.partitions
     }
 
-    /// Work streams: one per saga partition, then the process-manager one
-    /// (index `partitions`).
+    /// Work streams: one per saga partition, then the process-manager
+    /// stream every reader reads (index `partitions`), then the
+    /// [`PROCESS_PARTITIONS`] process-manager partitions.
     pub fn streams(&self) -> u16 {
-        self.partitions + 1
+        self.partitions + 1 + PROCESS_PARTITIONS
     }
 
-    /// The index of the process-manager stream.
+    /// The index of the process-manager stream every reader reads: where
+    /// messages wait that no partition owner can handle (for a process
+    /// manager it does not run), and those enqueued before partitions
+    /// existed (it keeps its old name).
     pub fn process_stream(&self) -> u16 {
         self.partitions
+    }
+
+    /// The index of process-manager partition `k`.
+    pub fn process_partition(&self, k: u16) -> u16 {
+        self.partitions + 1 + k
+    }
+
+    /// Whether stream `stream` carries process-manager messages.
+    pub fn is_process(&self, stream: u16) -> bool {
+        stream >= self.partitions && stream < self.streams()
+    }
+
+    /// The partition stream of a process-manager message: by its instance
+    /// id where it names one, else by its correlation value (see
+    /// [`route_hash`]).
+    pub fn envelope_stream(&self, envelope: &Envelope) -> u16 {
+        let target = envelope.instance_id.as_deref();
+        self.process_route(
+            &envelope.process,
+            target.or(envelope.key.as_deref()).unwrap_or_default(),
+        )
+    }
+
+    /// The partition stream of messages of `process` for `target` (an
+    /// instance id or correlation value).
+    pub fn process_route(&self, process: &str, target: &str) -> u16 {
+        let k = route_hash(&format!("{process}:{target}")) % u32::from(PROCESS_PARTITIONS);
+        self.process_partition(k as u16)
     }
 
     pub fn partition_of(&self, id: TaskId) -> u16 {
@@ -112,27 +144,37 @@ impl Keys {
     /// A stream's delayed messages (retry backoffs, hand-backs with a
     /// delay), by due time.
     pub fn delayed(&self, stream: u16) -> String {
-        if stream == self.partitions {
-            format!("{}:delayed", self.pm_tag())
-        } else {
-            format!("{}:delayed", self.tag(stream))
-        }
+        self.stream_key(stream, "delayed")
     }
 
     pub fn queue(&self, stream: u16) -> String {
-        if stream == self.partitions {
-            format!("{}:queue", self.pm_tag())
-        } else {
-            format!("{}:queue", self.tag(stream))
-        }
+        self.stream_key(stream, "queue")
     }
 
     pub fn dead(&self, stream: u16) -> String {
-        if stream == self.partitions {
-            format!("{}:dead", self.pm_tag())
-        } else {
-            format!("{}:dead", self.tag(stream))
+        self.stream_key(stream, "dead")
+    }
+
+    /// `<tag>:<kind>` of a saga partition or of the shared process-manager
+    /// stream, `<pm tag>:<kind>:<k>` of process-manager partition `k`.
+    fn stream_key(&self, stream: u16, kind: &str) -> String {
+        match stream.checked_sub(self.partitions + 1) {
+            Some(k) => format!("{}:{kind}:{k}", self.pm_tag()),
+            None if stream == self.partitions => format!("{}:{kind}", self.pm_tag()),
+            None => format!("{}:{kind}", self.tag(stream)),
         }
+    }
+
+    /// The engines reading process-manager partitions, by when their
+    /// membership runs out (a sorted set).
+    pub fn partition_members(&self) -> String {
+        format!("{}:members", self.pm_tag())
+    }
+
+    /// What the owner lease of process-manager partition `k` is named
+    /// (`<this>:<k>`), for the script that balances them.
+    pub fn partition_owner_prefix(&self) -> String {
+        format!("{}:owner", self.pm_tag())
     }
 
     /// Every process-manager key carries this one hash tag: instances,
@@ -237,9 +279,42 @@ impl Keys {
     pub fn split_id<'a>(&self, id: &'a str) -> Option<(u16, &'a str)> {
         let (p, entry) = id.split_once('/')?;
         let p: u16 = p.parse().ok()?;
-        (p <= self.partitions).then_some((p, entry))
+        (p < self.streams()).then_some((p, entry))
     }
 }
+
+/// How many partitions process-manager messages are spread over. Each is
+/// read by one engine at a time (the one holding its owner lease), so that
+/// the messages of one instance are handled by one writer; sixteen lets up
+/// to sixteen engines share the work. Fixed, so that every engine of a
+/// deployment routes alike.
+pub const PROCESS_PARTITIONS: u16 = 16;
+
+/// The routing hash of process-manager messages, computed alike here and
+/// in scripts ([`ROUTE_HASH_LUA`]): a polynomial hash modulo a prime below
+/// 2^31, which Lua's doubles compute exactly.
+pub fn route_hash(text: &str) -> u32 {
+    text.bytes()
+        .fold(0u64, |h, b| (h * 31 + u64::from(b)) % 2_147_483_647) as u32
+}
+
+/// [`route_hash`] in Lua, and `route(prefix, m)`: the queue key of decoded
+/// envelope `m` (`ARGV`-independent, for scripts that move envelopes).
+pub const ROUTE_HASH_LUA: &str = r"
+local function route_hash(s)
+  local h = 0
+  for i = 1, #s do h = (h * 31 + string.byte(s, i)) % 2147483647 end
+  return h
+end
+local function route(pm_prefix, partitions, m)
+  local target = m.instance_id
+  if type(target) ~= 'string' then target = m.key end
+  if type(target) ~= 'string' then target = '' end
+  local process = m.process
+  if type(process) ~= 'string' then return pm_prefix .. ':queue' end
+  return pm_prefix .. ':queue:' .. (route_hash(process .. ':' .. target) % partitions)
+end
+";
 
 #[cfg(test)]
 mod tests {
@@ -293,7 +368,12 @@ mod tests {
             Some((8, "1-0")),
             "the process-manager stream"
         );
-        assert_eq!(keys.split_id("9/1-0"), None);
+        assert_eq!(keys.split_id("24/1-0"), Some((24, "1-0")), "the last partition");
+        assert_eq!(keys.split_id("25/1-0"), None);
+        assert_eq!(keys.queue(keys.process_stream()), format!("{pm}:queue"));
+        assert_eq!(keys.queue(keys.process_partition(3)), format!("{pm}:queue:3"));
+        assert_eq!(keys.dead(keys.process_partition(15)), format!("{pm}:dead:15"));
+        assert!(keys.is_process(8) && keys.is_process(24) && !keys.is_process(7));
         let pm = tag(&keys.queue(keys.process_stream())).to_owned();
         for key in [
             keys.instance("fulfillment", "o-1"),

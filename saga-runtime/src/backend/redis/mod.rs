@@ -42,6 +42,7 @@ mod entry;
 mod finished;
 mod housekeeping;
 mod keys;
+mod partitions;
 mod process;
 mod queue;
 mod scripts;
@@ -320,6 +321,17 @@ impl RedisBackend {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         f(readers.entry(consumer.to_owned()).or_default())
+    }
+
+    /// The process-manager stream and entry id of a delivery.
+    fn process_entry_of(&self, delivery: &Delivery) -> Result<(u16, String), BackendError> {
+        match self.keys().split_id(&delivery.id) {
+            Some((p, entry)) if self.keys().is_process(p) => Ok((p, entry.to_owned())),
+            _ => Err(corrupt(format!(
+                "delivery {} is not a process-manager message",
+                delivery.id
+            ))),
+        }
     }
 
     /// The stream entry id of a delivery, checked to be in stream `p`.

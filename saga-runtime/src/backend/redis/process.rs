@@ -124,14 +124,13 @@ impl ProcessStore for RedisBackend {
         commit: ProcessCommit<'_>,
     ) -> Result<u64, BackendError> {
         let k = self.keys();
-        let pm = k.process_stream();
         let limit = self.shared.config.dead_letter_payload_limit;
-        let (kind, entry, payload, reason, size) = match commit.settle {
-            Settle::Nothing => ("none", String::new(), "", "", None),
-            Settle::Ack(d) => ("ack", self.entry_of(d, pm)?, "", "", None),
+        let (kind, (pm, entry), payload, reason, size) = match commit.settle {
+            Settle::Nothing => ("none", (k.process_stream(), String::new()), "", "", None),
+            Settle::Ack(d) => ("ack", self.process_entry_of(d)?, "", "", None),
             Settle::DeadLetter(d, reason) => {
                 let (payload, size) = truncate_payload(&d.raw, limit);
-                ("dead", self.entry_of(d, pm)?, payload, reason, size)
+                ("dead", self.process_entry_of(d)?, payload, reason, size)
             }
             Settle::ResolveDeadLetter(_) => {
                 return Err(corrupt("process commits do not resolve dead letters"))
@@ -204,7 +203,9 @@ impl ProcessStore for RedisBackend {
             .arg(commit.add_shared.len())
             .arg(commit.remove_shared.len());
         for envelope in &commit.enqueue {
-            invocation.arg(WorkItem::Process(envelope.clone()).encode());
+            invocation
+                .arg(k.queue(k.envelope_stream(envelope)))
+                .arg(WorkItem::Process(envelope.clone()).encode());
         }
         for (_, payload) in &commit.endpoints {
             invocation.arg(payload);
@@ -219,7 +220,8 @@ impl ProcessStore for RedisBackend {
                 .arg(open.items.len())
                 .arg(super::ms(open.keep_for).max(1))
                 .arg(WorkItem::Process(open.completion.clone()).encode())
-                .arg(WorkItem::Process(open.completion_late.clone()).encode());
+                .arg(WorkItem::Process(open.completion_late.clone()).encode())
+                .arg(k.queue(k.envelope_stream(&open.completion)));
             for item in &open.items {
                 invocation.arg(item);
             }
@@ -257,7 +259,9 @@ impl ProcessStore for RedisBackend {
                 .key(self.keys().scheduled())
                 .key(self.keys().queue(self.keys().process_stream()))
                 .arg(now_ms)
-                .arg(limit),
+                .arg(limit)
+                .arg(self.keys().process_prefix())
+                .arg(super::keys::PROCESS_PARTITIONS),
         )
         .await
     }

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::entry::{self, delivery, entries};
+use super::keys::PROCESS_PARTITIONS;
 use super::{ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Interest, Lease,
@@ -95,29 +96,44 @@ impl RedisBackend {
     }
 
     /// Takes over one message whose consumer stopped settling it, from the
-    /// first stream (in turn) that has one.
+    /// first stream (in turn) that has one: a call per saga partition (each
+    /// its own slot), one for every process-manager stream (they share one).
     async fn claim(
         &self,
         consumer: &str,
         streams: &[u16],
     ) -> Result<Option<Delivery>, BackendError> {
-        let n = streams.len();
+        let k = self.keys();
+        let (processes, sagas): (Vec<u16>, Vec<u16>) =
+            streams.iter().partition(|p| k.is_process(**p));
+        let mut groups: Vec<Vec<u16>> = sagas.into_iter().map(|p| vec![p]).collect();
+        if !processes.is_empty() {
+            groups.push(processes);
+        }
+        let n = groups.len();
         let first = usize::from(self.reader(consumer, |r| r.next_stream));
         for i in 0..n {
             let slot = (first + i) % n;
-            let p = streams[slot];
-            let reply: Value = self
-                .run(
-                    s::CLAIM
-                        .key(self.keys().queue(p))
-                        .arg(self.group())
-                        .arg(consumer)
-                        .arg(ms(self.shared.config.visibility_timeout))
-                        .arg(CLAIM_BATCH),
-                )
-                .await?;
+            let group = &groups[slot];
+            let mut claim = s::CLAIM.prepare_invoke();
+            for p in group {
+                claim.key(k.queue(*p));
+            }
+            claim
+                .arg(self.group())
+                .arg(consumer)
+                .arg(ms(self.shared.config.visibility_timeout))
+                .arg(CLAIM_BATCH);
+            let reply: Value = self.run(&claim).await?;
             if let Some(item) = entry::items(&reply).first() {
-                if let [id, count, fields] = entry::items(item).as_slice() {
+                if let [stream, id, count, fields] = entry::items(item).as_slice() {
+                    let Some(&p) = entry::text(stream)
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|s| group.get(s))
+                    else {
+                        return Err(BackendError::Corrupt("CLAIM answered a bad stream".into()));
+                    };
                     let id = entry::text(id);
                     let count = entry::text(count).parse().unwrap_or(1);
                     tracing::info!(message = %id, consumer, deliveries = count, "took over a message whose worker stopped");
@@ -153,7 +169,7 @@ impl RedisBackend {
             .arg(ms(ttl))
             .arg(max.max(1));
         for p in streams {
-            match *p == self.keys().process_stream() {
+            match self.keys().is_process(*p) {
                 true => take.arg(format!("pm|{}", self.keys().process_prefix())),
                 false => take.arg(self.keys().task_prefix(*p)),
             };
@@ -232,11 +248,17 @@ impl RedisBackend {
     }
 
     /// The streams a worker with `interest` reads: the saga partitions,
-    /// the process-manager stream, or both.
+    /// the shared process-manager stream and the process-manager
+    /// partitions its engine owns, or both.
     fn streams_for(&self, interest: Interest) -> Vec<u16> {
         let k = self.keys();
         let sagas = (0..k.partitions()).filter(|_| interest.sagas);
-        let processes = std::iter::once(k.process_stream()).filter(|_| interest.processes);
+        let owned = (0..PROCESS_PARTITIONS)
+            .filter(|p| interest.process_partitions & (1 << p) != 0)
+            .map(|p| k.process_partition(p));
+        let processes = std::iter::once(k.process_stream())
+            .chain(owned)
+            .filter(|_| interest.processes);
         sagas.chain(processes).collect()
     }
 
@@ -376,9 +398,9 @@ impl RedisBackend {
 
     fn queue_of(&self, item: &WorkItem) -> String {
         let k = self.keys();
-        match item.task_id() {
-            Some(id) => k.queue(k.partition_of(id)),
-            None => k.queue(k.process_stream()),
+        match item {
+            WorkItem::Saga(m) => k.queue(k.partition_of(m.task_id)),
+            WorkItem::Process(envelope) => k.queue(k.envelope_stream(envelope)),
         }
     }
 }
@@ -493,6 +515,24 @@ impl WorkQueue for RedisBackend {
         self.hand_back(delivery, delay, false).await
     }
 
+    async fn share(&self, delivery: &Delivery) -> Result<bool, BackendError> {
+        let (p, entry) = self.locate(delivery)?;
+        let k = self.keys();
+        if !k.is_process(p) || p == k.process_stream() {
+            return Ok(false);
+        }
+        let _: i64 = self
+            .run(
+                s::SHARE
+                    .key(k.queue(p))
+                    .key(k.queue(k.process_stream()))
+                    .arg(self.group())
+                    .arg(entry),
+            )
+            .await?;
+        Ok(true)
+    }
+
     async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
         // Nothing is buffered (a read hands out what it takes); the
         // blocking connection goes.
@@ -527,19 +567,22 @@ impl WorkQueue for RedisBackend {
     }
 
     async fn release_due(&self, limit: usize) -> Result<usize, BackendError> {
+        let k = self.keys();
         let mut moved = 0;
-        for p in 0..self.keys().streams() {
+        // A call per saga partition (each its own slot); one for every
+        // process-manager stream (they share one).
+        for p in 0..k.partitions() {
             let n: usize = self
-                .run(
-                    s::RELEASE_DELAYED
-                        .key(self.keys().delayed(p))
-                        .key(self.keys().queue(p))
-                        .arg(limit),
-                )
+                .run(s::RELEASE_DELAYED.key(k.delayed(p)).key(k.queue(p)).arg(limit))
                 .await?;
             moved += n;
         }
-        Ok(moved)
+        let mut processes = s::RELEASE_DELAYED.prepare_invoke();
+        for p in k.partitions()..k.streams() {
+            processes.key(k.delayed(p)).key(k.queue(p));
+        }
+        let n: usize = self.run(processes.arg(limit)).await?;
+        Ok(moved + n)
     }
 
     async fn dead_letters(

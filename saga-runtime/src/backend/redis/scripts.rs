@@ -22,6 +22,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use super::keys::ROUTE_HASH_LUA;
+
 /// Server time in milliseconds, as `now`.
 const NOW: &str = r"
 local t = redis.call('TIME')
@@ -402,25 +404,28 @@ return out",
     )
 });
 
-/// KEYS: queue. ARGV: group, consumer, min idle ms, count.
+/// KEYS: queues (of one slot). ARGV: group, consumer, min idle ms, count.
 ///
 /// Takes over messages whose consumer stopped settling them (its worker
-/// died). Returns {entry id, delivery count (this one included), fields}
-/// per message; entries deleted from the stream are dropped from the
-/// pending list. The fields are returned raw: an entry that does not decode
+/// died), from the first queue that has any. Returns {queue index (from
+/// 0), entry id, delivery count (this one included), fields} per message;
+/// entries deleted from the stream are dropped from the pending list. The fields are returned raw: an entry that does not decode
 /// is the caller's to dead-letter, without holding the others up.
 pub static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])
 local out = {}
-for _, p in ipairs(pending) do
-  local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], p[1])
-  if #claimed == 0 or not claimed[1][2] then
-    redis.call('XACK', KEYS[1], ARGV[1], p[1])
-  else
-    out[#out + 1] = {p[1], p[4] + 1, claimed[1][2]}
+for s = 1, #KEYS do
+  local pending = redis.call('XPENDING', KEYS[s], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])
+  for _, p in ipairs(pending) do
+    local claimed = redis.call('XCLAIM', KEYS[s], ARGV[1], ARGV[2], ARGV[3], p[1])
+    if #claimed == 0 or not claimed[1][2] then
+      redis.call('XACK', KEYS[s], ARGV[1], p[1])
+    else
+      out[#out + 1] = {s - 1, p[1], p[4] + 1, claimed[1][2]}
+    end
   end
+  if #out > 0 then return out end
 end
 return out",
     )
@@ -489,25 +494,45 @@ return false",
     )
 });
 
-/// KEYS: delayed, queue. ARGV: limit. Moves due delayed messages onto the
-/// queue, each exactly once; returns how many moved.
+/// KEYS: (delayed, queue) pairs, all in one slot. ARGV: limit (per
+/// pair). Moves due delayed messages onto their queues, each exactly once;
+/// returns how many moved from the pair that moved most.
 pub static RELEASE_DELAYED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])
-for _, m in ipairs(due) do
-  redis.call('ZREM', KEYS[1], m)
-  local sep = string.find(m, ':', 1, true)
-  local n = tonumber(string.sub(m, 1, sep - 1)) or 0
-  local payload = string.sub(m, sep + 1)
-  if n > 0 then
-    redis.call('XADD', KEYS[2], '*', 'payload', payload, 'unanswered', n)
-  else
-    redis.call('XADD', KEYS[2], '*', 'payload', payload)
+local most = 0
+for k = 1, #KEYS, 2 do
+  local due = redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', now, 'LIMIT', 0, ARGV[1])
+  for _, m in ipairs(due) do
+    redis.call('ZREM', KEYS[k], m)
+    local sep = string.find(m, ':', 1, true)
+    local n = tonumber(string.sub(m, 1, sep - 1)) or 0
+    local payload = string.sub(m, sep + 1)
+    if n > 0 then
+      redis.call('XADD', KEYS[k + 1], '*', 'payload', payload, 'unanswered', n)
+    else
+      redis.call('XADD', KEYS[k + 1], '*', 'payload', payload)
+    end
   end
+  if #due > most then most = #due end
 end
-return #due"
+return most"
     ))
+});
+
+/// KEYS: from queue, to queue. ARGV: group, entry id. Moves a delivered
+/// entry, every field kept, to the other stream and settles it; 1 if
+/// moved, 0 if the entry was gone (it is settled all the same).
+pub static SHARE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local e = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if #e == 0 then return 0 end
+redis.call('XADD', KEYS[2], '*', unpack(e[1][2]))
+redis.call('XDEL', KEYS[1], ARGV[2])
+return 1",
+    )
 });
 
 /// KEYS: expiring. ARGV: limit. The members of tasks whose retention ran
@@ -630,8 +655,10 @@ return 0",
 /// shared correlation entries (sets of instance ids) to join and to leave.
 /// ARGV 22 is the number of tallies, 23 and 24 the numbers of shared
 /// entries to join and leave; after the schedule pairs, each tally has:
-/// its item count n, keep ms, completion, late completion, n items, its
-/// member of the open tallies.
+/// its item count n, keep ms, completion, late completion, the queue its
+/// completion goes to, n items, its member of the open tallies. The queue
+/// is the delivery's (what the settle touches); each enqueued payload
+/// comes after the queue it goes to (its partition's).
 /// Returns {new version} or {-2, stored version} / {-4, owner} on conflict,
 /// {-5} when a tombstone remembers the message handled, {-6, i} when tally
 /// i exists already.
@@ -685,8 +712,8 @@ if ARGV[1] == '1' then
   end
 end
 local a = 24
-for i = 1, nenq do redis.call('XADD', KEYS[3], '*', 'payload', ARGV[a + i]) end
-a = a + nenq
+for i = 1, nenq do redis.call('XADD', ARGV[a + 2 * i - 1], '*', 'payload', ARGV[a + 2 * i]) end
+a = a + 2 * nenq
 for i = 1, nep do
   redis.call('XADD', KEYS[5 + nadd + nrem + i], 'MAXLEN', '~', ARGV[18], '*', 'envelope', ARGV[a + i])
 end
@@ -695,7 +722,7 @@ for i = 1, nsch do redis.call('ZADD', KEYS[4], ARGV[a + 2 * i - 1], ARGV[a + 2 *
 a = a + 2 * nsch
 for t = 1, ntally do
   local h, pend, checked = KEYS[tk + 3 * t - 2], KEYS[tk + 3 * t - 1], KEYS[tk + 3 * t]
-  local n, keep, first = tonumber(ARGV[a + 1]), ARGV[a + 2], a + 5
+  local n, keep, first = tonumber(ARGV[a + 1]), ARGV[a + 2], a + 6
   redis.call('DEL', pend, checked)
   redis.call('SADD', checked, '')
   redis.call('PEXPIRE', checked, keep)
@@ -706,7 +733,7 @@ for t = 1, ntally do
   redis.call('HSET', h, 'total', total, 'done', total == 0 and 1 or 0, 'completion', ARGV[a + 3], 'completion_late', ARGV[a + 4])
   redis.call('PEXPIRE', h, keep)
   if total == 0 then
-    redis.call('XADD', KEYS[3], '*', 'payload', ARGV[a + 3])
+    redis.call('XADD', ARGV[a + 5], '*', 'payload', ARGV[a + 3])
   else
     redis.call('PEXPIRE', pend, keep)
     redis.call('ZADD', KEYS[sh], now + tonumber(keep), ARGV[first + n])
@@ -723,19 +750,24 @@ return {{version}}"
     ))
 });
 
-/// KEYS: schedule, queue. ARGV: now ms, limit. Moves due process-manager
-/// timeouts onto the queue, each exactly once (ZREM and XADD in one
-/// script).
+/// KEYS: schedule, the shared process-manager queue. ARGV: now ms, limit,
+/// the process-manager key prefix, the partition count. Moves due
+/// process-manager timeouts onto their partitions' queues (the shared one
+/// for an entry that does not decode), each exactly once (ZREM and XADD in
+/// one script).
 pub static RELEASE_DUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        r"{ROUTE_HASH_LUA}
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 for _, m in ipairs(due) do
   redis.call('ZREM', KEYS[1], m)
-  redis.call('XADD', KEYS[2], '*', 'payload', m)
+  local ok, decoded = pcall(cjson.decode, m)
+  local queue = KEYS[2]
+  if ok and type(decoded) == 'table' then queue = route(ARGV[3], tonumber(ARGV[4]), decoded) end
+  redis.call('XADD', queue, '*', 'payload', m)
 end
-return #due",
-    )
+return #due"
+    ))
 });
 
 /// KEYS: lease. ARGV: token, ttl ms. Takes or renews; 1 if held by token.
@@ -903,5 +935,47 @@ end
 local ok, n = pcall(redis.call, 'XACK', KEYS[1], ARGV[1], ARGV[2])
 if ok then return n end
 return 0"
+    ))
+});
+
+/// KEYS: members. ARGV: owner lease prefix, member, ttl ms, partition
+/// count, leaving (1/0).
+///
+/// Balances the process-manager partitions over the live members (sorted
+/// by name, member `r` of `n` gets the partitions `k` with `k % n == r`):
+/// takes or renews those of `member` that are free or its own, lets go of
+/// its others (their new owner takes them on its next call), and returns
+/// the partitions it holds now as a bit mask. Leaving lets go of all of
+/// them and of the membership. A partition is never held by two members:
+/// an owner lease is taken only where none is.
+pub static BALANCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+local me, ttl, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local rank, size = -1, 0
+if ARGV[5] == '1' then
+  redis.call('ZREM', KEYS[1], me)
+else
+  redis.call('ZADD', KEYS[1], now + ttl, me)
+  local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+  table.sort(members)
+  size = #members
+  for i, m in ipairs(members) do if m == me then rank = i - 1 end end
+end
+local owned = 0
+for k = 0, n - 1 do
+  local key = ARGV[1] .. ':' .. k
+  local owner = redis.call('GET', key)
+  if rank >= 0 and k % size == rank then
+    if not owner or owner == me then
+      redis.call('SET', key, me, 'PX', ttl)
+      owned = owned + 2 ^ k
+    end
+  elseif owner == me then
+    redis.call('DEL', key)
+  end
+end
+return owned"
     ))
 });

@@ -40,7 +40,7 @@ impl RedisBackend {
                     .key(k.tally(tally, ""))
                     .key(k.tally(tally, ":pending"))
                     .key(k.tally(tally, ":checked"))
-                    .key(k.queue(k.process_stream()))
+                    .key(k.queue(k.process_route(&tally.process, &tally.instance)))
                     .key(k.open_tallies())
                     .arg(ms(COMPLETED_TALLY_KEEP))
                     .arg(member(tally)?),

@@ -1,0 +1,42 @@
+//! Process-manager partitions: which engine reads which partition stream.
+//!
+//! Every process-manager message goes to one of
+//! [`PROCESS_PARTITIONS`](super::keys::PROCESS_PARTITIONS) streams, chosen
+//! from its instance id or correlation value, so that the messages of one
+//! instance meet in one stream. Each partition is read by one engine at a
+//! time, the holder of its owner lease: `BALANCE` spreads the partitions
+//! over the engines that renewed their membership within its TTL. One
+//! writer per instance is thus the normal case across processes, not
+//! only within one; versioning still settles the rare overlap (an owner
+//! that stalls past its lease, a hand-over while the old owner finishes a
+//! message).
+
+use std::time::Duration;
+
+use super::keys::PROCESS_PARTITIONS;
+use super::{ms, scripts as s, RedisBackend};
+use crate::backend::BackendError;
+
+impl RedisBackend {
+    /// Runs `BALANCE` for `member`; the partitions it owns after it.
+    pub(super) async fn balance(
+        &self,
+        member: &str,
+        ttl: Duration,
+        leaving: bool,
+    ) -> Result<u64, BackendError> {
+        let k = self.keys();
+        let owned: i64 = self
+            .run(
+                s::BALANCE
+                    .key(k.partition_members())
+                    .arg(k.partition_owner_prefix())
+                    .arg(member)
+                    .arg(ms(ttl).max(1))
+                    .arg(PROCESS_PARTITIONS)
+                    .arg(if leaving { "1" } else { "0" }),
+            )
+            .await?;
+        Ok(owned as u64)
+    }
+}

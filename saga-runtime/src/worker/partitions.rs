@@ -1,0 +1,104 @@
+//! This engine's share of the process-manager partitions (see the Redis
+//! backend's `partitions`): which partition streams its workers read.
+//!
+//! The share is renewed every heartbeat and trusted only for the TTL it was
+//! granted for: an engine that cannot reach the backend stops reading the
+//! partitions it can no longer prove it owns, since another engine may own
+//! them by then.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::runtime::Runtime;
+
+/// What this engine owns, as last granted.
+#[derive(Default)]
+pub(crate) struct Ownership {
+    /// The first grant, which the workers wait for before their first read
+    /// (else they would start on the shared stream alone).
+    first: OnceCell<()>,
+    state: Mutex<Grant>,
+}
+
+#[derive(Clone, Copy)]
+enum Grant {
+    /// The backend does not partition: read everything.
+    Everything,
+    /// These partitions (a bit each) until then.
+    Owned(u64, Instant),
+}
+
+impl Default for Grant {
+    fn default() -> Self {
+        Grant::Owned(0, Instant::now())
+    }
+}
+
+impl Ownership {
+    fn now(&self) -> u64 {
+        match *self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            Grant::Everything => u64::MAX,
+            Grant::Owned(bits, until) if Instant::now() < until => bits,
+            Grant::Owned(..) => 0,
+        }
+    }
+
+    fn set(&self, grant: Grant) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = grant;
+    }
+}
+
+/// The partitions this engine's workers read now: after the first grant.
+pub(crate) async fn owned(rt: &Runtime) -> u64 {
+    rt.partitions.first.get_or_init(|| renew(rt)).await;
+    rt.partitions.now()
+}
+
+/// How long a grant lasts: the task lease's TTL, so that partitions of an
+/// engine that died are taken over on the scale its messages are.
+fn ttl(rt: &Runtime) -> Duration {
+    rt.lease_ttl()
+}
+
+/// Asks the backend for this engine's share and records the grant.
+async fn renew(rt: &Runtime) {
+    let asked = Instant::now();
+    match rt.backend.process_partitions(&rt.instance, ttl(rt)).await {
+        Ok(Some(bits)) => {
+            let before = rt.partitions.now();
+            if bits != before {
+                tracing::info!(
+                    owned = bits.count_ones(),
+                    "process-manager partitions rebalanced"
+                );
+            }
+            rt.partitions.set(Grant::Owned(bits, asked + ttl(rt)));
+        }
+        Ok(None) => rt.partitions.set(Grant::Everything),
+        Err(error) => {
+            tracing::warn!(%error, "renewing the process-manager partitions failed; will retry")
+        }
+    }
+}
+
+/// Keeps this engine's share renewed until it shuts down, then lets go of
+/// it so that the others take it over at once.
+pub(crate) async fn run(rt: Arc<Runtime>) {
+    if rt.processes.is_empty() {
+        return;
+    }
+    owned(&rt).await;
+    loop {
+        tokio::select! {
+            _ = rt.shutdown.cancelled() => break,
+            _ = tokio::time::sleep(rt.heartbeat_every()) => renew(&rt).await,
+        }
+    }
+    rt.partitions.set(Grant::Owned(0, Instant::now()));
+    if let Err(error) = rt.backend.leave_process_partitions(&rt.instance).await {
+        tracing::warn!(%error, "letting go of the process-manager partitions failed; others take them over when they expire");
+    }
+}
