@@ -368,11 +368,21 @@ mod tests {
             Some((8, "1-0")),
             "the process-manager stream"
         );
-        assert_eq!(keys.split_id("24/1-0"), Some((24, "1-0")), "the last partition");
+        assert_eq!(
+            keys.split_id("24/1-0"),
+            Some((24, "1-0")),
+            "the last partition"
+        );
         assert_eq!(keys.split_id("25/1-0"), None);
         assert_eq!(keys.queue(keys.process_stream()), format!("{pm}:queue"));
-        assert_eq!(keys.queue(keys.process_partition(3)), format!("{pm}:queue:3"));
-        assert_eq!(keys.dead(keys.process_partition(15)), format!("{pm}:dead:15"));
+        assert_eq!(
+            keys.queue(keys.process_partition(3)),
+            format!("{pm}:queue:3")
+        );
+        assert_eq!(
+            keys.dead(keys.process_partition(15)),
+            format!("{pm}:dead:15")
+        );
         assert!(keys.is_process(8) && keys.is_process(24) && !keys.is_process(7));
         let pm = tag(&keys.queue(keys.process_stream())).to_owned();
         for key in [

@@ -573,7 +573,12 @@ impl WorkQueue for RedisBackend {
         // process-manager stream (they share one).
         for p in 0..k.partitions() {
             let n: usize = self
-                .run(s::RELEASE_DELAYED.key(k.delayed(p)).key(k.queue(p)).arg(limit))
+                .run(
+                    s::RELEASE_DELAYED
+                        .key(k.delayed(p))
+                        .key(k.queue(p))
+                        .arg(limit),
+                )
                 .await?;
             moved += n;
         }

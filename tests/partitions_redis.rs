@@ -1,0 +1,371 @@
+//! Process-manager partitions on a private redis-server: each partition is
+//! read by one engine at a time, so the messages of one instance have one
+//! writer across processes; partitions move when engines join, leave or
+//! die; a message for a process manager its partition's owner does not run
+//! still reaches one that does.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::redis_server::TestRedis;
+use common::until;
+use saga_runtime::backend::Leases;
+use saga_runtime::prelude::*;
+use saga_runtime::process::ProcessMetrics;
+use serde::{Deserialize, Serialize};
+
+/// Owner lease keys of the default prefix (`saga`).
+const PARTITIONS: usize = 16;
+
+#[derive(Message, Serialize, Deserialize)]
+struct Add {
+    #[correlation_id]
+    key: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Sum {
+    n: u64,
+}
+
+/// Counts the `Add`s of each key.
+struct Adder;
+
+#[process_manager(name = "adder", state = Sum)]
+impl Adder {
+    #[starts]
+    async fn add(
+        &self,
+        _m: Add,
+        s: &mut Sum,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.n += 1;
+        Ok(())
+    }
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Ping {
+    #[correlation_id]
+    key: String,
+}
+
+/// A second process manager, for engines that run one but not the other.
+struct Pinger;
+
+#[process_manager(name = "pinger", state = Sum)]
+impl Pinger {
+    #[starts]
+    async fn ping(
+        &self,
+        _m: Ping,
+        s: &mut Sum,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.n += 1;
+        Ok(())
+    }
+}
+
+enum Runs {
+    Adder,
+    Pinger,
+}
+
+/// An engine with `workers` workers; partitions are granted for the task
+/// lease (`lease`) and renewed every heartbeat (a third of it, at most 1 s).
+async fn engine(redis: &TestRedis, runs: Runs, workers: usize, lease: Duration) -> Engine {
+    let builder = Engine::builder()
+        .backend(redis.backend().await)
+        .lock_ttl(lease)
+        .worker_concurrency(4)
+        .workers(workers);
+    match runs {
+        Runs::Adder => builder.process_manager(Adder),
+        Runs::Pinger => builder.process_manager(Pinger),
+    }
+    .build()
+    .await
+    .unwrap()
+}
+
+/// Who holds each partition's owner lease.
+fn owners(redis: &TestRedis) -> Vec<Option<String>> {
+    let mut conn = redis.conn();
+    (0..PARTITIONS)
+        .map(|k| {
+            redis::cmd("GET")
+                .arg(format!("saga:{{saga:pm}}:owner:{k}"))
+                .query(&mut conn)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The distinct owners, if every partition has one.
+fn owner_set(redis: &TestRedis) -> Option<std::collections::BTreeSet<String>> {
+    owners(redis).into_iter().collect()
+}
+
+fn metric(engine: &Engine, pick: impl Fn(&ProcessMetrics) -> &std::sync::atomic::AtomicU64) -> u64 {
+    pick(engine.process_metrics()).load(Ordering::Relaxed)
+}
+
+async fn sum<P: ProcessManager<State = Sum>>(engine: &Engine, key: &str) -> u64 {
+    engine
+        .process_state::<P>(key)
+        .await
+        .unwrap()
+        .map_or(0, |s| s.n)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_engines_split_the_partitions_and_one_instance_has_one_writer() {
+    let redis = TestRedis::start();
+    let lease = Duration::from_secs(30);
+    let a = engine(&redis, Runs::Adder, 2, lease).await;
+    let b = engine(&redis, Runs::Adder, 2, lease).await;
+    until("two engines owning eight partitions each", async || {
+        let owners = owners(&redis);
+        let set = owner_set(&redis).unwrap_or_default();
+        set.len() == 2
+            && set
+                .iter()
+                .all(|o| owners.iter().filter(|x| x.as_ref() == Some(o)).count() == 8)
+    })
+    .await;
+    // A read in flight when the partitions moved (one block of 100 ms at
+    // most) may still name the old ones: wait it out.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..1000 {
+        a.publish(Add { key: "hot".into() }).await.unwrap();
+    }
+    until("1000 additions", async || {
+        sum::<Adder>(&b, "hot").await >= 1000
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sum::<Adder>(&a, "hot").await, 1000, "none lost, none twice");
+    // Every message of the instance went to one engine's partition: eight
+    // workers in two processes, and no handler ever ran on a stale read.
+    let handled = [&a, &b].map(|e| metric(e, |m| &m.handled));
+    assert_eq!(handled.iter().sum::<u64>(), 1000);
+    assert!(handled.contains(&0), "one writer: {handled:?}");
+    let conflicts = [&a, &b].map(|e| metric(e, |m| &m.conflicts));
+    assert_eq!(conflicts, [0, 0], "no handler re-ran on a conflict");
+
+    // A leaving engine lets go at once: the other owns everything long
+    // before the 30 s lease would have run out.
+    let left = Instant::now();
+    a.shutdown().await;
+    until("the remaining engine owning all sixteen", async || {
+        owner_set(&redis).is_some_and(|s| s.len() == 1)
+    })
+    .await;
+    assert!(
+        left.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        left.elapsed()
+    );
+    b.publish(Add {
+        key: "after".into(),
+    })
+    .await
+    .unwrap();
+    until("a message after the hand-over", async || {
+        sum::<Adder>(&b, "after").await == 1
+    })
+    .await;
+    b.shutdown().await;
+    assert_eq!(owners(&redis), vec![None; PARTITIONS], "all let go");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_of_a_dead_engine_are_read_by_no_one_else_until_its_lease_runs_out() {
+    let redis = TestRedis::start();
+    // An engine that took every partition and died without letting go.
+    let ghost_lease = Duration::from_secs(3);
+    let owned = redis
+        .backend()
+        .await
+        .process_partitions("ghost", ghost_lease)
+        .await
+        .unwrap();
+    assert_eq!(owned, Some(0xffff));
+    let granted = Instant::now();
+    let a = engine(&redis, Runs::Adder, 1, Duration::from_millis(800)).await;
+    for n in 0..5 {
+        a.publish(Add {
+            key: format!("k-{n}"),
+        })
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ghost = Some("ghost".to_owned());
+    assert!(
+        granted.elapsed() < ghost_lease && owners(&redis).iter().all(|o| *o == ghost),
+        "the ghost still owns every partition"
+    );
+    assert_eq!(metric(&a, |m| &m.handled), 0, "nothing read past its owner");
+    until(
+        "the five messages, once the ghost's lease ran out",
+        async || metric(&a, |m| &m.handled) == 5,
+    )
+    .await;
+    assert!(granted.elapsed() >= ghost_lease);
+    for n in 0..5 {
+        assert_eq!(sum::<Adder>(&a, &format!("k-{n}")).await, 1);
+    }
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_for_a_process_manager_the_owner_does_not_run_moves_where_every_engine_reads() {
+    let redis = TestRedis::start();
+    let a = engine(&redis, Runs::Adder, 1, Duration::from_millis(800)).await;
+    until("the adder engine owning every partition", async || {
+        owner_set(&redis).is_some_and(|s| s.len() == 1)
+    })
+    .await;
+    // A client (no workers, so it takes no partitions) that knows where
+    // pings go.
+    let client = engine(&redis, Runs::Pinger, 0, Duration::from_millis(800)).await;
+    for n in 0..10 {
+        client
+            .publish(Ping {
+                key: format!("p-{n}"),
+            })
+            .await
+            .unwrap();
+    }
+    // The owner does not run `pinger`: it moves each ping off its
+    // partition (where no engine that runs `pinger` would read it) to the
+    // shared stream, and hands it back there like any message it cannot
+    // handle.
+    let on_shared = || {
+        let mut conn = redis.conn();
+        let queued: u64 = redis::cmd("XLEN")
+            .arg("saga:{saga:pm}:queue")
+            .query(&mut conn)
+            .unwrap();
+        let delayed: u64 = redis::cmd("ZCARD")
+            .arg("saga:{saga:pm}:delayed")
+            .query(&mut conn)
+            .unwrap();
+        queued + delayed
+    };
+    until("ten pings on the shared stream", async || on_shared() == 10).await;
+    a.shutdown().await;
+    let b = engine(&redis, Runs::Pinger, 1, Duration::from_millis(800)).await;
+    until(
+        "ten pings handled by the engine that runs pinger",
+        async || metric(&b, |m| &m.handled) == 10,
+    )
+    .await;
+    assert_eq!(metric(&a, |m| &m.dead_lettered), 0);
+    for n in 0..10 {
+        assert_eq!(sum::<Pinger>(&b, &format!("p-{n}")).await, 1);
+    }
+    b.shutdown().await;
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Nap {
+    #[correlation_id]
+    key: String,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Wake;
+
+/// Starts on a message by id and wakes on its own timeout.
+struct Sleeper;
+
+#[process_manager(name = "sleeper", state = Sum)]
+impl Sleeper {
+    #[starts]
+    async fn nap(
+        &self,
+        _m: Nap,
+        _s: &mut Sum,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        ctx.request_timeout(Duration::from_millis(1), Wake);
+        Ok(())
+    }
+
+    #[timeout]
+    async fn wake(
+        &self,
+        _t: Wake,
+        s: &mut Sum,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.n += 1;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_goes_to_the_partition_of_the_messages_of_its_instance() {
+    let redis = TestRedis::start();
+    let engine = Engine::builder()
+        .backend(redis.backend().await)
+        .process_manager(Sleeper)
+        .timeout_poll_interval(Duration::from_millis(10))
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    for n in 0..8 {
+        engine
+            .publish(Nap {
+                key: format!("n-{n}"),
+            })
+            .await
+            .unwrap();
+    }
+    until("eight wakes", async || {
+        let mut woken = 0;
+        for n in 0..8 {
+            woken += sum::<Sleeper>(&engine, &format!("n-{n}")).await;
+        }
+        woken == 8
+    })
+    .await;
+    // The script that moves due timeouts routes them as the engine routes
+    // messages: each partition stream got its naps and exactly as many
+    // wakes, the shared stream nothing.
+    let added = |stream: &str| -> u64 {
+        let info: redis::Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(stream)
+            .query(&mut redis.conn())
+            .unwrap();
+        let redis::Value::Array(fields) = info else {
+            panic!("XINFO STREAM answered {info:?}")
+        };
+        let at = fields
+            .iter()
+            .position(|f| matches!(f, redis::Value::BulkString(b) if b == b"entries-added"))
+            .expect("entries-added");
+        match &fields[at + 1] {
+            redis::Value::Int(n) => *n as u64,
+            other => panic!("entries-added is {other:?}"),
+        }
+    };
+    assert_eq!(added("saga:{saga:pm}:queue"), 0);
+    let per_partition: Vec<u64> = (0..PARTITIONS)
+        .map(|k| added(&format!("saga:{{saga:pm}}:queue:{k}")))
+        .collect();
+    assert_eq!(per_partition.iter().sum::<u64>(), 16, "{per_partition:?}");
+    assert!(
+        per_partition.iter().all(|n| n % 2 == 0),
+        "a nap and its wake in one partition: {per_partition:?}"
+    );
+    engine.shutdown().await;
+}
