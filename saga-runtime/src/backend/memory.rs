@@ -935,7 +935,7 @@ impl ProcessStore for MemoryBackend {
                 {
                     return Err(BackendError::TallyExists(open.tally.clone()));
                 }
-                if let (false, Some(message)) = (commit.delete, commit.handling) {
+                for message in commit.handled_ids().filter(|_| !commit.delete) {
                     let now = Instant::now();
                     let remembers = |t: Tombstone| {
                         state
@@ -1063,6 +1063,13 @@ impl ProcessStore for MemoryBackend {
                 );
             }
             state.settle(commit.settle, None, self.shared.payload_limit);
+            for batched in &commit.batched {
+                state.settle(
+                    Settle::Ack(batched.delivery),
+                    None,
+                    self.shared.payload_limit,
+                );
+            }
             version
         };
         self.queue_changed();

@@ -543,6 +543,30 @@ pub struct ProcessCommit<'a> {
     pub tallies: Vec<TallyOpen>,
     /// What to do with the message being handled.
     pub settle: Settle<'a>,
+    /// Further messages of the instance this write applies after the one
+    /// it handles (messages that waited for it in this process): each is
+    /// checked against tombstones like [`handling`](Self::handling) and
+    /// acknowledged with the write.
+    pub batched: Vec<Batched<'a>>,
+}
+
+/// A message a [`ProcessCommit`] applies besides the one it handles.
+#[derive(Debug, Clone, Copy)]
+pub struct Batched<'a> {
+    /// Its message id.
+    pub message_id: &'a str,
+    /// Its delivery, acknowledged by the write.
+    pub delivery: &'a Delivery,
+}
+
+impl ProcessCommit<'_> {
+    /// The ids of the messages the write handles: the tombstones must
+    /// remember none of them.
+    pub fn handled_ids(&self) -> impl Iterator<Item = &str> {
+        self.handling
+            .into_iter()
+            .chain(self.batched.iter().map(|b| b.message_id))
+    }
 }
 
 impl<'a> ProcessCommit<'a> {
@@ -563,6 +587,7 @@ impl<'a> ProcessCommit<'a> {
             schedule: Vec::new(),
             tallies: Vec::new(),
             settle,
+            batched: Vec::new(),
         }
     }
 }

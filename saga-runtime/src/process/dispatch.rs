@@ -6,13 +6,14 @@
 
 use std::panic::AssertUnwindSafe;
 
-use futures::FutureExt;
 use serde_json::Value;
 
+use super::batch::{self, Joiners};
+use super::effects::{effects, run_handler};
 use super::tally;
 use super::{
     Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure, FailureKind,
-    HandlerKind, OnComplete, ProcessContext, ProcessError, Target,
+    HandlerKind, ProcessContext,
 };
 use crate::backend::{
     Backend, BackendError, Delivery, InstanceStatus, LoadedInstance, ProcessAudit,
@@ -23,8 +24,6 @@ use crate::task::Timestamp;
 /// How many times a handler is re-run after losing a concurrent write,
 /// before the message is handed back for redelivery.
 const CONFLICT_RETRIES: u32 = 64;
-/// Message ids remembered per instance to drop exact duplicates.
-const PROCESSED_MEMORY: usize = 128;
 /// Audit entries kept per instance.
 const AUDIT_MEMORY: usize = 64;
 
@@ -108,6 +107,9 @@ pub(crate) struct DispatchEnv<'a> {
     pub tombstone_ttl: std::time::Duration,
     /// Where conflicts are counted.
     pub metrics: Option<&'a super::ProcessMetrics>,
+    /// Messages of the same instance waiting in this process, which a
+    /// handled message takes into its write (see `batch`).
+    pub joiners: Option<&'a dyn Joiners>,
 }
 
 impl DispatchEnv<'_> {
@@ -158,7 +160,11 @@ async fn tally_report(
     })
 }
 
-fn audit(instance: &mut ProcessInstance, envelope: &Envelope, action: ProcessAuditAction) {
+pub(super) fn audit(
+    instance: &mut ProcessInstance,
+    envelope: &Envelope,
+    action: ProcessAuditAction,
+) {
     instance.audit_log.push(ProcessAudit {
         at: Timestamp::now(),
         message_type: envelope.message_type.clone(),
@@ -458,31 +464,8 @@ pub(crate) async fn dispatch(
             envelope.message_id.clone(),
         );
         let state = (!created).then(|| fresh.state.clone());
-        let run = pm.handle_json(
-            &envelope.message_type,
-            envelope.payload.clone(),
-            state,
-            created,
-            &mut ctx,
-        );
-        let run = tokio::time::timeout(env.handler_timeout, AssertUnwindSafe(run).catch_unwind());
-        let result = match run.await {
-            Ok(result) => result,
-            Err(_) => Ok(Err(ProcessError::new(format!(
-                "handler timed out after {} and was dropped",
-                humantime::format_duration(env.handler_timeout)
-            )))),
-        };
-        let result = result.unwrap_or_else(|panic| {
-            let text = crate::worker::panic_message(&*panic);
-            Err(ProcessError::new(format!("handler panicked: {text}")))
-        });
-        let result = match (result, ctx.error.take()) {
-            (Ok(_), Some(error)) => Err(ProcessError::new(error)),
-            (result, _) => result,
-        };
-        let (state, keys) = match result {
-            Ok(done) => done,
+        let handled = match run_handler(pm, env, envelope, state, &mut ctx).await {
+            Ok(handled) => handled,
             Err(e) if e.is_invalid_payload() => return dead_letter(e.to_string()).await,
             Err(e) => {
                 let existing = (!created).then_some(fresh);
@@ -503,155 +486,50 @@ pub(crate) async fn dispatch(
         // turn out to exist.)
         let before = (!ctx.tallies.is_empty() && !created).then(|| fresh.clone());
         let mut instance = fresh;
-        instance.state = state;
-        instance.processed.push(envelope.message_id.clone());
-        let excess = instance.processed.len().saturating_sub(PROCESSED_MEMORY);
-        instance.processed.drain(..excess);
-        let desired: Vec<(String, String)> = keys
-            .into_iter()
-            .filter(|(_, value)| !value.is_empty())
-            .map(|(field, value)| (field.to_owned(), value))
-            .collect();
-        let delete = ctx.stop || (ctx.complete && def.on_complete == OnComplete::Delete);
-        let (add_keys, remove_keys): (Vec<_>, Vec<_>) = if delete {
-            // Release every entry the instance owns, old and new.
-            let mut all = instance.keys.clone();
-            all.extend(
-                desired
-                    .iter()
-                    .filter(|k| !instance.keys.contains(k))
-                    .cloned(),
-            );
-            (Vec::new(), all)
-        } else {
-            (
-                desired
-                    .iter()
-                    .filter(|k| !instance.keys.contains(k))
-                    .cloned()
-                    .collect(),
-                instance
-                    .keys
-                    .iter()
-                    .filter(|k| !desired.contains(k))
-                    .cloned()
-                    .collect(),
-            )
+        let mut fx = effects(def, env, &mut instance, envelope, &ctx, handled);
+        // Messages of the instance that waited for this one here go in the
+        // same write, each applied in turn.
+        let batch = match env.joiners {
+            Some(joiners) if !fx.delete && fx.tallies.is_empty() => {
+                batch::absorb(pm, env, joiners, &mut instance, &mut fx).await
+            }
+            _ => Vec::new(),
         };
-        // Entries of shared fields join and leave sets of instances.
-        let shared = |keys: Vec<(String, String)>| -> (Vec<_>, Vec<_>) {
-            keys.into_iter()
-                .partition(|(field, _)| def.is_shared(field))
-        };
-        let (mut add_shared, add_keys) = shared(add_keys);
-        let (mut remove_shared, mut remove_keys) = shared(remove_keys);
-        // An instance saved before its field was shared has an exclusive
-        // entry instead: every save joins the set (it is idempotent) and
-        // drops the old entry, so no instance is missed after `many` is
-        // added to a handler.
-        // A completed instance leaves its shared sets: it would only ignore
-        // what they bring it, and they would grow with every instance ever
-        // completed.
-        let leaves = delete || ctx.complete;
-        for entry in desired.iter().filter(|(f, _)| def.is_shared(f)) {
-            if !leaves && !add_shared.contains(entry) {
-                add_shared.push(entry.clone());
-            }
-            if ctx.complete && !delete {
-                add_shared.retain(|e| e != entry);
-                remove_shared.push(entry.clone());
-            }
-            remove_keys.push(entry.clone());
-        }
-        instance.keys = desired;
-        if ctx.complete {
-            instance.status = InstanceStatus::Completed;
-            audit(&mut instance, envelope, ProcessAuditAction::Completed);
-        } else {
-            audit(&mut instance, envelope, ProcessAuditAction::Handled);
-        }
-
-        let mut enqueue = Vec::new();
-        let mut endpoints = Vec::new();
-        for (n, out) in ctx.outgoing.iter().enumerate() {
-            let message_id = derived_id(&envelope.message_id, &instance.id, &n.to_string());
-            match &out.target {
-                Target::Publish => {
-                    for subscriber in (env.subscribers)(&out.message_type) {
-                        let (key, key_field) =
-                            (env.routing_key)(subscriber, &out.message_type, &out.payload);
-                        enqueue.push(Envelope {
-                            message_id: message_id.clone(),
-                            process: subscriber.to_owned(),
-                            message_type: out.message_type.clone(),
-                            payload: out.payload.clone(),
-                            kind: EnvelopeKind::Message,
-                            instance_id: None,
-                            generation: None,
-                            failures: 0,
-                            key,
-                            key_field,
-                        });
-                    }
-                    endpoints.push((
-                        crate::endpoint::PUBLISHED.to_owned(),
-                        sent(message_id, process, &instance.id, out, env.now_ms),
-                    ));
-                }
-                Target::Endpoint(name) => endpoints.push((
-                    name.clone(),
-                    sent(message_id, process, &instance.id, out, env.now_ms),
-                )),
-            }
-        }
-        let mut schedule = ctx
-            .timeouts
-            .iter()
-            .enumerate()
-            .map(|(n, t)| {
-                let envelope = Envelope {
-                    message_id: derived_id(&envelope.message_id, &instance.id, &format!("t{n}")),
-                    process: process.to_owned(),
-                    message_type: t.message_type.clone(),
-                    payload: t.payload.clone(),
-                    kind: EnvelopeKind::Timeout,
-                    instance_id: Some(instance.id.clone()),
-                    generation: Some(instance.generation.clone()).filter(|g| !g.is_empty()),
-                    failures: 0,
-                    key: None,
-                    key_field: None,
-                };
-                (due(env.now_ms, t.delay), envelope)
-            })
-            .collect::<Vec<_>>();
-        let (tallies, reports) = tally::commit_parts(&ctx, envelope, env.now_ms);
-        schedule.extend(reports);
         let write = ProcessCommit {
             instance: Some(&instance),
             handling: Some(envelope.message_id.as_str()),
             tombstone_ttl: env.tombstone_ttl,
-            delete,
-            add_keys,
-            remove_keys,
-            add_shared,
-            remove_shared,
-            enqueue,
-            endpoints,
-            schedule,
-            tallies,
+            delete: fx.delete,
+            add_keys: fx.add_keys,
+            remove_keys: fx.remove_keys,
+            add_shared: fx.add_shared,
+            remove_shared: fx.remove_shared,
+            enqueue: fx.enqueue,
+            endpoints: fx.endpoints,
+            schedule: fx.schedule,
+            tallies: fx.tallies,
             settle: env.ack(),
+            batched: batch.iter().map(|j| j.batched()).collect(),
         };
+        let delete = write.delete;
         match env.backend.process_commit(process, write).await {
             Ok(version) => {
                 if let Some(saved) = env.saved {
                     *saved.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(saved_as(instance.clone(), version, delete));
                 }
+                for joined in batch {
+                    joined.handled(&instance.id);
+                }
                 return Ok(Dispatched::Handled {
                     instance: instance.id,
                     created,
                 });
             }
+            // One of the batched messages may be the late duplicate: each
+            // goes on its own (dropping them hands them back to their
+            // workers), this one again.
+            Err(BackendError::ProcessTombstoned { .. }) if !batch.is_empty() => continue,
             // A late duplicate of a message a deleted instance with this id
             // (or correlation) handled: it must not start the process again,
             // nor reach the instance created since.
@@ -759,7 +637,7 @@ pub(crate) fn derived_id(parent: &str, instance: &str, n: &str) -> String {
 }
 
 /// The envelope of a message a handler sends (see [`crate::endpoint`]).
-fn sent(
+pub(super) fn sent(
     message_id: String,
     from: &str,
     instance: &str,

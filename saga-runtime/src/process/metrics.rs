@@ -27,6 +27,9 @@ pub struct ProcessMetrics {
     /// first (each re-run counts): what the single writer per partition
     /// keeps near zero.
     pub conflicts: AtomicU64,
+    /// Messages handled in the write of another message of their instance
+    /// (counted in `handled` too): one save for several waiting messages.
+    pub batched: AtomicU64,
 }
 
 impl ProcessMetrics {

@@ -20,8 +20,10 @@
 //!    the handler on the fresh state, a bounded number of times, apart from
 //!    the business retries of `#[on_error]`.
 
+mod batch;
 mod context;
 mod dispatch;
+mod effects;
 mod envelope;
 mod error;
 mod metrics;
@@ -31,6 +33,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
+pub(crate) use batch::{Joined, Joiners};
 pub use context::{Outgoing, ProcessContext, ScheduledTimeout, Target};
 pub use dispatch::Dispatched;
 pub(crate) use dispatch::{dispatch, holders, DispatchEnv};

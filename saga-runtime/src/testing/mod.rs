@@ -225,6 +225,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             handler_timeout: Duration::from_secs(365 * 24 * 60 * 60),
             tombstone_ttl: crate::runtime::DEFAULT_PROCESS_TOMBSTONE_TTL,
             metrics: None,
+            joiners: None,
         };
         dispatch(self.pm.as_ref(), &env, envelope)
             .await

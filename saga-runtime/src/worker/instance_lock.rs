@@ -8,12 +8,14 @@
 //! it, so the next one does not read it again. Across processes the
 //! optimistic version check (or the pessimistic lease) still decides.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{oneshot, OwnedMutexGuard};
 
 use crate::backend::LoadedInstance;
+use crate::process::{Dispatched, Joined, Joiners};
 
 /// What a lock holder leaves the next one: the instance as it saved it,
 /// and (pessimistic mode) the instance's lease, still held, so the next
@@ -33,17 +35,45 @@ pub(crate) struct HeldLease {
     pub since: tokio::time::Instant,
 }
 
-type Slot = Arc<tokio::sync::Mutex<Cached>>;
+/// The lock of one instance, and the messages waiting for it.
+#[derive(Default)]
+struct Slot {
+    cached: Arc<tokio::sync::Mutex<Cached>>,
+    /// Waiting messages offered to the holder to handle in its write (see
+    /// `process::batch`), each with the ticket its waiter knows it by.
+    waiting: Mutex<VecDeque<(u64, Joined)>>,
+    /// Handlers that will take the lock after the holder: those waiting,
+    /// less those a holder took into its write.
+    waiters: AtomicUsize,
+}
 
 #[derive(Default)]
 pub(crate) struct InstanceLocks {
-    slots: Mutex<HashMap<String, Slot>>,
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    tickets: AtomicU64,
+    /// The instances as last saved here, of instances nobody holds or
+    /// waits for now (at most [`RECENT`]): a message taken while another
+    /// was being saved carries a read from before that save, and must
+    /// not start from it when it finds the lock free.
+    recent: Mutex<HashMap<String, LoadedInstance>>,
+}
+
+/// Instances remembered after their lock is forgotten.
+const RECENT: usize = 1024;
+
+/// How a wait for an instance lock ended.
+pub(crate) enum Locked<'a> {
+    /// Held: the message is this holder's to handle.
+    Held(InstanceGuard<'a>),
+    /// A holder handled the message in its own write, with this outcome.
+    Handled(Dispatched),
 }
 
 /// A held instance lock, with the instance its previous holder saved.
 pub(crate) struct InstanceGuard<'a> {
     locks: &'a InstanceLocks,
     key: String,
+    slot: Option<Arc<Slot>>,
     guard: Option<OwnedMutexGuard<Cached>>,
     /// Whether another handler of the instance held the lock when this one
     /// asked (the instance the backend read with the message is then
@@ -52,24 +82,140 @@ pub(crate) struct InstanceGuard<'a> {
 }
 
 impl InstanceLocks {
-    /// Waits for the lock of `key`.
-    pub async fn lock(&self, key: String) -> InstanceGuard<'_> {
-        let slot = self
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        let (guard, waited) = match slot.clone().try_lock_owned() {
-            Ok(guard) => (guard, false),
-            Err(_) => (slot.lock_owned().await, true),
+    fn slot(&self, key: &str) -> Arc<Slot> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .entry(key.to_owned())
+            .or_insert_with(|| {
+                let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+                let instance = recent.remove(key);
+                Arc::new(Slot {
+                    cached: Arc::new(tokio::sync::Mutex::new(Cached {
+                        instance,
+                        lease: None,
+                    })),
+                    waiting: Mutex::default(),
+                    waiters: AtomicUsize::new(0),
+                })
+            })
+            .clone()
+    }
+
+    /// Drops a reference to `key`'s slot, and the slot once nobody holds
+    /// or waits for it (the map's own reference is the last), so the map
+    /// stays as small as the set of instances being handled.
+    fn forget(&self, key: &str, slot: Arc<Slot>) {
+        drop(slot);
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(slot) = slots.get(key).filter(|s| Arc::strong_count(s) == 1) else {
+            return;
         };
+        // Never one whose lock is held: its holder would go on beside a
+        // new slot's.
+        let Ok(mut cached) = slot.cached.try_lock() else {
+            return;
+        };
+        let kept = cached.instance.take();
+        drop(cached);
+        slots.remove(key);
+        if let Some(instance) = kept {
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if recent.len() >= RECENT {
+                if let Some(any) = recent.keys().next().cloned() {
+                    recent.remove(&any);
+                }
+            }
+            recent.insert(key.to_owned(), instance);
+        }
+    }
+
+    fn guard(
+        &self,
+        key: String,
+        slot: Arc<Slot>,
+        guard: OwnedMutexGuard<Cached>,
+        waited: bool,
+    ) -> InstanceGuard<'_> {
         InstanceGuard {
             locks: self,
             key,
+            slot: Some(slot),
             guard: Some(guard),
             waited,
+        }
+    }
+
+    /// Waits for the lock of `key`.
+    pub async fn lock(&self, key: String) -> InstanceGuard<'_> {
+        let slot = self.slot(&key);
+        let (guard, waited) = match slot.cached.clone().try_lock_owned() {
+            Ok(guard) => (guard, false),
+            Err(_) => {
+                slot.waiters.fetch_add(1, Ordering::SeqCst);
+                let guard = slot.cached.clone().lock_owned().await;
+                slot.waiters.fetch_sub(1, Ordering::SeqCst);
+                (guard, true)
+            }
+        };
+        self.guard(key, slot, guard, waited)
+    }
+
+    /// Waits for the lock of `key`, meanwhile offering the holder the
+    /// message `offer` makes, to handle in its own write.
+    pub async fn lock_or_join(
+        &self,
+        key: String,
+        offer: impl FnOnce() -> (Joined, oneshot::Receiver<Dispatched>),
+    ) -> Locked<'_> {
+        let slot = self.slot(&key);
+        if let Ok(guard) = slot.cached.clone().try_lock_owned() {
+            return Locked::Held(self.guard(key, slot, guard, false));
+        }
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        let (joined, mut outcome) = offer();
+        slot.waiters.fetch_add(1, Ordering::SeqCst);
+        slot.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back((ticket, joined));
+        let answer = {
+            let lock = slot.cached.clone().lock_owned();
+            tokio::pin!(lock);
+            let mut offered = true;
+            loop {
+                tokio::select! {
+                    // A holder answers before it lets go of the lock: with
+                    // both ready, the answer counts.
+                    biased;
+                    answer = &mut outcome, if offered => match answer {
+                        Ok(dispatched) => break Ok(dispatched),
+                        // Taken, then left out of the write: handled alone,
+                        // after the holder.
+                        Err(_) => {
+                            offered = false;
+                            slot.waiters.fetch_add(1, Ordering::SeqCst);
+                        }
+                    },
+                    guard = &mut lock => break Err(guard),
+                }
+            }
+            // The wait for the lock ends here, before the slot may be
+            // forgotten: a wait that was granted the lock holds it until
+            // it is dropped.
+        };
+        match answer {
+            Ok(dispatched) => {
+                self.forget(&key, slot);
+                Locked::Handled(dispatched)
+            }
+            Err(guard) => {
+                slot.waiters.fetch_sub(1, Ordering::SeqCst);
+                slot.waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|(t, _)| *t != ticket);
+                Locked::Held(self.guard(key, slot, guard, true))
+            }
         }
     }
 }
@@ -90,28 +236,30 @@ impl InstanceGuard<'_> {
         }
     }
 
-    /// Whether another handler waits for this lock now.
+    /// Whether another handler will take this lock after this one.
     pub fn has_waiters(&self) -> bool {
-        let slots = self.locks.slots.lock().unwrap_or_else(|p| p.into_inner());
-        // The map's reference, the held guard's, and one per waiter.
-        slots
-            .get(&self.key)
-            .is_some_and(|slot| Arc::strong_count(slot) > 2)
+        self.slot
+            .as_ref()
+            .is_some_and(|slot| slot.waiters.load(Ordering::SeqCst) > 0)
+    }
+}
+
+impl Joiners for InstanceGuard<'_> {
+    fn next(&self) -> Option<Joined> {
+        let slot = self.slot.as_ref()?;
+        let mut waiting = slot.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, joined) = waiting.pop_front()?;
+        // Its waiter counts itself again should it be left out.
+        slot.waiters.fetch_sub(1, Ordering::SeqCst);
+        Some(joined)
     }
 }
 
 impl Drop for InstanceGuard<'_> {
     fn drop(&mut self) {
         drop(self.guard.take());
-        // Forget the slot once nobody holds or waits for it (the map's
-        // own reference is the last), so the map stays as small as the
-        // set of instances being handled.
-        let mut slots = self.locks.slots.lock().unwrap_or_else(|p| p.into_inner());
-        if slots
-            .get(&self.key)
-            .is_some_and(|slot| Arc::strong_count(slot) == 1)
-        {
-            slots.remove(&self.key);
+        if let Some(slot) = self.slot.take() {
+            self.locks.forget(&self.key, slot);
         }
     }
 }

@@ -4,14 +4,16 @@
 //! handler runs, and metrics.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tracing::Instrument;
 
-use super::instance_lock::{Cached, HeldLease};
+use super::instance_lock::{Cached, HeldLease, Locked};
 use crate::backend::{Backend, BackendError, Delivery};
 use crate::process::{
-    dispatch, Concurrency, Correlation, DispatchEnv, Envelope, ErasedProcess, HandlerKind,
+    dispatch, Concurrency, Correlation, DispatchEnv, Envelope, ErasedProcess, HandlerKind, Joined,
+    Joiners,
 };
 use crate::runtime::Runtime;
 use crate::saga::state_machine::poison_reason;
@@ -37,10 +39,24 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
     };
+    let pessimistic = pm.definition().concurrency == Concurrency::Pessimistic;
     let mut local = match target.local_name(&envelope.process) {
         // Waiting behind other handlers may take a while: keep the
-        // message meanwhile.
-        Some(name) => Some(touching(rt, delivery, rt.instance_locks.lock(name)).await),
+        // message meanwhile, and (optimistic mode: see `process::batch`)
+        // offer it to the handler ahead to handle in its write.
+        Some(name) if pessimistic => {
+            Some(touching(rt, delivery, rt.instance_locks.lock(name)).await)
+        }
+        Some(name) => {
+            let offer = || Joined::new(envelope.clone(), delivery.clone());
+            match touching(rt, delivery, rt.instance_locks.lock_or_join(name, offer)).await {
+                Locked::Held(guard) => Some(guard),
+                Locked::Handled(outcome) => {
+                    rt.metrics.batched.fetch_add(1, Ordering::Relaxed);
+                    return rt.metrics.count(&outcome);
+                }
+            }
+        }
         None => None,
     };
     let Cached {
@@ -57,7 +73,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     // processes too, and its decisions are made on what it reads under
     // the lease: not the read that came with the message, and the
     // previous handler's save only if the lease passed on without a gap.
-    let lease = if pm.definition().concurrency == Concurrency::Pessimistic {
+    let lease = if pessimistic {
         stale_read = true;
         let name = target.lease_name(&envelope.process);
         // A lease left by the previous handler under another name (the
@@ -128,6 +144,10 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         handler_timeout: rt.settings.step_timeout,
         tombstone_ttl: rt.settings.process_tombstone_ttl,
         metrics: Some(&rt.metrics),
+        joiners: local
+            .as_ref()
+            .filter(|_| !pessimistic)
+            .map(|l| l as &dyn Joiners),
     };
     let span = tracing::info_span!(
         "process_message",

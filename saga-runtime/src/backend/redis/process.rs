@@ -202,6 +202,16 @@ impl ProcessStore for RedisBackend {
             .arg(commit.tallies.len())
             .arg(commit.add_shared.len())
             .arg(commit.remove_shared.len());
+        let mut batched_ids = Vec::new();
+        let mut batched_acks = Vec::new();
+        for batched in &commit.batched {
+            let (p, entry) = self.process_entry_of(batched.delivery)?;
+            batched_ids.push(batched.message_id);
+            batched_acks.push([k.queue(p), entry]);
+        }
+        invocation
+            .arg(serde_json::to_string(&batched_ids).map_err(corrupt)?)
+            .arg(serde_json::to_string(&batched_acks).map_err(corrupt)?);
         for envelope in &commit.enqueue {
             invocation
                 .arg(k.queue(k.envelope_stream(envelope)))

@@ -654,7 +654,10 @@ return 0",
 /// checked sets, then the open tallies (a sorted set, by expiry), then the
 /// shared correlation entries (sets of instance ids) to join and to leave.
 /// ARGV 22 is the number of tallies, 23 and 24 the numbers of shared
-/// entries to join and leave; after the schedule pairs, each tally has:
+/// entries to join and leave, 25 the JSON array of the ids of the batched
+/// messages (checked against tombstones like the one handled), 26 the JSON
+/// array of their `[queue, entry id]` to acknowledge; after the schedule
+/// pairs, each tally has:
 /// its item count n, keep ms, completion, late completion, the queue its
 /// completion goes to, n items, its member of the open tallies. The queue
 /// is the delivery's (what the settle touches); each enqueued payload
@@ -677,9 +680,13 @@ if ARGV[1] == '1' then
   for t = 1, ntally do
     if redis.call('EXISTS', KEYS[tk + 3 * t - 2]) == 1 then return {{-6, t}} end
   end
-  if ARGV[5] ~= '1' and ARGV[19] ~= '' then
-    for i = 0, nadd do
-      if redis.call('SISMEMBER', KEYS[tomb + i], ARGV[19]) == 1 then return {{-5}} end
+  if ARGV[5] ~= '1' then
+    local handled = cjson.decode(ARGV[25])
+    if ARGV[19] ~= '' then table.insert(handled, ARGV[19]) end
+    for _, m in ipairs(handled) do
+      for i = 0, nadd do
+        if redis.call('SISMEMBER', KEYS[tomb + i], m) == 1 then return {{-5}} end
+      end
     end
   end
   for i = 1, nadd do
@@ -711,7 +718,7 @@ if ARGV[1] == '1' then
     redis.call('SADD', KEYS[2], ARGV[4])
   end
 end
-local a = 24
+local a = 26
 for i = 1, nenq do redis.call('XADD', ARGV[a + 2 * i - 1], '*', 'payload', ARGV[a + 2 * i]) end
 a = a + 2 * nenq
 for i = 1, nep do
@@ -746,6 +753,7 @@ if ARGV[11] == 'dead' then
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[17], '*', unpack(fields))
 end
 if ARGV[11] == 'ack' or ARGV[11] == 'dead' then settle(KEYS[3], ARGV[13], ARGV[12]) end
+for _, b in ipairs(cjson.decode(ARGV[26])) do settle(b[1], ARGV[13], b[2]) end
 return {{version}}"
     ))
 });
