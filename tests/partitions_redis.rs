@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::redis_server::TestRedis;
 use common::until;
-use saga_runtime::backend::Leases;
+use saga_runtime::backend::{Interest, Leases, WorkItem, WorkQueue};
 use saga_runtime::prelude::*;
-use saga_runtime::process::ProcessMetrics;
+use saga_runtime::process::{Envelope, EnvelopeKind, ProcessMetrics};
 use serde::{Deserialize, Serialize};
 
 /// Owner lease keys of the default prefix (`saga`).
@@ -108,6 +108,26 @@ fn owners(redis: &TestRedis) -> Vec<Option<String>> {
 /// The distinct owners, if every partition has one.
 fn owner_set(redis: &TestRedis) -> Option<std::collections::BTreeSet<String>> {
     owners(redis).into_iter().collect()
+}
+
+/// How many entries `stream` ever got (`XINFO STREAM`'s `entries-added`).
+fn entries_added(redis: &TestRedis, stream: &str) -> u64 {
+    let info: redis::Value = redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(stream)
+        .query(&mut redis.conn())
+        .unwrap();
+    let redis::Value::Array(fields) = info else {
+        panic!("XINFO STREAM answered {info:?}")
+    };
+    let at = fields
+        .iter()
+        .position(|f| matches!(f, redis::Value::BulkString(b) if b == b"entries-added"))
+        .expect("entries-added");
+    match &fields[at + 1] {
+        redis::Value::Int(n) => *n as u64,
+        other => panic!("entries-added is {other:?}"),
+    }
 }
 
 fn metric(engine: &Engine, pick: impl Fn(&ProcessMetrics) -> &std::sync::atomic::AtomicU64) -> u64 {
@@ -321,6 +341,10 @@ async fn a_timeout_goes_to_the_partition_of_the_messages_of_its_instance() {
         .build()
         .await
         .unwrap();
+    until("the engine owning the partitions", async || {
+        owner_set(&redis).is_some()
+    })
+    .await;
     for n in 0..8 {
         engine
             .publish(Nap {
@@ -340,24 +364,7 @@ async fn a_timeout_goes_to_the_partition_of_the_messages_of_its_instance() {
     // The script that moves due timeouts routes them as the engine routes
     // messages: each partition stream got its naps and exactly as many
     // wakes, the shared stream nothing.
-    let added = |stream: &str| -> u64 {
-        let info: redis::Value = redis::cmd("XINFO")
-            .arg("STREAM")
-            .arg(stream)
-            .query(&mut redis.conn())
-            .unwrap();
-        let redis::Value::Array(fields) = info else {
-            panic!("XINFO STREAM answered {info:?}")
-        };
-        let at = fields
-            .iter()
-            .position(|f| matches!(f, redis::Value::BulkString(b) if b == b"entries-added"))
-            .expect("entries-added");
-        match &fields[at + 1] {
-            redis::Value::Int(n) => *n as u64,
-            other => panic!("entries-added is {other:?}"),
-        }
-    };
+    let added = |stream: &str| entries_added(&redis, stream);
     assert_eq!(added("saga:{saga:pm}:queue"), 0);
     let per_partition: Vec<u64> = (0..PARTITIONS)
         .map(|k| added(&format!("saga:{{saga:pm}}:queue:{k}")))
@@ -445,5 +452,161 @@ async fn messages_waiting_for_one_instance_are_saved_together_each_exactly_once(
         batched > 100,
         "waiting messages share writes: {batched} batched"
     );
+    engine.shutdown().await;
+}
+
+/// A worker that stalled past the visibility timeout while its message was
+/// taken over must not copy that message to the shared stream: it is the
+/// other consumer's now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_share_leaves_a_message_taken_over_by_another_consumer_alone() {
+    let every_partition = Interest {
+        sagas: false,
+        ..Interest::ALL
+    };
+    let shared_only = Interest {
+        process_partitions: 0,
+        ..every_partition
+    };
+    let redis = TestRedis::start();
+    let b = redis.backend().await; // visibility timeout 800 ms
+    b.process_partitions("reader", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let envelope = Envelope {
+        message_id: "m-1".into(),
+        process: "nobody".into(),
+        message_type: "T".into(),
+        payload: serde_json::json!({}),
+        kind: EnvelopeKind::Message,
+        instance_id: None,
+        generation: None,
+        failures: 0,
+        key: Some("k".into()),
+        key_field: None,
+    };
+    b.enqueue(&[WorkItem::Process(envelope)]).await.unwrap();
+    let first = b
+        .receive("c1", every_partition, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .expect("c1 reads the message off its partition");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let second = b
+        .receive("c2", every_partition, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .expect("c2 takes the message over");
+    assert_eq!(second.id, first.id);
+    assert!(b.share(&first).await.unwrap(), "c1 is answered");
+    let third = b
+        .receive("c3", shared_only, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(third.map(|d| d.id), None, "no copy on the shared stream");
+    // c2, whose it is, moves it.
+    b.share(&second).await.unwrap();
+    let moved = b
+        .receive("c3", shared_only, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(moved.is_some(), "the owner's share moves it");
+}
+
+/// A deployment upgraded from a version without partitions, producers
+/// first: until an engine reads partitions, messages go to the stream the
+/// older workers read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_an_engine_reads_partitions_messages_go_where_older_workers_read() {
+    let redis = TestRedis::start();
+    let client = engine(&redis, Runs::Adder, 0, Duration::from_millis(800)).await;
+    client.publish(Add { key: "x".into() }).await.unwrap();
+    let shared_len = || -> u64 {
+        redis::cmd("XLEN")
+            .arg("saga:{saga:pm}:queue")
+            .query(&mut redis.conn())
+            .unwrap()
+    };
+    assert_eq!(shared_len(), 1, "on the shared stream");
+    let worker = engine(&redis, Runs::Adder, 1, Duration::from_millis(800)).await;
+    until("the worker owning the partitions", async || {
+        owner_set(&redis).is_some()
+    })
+    .await;
+    client.publish(Add { key: "y".into() }).await.unwrap();
+    until("both handled", async || {
+        sum::<Adder>(&worker, "x").await == 1 && sum::<Adder>(&worker, "y").await == 1
+    })
+    .await;
+    let on_partitions: u64 = (0..PARTITIONS)
+        .map(|k| entries_added(&redis, &format!("saga:{{saga:pm}}:queue:{k}")))
+        .sum();
+    assert_eq!(on_partitions, 1, "once an engine reads them, partitions");
+    assert_eq!(shared_len(), 0);
+    worker.shutdown().await;
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Knock {
+    #[correlation_id]
+    key: String,
+}
+
+struct Door;
+
+#[process_manager(name = "door", state = Sum, concurrency = pessimistic)]
+impl Door {
+    #[starts]
+    async fn knock(
+        &self,
+        _m: Knock,
+        s: &mut Sum,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.n += 1;
+        Ok(())
+    }
+}
+
+/// A message handed back with a delay onto its partition comes back even
+/// while the timer poller is an engine that does not know partitions (a
+/// rolling deploy): the partition's owner moves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_hand_back_on_a_partition_comes_back_without_the_timer_poller() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn();
+    // Someone else polls the timers, and the instance's lease is busy for
+    // a second: the message is handed back with a delay.
+    let _: () = redis::cmd("SET")
+        .arg("saga:{saga:pm}:lease:timers")
+        .arg("an-older-engine")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("saga:{saga:pm}:lease:pm-lock:door:d1")
+        .arg("someone")
+        .arg("PX")
+        .arg(1000)
+        .query(&mut conn)
+        .unwrap();
+    let engine = Engine::builder()
+        .backend(redis.backend().await)
+        .lock_ttl(Duration::from_millis(800))
+        .process_manager(Door)
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    until("the engine owning the partitions", async || {
+        owner_set(&redis).is_some()
+    })
+    .await;
+    engine.publish(Knock { key: "d1".into() }).await.unwrap();
+    until("the knock, once the lease is free", async || {
+        sum::<Door>(&engine, "d1").await == 1
+    })
+    .await;
     engine.shutdown().await;
 }

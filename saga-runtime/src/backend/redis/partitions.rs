@@ -34,7 +34,8 @@ impl RedisBackend {
                     .arg(member)
                     .arg(ms(ttl).max(1))
                     .arg(PROCESS_PARTITIONS)
-                    .arg(if leaving { "1" } else { "0" }),
+                    .arg(if leaving { "1" } else { "0" })
+                    .arg(k.process_prefix()),
             )
             .await?;
         Ok(owned as u64)

@@ -173,6 +173,7 @@ impl ProcessStore for RedisBackend {
         for (field, value) in commit.add_shared.iter().chain(&commit.remove_shared) {
             invocation.key(k.shared_correlation(process, field, value));
         }
+        invocation.key(k.partition_members());
         let handled = match (commit.delete, commit.instance) {
             (true, Some(i)) => serde_json::to_string(&i.handled()).map_err(corrupt)?,
             _ => "[]".to_owned(),
@@ -268,6 +269,7 @@ impl ProcessStore for RedisBackend {
             s::RELEASE_DUE
                 .key(self.keys().scheduled())
                 .key(self.keys().queue(self.keys().process_stream()))
+                .key(self.keys().partition_members())
                 .arg(now_ms)
                 .arg(limit)
                 .arg(self.keys().process_prefix())

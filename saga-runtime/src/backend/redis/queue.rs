@@ -412,20 +412,38 @@ impl WorkQueue for RedisBackend {
     }
 
     async fn enqueue(&self, items: &[WorkItem]) -> Result<(), BackendError> {
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        for item in items {
-            pipe.cmd("XADD")
-                .arg(self.queue_of(item))
-                .arg("*")
-                .arg("payload")
-                .arg(item.encode())
-                .ignore();
+        let (processes, sagas): (Vec<&WorkItem>, Vec<&WorkItem>) = items
+            .iter()
+            .partition(|i| matches!(i, WorkItem::Process(_)));
+        if !sagas.is_empty() {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for item in sagas {
+                pipe.cmd("XADD")
+                    .arg(self.queue_of(item))
+                    .arg("*")
+                    .arg("payload")
+                    .arg(item.encode())
+                    .ignore();
+            }
+            let _: () = pipe
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
         }
-        let _: () = pipe
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        if !processes.is_empty() {
+            // A script: partitions are written only while an engine reads
+            // them.
+            let mut enqueue = s::ENQUEUE_PM.prepare_invoke();
+            enqueue.key(self.keys().partition_members());
+            for item in &processes {
+                enqueue.key(self.queue_of(item));
+            }
+            for item in &processes {
+                enqueue.arg(item.encode());
+            }
+            let _: i64 = self.run(&enqueue).await?;
+        }
         Ok(())
     }
 
@@ -527,7 +545,8 @@ impl WorkQueue for RedisBackend {
                     .key(k.queue(p))
                     .key(k.queue(k.process_stream()))
                     .arg(self.group())
-                    .arg(entry),
+                    .arg(entry)
+                    .arg(&delivery.consumer),
             )
             .await?;
         Ok(true)

@@ -30,6 +30,41 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ";
 
+/// Process-manager partitions are written only while an engine reads
+/// them (`members` has a live entry): until then, during a rolling deploy
+/// from a version without partitions, messages go to the shared stream
+/// that every version reads. `pm_queue` maps a partition's queue key to
+/// the one to write. Needs `NOW`.
+const PM_QUEUE_FN: &str = r"
+local function partitioned(members)
+  return redis.call('ZCOUNT', members, now, '+inf') > 0
+end
+local function pm_queue(q, yes)
+  if yes then return q end
+  return (string.gsub(q, ':%d+$', ''))
+end
+";
+
+/// Moves the due entries of delayed set `d` (`<unanswered>:<payload>`)
+/// onto stream `q`, at most `limit`; returns how many. Needs `NOW`.
+const MOVE_DUE_FN: &str = r"
+local function move_due(d, q, limit)
+  local due = redis.call('ZRANGEBYSCORE', d, '-inf', now, 'LIMIT', 0, limit)
+  for _, m in ipairs(due) do
+    redis.call('ZREM', d, m)
+    local sep = string.find(m, ':', 1, true)
+    local n = tonumber(string.sub(m, 1, sep - 1)) or 0
+    local payload = string.sub(m, sep + 1)
+    if n > 0 then
+      redis.call('XADD', q, '*', 'payload', payload, 'unanswered', n)
+    else
+      redis.call('XADD', q, '*', 'payload', payload)
+    end
+  end
+  return #due
+end
+";
+
 /// Acknowledges and deletes entry `e` of stream `q` for group `g`; returns
 /// 1 if it was pending.
 const SETTLE_FN: &str = r"
@@ -499,33 +534,25 @@ return false",
 /// returns how many moved from the pair that moved most.
 pub static RELEASE_DELAYED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NOW}
+        r"{NOW}{MOVE_DUE_FN}
 local most = 0
 for k = 1, #KEYS, 2 do
-  local due = redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', now, 'LIMIT', 0, ARGV[1])
-  for _, m in ipairs(due) do
-    redis.call('ZREM', KEYS[k], m)
-    local sep = string.find(m, ':', 1, true)
-    local n = tonumber(string.sub(m, 1, sep - 1)) or 0
-    local payload = string.sub(m, sep + 1)
-    if n > 0 then
-      redis.call('XADD', KEYS[k + 1], '*', 'payload', payload, 'unanswered', n)
-    else
-      redis.call('XADD', KEYS[k + 1], '*', 'payload', payload)
-    end
-  end
-  if #due > most then most = #due end
+  local moved = move_due(KEYS[k], KEYS[k + 1], ARGV[1])
+  if moved > most then most = moved end
 end
 return most"
     ))
 });
 
-/// KEYS: from queue, to queue. ARGV: group, entry id. Moves a delivered
-/// entry, every field kept, to the other stream and settles it; 1 if
-/// moved, 0 if the entry was gone (it is settled all the same).
+/// KEYS: from queue, to queue. ARGV: group, entry id, consumer. Moves a
+/// delivered entry, every field kept, to the other stream and settles it;
+/// 1 if moved, 0 if the entry is no longer pending for `consumer` (another
+/// took it over: it is theirs) or gone (it is settled all the same).
 pub static SHARE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if not p[1] or p[1][2] ~= ARGV[3] then return 0 end
 local e = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 if #e == 0 then return 0 end
@@ -652,7 +679,8 @@ return 0",
 /// KEYS go on with the instance's tombstone and those of the `n_add` and
 /// `n_rem` correlation entries, then each tally's hash, pending and
 /// checked sets, then the open tallies (a sorted set, by expiry), then the
-/// shared correlation entries (sets of instance ids) to join and to leave.
+/// shared correlation entries (sets of instance ids) to join and to leave,
+/// then the partition members (see `PM_QUEUE_FN`).
 /// ARGV 22 is the number of tallies, 23 and 24 the numbers of shared
 /// entries to join and leave, 25 the JSON array of the ids of the batched
 /// messages (checked against tombstones like the one handled), 26 the JSON
@@ -667,12 +695,13 @@ return 0",
 /// i exists already.
 pub static PROCESS_COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NOW}{SETTLE_FN}
+        r"{NOW}{SETTLE_FN}{PM_QUEUE_FN}
 local nadd, nrem, nep = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local nenq, nsch = tonumber(ARGV[9]), tonumber(ARGV[10])
 local tomb = 5 + nadd + nrem + nep + 1
 local ntally, tk = tonumber(ARGV[22]), tomb + nadd + nrem
 local sh, nsadd, nsrem = tk + 3 * ntally + 1, tonumber(ARGV[23]), tonumber(ARGV[24])
+local parts = partitioned(KEYS[sh + nsadd + nsrem + 1])
 local version = 0
 if ARGV[1] == '1' then
   local v = redis.call('HGET', KEYS[1], 'version') or '0'
@@ -719,7 +748,9 @@ if ARGV[1] == '1' then
   end
 end
 local a = 26
-for i = 1, nenq do redis.call('XADD', ARGV[a + 2 * i - 1], '*', 'payload', ARGV[a + 2 * i]) end
+for i = 1, nenq do
+  redis.call('XADD', pm_queue(ARGV[a + 2 * i - 1], parts), '*', 'payload', ARGV[a + 2 * i])
+end
 a = a + 2 * nenq
 for i = 1, nep do
   redis.call('XADD', KEYS[5 + nadd + nrem + i], 'MAXLEN', '~', ARGV[18], '*', 'envelope', ARGV[a + i])
@@ -740,7 +771,7 @@ for t = 1, ntally do
   redis.call('HSET', h, 'total', total, 'done', total == 0 and 1 or 0, 'completion', ARGV[a + 3], 'completion_late', ARGV[a + 4])
   redis.call('PEXPIRE', h, keep)
   if total == 0 then
-    redis.call('XADD', ARGV[a + 5], '*', 'payload', ARGV[a + 3])
+    redis.call('XADD', pm_queue(ARGV[a + 5], parts), '*', 'payload', ARGV[a + 3])
   else
     redis.call('PEXPIRE', pend, keep)
     redis.call('ZADD', KEYS[sh], now + tonumber(keep), ARGV[first + n])
@@ -758,20 +789,24 @@ return {{version}}"
     ))
 });
 
-/// KEYS: schedule, the shared process-manager queue. ARGV: now ms, limit,
-/// the process-manager key prefix, the partition count. Moves due
-/// process-manager timeouts onto their partitions' queues (the shared one
-/// for an entry that does not decode), each exactly once (ZREM and XADD in
-/// one script).
+/// KEYS: schedule, the shared process-manager queue, the partition
+/// members. ARGV: now ms, limit, the process-manager key prefix, the
+/// partition count. Moves due process-manager timeouts onto their
+/// partitions' queues (the shared one for an entry that does not decode,
+/// or while no engine reads partitions), each exactly once (ZREM and XADD
+/// in one script).
 pub static RELEASE_DUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{ROUTE_HASH_LUA}
+        r"{NOW}{PM_QUEUE_FN}{ROUTE_HASH_LUA}
+local parts = partitioned(KEYS[3])
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 for _, m in ipairs(due) do
   redis.call('ZREM', KEYS[1], m)
   local ok, decoded = pcall(cjson.decode, m)
   local queue = KEYS[2]
-  if ok and type(decoded) == 'table' then queue = route(ARGV[3], tonumber(ARGV[4]), decoded) end
+  if parts and ok and type(decoded) == 'table' then
+    queue = route(ARGV[3], tonumber(ARGV[4]), decoded)
+  end
   redis.call('XADD', queue, '*', 'payload', m)
 end
 return #due"
@@ -846,15 +881,15 @@ return 0"
     ))
 });
 
-/// KEYS: tally hash, pending, checked, process-manager queue, open
-/// tallies. ARGV: completed keep ms, the tally's member of open tallies.
+/// KEYS: tally hash, pending, checked, process-manager queue (of the
+/// instance's partition), open tallies, partition members. ARGV: completed keep ms, the tally's member of open tallies.
 /// Sends a tally's completion if every item is checked and it has not
 /// been sent: called by the check that took the last item, by a later
 /// check that finds it unsent (the first one died between its check and
 /// this), and by housekeeping. {1} sent now, {0} not (yet), {-1} gone.
 pub static TALLY_FINISH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        r"{NOW}{PM_QUEUE_FN}
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('ZREM', KEYS[5], ARGV[2])
   return -1
@@ -865,15 +900,16 @@ if redis.call('HGET', KEYS[1], 'done') == '1' then
 end
 if redis.call('SCARD', KEYS[2]) > 0 then return 0 end
 local late = redis.call('HGET', KEYS[1], 'late') == '1'
-redis.call('XADD', KEYS[4], '*', 'payload', redis.call('HGET', KEYS[1], late and 'completion_late' or 'completion'))
+local completion = redis.call('HGET', KEYS[1], late and 'completion_late' or 'completion')
+redis.call('XADD', pm_queue(KEYS[4], partitioned(KEYS[6])), '*', 'payload', completion)
 redis.call('HSET', KEYS[1], 'done', 1)
 for i = 1, 3 do
   local ttl = redis.call('PTTL', KEYS[i])
   if ttl == -1 or ttl > tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
 end
 redis.call('ZREM', KEYS[5], ARGV[2])
-return 1",
-    )
+return 1"
+    ))
 });
 
 /// KEYS: tally hash, pending. ARGV: how many missing items to list, mark
@@ -947,7 +983,7 @@ return 0"
 });
 
 /// KEYS: members. ARGV: owner lease prefix, member, ttl ms, partition
-/// count, leaving (1/0).
+/// count, leaving (1/0), the process-manager key prefix.
 ///
 /// Balances the process-manager partitions over the live members (sorted
 /// by name, member `r` of `n` gets the partitions `k` with `k % n == r`):
@@ -955,10 +991,12 @@ return 0"
 /// its others (their new owner takes them on its next call), and returns
 /// the partitions it holds now as a bit mask. Leaving lets go of all of
 /// them and of the membership. A partition is never held by two members:
-/// an owner lease is taken only where none is.
+/// an owner lease is taken only where none is. The owner also moves its
+/// partitions' due hand-backs back onto them (as the timer poller does):
+/// a poller of a version without partitions would not.
 pub static BALANCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r"{NOW}
+        r"{NOW}{MOVE_DUE_FN}
 local me, ttl, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local rank, size = -1, 0
@@ -979,11 +1017,27 @@ for k = 0, n - 1 do
     if not owner or owner == me then
       redis.call('SET', key, me, 'PX', ttl)
       owned = owned + 2 ^ k
+      move_due(ARGV[6] .. ':delayed:' .. k, ARGV[6] .. ':queue:' .. k, 256)
     end
   elseif owner == me then
     redis.call('DEL', key)
   end
 end
 return owned"
+    ))
+});
+
+/// KEYS: partition members, then the queue (a partition's) of each
+/// message. ARGV: the messages. Enqueues process-manager messages on their
+/// partitions, or on the shared stream while no engine reads partitions
+/// (see `PM_QUEUE_FN`).
+pub static ENQUEUE_PM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}{PM_QUEUE_FN}
+local parts = partitioned(KEYS[1])
+for i = 1, #ARGV do
+  redis.call('XADD', pm_queue(KEYS[i + 1], parts), '*', 'payload', ARGV[i])
+end
+return #ARGV"
     ))
 });

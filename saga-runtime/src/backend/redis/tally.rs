@@ -42,6 +42,7 @@ impl RedisBackend {
                     .key(k.tally(tally, ":checked"))
                     .key(k.queue(k.process_route(&tally.process, &tally.instance)))
                     .key(k.open_tallies())
+                    .key(k.partition_members())
                     .arg(ms(COMPLETED_TALLY_KEEP))
                     .arg(member(tally)?),
             )
