@@ -16,8 +16,11 @@ pub enum Checked {
         /// learns of it from the completion, `late: true`).
         late: bool,
     },
-    /// The last item: the instance is being sent
-    /// [`TallyCompleted`](crate::process::TallyCompleted).
+    /// Every item is checked, and this check sent the instance
+    /// [`TallyCompleted`](crate::process::TallyCompleted): exactly one
+    /// check of a tally answers this (usually the one of the last item;
+    /// with checks racing at the end, possibly another that saw none left,
+    /// the last one then answering `Counted` with none remaining).
     Completed {
         /// After the deadline.
         late: bool,

@@ -145,8 +145,8 @@ pub enum TallyCheck {
         /// missing then; this check still counts).
         late: bool,
     },
-    /// That was the last item: [`TallyCompleted`] is on its way to the
-    /// instance.
+    /// Every item is checked and this check sent [`TallyCompleted`] to
+    /// the instance (exactly one check of a tally answers this).
     Completed {
         /// After the deadline.
         late: bool,

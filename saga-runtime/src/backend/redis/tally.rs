@@ -1,10 +1,11 @@
-//! Tallies. A check is one transaction of plain commands (`SMOVE` from
-//! the unchecked set to the checked one, `SCARD`, `HMGET`): about half
-//! the server time of a script, which is what lets checking keep up with
-//! plain `INCR`s. The check that takes the last item then sends the
-//! completion (`TALLY_FINISH`, guarded by the tally's `done` flag, so it is
-//! sent once); should that checker die in between, the next check of any
-//! item, or housekeeping, sends it.
+//! Tallies. A check is one round trip of three plain commands (`SMOVE`
+//! from the unchecked set to the checked one, `SCARD`, `HMGET`), not a
+//! transaction nor a script: the least server time per check, which is
+//! what lets checking keep up with plain `INCR`s. A check that finds no
+//! item left then sends the completion (`TALLY_FINISH`, guarded by the
+//! tally's `done` flag, so it is sent once, and answered `Completed` to
+//! the one check that sent it); should that checker die in between, the
+//! next check of any item, or housekeeping, sends it.
 
 use async_trait::async_trait;
 use redis::Value;
@@ -107,7 +108,6 @@ impl Tallies for RedisBackend {
         let (pending, checked) = (k.tally(tally, ":pending"), k.tally(tally, ":checked"));
         let (moved, left, (late, done)): (i64, u64, (Option<String>, Option<String>)) =
             redis::pipe()
-                .atomic()
                 .cmd("SMOVE")
                 .arg(&pending)
                 .arg(&checked)
@@ -132,8 +132,13 @@ impl Tallies for RedisBackend {
                     late,
                 });
             }
-            self.finish(tally).await?;
-            return Ok(TallyCheck::Completed { late });
+            // The check that sends the completion is the one that
+            // completed the tally (two may see none left: the count is
+            // not read in the same breath as the move).
+            return Ok(match self.finish(tally).await? {
+                true => TallyCheck::Completed { late },
+                false => TallyCheck::Counted { remaining: 0, late },
+            });
         }
         if left == 0 && !done {
             // Everything is checked, and the completion is not sent: the
