@@ -227,6 +227,20 @@ pub enum Error {
     /// A dead letter id that does not exist (or was already requeued).
     #[error("dead letter {0} does not exist")]
     DeadLetterNotFound(String),
+
+    /// Only a task that ended needing an operator can be resolved.
+    #[error("task {id} is `{status}`: only `CompensationFailed` and `DeadLettered` tasks are resolved by hand")]
+    NotResolvable {
+        /// The task.
+        id: crate::task::TaskId,
+        /// Its status.
+        status: crate::task::TaskStatus,
+    },
+
+    /// The dead letter's task was resolved by hand: requeueing it would run
+    /// what the operator settled.
+    #[error("task {0} of this dead letter was resolved by hand: it is not requeued")]
+    ResolvedTask(crate::task::TaskId),
     /// A dead letter kept only a prefix of its (huge) payload, so it cannot
     /// be put back on the queue.
     #[error(

@@ -92,6 +92,11 @@ pub enum TaskStatus {
     CompensationFailed,
     /// Parked on the dead-letter queue until an operator requeues it.
     DeadLettered,
+    /// Ended `CompensationFailed` or `DeadLettered`, then an operator
+    /// fixed what was left by hand and said so
+    /// ([`Engine::resolve`](crate::Engine::resolve)); the audit log's
+    /// `Resolved` entry says who, why, and what it was before. Terminal.
+    Resolved,
 }
 
 impl TaskStatus {
@@ -105,6 +110,7 @@ impl TaskStatus {
                 | TaskStatus::Cancelled
                 | TaskStatus::CompensationFailed
                 | TaskStatus::DeadLettered
+                | TaskStatus::Resolved
         )
     }
 }
@@ -244,6 +250,9 @@ pub enum AuditAction {
     DeadLettered,
     /// An operator requeued the task from the dead-letter queue.
     Requeued,
+    /// An operator resolved the task by hand; `details` holds who, why and
+    /// the status it had, as JSON.
+    Resolved,
     /// An attempt began but never reported back: its worker stopped (a
     /// crash, a kill) or lost its lease. It counts as a failed attempt.
     AttemptAbandoned,

@@ -388,7 +388,8 @@ impl Engine {
                 status @ (TaskStatus::Failed
                 | TaskStatus::DeadLettered
                 | TaskStatus::Compensated
-                | TaskStatus::CompensationFailed),
+                | TaskStatus::CompensationFailed
+                | TaskStatus::Resolved),
                 _,
             )) => return Ok(CancelResult::NotCancellable(status)),
             // It expired meanwhile; nothing was recorded.

@@ -1,9 +1,12 @@
-//! The dead-letter queue: list it page by page, requeue what was fixed.
+//! What an operator does when automated recovery ran out: list the
+//! dead-letter queue page by page, requeue what was fixed, and mark a task
+//! resolved once what it left behind was fixed by hand.
 
 use super::Engine;
+use crate::backend::Locked;
 use crate::backend::{DeadLetter, DeadLetterQuery, Next, QueueMessage, Settle, TaskCommit};
 use crate::error::Error;
-use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus};
+use crate::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
 
 /// Which dead letters [`Engine::dead_letters`] lists, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -87,13 +90,14 @@ impl Engine {
                 size,
             });
         }
-        let parked = match letter.task_id {
-            Some(id) => self
-                .task(id)
-                .await?
-                .is_some_and(|t| t.status == TaskStatus::DeadLettered),
-            None => false,
+        let status = match letter.task_id {
+            Some(id) => self.task(id).await?.map(|t| t.status),
+            None => None,
         };
+        if let (Some(id), Some(TaskStatus::Resolved)) = (letter.task_id, status) {
+            return Err(Error::ResolvedTask(id));
+        }
+        let parked = status == Some(TaskStatus::DeadLettered);
         if !parked {
             // Bad input (or a task that moved on): put the raw message back.
             return match backend.requeue_dead_letter(dead_letter_id).await? {
@@ -102,20 +106,7 @@ impl Engine {
             };
         }
         let id = letter.task_id.expect("parked implies a task id");
-        // The task is parked, so its lock is normally free; wait at most one
-        // lease for a straggler to let go.
-        let deadline = tokio::time::Instant::now() + self.rt.lease_ttl();
-        let locked = loop {
-            if let Some(locked) = backend.lock_and_load(id, self.rt.lease_ttl()).await? {
-                break locked;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(Error::Backend(crate::backend::BackendError::unavailable(
-                    format!("task {id} stayed locked; try the requeue again"),
-                )));
-            }
-            tokio::time::sleep(self.rt.settings.lock_retry_delay).await;
-        };
+        let locked = self.lock_stopped(id, "requeue").await?;
         let Some(mut task) = locked.task.filter(|t| t.status == TaskStatus::DeadLettered) else {
             backend.unlock(&locked.lease).await?;
             return Err(Error::DeadLetterNotFound(dead_letter_id.to_owned()));
@@ -146,6 +137,102 @@ impl Engine {
         }
         committed?;
         Ok(())
+    }
+}
+
+/// Who resolved a task by hand, and why: kept in its audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    /// The operator (a name, an email, a ticket system's user).
+    pub by: String,
+    /// What was found and done.
+    pub note: String,
+}
+
+impl Resolution {
+    /// `by` resolved it: `note`.
+    pub fn new(by: impl Into<String>, note: impl Into<String>) -> Self {
+        Resolution {
+            by: by.into(),
+            note: note.into(),
+        }
+    }
+}
+
+impl Engine {
+    /// Marks a task that ended needing an operator (`CompensationFailed`,
+    /// `DeadLettered`) as `Resolved`: what it left behind was fixed by hand
+    /// (see its audit log for what failed). Terminal; the audit log keeps
+    /// who, why and the status it had; the task is then kept as long as
+    /// any finished task (`EngineBuilder::retention`). A dead letter of a
+    /// resolved task is not requeued ([`Error::ResolvedTask`]).
+    ///
+    /// Any other status is [`Error::NotResolvable`]: a running task is the
+    /// engine's to finish, a finished one needs nothing.
+    pub async fn resolve(&self, id: TaskId, resolution: Resolution) -> Result<TaskInstance, Error> {
+        let locked = self.lock_stopped(id, "resolve").await?;
+        let unlock = || async {
+            let _ = self.rt.backend.unlock(&locked.lease).await;
+        };
+        let Some(mut task) = locked.task.clone() else {
+            unlock().await;
+            return Err(Error::TaskNotFound(id));
+        };
+        let was = task.status;
+        if !matches!(
+            was,
+            TaskStatus::CompensationFailed | TaskStatus::DeadLettered
+        ) {
+            unlock().await;
+            return Err(Error::NotResolvable { id, status: was });
+        }
+        let details = serde_json::json!({
+            "by": resolution.by,
+            "note": resolution.note,
+            "was": was,
+        });
+        task.audit(AuditEntry::new(AuditAction::Resolved).details(details.to_string()));
+        task.set_status(TaskStatus::Resolved);
+        // Whatever message of the task is still about is stale now.
+        task.seq += 1;
+        let committed = self
+            .rt
+            .backend
+            .commit(TaskCommit {
+                task: &task,
+                stored_status: was,
+                lease: &locked.lease,
+                next: None,
+                settle: Settle::Nothing,
+                unless_cancelled: false,
+                expire_after: self.rt.settings.retention_for(TaskStatus::Resolved),
+            })
+            .await;
+        if committed.is_err() {
+            unlock().await;
+        }
+        committed?;
+        tracing::info!(task_id = %id, by = %resolution.by, %was, "task resolved by hand");
+        Ok(task)
+    }
+
+    /// Takes the lease of a task no worker should be running (parked or
+    /// ended): normally free at once; a straggler gets at most one lease
+    /// to let go.
+    async fn lock_stopped(&self, id: TaskId, what: &str) -> Result<Locked, Error> {
+        let backend = &self.rt.backend;
+        let deadline = tokio::time::Instant::now() + self.rt.lease_ttl();
+        loop {
+            if let Some(locked) = backend.lock_and_load(id, self.rt.lease_ttl()).await? {
+                return Ok(locked);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Backend(crate::backend::BackendError::unavailable(
+                    format!("task {id} stayed locked; try the {what} again"),
+                )));
+            }
+            tokio::time::sleep(self.rt.settings.lock_retry_delay).await;
+        }
     }
 }
 

@@ -23,6 +23,7 @@ fn parse_member(member: &str) -> Option<(TaskId, TaskStatus, &str)> {
         "Cancelled" => TaskStatus::Cancelled,
         "CompensationFailed" => TaskStatus::CompensationFailed,
         "DeadLettered" => TaskStatus::DeadLettered,
+        "Resolved" => TaskStatus::Resolved,
         "Pending" => TaskStatus::Pending,
         "Running" => TaskStatus::Running,
         "Compensating" => TaskStatus::Compensating,

@@ -1,0 +1,211 @@
+//! Operator actions: a task that ended needing an operator
+//! (`CompensationFailed`, `DeadLettered`) is marked resolved by hand, with
+//! who and why in its audit log, on the in-memory backend and on a real
+//! redis-server.
+
+mod common;
+
+use std::time::Duration;
+
+use common::redis_server::TestRedis;
+use saga_runtime::prelude::*;
+use saga_runtime::{AuditAction, DeadLetterFilter, Error, Resolution, TaskFilter};
+
+/// Reserves, then fails to charge; releasing the reservation fails too.
+struct Stuck;
+
+#[saga(name = "stuck")]
+impl Stuck {
+    #[saga_step(1)]
+    #[compensation_retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0)]
+    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(reserve)]
+    async fn release(&self, _n: u32) -> Result<(), StepError> {
+        Err(StepError::permanent("the warehouse API refuses"))
+    }
+
+    #[saga_step(2)]
+    async fn charge(&self, _n: u32) -> Result<u32, StepError> {
+        Err(StepError::permanent("card declined"))
+    }
+}
+
+/// A step that parks its task on the dead-letter queue.
+struct Parked;
+
+#[saga(name = "parked")]
+impl Parked {
+    #[saga_step(1)]
+    #[retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0, on_exhausted = dead_letter)]
+    async fn call(&self, _n: u32) -> Result<u32, StepError> {
+        Err(StepError::permanent("upstream down"))
+    }
+}
+
+/// Completes.
+struct Fine;
+
+#[saga(name = "fine")]
+impl Fine {
+    #[saga_step(1)]
+    async fn call(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+}
+
+async fn engine(redis: Option<&TestRedis>) -> Engine {
+    let builder = Engine::builder().saga(Stuck).saga(Parked).saga(Fine);
+    let builder = match redis {
+        Some(redis) => builder.backend(redis.backend().await),
+        None => builder,
+    };
+    builder.build().await.unwrap()
+}
+
+async fn a_compensation_failed_task_is_resolved_with_who_and_why(engine: Engine) {
+    let id = engine.start::<Stuck>(1).await.unwrap();
+    let ended = engine.wait(id).await.unwrap();
+    assert_eq!(ended.status, TaskStatus::CompensationFailed);
+
+    let resolved = engine
+        .resolve(
+            id,
+            Resolution::new("ana@ops", "released the hold in the WMS"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resolved.status, TaskStatus::Resolved);
+    let stored = engine.task(id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Resolved);
+    let entry = stored
+        .audit_log
+        .iter()
+        .find(|e| e.action == AuditAction::Resolved)
+        .expect("a Resolved audit entry");
+    let details: serde_json::Value =
+        serde_json::from_str(entry.details.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        details,
+        serde_json::json!({
+            "by": "ana@ops",
+            "note": "released the hold in the WMS",
+            "was": "CompensationFailed",
+        })
+    );
+    assert!(stored.audit_log.iter().any(|e| e.action
+        == AuditAction::StatusChanged {
+            from: TaskStatus::CompensationFailed,
+            to: TaskStatus::Resolved,
+        }));
+
+    // Listed under its new status only.
+    let listed = |status| {
+        let engine = engine.clone();
+        async move {
+            engine
+                .tasks(TaskFilter::new().saga("stuck").status(status))
+                .await
+                .unwrap()
+                .tasks
+                .into_iter()
+                .map(|t| t.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed(TaskStatus::Resolved).await, [id]);
+    assert!(listed(TaskStatus::CompensationFailed).await.is_empty());
+
+    // Once is enough.
+    let again = engine.resolve(id, Resolution::new("bob", "again")).await;
+    assert!(
+        matches!(
+            again,
+            Err(Error::NotResolvable {
+                status: TaskStatus::Resolved,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+}
+
+async fn only_tasks_needing_an_operator_are_resolved(engine: Engine) {
+    let id = engine.start::<Fine>(1).await.unwrap();
+    assert_eq!(engine.wait(id).await.unwrap().status, TaskStatus::Completed);
+    let err = engine
+        .resolve(id, Resolution::new("ana", "nothing to do"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NotResolvable {
+                status: TaskStatus::Completed,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err
+        .to_string()
+        .contains("only `CompensationFailed` and `DeadLettered`"));
+    assert_eq!(
+        engine.task(id).await.unwrap().unwrap().status,
+        TaskStatus::Completed
+    );
+
+    let unknown = TaskId::new();
+    let err = engine
+        .resolve(unknown, Resolution::new("ana", "?"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::TaskNotFound(t) if t == unknown),
+        "{err}"
+    );
+}
+
+async fn a_resolved_dead_lettered_task_is_not_requeued(engine: Engine) {
+    let id = engine.start::<Parked>(1).await.unwrap();
+    assert_eq!(
+        engine.wait(id).await.unwrap().status,
+        TaskStatus::DeadLettered
+    );
+    let letter = engine
+        .dead_letters(DeadLetterFilter::new())
+        .await
+        .unwrap()
+        .letters
+        .into_iter()
+        .find(|l| l.task_id == Some(id))
+        .expect("its dead letter");
+    engine
+        .resolve(id, Resolution::new("ana", "replayed the call by hand"))
+        .await
+        .unwrap();
+    let err = engine.requeue(&letter.id).await.unwrap_err();
+    assert!(matches!(err, Error::ResolvedTask(t) if t == id), "{err}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        engine.task(id).await.unwrap().unwrap().status,
+        TaskStatus::Resolved
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_memory() {
+    a_compensation_failed_task_is_resolved_with_who_and_why(engine(None).await).await;
+    only_tasks_needing_an_operator_are_resolved(engine(None).await).await;
+    a_resolved_dead_lettered_task_is_not_requeued(engine(None).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis() {
+    let redis = TestRedis::start();
+    a_compensation_failed_task_is_resolved_with_who_and_why(engine(Some(&redis)).await).await;
+    only_tasks_needing_an_operator_are_resolved(engine(Some(&redis)).await).await;
+    a_resolved_dead_lettered_task_is_not_requeued(engine(Some(&redis)).await).await;
+}
