@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::redis_server::TestRedis;
 use saga_runtime::prelude::*;
-use saga_runtime::{AuditAction, DeadLetterFilter, Error, Resolution, TaskFilter};
+use saga_runtime::{AuditAction, DeadLetterFilter, Error, Intervention, StepStatus, TaskFilter};
 
 /// Reserves, then fails to charge; releasing the reservation fails too.
 struct Stuck;
@@ -45,6 +45,48 @@ impl Parked {
     }
 }
 
+/// Like `Stuck`, but its warehouse comes back once `FIXED` is set: three
+/// steps, so the retried compensation goes on to the step before it.
+static FIXED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+struct Flaky {
+    journal: common::Journal,
+}
+
+#[saga(name = "flaky")]
+impl Flaky {
+    #[saga_step(1)]
+    async fn hold(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(hold)]
+    async fn unhold(&self, _n: u32) -> Result<(), StepError> {
+        self.journal.record("unhold");
+        Ok(())
+    }
+
+    #[saga_step(2)]
+    #[compensation_retry_policy(max_retries = 1, backoff = constant, base_delay_ms = 0)]
+    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(reserve)]
+    async fn release(&self, _n: u32) -> Result<(), StepError> {
+        self.journal.record("release");
+        match FIXED.load(std::sync::atomic::Ordering::SeqCst) {
+            true => Ok(()),
+            false => Err(StepError::transient("the warehouse API is down")),
+        }
+    }
+
+    #[saga_step(3)]
+    async fn charge(&self, _n: u32) -> Result<u32, StepError> {
+        Err(StepError::permanent("card declined"))
+    }
+}
+
 /// Completes.
 struct Fine;
 
@@ -57,7 +99,13 @@ impl Fine {
 }
 
 async fn engine(redis: Option<&TestRedis>) -> Engine {
-    let builder = Engine::builder().saga(Stuck).saga(Parked).saga(Fine);
+    let builder = Engine::builder()
+        .saga(Stuck)
+        .saga(Parked)
+        .saga(Fine)
+        .saga(Flaky {
+            journal: JOURNAL.with(|j| j.clone()),
+        });
     let builder = match redis {
         Some(redis) => builder.backend(redis.backend().await),
         None => builder,
@@ -73,7 +121,7 @@ async fn a_compensation_failed_task_is_resolved_with_who_and_why(engine: Engine)
     let resolved = engine
         .resolve(
             id,
-            Resolution::new("ana@ops", "released the hold in the WMS"),
+            Intervention::new("ana@ops", "released the hold in the WMS"),
         )
         .await
         .unwrap();
@@ -119,7 +167,7 @@ async fn a_compensation_failed_task_is_resolved_with_who_and_why(engine: Engine)
     assert!(listed(TaskStatus::CompensationFailed).await.is_empty());
 
     // Once is enough.
-    let again = engine.resolve(id, Resolution::new("bob", "again")).await;
+    let again = engine.resolve(id, Intervention::new("bob", "again")).await;
     assert!(
         matches!(
             again,
@@ -136,7 +184,7 @@ async fn only_tasks_needing_an_operator_are_resolved(engine: Engine) {
     let id = engine.start::<Fine>(1).await.unwrap();
     assert_eq!(engine.wait(id).await.unwrap().status, TaskStatus::Completed);
     let err = engine
-        .resolve(id, Resolution::new("ana", "nothing to do"))
+        .resolve(id, Intervention::new("ana", "nothing to do"))
         .await
         .unwrap_err();
     assert!(
@@ -151,7 +199,21 @@ async fn only_tasks_needing_an_operator_are_resolved(engine: Engine) {
     );
     assert!(err
         .to_string()
-        .contains("only `CompensationFailed` and `DeadLettered`"));
+        .contains("operator actions apply to tasks that ended"));
+    let err = engine
+        .retry_compensation(id, Intervention::new("ana", "?"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NotResolvable {
+                status: TaskStatus::Completed,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(
         engine.task(id).await.unwrap().unwrap().status,
         TaskStatus::Completed
@@ -159,7 +221,7 @@ async fn only_tasks_needing_an_operator_are_resolved(engine: Engine) {
 
     let unknown = TaskId::new();
     let err = engine
-        .resolve(unknown, Resolution::new("ana", "?"))
+        .resolve(unknown, Intervention::new("ana", "?"))
         .await
         .unwrap_err();
     assert!(
@@ -183,7 +245,7 @@ async fn a_resolved_dead_lettered_task_is_not_requeued(engine: Engine) {
         .find(|l| l.task_id == Some(id))
         .expect("its dead letter");
     engine
-        .resolve(id, Resolution::new("ana", "replayed the call by hand"))
+        .resolve(id, Intervention::new("ana", "replayed the call by hand"))
         .await
         .unwrap();
     let err = engine.requeue(&letter.id).await.unwrap_err();
@@ -195,8 +257,45 @@ async fn a_resolved_dead_lettered_task_is_not_requeued(engine: Engine) {
     );
 }
 
+thread_local! {
+    static JOURNAL: common::Journal = common::Journal::default();
+}
+
+async fn a_failed_compensation_runs_again_once_fixed(engine: Engine) {
+    FIXED.store(false, std::sync::atomic::Ordering::SeqCst);
+    let id = engine.start::<Flaky>(1).await.unwrap();
+    let ended = engine.wait(id).await.unwrap();
+    assert_eq!(ended.status, TaskStatus::CompensationFailed);
+    let failed_attempts = ended.steps[1].compensation_attempts;
+    assert_eq!(failed_attempts, 2, "one try and one retry");
+    assert_eq!(ended.steps[0].status, StepStatus::Completed, "not reached");
+
+    FIXED.store(true, std::sync::atomic::Ordering::SeqCst);
+    let retried = engine
+        .retry_compensation(id, Intervention::new("ana@ops", "warehouse API is back"))
+        .await
+        .unwrap();
+    assert_eq!(retried.status, TaskStatus::Compensating);
+    let done = engine.wait(id).await.unwrap();
+    assert_eq!(done.status, TaskStatus::Compensated);
+    assert_eq!(done.steps[1].status, StepStatus::Compensated);
+    assert_eq!(done.steps[1].compensation_attempts, failed_attempts + 1);
+    assert_eq!(
+        done.steps[0].status,
+        StepStatus::Compensated,
+        "then the step before"
+    );
+    let entry = done
+        .audit_log
+        .iter()
+        .find(|e| e.action == AuditAction::CompensationRetried)
+        .expect("who and why");
+    assert!(entry.details.as_deref().unwrap().contains("ana@ops"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn in_memory() {
+    a_failed_compensation_runs_again_once_fixed(engine(None).await).await;
     a_compensation_failed_task_is_resolved_with_who_and_why(engine(None).await).await;
     only_tasks_needing_an_operator_are_resolved(engine(None).await).await;
     a_resolved_dead_lettered_task_is_not_requeued(engine(None).await).await;
@@ -205,6 +304,7 @@ async fn in_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis() {
     let redis = TestRedis::start();
+    a_failed_compensation_runs_again_once_fixed(engine(Some(&redis)).await).await;
     a_compensation_failed_task_is_resolved_with_who_and_why(engine(Some(&redis)).await).await;
     only_tasks_needing_an_operator_are_resolved(engine(Some(&redis)).await).await;
     a_resolved_dead_lettered_task_is_not_requeued(engine(Some(&redis)).await).await;

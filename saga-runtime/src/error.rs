@@ -228,8 +228,10 @@ pub enum Error {
     #[error("dead letter {0} does not exist")]
     DeadLetterNotFound(String),
 
-    /// Only a task that ended needing an operator can be resolved.
-    #[error("task {id} is `{status}`: only `CompensationFailed` and `DeadLettered` tasks are resolved by hand")]
+    /// The operator action does not apply to the task's status (resolve:
+    /// `CompensationFailed` or `DeadLettered`; a compensation retry:
+    /// `CompensationFailed`).
+    #[error("task {id} is `{status}`: operator actions apply to tasks that ended `CompensationFailed` (resolve, retry the compensation) or `DeadLettered` (resolve, requeue)")]
     NotResolvable {
         /// The task.
         id: crate::task::TaskId,

@@ -253,6 +253,9 @@ pub enum AuditAction {
     /// An operator resolved the task by hand; `details` holds who, why and
     /// the status it had, as JSON.
     Resolved,
+    /// An operator had a failed compensation run again; `details` holds who
+    /// and why, as JSON.
+    CompensationRetried,
     /// An attempt began but never reported back: its worker stopped (a
     /// crash, a kill) or lost its lease. It counts as a failed attempt.
     AttemptAbandoned,

@@ -31,7 +31,7 @@ pub use crate::process::ProcessMetrics;
 pub use builder::EngineBuilder;
 pub use client::{TaskFilter, TaskPage};
 pub use lifecycle::shutdown_signal;
-pub use operator::{DeadLetterFilter, DeadLetterPage, Resolution};
+pub use operator::{DeadLetterFilter, DeadLetterPage, Intervention};
 pub use tally::{Checked, Tally};
 
 /// The result of [`Engine::cancel`].

@@ -140,19 +140,19 @@ impl Engine {
     }
 }
 
-/// Who resolved a task by hand, and why: kept in its audit log.
+/// Who acted on a task by hand, and why: kept in its audit log.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolution {
+pub struct Intervention {
     /// The operator (a name, an email, a ticket system's user).
     pub by: String,
     /// What was found and done.
     pub note: String,
 }
 
-impl Resolution {
-    /// `by` resolved it: `note`.
+impl Intervention {
+    /// `by` acted, for the reason `note`.
     pub fn new(by: impl Into<String>, note: impl Into<String>) -> Self {
-        Resolution {
+        Intervention {
             by: by.into(),
             note: note.into(),
         }
@@ -169,7 +169,11 @@ impl Engine {
     ///
     /// Any other status is [`Error::NotResolvable`]: a running task is the
     /// engine's to finish, a finished one needs nothing.
-    pub async fn resolve(&self, id: TaskId, resolution: Resolution) -> Result<TaskInstance, Error> {
+    pub async fn resolve(
+        &self,
+        id: TaskId,
+        intervention: Intervention,
+    ) -> Result<TaskInstance, Error> {
         let locked = self.lock_stopped(id, "resolve").await?;
         let unlock = || async {
             let _ = self.rt.backend.unlock(&locked.lease).await;
@@ -187,8 +191,8 @@ impl Engine {
             return Err(Error::NotResolvable { id, status: was });
         }
         let details = serde_json::json!({
-            "by": resolution.by,
-            "note": resolution.note,
+            "by": intervention.by,
+            "note": intervention.note,
             "was": was,
         });
         task.audit(AuditEntry::new(AuditAction::Resolved).details(details.to_string()));
@@ -212,7 +216,80 @@ impl Engine {
             unlock().await;
         }
         committed?;
-        tracing::info!(task_id = %id, by = %resolution.by, %was, "task resolved by hand");
+        tracing::info!(task_id = %id, by = %intervention.by, %was, "task resolved by hand");
+        Ok(task)
+    }
+
+    /// Runs a failed compensation again, with a fresh retry budget, once
+    /// what made it fail is fixed (the dependency is back, the data was
+    /// corrected): the task goes back to `Compensating` at the step whose
+    /// compensation failed, then compensates the steps before it as usual,
+    /// and may end `Compensated` (or `CompensationFailed` again). Attempt
+    /// numbers keep counting, so attempt claims stay unique. The audit log
+    /// records who and why.
+    ///
+    /// Only a `CompensationFailed` task ([`Error::NotResolvable`] names
+    /// the status of any other).
+    pub async fn retry_compensation(
+        &self,
+        id: TaskId,
+        intervention: Intervention,
+    ) -> Result<TaskInstance, Error> {
+        let locked = self.lock_stopped(id, "compensation retry").await?;
+        let unlock = || async {
+            let _ = self.rt.backend.unlock(&locked.lease).await;
+        };
+        let Some(mut task) = locked.task.clone() else {
+            unlock().await;
+            return Err(Error::TaskNotFound(id));
+        };
+        if task.status != TaskStatus::CompensationFailed {
+            unlock().await;
+            return Err(Error::NotResolvable {
+                id,
+                status: task.status,
+            });
+        }
+        for step in &mut task.steps {
+            if step.status == StepStatus::CompensationFailed {
+                step.status = StepStatus::Compensating;
+                step.compensation_retry_base = step.compensation_attempts;
+                // Due now: not an attempt that never reported back.
+                step.next_attempt_at = Some(crate::task::Timestamp::now());
+            }
+        }
+        task.error = None;
+        let details = serde_json::json!({ "by": intervention.by, "note": intervention.note });
+        task.audit(AuditEntry::new(AuditAction::CompensationRetried).details(details.to_string()));
+        task.set_status(TaskStatus::Compensating);
+        task.seq += 1;
+        let next = Next {
+            message: QueueMessage {
+                task_id: task.id,
+                saga: task.saga.clone(),
+                seq: task.seq,
+            },
+            delay: std::time::Duration::ZERO,
+        };
+        let committed = self
+            .rt
+            .backend
+            .commit(TaskCommit {
+                task: &task,
+                stored_status: TaskStatus::CompensationFailed,
+                lease: &locked.lease,
+                next: Some(next),
+                settle: Settle::Nothing,
+                unless_cancelled: false,
+                // Live again: kept until it ends.
+                expire_after: None,
+            })
+            .await;
+        if committed.is_err() {
+            unlock().await;
+        }
+        committed?;
+        tracing::info!(task_id = %id, by = %intervention.by, "compensation retried by hand");
         Ok(task)
     }
 
