@@ -923,7 +923,14 @@ impl ProcessStore for MemoryBackend {
                     process: process.to_owned(),
                     instance: instance.id.clone(),
                 };
-                if stored != instance.version {
+                // The same version of another generation: deleted and
+                // created again since it was read.
+                let regenerated = state.instances.get(&key).is_some_and(|i| {
+                    !i.generation.is_empty()
+                        && !instance.generation.is_empty()
+                        && i.generation != instance.generation
+                });
+                if stored != instance.version || regenerated {
                     return Err(conflict());
                 }
                 // After the version: a handler that lost a race to the

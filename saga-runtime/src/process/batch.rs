@@ -154,7 +154,9 @@ async fn apply(
         return None;
     }
     let mut next = instance.clone();
-    let fx = effects(def, env, &mut next, envelope, &ctx, handled);
+    // Its delays run from when it ran, not from when the first did.
+    let now_ms = env.now_ms.max(crate::task::Timestamp::now().0);
+    let fx = effects(def, env, now_ms, &mut next, envelope, &ctx, handled);
     // The same correlation values: the entries this write claims and
     // releases are the first message's (each save also re-joins shared
     // sets and drops legacy entries, the same for every message).

@@ -238,8 +238,16 @@ pub(crate) async fn dispatch(
                 .as_ref()
                 .is_none_or(|i| i.process == process && (l.key_field.is_some() || i.id == l.key))
         });
+    // Messages waiting in this process are taken into the first write
+    // only: once it is refused, those it took go on alone, and ones that
+    // came after them must not overtake them.
+    let mut joiners = env.joiners;
     for _ in 0..CONFLICT_RETRIES {
         let loaded = loaded.take();
+        // A first look may be stale (another process wrote since): a
+        // decision that settles the message without a versioned write
+        // (ignore, drop as unmatched or duplicate) is made on a fresh read.
+        let first_look = loaded.is_some();
         let loaded_by = |key: &str, field: Option<&str>| {
             loaded
                 .filter(|l| l.key == key && l.key_field.as_deref() == field)
@@ -347,6 +355,9 @@ pub(crate) async fn dispatch(
         // is delivered rather than lost.
         if let (Some(instance), Some(generation)) = (&existing, &envelope.generation) {
             if !instance.generation.is_empty() && instance.generation != *generation {
+                if first_look {
+                    continue;
+                }
                 tracing::debug!(process, instance = %instance.id, "message for an earlier instance with this id ignored");
                 env.settle_only(process, env.ack()).await?;
                 return Ok(Dispatched::Ignored {
@@ -360,6 +371,12 @@ pub(crate) async fn dispatch(
 
         // 2. Decide whether the handler runs.
         let fresh = match (&existing, handler.kind) {
+            (None, HandlerKind::Timeout | HandlerKind::Handles { .. }) if first_look => continue,
+            (Some(instance), _)
+                if first_look && instance.processed.contains(&envelope.message_id) =>
+            {
+                continue
+            }
             (None, HandlerKind::Timeout) => {
                 tracing::debug!(process, instance = %key, "timeout for an instance that no longer exists ignored");
                 env.settle_only(process, env.ack()).await?;
@@ -486,10 +503,10 @@ pub(crate) async fn dispatch(
         // turn out to exist.)
         let before = (!ctx.tallies.is_empty() && !created).then(|| fresh.clone());
         let mut instance = fresh;
-        let mut fx = effects(def, env, &mut instance, envelope, &ctx, handled);
+        let mut fx = effects(def, env, env.now_ms, &mut instance, envelope, &ctx, handled);
         // Messages of the instance that waited for this one here go in the
         // same write, each applied in turn.
-        let batch = match env.joiners {
+        let batch = match joiners.take() {
             Some(joiners) if !fx.delete && fx.tallies.is_empty() => {
                 batch::absorb(pm, env, joiners, &mut instance, &mut fx).await
             }

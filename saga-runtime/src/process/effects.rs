@@ -69,10 +69,11 @@ pub(super) async fn run_handler(
 
 /// Applies a handler's result (`state`, the correlation values it left,
 /// what it asked of `ctx`) to `instance` and returns what the write must
-/// carry besides it.
+/// carry besides it; delays run from `now_ms` (when the handler ran).
 pub(super) fn effects(
     def: &ProcessDefinition,
     env: &DispatchEnv<'_>,
+    now_ms: u64,
     instance: &mut ProcessInstance,
     envelope: &Envelope,
     ctx: &ProcessContext,
@@ -171,12 +172,12 @@ pub(super) fn effects(
                 }
                 endpoints.push((
                     crate::endpoint::PUBLISHED.to_owned(),
-                    sent(message_id, process, &instance.id, out, env.now_ms),
+                    sent(message_id, process, &instance.id, out, now_ms),
                 ));
             }
             Target::Endpoint(name) => endpoints.push((
                 name.clone(),
-                sent(message_id, process, &instance.id, out, env.now_ms),
+                sent(message_id, process, &instance.id, out, now_ms),
             )),
         }
     }
@@ -197,10 +198,10 @@ pub(super) fn effects(
                 key: None,
                 key_field: None,
             };
-            (due(env.now_ms, t.delay), envelope)
+            (due(now_ms, t.delay), envelope)
         })
         .collect::<Vec<_>>();
-    let (tallies, reports) = tally::commit_parts(ctx, envelope, env.now_ms);
+    let (tallies, reports) = tally::commit_parts(ctx, envelope, now_ms);
     schedule.extend(reports);
     Effects {
         delete,

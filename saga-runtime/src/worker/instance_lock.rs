@@ -116,6 +116,10 @@ impl InstanceLocks {
             return;
         };
         let kept = cached.instance.take();
+        if let Some(lease) = cached.lease.take() {
+            // Handed over to a waiter that never came: it expires on its own.
+            tracing::warn!(lease = %lease.name, "an instance lease was left to no one; it is held until its TTL");
+        }
         drop(cached);
         slots.remove(key);
         if let Some(instance) = kept {
@@ -148,16 +152,13 @@ impl InstanceLocks {
     /// Waits for the lock of `key`.
     pub async fn lock(&self, key: String) -> InstanceGuard<'_> {
         let slot = self.slot(&key);
-        let (guard, waited) = match slot.cached.clone().try_lock_owned() {
-            Ok(guard) => (guard, false),
-            Err(_) => {
-                slot.waiters.fetch_add(1, Ordering::SeqCst);
-                let guard = slot.cached.clone().lock_owned().await;
-                slot.waiters.fetch_sub(1, Ordering::SeqCst);
-                (guard, true)
-            }
-        };
-        self.guard(key, slot, guard, waited)
+        if let Ok(guard) = slot.cached.clone().try_lock_owned() {
+            return self.guard(key, slot, guard, false);
+        }
+        let mut wait = Wait::new(self, &key, slot, None);
+        let guard = wait.slot().cached.clone().lock_owned().await;
+        let slot = wait.held();
+        self.guard(key.clone(), slot, guard, true)
     }
 
     /// Waits for the lock of `key`, meanwhile offering the holder the
@@ -173,49 +174,112 @@ impl InstanceLocks {
         }
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
         let (joined, mut outcome) = offer();
-        slot.waiters.fetch_add(1, Ordering::SeqCst);
         slot.waiting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push_back((ticket, joined));
-        let answer = {
-            let lock = slot.cached.clone().lock_owned();
-            tokio::pin!(lock);
-            let mut offered = true;
-            loop {
-                tokio::select! {
-                    // A holder answers before it lets go of the lock: with
-                    // both ready, the answer counts.
-                    biased;
-                    answer = &mut outcome, if offered => match answer {
-                        Ok(dispatched) => break Ok(dispatched),
-                        // Taken, then left out of the write: handled alone,
-                        // after the holder.
-                        Err(_) => {
-                            offered = false;
-                            slot.waiters.fetch_add(1, Ordering::SeqCst);
-                        }
-                    },
-                    guard = &mut lock => break Err(guard),
+        let mut wait = Wait::new(self, &key, slot, Some(ticket));
+        // Declared after `wait`, so dropped before it (a cancelled wait
+        // that was granted the lock lets go before the slot may be
+        // forgotten).
+        let lock = wait.slot().cached.clone().lock_owned();
+        tokio::pin!(lock);
+        let mut offered = true;
+        loop {
+            tokio::select! {
+                // A holder answers before it lets go of the lock: with both
+                // ready, the answer counts.
+                biased;
+                answer = &mut outcome, if offered => match answer {
+                    // `wait` goes (and with it, perhaps, the slot).
+                    Ok(dispatched) => return Locked::Handled(dispatched),
+                    // Taken, then left out of the write: handled alone,
+                    // after the holder.
+                    Err(_) => {
+                        offered = false;
+                        wait.reoffered();
+                    }
+                },
+                guard = &mut lock => {
+                    let slot = wait.held();
+                    return Locked::Held(self.guard(key.clone(), slot, guard, true));
                 }
             }
-            // The wait for the lock ends here, before the slot may be
-            // forgotten: a wait that was granted the lock holds it until
-            // it is dropped.
+        }
+    }
+}
+
+/// A wait for an instance's lock, counted among its waiters (what
+/// `has_waiters` tells a holder about to hand its lease over) for as long
+/// as it lasts, however it ends: with the lock, handled in a holder's
+/// write, or dropped (a worker aborted), which must neither leave a
+/// holder handing its lease to nobody nor leave the slot behind.
+struct Wait<'a> {
+    locks: &'a InstanceLocks,
+    key: &'a str,
+    /// Until the lock is held (then the guard's).
+    slot: Option<Arc<Slot>>,
+    /// Its offer in the slot's queue, if it made one.
+    ticket: Option<u64>,
+    /// Taken by a holder (who stopped counting it), then left out: it
+    /// counts itself again.
+    reoffered: bool,
+}
+
+impl<'a> Wait<'a> {
+    fn new(locks: &'a InstanceLocks, key: &'a str, slot: Arc<Slot>, ticket: Option<u64>) -> Self {
+        slot.waiters.fetch_add(1, Ordering::SeqCst);
+        Wait {
+            locks,
+            key,
+            slot: Some(slot),
+            ticket,
+            reoffered: false,
+        }
+    }
+
+    fn slot(&self) -> &Arc<Slot> {
+        self.slot.as_ref().expect("the slot until the lock is held")
+    }
+
+    fn reoffered(&mut self) {
+        self.slot().waiters.fetch_add(1, Ordering::SeqCst);
+        self.reoffered = true;
+    }
+
+    /// The lock is held: the slot is the guard's now (and this wait,
+    /// slotless, does nothing more when dropped).
+    fn held(&mut self) -> Arc<Slot> {
+        self.finish();
+        self.slot.take().expect("held once")
+    }
+
+    /// Stops counting this wait and withdraws its offer (once: the slot
+    /// goes with it).
+    fn finish(&mut self) {
+        let Some(slot) = self.slot.as_ref() else {
+            return;
         };
-        match answer {
-            Ok(dispatched) => {
-                self.forget(&key, slot);
-                Locked::Handled(dispatched)
+        let queued = match self.ticket.take() {
+            Some(ticket) => {
+                let mut waiting = slot.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                let before = waiting.len();
+                waiting.retain(|(t, _)| *t != ticket);
+                waiting.len() != before
             }
-            Err(guard) => {
-                slot.waiters.fetch_sub(1, Ordering::SeqCst);
-                slot.waiting
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .retain(|(t, _)| *t != ticket);
-                Locked::Held(self.guard(key, slot, guard, true))
-            }
+            None => !self.reoffered,
+        };
+        if queued || self.reoffered {
+            slot.waiters.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        self.finish();
+        if let Some(slot) = self.slot.take() {
+            self.locks.forget(self.key, slot);
         }
     }
 }

@@ -66,6 +66,26 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     // As the message looks the instance up (by id, or by a value it holds).
     let mut cached = cached
         .and_then(|c| crate::process::lookup(pm.as_ref(), envelope).and_then(|l| c.found_by(l)));
+    // Found with the lock free, what this process remembers of the
+    // instance may be older than the read taken with the message (another
+    // process wrote it since, or deleted and created it again): used only
+    // if it is that instance, that generation, and not older.
+    if !local.as_ref().is_some_and(|l| l.waited) {
+        let remembered = cached.as_ref().and_then(|c| c.instance.as_ref());
+        let read = delivery
+            .instance
+            .as_deref()
+            .and_then(|r| r.instance.as_ref());
+        let current = match (remembered, read) {
+            (Some(c), Some(r)) => {
+                c.id == r.id && c.generation == r.generation && c.version >= r.version
+            }
+            _ => false,
+        };
+        if !current {
+            cached = None;
+        }
+    }
     // The backend read the instance with the message; if another handler
     // of it ran meanwhile, that read is stale.
     let mut stale_read = local.as_ref().is_some_and(|l| l.waited);

@@ -212,7 +212,8 @@ impl ProcessStore for RedisBackend {
         }
         invocation
             .arg(serde_json::to_string(&batched_ids).map_err(corrupt)?)
-            .arg(serde_json::to_string(&batched_acks).map_err(corrupt)?);
+            .arg(serde_json::to_string(&batched_acks).map_err(corrupt)?)
+            .arg(commit.instance.map_or("", |i| i.generation.as_str()));
         for envelope in &commit.enqueue {
             invocation
                 .arg(k.queue(k.envelope_stream(envelope)))

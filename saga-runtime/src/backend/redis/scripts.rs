@@ -684,8 +684,9 @@ return 0",
 /// ARGV 22 is the number of tallies, 23 and 24 the numbers of shared
 /// entries to join and leave, 25 the JSON array of the ids of the batched
 /// messages (checked against tombstones like the one handled), 26 the JSON
-/// array of their `[queue, entry id]` to acknowledge; after the schedule
-/// pairs, each tally has:
+/// array of their `[queue, entry id]` to acknowledge, 27 the instance's
+/// generation (a stored one that differs is a conflict, as a version is);
+/// after the schedule pairs, each tally has:
 /// its item count n, keep ms, completion, late completion, the queue its
 /// completion goes to, n items, its member of the open tallies. The queue
 /// is the delivery's (what the settle touches); each enqueued payload
@@ -704,8 +705,12 @@ local sh, nsadd, nsrem = tk + 3 * ntally + 1, tonumber(ARGV[23]), tonumber(ARGV[
 local parts = partitioned(KEYS[sh + nsadd + nsrem + 1])
 local version = 0
 if ARGV[1] == '1' then
-  local v = redis.call('HGET', KEYS[1], 'version') or '0'
+  local stored = redis.call('HMGET', KEYS[1], 'version', 'gen')
+  local v = stored[1] or '0'
   if v ~= ARGV[2] then return {{-2, v}} end
+  -- The same version of another generation: deleted and created again
+  -- since it was read.
+  if stored[2] and ARGV[27] ~= '' and stored[2] ~= ARGV[27] then return {{-2, v}} end
   for t = 1, ntally do
     if redis.call('EXISTS', KEYS[tk + 3 * t - 2]) == 1 then return {{-6, t}} end
   end
@@ -743,11 +748,11 @@ if ARGV[1] == '1' then
   else
     for i = 1, nadd do redis.call('SET', KEYS[5 + i], ARGV[4]) end
     version = tonumber(v) + 1
-    redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'version', version)
+    redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'version', version, 'gen', ARGV[27])
     redis.call('SADD', KEYS[2], ARGV[4])
   end
 end
-local a = 26
+local a = 27
 for i = 1, nenq do
   redis.call('XADD', pm_queue(ARGV[a + 2 * i - 1], parts), '*', 'payload', ARGV[a + 2 * i])
 end
