@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::backend::Leases;
 use saga_runtime::prelude::*;
 use saga_runtime::{StepStatus, TaskInstance};
 
@@ -358,6 +359,14 @@ async fn run_process(
         }
     };
     let client = build(0).await;
+    // Queued as while workers run (on the instance's partition, not the
+    // stream a deployment without partition readers writes to), by a
+    // stand-in reader that lets go before the workers start.
+    let stand_in = RedisBackend::connect(url).await.unwrap();
+    stand_in
+        .process_partitions("bench-publisher", Duration::from_secs(60))
+        .await
+        .unwrap();
     for _ in 0..messages {
         match locked {
             true => client.publish(LockedTick { id: id.to_owned() }).await,
@@ -365,6 +374,10 @@ async fn run_process(
         }
         .unwrap();
     }
+    stand_in
+        .leave_process_partitions("bench-publisher")
+        .await
+        .unwrap();
     let started = Instant::now();
     let mut pools = Vec::new();
     for _ in 0..engines {
