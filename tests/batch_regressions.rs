@@ -281,27 +281,11 @@ impl Carts {
     }
 }
 
-/// Who holds each of the 16 partitions' owner leases.
-fn partition_owners(redis: &TestRedis) -> Vec<Option<String>> {
-    let mut conn = redis.conn();
-    (0..16)
-        .map(|k| {
-            redis::cmd("GET")
-                .arg(format!("saga:{{saga:pm}}:owner:{k}"))
-                .query(&mut conn)
-                .unwrap()
-        })
-        .collect()
-}
-
-fn distinct_owners(redis: &TestRedis) -> Option<std::collections::BTreeSet<String>> {
-    partition_owners(redis).into_iter().collect()
-}
-
-async fn carts_engine(redis: &TestRedis) -> Engine {
+/// One engine of a deployment that runs `pm` with four handlers at once.
+async fn engine_of<P: ProcessManager>(redis: &TestRedis, pm: P) -> Engine {
     Engine::builder()
         .backend(redis.backend().await)
-        .process_manager(Carts)
+        .process_manager(pm)
         .lock_ttl(Duration::from_secs(30))
         .worker_concurrency(4)
         .workers(1)
@@ -322,9 +306,9 @@ async fn carts_engine(redis: &TestRedis) -> Engine {
 async fn an_instance_another_engine_created_again_is_not_taken_for_deleted() {
     let redis = TestRedis::start();
     let keys: Vec<String> = (0..32).map(|n| format!("cart-{n}")).collect();
-    let a = carts_engine(&redis).await;
+    let a = engine_of(&redis, Carts).await;
     until("a owning every partition", async || {
-        distinct_owners(&redis).is_some_and(|s| s.len() == 1)
+        redis.partition_owner_set().is_some_and(|s| s.len() == 1)
     })
     .await;
     let exists = |e: &Engine, k: &str| {
@@ -347,9 +331,9 @@ async fn an_instance_another_engine_created_again_is_not_taken_for_deleted() {
 
     // `b` joins and takes half the partitions; the carts are opened again,
     // each by its partition's owner.
-    let b = carts_engine(&redis).await;
+    let b = engine_of(&redis, Carts).await;
     until("two engines", async || {
-        distinct_owners(&redis).is_some_and(|s| s.len() == 2)
+        redis.partition_owner_set().is_some_and(|s| s.len() == 2)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -364,7 +348,7 @@ async fn an_instance_another_engine_created_again_is_not_taken_for_deleted() {
     // `b` leaves; `a` owns everything again, and each cart gets an item.
     b.shutdown().await;
     until("a owning every partition again", async || {
-        distinct_owners(&redis).is_some_and(|s| s.len() == 1)
+        redis.partition_owner_set().is_some_and(|s| s.len() == 1)
     })
     .await;
     let unmatched_before = a.process_metrics().unmatched.load(Ordering::Relaxed);
@@ -731,18 +715,6 @@ impl Tabs {
     }
 }
 
-async fn tabs_engine(redis: &TestRedis) -> Engine {
-    Engine::builder()
-        .backend(redis.backend().await)
-        .process_manager(Tabs)
-        .lock_ttl(Duration::from_secs(30))
-        .worker_concurrency(4)
-        .workers(1)
-        .build()
-        .await
-        .unwrap()
-}
-
 /// The same `recent` entry, when the other engine's instance has the same
 /// version as the remembered one (deleted at version 1, created again at
 /// version 1): the version check passes, and the message is applied to
@@ -752,9 +724,9 @@ async fn tabs_engine(redis: &TestRedis) -> Engine {
 async fn a_remembered_instance_never_overwrites_the_one_created_since() {
     let redis = TestRedis::start();
     let keys: Vec<String> = (0..32).map(|n| format!("tab-{n}")).collect();
-    let a = tabs_engine(&redis).await;
+    let a = engine_of(&redis, Tabs).await;
     until("a owning every partition", async || {
-        distinct_owners(&redis).is_some_and(|s| s.len() == 1)
+        redis.partition_owner_set().is_some_and(|s| s.len() == 1)
     })
     .await;
     let state = |k: &str| {
@@ -775,9 +747,9 @@ async fn a_remembered_instance_never_overwrites_the_one_created_since() {
     }
     // `b` takes half the partitions; each tab is closed and opened again
     // (epoch 2, version 1 again) by its partition's owner.
-    let b = tabs_engine(&redis).await;
+    let b = engine_of(&redis, Tabs).await;
     until("two engines", async || {
-        distinct_owners(&redis).is_some_and(|s| s.len() == 2)
+        redis.partition_owner_set().is_some_and(|s| s.len() == 2)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -800,7 +772,7 @@ async fn a_remembered_instance_never_overwrites_the_one_created_since() {
     }
     b.shutdown().await;
     until("a owning every partition again", async || {
-        distinct_owners(&redis).is_some_and(|s| s.len() == 1)
+        redis.partition_owner_set().is_some_and(|s| s.len() == 1)
     })
     .await;
     for k in &keys {

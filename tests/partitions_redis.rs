@@ -16,7 +16,7 @@ use saga_runtime::prelude::*;
 use saga_runtime::process::{Envelope, EnvelopeKind, ProcessMetrics};
 use serde::{Deserialize, Serialize};
 
-/// Owner lease keys of the default prefix (`saga`).
+/// Process-manager partitions (of the default prefix, `saga`).
 const PARTITIONS: usize = 16;
 
 #[derive(Message, Serialize, Deserialize)]
@@ -92,24 +92,6 @@ async fn engine(redis: &TestRedis, runs: Runs, workers: usize, lease: Duration) 
     .unwrap()
 }
 
-/// Who holds each partition's owner lease.
-fn owners(redis: &TestRedis) -> Vec<Option<String>> {
-    let mut conn = redis.conn();
-    (0..PARTITIONS)
-        .map(|k| {
-            redis::cmd("GET")
-                .arg(format!("saga:{{saga:pm}}:owner:{k}"))
-                .query(&mut conn)
-                .unwrap()
-        })
-        .collect()
-}
-
-/// The distinct owners, if every partition has one.
-fn owner_set(redis: &TestRedis) -> Option<std::collections::BTreeSet<String>> {
-    owners(redis).into_iter().collect()
-}
-
 /// How many entries `stream` ever got (`XINFO STREAM`'s `entries-added`).
 fn entries_added(redis: &TestRedis, stream: &str) -> u64 {
     let info: redis::Value = redis::cmd("XINFO")
@@ -149,8 +131,8 @@ async fn two_engines_split_the_partitions_and_one_instance_has_one_writer() {
     let a = engine(&redis, Runs::Adder, 2, lease).await;
     let b = engine(&redis, Runs::Adder, 2, lease).await;
     until("two engines owning eight partitions each", async || {
-        let owners = owners(&redis);
-        let set = owner_set(&redis).unwrap_or_default();
+        let owners = redis.partition_owners();
+        let set = redis.partition_owner_set().unwrap_or_default();
         set.len() == 2
             && set
                 .iter()
@@ -182,7 +164,7 @@ async fn two_engines_split_the_partitions_and_one_instance_has_one_writer() {
     let left = Instant::now();
     a.shutdown().await;
     until("the remaining engine owning all sixteen", async || {
-        owner_set(&redis).is_some_and(|s| s.len() == 1)
+        redis.partition_owner_set().is_some_and(|s| s.len() == 1)
     })
     .await;
     assert!(
@@ -200,7 +182,11 @@ async fn two_engines_split_the_partitions_and_one_instance_has_one_writer() {
     })
     .await;
     b.shutdown().await;
-    assert_eq!(owners(&redis), vec![None; PARTITIONS], "all let go");
+    assert_eq!(
+        redis.partition_owners(),
+        vec![None; PARTITIONS],
+        "all let go"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,7 +213,7 @@ async fn partitions_of_a_dead_engine_are_read_by_no_one_else_until_its_lease_run
     tokio::time::sleep(Duration::from_secs(1)).await;
     let ghost = Some("ghost".to_owned());
     assert!(
-        granted.elapsed() < ghost_lease && owners(&redis).iter().all(|o| *o == ghost),
+        granted.elapsed() < ghost_lease && redis.partition_owners().iter().all(|o| *o == ghost),
         "the ghost still owns every partition"
     );
     assert_eq!(metric(&a, |m| &m.handled), 0, "nothing read past its owner");
@@ -248,7 +234,7 @@ async fn a_message_for_a_process_manager_the_owner_does_not_run_moves_where_ever
     let redis = TestRedis::start();
     let a = engine(&redis, Runs::Adder, 1, Duration::from_millis(800)).await;
     until("the adder engine owning every partition", async || {
-        owner_set(&redis).is_some_and(|s| s.len() == 1)
+        redis.partition_owner_set().is_some_and(|s| s.len() == 1)
     })
     .await;
     // A client (no workers, so it takes no partitions) that knows where
@@ -342,7 +328,7 @@ async fn a_timeout_goes_to_the_partition_of_the_messages_of_its_instance() {
         .await
         .unwrap();
     until("the engine owning the partitions", async || {
-        owner_set(&redis).is_some()
+        redis.partition_owner_set().is_some()
     })
     .await;
     for n in 0..8 {
@@ -530,7 +516,7 @@ async fn until_an_engine_reads_partitions_messages_go_where_older_workers_read()
     assert_eq!(shared_len(), 1, "on the shared stream");
     let worker = engine(&redis, Runs::Adder, 1, Duration::from_millis(800)).await;
     until("the worker owning the partitions", async || {
-        owner_set(&redis).is_some()
+        redis.partition_owner_set().is_some()
     })
     .await;
     client.publish(Add { key: "y".into() }).await.unwrap();
@@ -600,7 +586,7 @@ async fn a_delayed_hand_back_on_a_partition_comes_back_without_the_timer_poller(
         .await
         .unwrap();
     until("the engine owning the partitions", async || {
-        owner_set(&redis).is_some()
+        redis.partition_owner_set().is_some()
     })
     .await;
     engine.publish(Knock { key: "d1".into() }).await.unwrap();

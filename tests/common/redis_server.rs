@@ -206,6 +206,27 @@ impl TestRedis {
             .unwrap_or(0)
     }
 
+    /// Who holds each process-manager partition's owner lease (default
+    /// prefix `saga`, 16 partitions).
+    #[allow(dead_code)]
+    pub fn partition_owners(&self) -> Vec<Option<String>> {
+        let mut conn = self.conn();
+        (0..16)
+            .map(|k| {
+                redis::cmd("GET")
+                    .arg(format!("saga:{{saga:pm}}:owner:{k}"))
+                    .query(&mut conn)
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// The distinct partition owners, if every partition has one.
+    #[allow(dead_code)]
+    pub fn partition_owner_set(&self) -> Option<std::collections::BTreeSet<String>> {
+        self.partition_owners().into_iter().collect()
+    }
+
     /// A synchronous connection for assertions.
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.url())

@@ -174,49 +174,20 @@ impl Engine {
         id: TaskId,
         intervention: Intervention,
     ) -> Result<TaskInstance, Error> {
-        let locked = self.lock_stopped(id, "resolve").await?;
-        let unlock = || async {
-            let _ = self.rt.backend.unlock(&locked.lease).await;
-        };
-        let Some(mut task) = locked.task.clone() else {
-            unlock().await;
-            return Err(Error::TaskNotFound(id));
-        };
-        let was = task.status;
-        if !matches!(
-            was,
-            TaskStatus::CompensationFailed | TaskStatus::DeadLettered
-        ) {
-            unlock().await;
-            return Err(Error::NotResolvable { id, status: was });
-        }
-        let details = serde_json::json!({
-            "by": intervention.by,
-            "note": intervention.note,
-            "was": was,
-        });
-        task.audit(AuditEntry::new(AuditAction::Resolved).details(details.to_string()));
-        task.set_status(TaskStatus::Resolved);
-        // Whatever message of the task is still about is stale now.
-        task.seq += 1;
-        let committed = self
-            .rt
-            .backend
-            .commit(TaskCommit {
-                task: &task,
-                stored_status: was,
-                lease: &locked.lease,
-                next: None,
-                settle: Settle::Nothing,
-                unless_cancelled: false,
-                expire_after: self.rt.settings.retention_for(TaskStatus::Resolved),
+        let allowed = [TaskStatus::CompensationFailed, TaskStatus::DeadLettered];
+        let task = self
+            .intervene(id, "resolve", &allowed, |task| {
+                let details = serde_json::json!({
+                    "by": intervention.by,
+                    "note": intervention.note,
+                    "was": task.status,
+                });
+                task.audit(AuditEntry::new(AuditAction::Resolved).details(details.to_string()));
+                task.set_status(TaskStatus::Resolved);
+                false
             })
-            .await;
-        if committed.is_err() {
-            unlock().await;
-        }
-        committed?;
-        tracing::info!(task_id = %id, by = %intervention.by, %was, "task resolved by hand");
+            .await?;
+        tracing::info!(task_id = %id, by = %intervention.by, "task resolved by hand");
         Ok(task)
     }
 
@@ -235,7 +206,44 @@ impl Engine {
         id: TaskId,
         intervention: Intervention,
     ) -> Result<TaskInstance, Error> {
-        let locked = self.lock_stopped(id, "compensation retry").await?;
+        let allowed = [TaskStatus::CompensationFailed];
+        let task = self
+            .intervene(id, "compensation retry", &allowed, |task| {
+                for step in &mut task.steps {
+                    if step.status == StepStatus::CompensationFailed {
+                        step.status = StepStatus::Compensating;
+                        step.compensation_retry_base = step.compensation_attempts;
+                        // Due now: not an attempt that never reported back.
+                        step.next_attempt_at = Some(crate::task::Timestamp::now());
+                    }
+                }
+                task.error = None;
+                let details =
+                    serde_json::json!({ "by": intervention.by, "note": intervention.note });
+                task.audit(
+                    AuditEntry::new(AuditAction::CompensationRetried).details(details.to_string()),
+                );
+                task.set_status(TaskStatus::Compensating);
+                true
+            })
+            .await?;
+        tracing::info!(task_id = %id, by = %intervention.by, "compensation retried by hand");
+        Ok(task)
+    }
+
+    /// An operator's change to a stopped task in one of the `allowed`
+    /// statuses: under its lease, `change` edits it and says whether it
+    /// runs again (then it is enqueued and kept until it ends; else it is
+    /// kept as long as its new status is). Whatever message of the task is
+    /// still about is stale afterwards.
+    async fn intervene(
+        &self,
+        id: TaskId,
+        what: &str,
+        allowed: &[TaskStatus],
+        change: impl FnOnce(&mut TaskInstance) -> bool,
+    ) -> Result<TaskInstance, Error> {
+        let locked = self.lock_stopped(id, what).await?;
         let unlock = || async {
             let _ = self.rt.backend.unlock(&locked.lease).await;
         };
@@ -243,53 +251,41 @@ impl Engine {
             unlock().await;
             return Err(Error::TaskNotFound(id));
         };
-        if task.status != TaskStatus::CompensationFailed {
+        let was = task.status;
+        if !allowed.contains(&was) {
             unlock().await;
-            return Err(Error::NotResolvable {
-                id,
-                status: task.status,
-            });
+            return Err(Error::NotResolvable { id, status: was });
         }
-        for step in &mut task.steps {
-            if step.status == StepStatus::CompensationFailed {
-                step.status = StepStatus::Compensating;
-                step.compensation_retry_base = step.compensation_attempts;
-                // Due now: not an attempt that never reported back.
-                step.next_attempt_at = Some(crate::task::Timestamp::now());
-            }
-        }
-        task.error = None;
-        let details = serde_json::json!({ "by": intervention.by, "note": intervention.note });
-        task.audit(AuditEntry::new(AuditAction::CompensationRetried).details(details.to_string()));
-        task.set_status(TaskStatus::Compensating);
+        let runs = change(&mut task);
         task.seq += 1;
-        let next = Next {
+        let next = runs.then(|| Next {
             message: QueueMessage {
                 task_id: task.id,
                 saga: task.saga.clone(),
                 seq: task.seq,
             },
             delay: std::time::Duration::ZERO,
-        };
+        });
         let committed = self
             .rt
             .backend
             .commit(TaskCommit {
                 task: &task,
-                stored_status: TaskStatus::CompensationFailed,
+                stored_status: was,
                 lease: &locked.lease,
-                next: Some(next),
+                next,
                 settle: Settle::Nothing,
                 unless_cancelled: false,
-                // Live again: kept until it ends.
-                expire_after: None,
+                expire_after: match runs {
+                    true => None,
+                    false => self.rt.settings.retention_for(task.status),
+                },
             })
             .await;
         if committed.is_err() {
             unlock().await;
         }
         committed?;
-        tracing::info!(task_id = %id, by = %intervention.by, "compensation retried by hand");
         Ok(task)
     }
 
