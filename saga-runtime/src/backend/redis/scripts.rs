@@ -887,11 +887,14 @@ return 0"
 });
 
 /// KEYS: tally hash, pending, checked, process-manager queue (of the
-/// instance's partition), open tallies, partition members. ARGV: completed keep ms, the tally's member of open tallies.
+/// instance's partition), open tallies, partition members. ARGV:
+/// completed keep ms, the tally's member of open tallies, who calls
+/// (`mover`: a check that moved an item and saw none left; `repair`).
 /// Sends a tally's completion if every item is checked and it has not
-/// been sent: called by the check that took the last item, by a later
-/// check that finds it unsent (the first one died between its check and
-/// this), and by housekeeping. {1} sent now, {0} not (yet), {-1} gone.
+/// been sent: called by a check that took an item and saw none left, by a
+/// later check that finds it unsent (the first one died between its check
+/// and this), and by housekeeping. {1} sent now (or, to the first mover
+/// after a repair sent it, sent for it), {0} not (yet), {-1} gone.
 pub static TALLY_FINISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}{PM_QUEUE_FN}
@@ -901,13 +904,19 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 if redis.call('HGET', KEYS[1], 'done') == '1' then
   redis.call('ZREM', KEYS[5], ARGV[2])
+  -- Sent by a check that moved no item (a repair racing the mover of the
+  -- last one): that mover completed it, once.
+  if ARGV[3] == 'mover' and redis.call('HGET', KEYS[1], 'sent_by') == 'repair' then
+    redis.call('HSET', KEYS[1], 'sent_by', 'claimed')
+    return 1
+  end
   return 0
 end
 if redis.call('SCARD', KEYS[2]) > 0 then return 0 end
 local late = redis.call('HGET', KEYS[1], 'late') == '1'
 local completion = redis.call('HGET', KEYS[1], late and 'completion_late' or 'completion')
 redis.call('XADD', pm_queue(KEYS[4], partitioned(KEYS[6])), '*', 'payload', completion)
-redis.call('HSET', KEYS[1], 'done', 1)
+redis.call('HSET', KEYS[1], 'done', 1, 'sent_by', ARGV[3])
 for i = 1, 3 do
   local ttl = redis.call('PTTL', KEYS[i])
   if ttl == -1 or ttl > tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[i], ARGV[1]) end

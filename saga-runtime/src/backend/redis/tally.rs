@@ -33,7 +33,7 @@ pub(super) fn member(tally: &TallyRef) -> Result<String, BackendError> {
 impl RedisBackend {
     /// Sends `tally`'s completion if it is due and unsent; `true` if sent
     /// by this call.
-    async fn finish(&self, tally: &TallyRef) -> Result<bool, BackendError> {
+    async fn finish(&self, tally: &TallyRef, mover: bool) -> Result<bool, BackendError> {
         let k = self.keys();
         let sent: i64 = self
             .run(
@@ -45,7 +45,8 @@ impl RedisBackend {
                     .key(k.open_tallies())
                     .key(k.partition_members())
                     .arg(ms(COMPLETED_TALLY_KEEP))
-                    .arg(member(tally)?),
+                    .arg(member(tally)?)
+                    .arg(if mover { "mover" } else { "repair" }),
             )
             .await?;
         Ok(sent == 1)
@@ -77,7 +78,7 @@ impl RedisBackend {
             let left: Vec<i64> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
             for ((tally, left), raw) in tallies.iter().zip(left).zip(chunk) {
                 match tally {
-                    Some(t) if left == 0 => sent += usize::from(self.finish(t).await?),
+                    Some(t) if left == 0 => sent += usize::from(self.finish(t, false).await?),
                     Some(_) => {}
                     None => {
                         tracing::warn!(member = %raw, "unreadable open tally forgotten");
@@ -135,7 +136,7 @@ impl Tallies for RedisBackend {
             // The check that sends the completion is the one that
             // completed the tally (two may see none left: the count is
             // not read in the same breath as the move).
-            return Ok(match self.finish(tally).await? {
+            return Ok(match self.finish(tally, true).await? {
                 true => TallyCheck::Completed { late },
                 false => TallyCheck::Counted { remaining: 0, late },
             });
@@ -143,7 +144,7 @@ impl Tallies for RedisBackend {
         if left == 0 && !done {
             // Everything is checked, and the completion is not sent: the
             // checker of the last item stopped in between.
-            self.finish(tally).await?;
+            self.finish(tally, false).await?;
         }
         let known: bool = redis::cmd("SISMEMBER")
             .arg(&checked)
