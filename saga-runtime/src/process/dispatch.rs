@@ -247,11 +247,17 @@ pub(crate) async fn dispatch(
         // A first look may be stale (another process wrote since): a
         // decision that settles the message without a versioned write
         // (ignore, drop as unmatched or duplicate) is made on a fresh read.
-        let first_look = loaded.is_some();
+        // (Only if the instance came from it: a lookup it did not answer
+        // read the store.)
+        let from_first_look = std::sync::atomic::AtomicBool::new(false);
         let loaded_by = |key: &str, field: Option<&str>| {
-            loaded
+            let found = loaded
                 .filter(|l| l.key == key && l.key_field.as_deref() == field)
-                .map(|l| l.instance.clone())
+                .map(|l| l.instance.clone());
+            if found.is_some() {
+                from_first_look.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            found
         };
         // 1. Find the instance.
         let (existing, key) = match handler.correlation {
@@ -349,6 +355,7 @@ pub(crate) async fn dispatch(
             }
         };
 
+        let first_look = from_first_look.load(std::sync::atomic::Ordering::Relaxed);
         // A timeout or a tally's message is for the generation that asked
         // for it. A record without a generation was written by a worker
         // that predates them (a rolling deploy): unknown, so the message
