@@ -116,6 +116,13 @@ pub enum Error {
         "saga `{0}` is not registered with this engine; add it with `Engine::builder().saga(..)`"
     )]
     UnknownSaga(String),
+    /// An operator call named a process manager the engine was not built
+    /// with.
+    #[error(
+        "process manager `{0}` is not registered with this engine; add it with \
+         `Engine::builder().process_manager(..)`"
+    )]
+    UnknownProcess(String),
     /// Two sagas registered under one name and version.
     #[error(
         "two sagas are registered under the name `{0}` with the same version; give one of them \

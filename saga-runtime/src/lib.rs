@@ -96,8 +96,8 @@ pub use saga_macros::{
 
 pub use context::StepContext;
 pub use engine::{
-    shutdown_signal, CancelResult, DeadLetter, DeadLetterFilter, DeadLetterPage, Engine,
-    EngineBuilder, Intervention, TaskFilter, TaskPage,
+    shutdown_signal, Bulk, CancelResult, DeadLetter, DeadLetterFilter, DeadLetterPage,
+    DeadLetterSelection, Engine, EngineBuilder, Intervention, TaskFilter, TaskPage,
 };
 pub use error::{BoxError, Error, StepError, StepErrorKind};
 pub use runtime::{DEFAULT_ATTENTION_RETENTION, DEFAULT_PROCESS_TOMBSTONE_TTL, DEFAULT_RETENTION};

@@ -100,6 +100,21 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
+    /// Every status, in the order of a task's life: what an overview
+    /// counts.
+    pub const ALL: [TaskStatus; 10] = [
+        TaskStatus::Pending,
+        TaskStatus::Running,
+        TaskStatus::Compensating,
+        TaskStatus::Completed,
+        TaskStatus::Compensated,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+        TaskStatus::CompensationFailed,
+        TaskStatus::DeadLettered,
+        TaskStatus::Resolved,
+    ];
+
     /// Whether the engine will never change this status on its own.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -118,6 +133,22 @@ impl TaskStatus {
 impl fmt::Display for TaskStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Parses the name [`Display`](fmt::Display) prints (`"DeadLettered"`),
+/// for query strings and command lines.
+impl std::str::FromStr for TaskStatus {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskStatus::ALL
+            .into_iter()
+            .find(|status| status.to_string() == s)
+            .ok_or_else(|| {
+                let names: Vec<String> = TaskStatus::ALL.iter().map(|s| s.to_string()).collect();
+                format!("`{s}` is not a task status (one of {})", names.join(", "))
+            })
     }
 }
 
@@ -256,6 +287,9 @@ pub enum AuditAction {
     /// An operator had a failed compensation run again; `details` holds who
     /// and why, as JSON.
     CompensationRetried,
+    /// An operator discarded the dead letter that parked the task; `details`
+    /// holds who, why and the letter's id, as JSON.
+    DeadLetterDiscarded,
     /// An attempt began but never reported back: its worker stopped (a
     /// crash, a kill) or lost its lease. It counts as a failed attempt.
     AttemptAbandoned,
@@ -451,6 +485,35 @@ impl TaskInstance {
     }
 
     /// The step record named `name`.
+    /// The step the task is at or stopped at: the first one that failed
+    /// or is being compensated, else the first not completed (`None` once
+    /// every step completed).
+    pub fn current_step(&self) -> Option<&StepRecord> {
+        let stuck = |s: &&StepRecord| {
+            matches!(
+                s.status,
+                StepStatus::Failed | StepStatus::Compensating | StepStatus::CompensationFailed
+            )
+        };
+        self.steps.iter().find(stuck).or_else(|| {
+            self.steps
+                .iter()
+                .find(|s| s.status != StepStatus::Completed)
+        })
+    }
+
+    /// Whether `text` occurs in the task's error or in any error of its
+    /// audit log (case-sensitive).
+    pub fn mentions_error(&self, text: &str) -> bool {
+        self.error.as_deref().is_some_and(|e| e.contains(text))
+            || self
+                .audit_log
+                .iter()
+                .filter_map(|entry| entry.error.as_deref())
+                .any(|e| e.contains(text))
+    }
+
+    /// The record of the step named `name`.
     pub fn step(&self, name: &str) -> Option<&StepRecord> {
         self.steps.iter().find(|s| s.name == name)
     }

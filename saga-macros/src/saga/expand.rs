@@ -182,6 +182,11 @@ pub fn fallback(saga: &SagaDef) -> TokenStream {
             ) -> ::core::result::Result<#rt::Value, #rt::StepError> {
                 ::core::unreachable!()
             }
+            fn decode_input(
+                _: #rt::Value,
+            ) -> ::core::result::Result<Self::Input, #rt::StepError> {
+                ::core::unreachable!()
+            }
             fn decode_output(
                 _: #rt::Value,
             ) -> ::core::result::Result<Self::Output, #rt::StepError> {
@@ -267,6 +272,7 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
     let step_definitions = steps.iter().map(|s| step_definition(saga, s));
     let codec_traits = codec_traits(&rt);
     let encode_input = encode(&rt, &input, quote!(__input));
+    let decode_input = decode(&rt, &input, quote!(__input));
     let decode_output = decode(&rt, &output, quote!(__output));
     let execute_arms = steps.iter().map(|s| execute_arm(saga, s));
     let compensate = compensate_body(saga, &steps);
@@ -294,6 +300,13 @@ fn saga_impl(saga: &SagaDef) -> TokenStream {
             ) -> ::core::result::Result<#rt::Value, #rt::StepError> {
                 #codec_traits
                 #encode_input
+            }
+
+            fn decode_input(
+                __input: #rt::Value,
+            ) -> ::core::result::Result<Self::Input, #rt::StepError> {
+                #codec_traits
+                #decode_input
             }
 
             fn decode_output(

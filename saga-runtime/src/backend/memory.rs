@@ -499,6 +499,22 @@ impl TaskStore for MemoryBackend {
         Ok(tasks)
     }
 
+    async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
+        let state = self.state();
+        Ok(TaskStatus::ALL
+            .into_iter()
+            .map(|status| {
+                let n = state
+                    .tasks
+                    .values()
+                    .filter(|t| t.saga == saga && t.status == status)
+                    .count();
+                (status, n)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect())
+    }
+
     async fn lock_and_load(
         &self,
         id: TaskId,
@@ -845,6 +861,13 @@ impl WorkQueue for MemoryBackend {
         };
         self.queue_changed();
         Ok(letter)
+    }
+
+    async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError> {
+        let mut state = self.state();
+        let before = state.dead.len();
+        state.dead.retain(|d| d.id != id);
+        Ok(state.dead.len() < before)
     }
 }
 

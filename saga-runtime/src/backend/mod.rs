@@ -716,6 +716,38 @@ pub trait TaskStore: Send + Sync + 'static {
     /// One page of the tasks of one saga, newest first.
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError>;
 
+    /// How many retained tasks of `saga` are in each status (statuses
+    /// with none may be left out). The default reads every task through
+    /// [`list_tasks`](Self::list_tasks); a backend with per-status
+    /// indexes answers from their sizes.
+    async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
+        let mut counts = std::collections::BTreeMap::<usize, (TaskStatus, usize)>::new();
+        let mut query = TaskQuery {
+            saga: saga.to_owned(),
+            status: None,
+            created_from: None,
+            created_to: None,
+            after: None,
+            limit: 1000,
+        };
+        loop {
+            let page = self.list_tasks(&query).await?;
+            for task in &page {
+                let rank = TaskStatus::ALL.iter().position(|s| *s == task.status);
+                counts
+                    .entry(rank.unwrap_or(0))
+                    .or_insert((task.status, 0))
+                    .1 += 1;
+            }
+            match page.last() {
+                Some(last) if page.len() == query.limit => {
+                    query.after = Some(TaskCursor::after(last))
+                }
+                _ => return Ok(counts.into_values().collect()),
+            }
+        }
+    }
+
     /// Takes the task's lock if it is free (no waiting) and loads the task
     /// and its cancellation flag: what a worker needs first, in one round
     /// trip where the backend allows. For a task that does not exist it
@@ -962,6 +994,9 @@ pub trait WorkQueue: Send + Sync + 'static {
     /// Moves a parked message back onto the work queue, atomically; returns
     /// it, or `None` if there is no such entry.
     async fn requeue_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
+
+    /// Removes a parked message for good; whether it was there.
+    async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError>;
 }
 
 /// Process-manager instances, their correlation index and timeouts.
@@ -993,6 +1028,28 @@ pub trait ProcessStore: Send + Sync + 'static {
 
     /// Every instance of a process manager (for operators and tests).
     async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError>;
+
+    /// About `limit` instances of a process manager from where `after` (a
+    /// [`Page::next`] of this call) left off, in no promised order. The
+    /// default sorts [`process_list`](Self::process_list) by id; a backend
+    /// with a cursor over its set (Redis `SSCAN`) reads only one page.
+    async fn process_page(
+        &self,
+        process: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<ProcessInstance>, BackendError> {
+        let mut all = self.process_list(process).await?;
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        let rest: Vec<_> = all
+            .into_iter()
+            .filter(|i| after.is_none_or(|after| i.id.as_str() > after))
+            .collect();
+        let more = rest.len() > limit;
+        let items: Vec<_> = rest.into_iter().take(limit).collect();
+        let next = more.then(|| items.last().map(|i| i.id.clone())).flatten();
+        Ok(Page { items, next })
+    }
 
     /// Writes a [`ProcessCommit`] atomically; returns the instance's new
     /// version (0 when deleted or not written). A version mismatch, an

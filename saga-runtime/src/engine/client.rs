@@ -14,7 +14,7 @@ use super::{CancelResult, Engine};
 use crate::backend::{BackendError, Created, QueueMessage, TaskCursor, TaskQuery};
 use crate::error::Error;
 use crate::policy::Backoff;
-use crate::saga::Saga;
+use crate::saga::{Saga, SagaDefinition};
 use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 
 /// Which tasks [`Engine::tasks`] lists, newest first.
@@ -28,6 +28,12 @@ pub struct TaskFilter {
     pub created_from: Option<Timestamp>,
     /// Only tasks created before this time.
     pub created_to: Option<Timestamp>,
+    /// Only tasks at or stopped at this step
+    /// ([`TaskInstance::current_step`]).
+    pub step: Option<String>,
+    /// Only tasks with this text in an error
+    /// ([`TaskInstance::mentions_error`]).
+    pub error_contains: Option<String>,
     /// Where the page starts: a [`TaskPage::next`] from the previous page.
     pub cursor: Option<String>,
     /// Page size (default 50, at most 1000).
@@ -59,6 +65,18 @@ impl TaskFilter {
         self
     }
 
+    /// Only the tasks at (or stopped at) step `name`.
+    pub fn step(mut self, name: impl Into<String>) -> Self {
+        self.step = Some(name.into());
+        self
+    }
+
+    /// Only the tasks with `text` in an error.
+    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
+        self.error_contains = Some(text.into());
+        self
+    }
+
     /// The page after the one that returned `cursor` as its `next`.
     pub fn after(mut self, cursor: impl Into<String>) -> Self {
         self.cursor = Some(cursor.into());
@@ -77,7 +95,28 @@ impl TaskFilter {
             n => n.min(1000),
         }
     }
+
+    /// Whether the filters the store does not index (step, error text)
+    /// keep `task`.
+    fn keeps(&self, task: &TaskInstance) -> bool {
+        self.step
+            .as_deref()
+            .is_none_or(|step| task.current_step().is_some_and(|s| s.name == step))
+            && self
+                .error_contains
+                .as_deref()
+                .is_none_or(|text| task.mentions_error(text))
+    }
+
+    fn scans(&self) -> bool {
+        self.step.is_some() || self.error_contains.is_some()
+    }
 }
+
+/// How many tasks one [`Engine::tasks`] call reads at most to fill a page
+/// filtered by step or error text, which the store does not index: past
+/// it the page comes back short, with a cursor to go on from.
+pub const TASK_SCAN_LIMIT: usize = 5_000;
 
 /// One page of [`Engine::tasks`].
 #[derive(Debug, Clone, PartialEq)]
@@ -86,6 +125,16 @@ pub struct TaskPage {
     pub tasks: Vec<TaskInstance>,
     /// The cursor of the next page (`TaskFilter::after`); `None` on the last.
     pub next: Option<String>,
+}
+
+/// A new task of `def` with its stored input.
+fn task_of(def: &SagaDefinition, id: TaskId, input: serde_json::Value) -> TaskInstance {
+    let steps = def.steps.iter().map(|s| (s.name.to_owned(), s.order));
+    let mut task = TaskInstance::new(def.name, input, steps);
+    task.id = id;
+    task.saga_version = def.version;
+    task.fingerprint = Some(def.fingerprint_hex());
+    task
 }
 
 /// A deterministic task id for an idempotent start: the same saga and key
@@ -141,12 +190,7 @@ impl Engine {
     /// Starts a task of saga `S`; returns at once with its id.
     pub async fn start<S: Saga>(&self, input: S::Input) -> Result<TaskId, Error> {
         let task = self.new_task::<S>(TaskId::new(), &input)?;
-        match self.create(&task).await? {
-            Created::New => {}
-            // A retry after a lost reply: the task is ours.
-            Created::Existing(_) => {}
-        }
-        Ok(task.id)
+        self.create_once(&task, None).await
     }
 
     /// Starts a task of saga `S` at most once per `key`: calling it again
@@ -159,10 +203,17 @@ impl Engine {
         input: S::Input,
     ) -> Result<TaskId, Error> {
         let task = self.new_task::<S>(keyed_id(S::NAME, key), &input)?;
-        match self.create(&task).await? {
-            Created::New => Ok(task.id),
-            Created::Existing(existing) if existing.input == task.input => Ok(task.id),
-            Created::Existing(_) => Err(Error::KeyReused {
+        self.create_once(&task, Some(key)).await
+    }
+
+    /// Creates `task` unless it exists: with no `key` an existing task is
+    /// this call's own, retried after a lost reply; with one it is the
+    /// key's first start, which must have had the same input.
+    async fn create_once(&self, task: &TaskInstance, key: Option<&str>) -> Result<TaskId, Error> {
+        match (self.create(task).await?, key) {
+            (Created::New, _) | (Created::Existing(_), None) => Ok(task.id),
+            (Created::Existing(existing), Some(_)) if existing.input == task.input => Ok(task.id),
+            (Created::Existing(_), Some(key)) => Err(Error::KeyReused {
                 key: key.to_owned(),
                 task: task.id,
             }),
@@ -185,12 +236,34 @@ impl Engine {
             saga: def.name,
             reason: e.to_string(),
         })?;
-        let steps = def.steps.iter().map(|s| (s.name.to_owned(), s.order));
-        let mut task = TaskInstance::new(def.name, input, steps);
-        task.id = id;
-        task.saga_version = def.version;
-        task.fingerprint = Some(def.fingerprint_hex());
-        Ok(task)
+        Ok(task_of(def, id, input))
+    }
+
+    /// Starts a task of the saga named `saga` (its newest registered
+    /// version) from JSON, for callers that only know the name: the HTTP
+    /// API, a CLI. The input must decode as the saga's input type
+    /// ([`Error::InvalidInput`] says why not); `key` makes the start
+    /// idempotent as [`start_with_key`](Self::start_with_key) does.
+    pub async fn start_json(
+        &self,
+        saga: &str,
+        input: serde_json::Value,
+        key: Option<&str>,
+    ) -> Result<TaskId, Error> {
+        let newest = self
+            .rt
+            .sagas
+            .versions(saga)
+            .and_then(|v| v.last().copied())
+            .and_then(|v| self.rt.sagas.get(saga, v))
+            .ok_or_else(|| Error::UnknownSaga(saga.to_owned()))?;
+        let def = newest.definition();
+        let input = newest.check_input(input).map_err(|e| Error::InvalidInput {
+            saga: def.name,
+            reason: e.to_string(),
+        })?;
+        let id = key.map_or_else(TaskId::new, |key| keyed_id(def.name, key));
+        self.create_once(&task_of(def, id, input), key).await
     }
 
     async fn create(&self, task: &TaskInstance) -> Result<Created, Error> {
@@ -224,11 +297,59 @@ impl Engine {
 
     /// One page of tasks, newest first; pass [`TaskPage::next`] to
     /// [`TaskFilter::after`] for the next one.
+    ///
+    /// Saga, status and creation time are indexed. Step and error text
+    /// are checked on the tasks read: such a page reads at most
+    /// [`TASK_SCAN_LIMIT`] tasks and may come back with fewer than the
+    /// limit and a `next` cursor to continue the search from.
     pub async fn tasks(&self, filter: TaskFilter) -> Result<TaskPage, Error> {
         let limit = filter.page_size();
-        let after = filter
-            .cursor
-            .as_deref()
+        if !filter.scans() {
+            return self
+                .indexed_tasks(&filter, filter.cursor.as_deref(), limit)
+                .await;
+        }
+        let mut found = Vec::new();
+        let mut cursor = filter.cursor.clone();
+        let mut scanned = 0;
+        loop {
+            let page = self.indexed_tasks(&filter, cursor.as_deref(), 200).await?;
+            for task in page.tasks {
+                scanned += 1;
+                cursor = Some(TaskCursor::after(&task).to_string());
+                if filter.keeps(&task) {
+                    found.push(task);
+                    if found.len() == limit {
+                        return Ok(TaskPage {
+                            tasks: found,
+                            next: cursor,
+                        });
+                    }
+                }
+            }
+            if page.next.is_none() {
+                return Ok(TaskPage {
+                    tasks: found,
+                    next: None,
+                });
+            }
+            if scanned >= TASK_SCAN_LIMIT {
+                return Ok(TaskPage {
+                    tasks: found,
+                    next: cursor,
+                });
+            }
+        }
+    }
+
+    /// A page of the tasks the store's indexes select.
+    async fn indexed_tasks(
+        &self,
+        filter: &TaskFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<TaskPage, Error> {
+        let after = cursor
             .map(|c| c.parse::<TaskCursor>().map_err(Error::InvalidCursor))
             .transpose()?;
         let sagas: Vec<String> = match &filter.saga {

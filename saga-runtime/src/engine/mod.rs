@@ -4,16 +4,22 @@
 //! - `builder`: [`EngineBuilder`], registration and settings;
 //! - `client`: starting, waiting, listing, cancelling (riding out transient
 //!   backend errors);
-//! - `operator`: the dead-letter queue;
+//! - `dead_letters`: the dead-letter queue (requeue, bulk requeue, discard);
+//! - `operator`: actions on stopped tasks (resolve, retry a compensation);
+//! - `inspect`: counts, process-manager instances and their timeouts;
 //! - `processes`: publishing and inspecting process managers;
+//! - `watch`: a task's progress as a stream of events;
 //! - `lifecycle`: the workers and background duties of this process.
 
 mod builder;
 mod client;
+mod dead_letters;
+mod inspect;
 mod lifecycle;
 mod operator;
 mod processes;
 mod tally;
+mod watch;
 
 use std::sync::Arc;
 
@@ -30,9 +36,12 @@ pub use crate::backend::{DeadLetter, ProcessInstance};
 pub use crate::process::ProcessMetrics;
 pub use builder::EngineBuilder;
 pub use client::{TaskFilter, TaskPage};
+pub use dead_letters::{Bulk, DeadLetterFilter, DeadLetterPage, DeadLetterSelection};
+pub use inspect::{PendingTimeout, ProcessPage, SagaCounts};
 pub use lifecycle::shutdown_signal;
-pub use operator::{DeadLetterFilter, DeadLetterPage, Intervention};
+pub use operator::Intervention;
 pub use tally::{Checked, Tally};
+pub use watch::{Progress, ProgressEvent, WATCH_POLL};
 
 /// The result of [`Engine::cancel`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

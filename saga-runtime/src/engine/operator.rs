@@ -1,144 +1,11 @@
-//! What an operator does when automated recovery ran out: list the
-//! dead-letter queue page by page, requeue what was fixed, and mark a task
-//! resolved once what it left behind was fixed by hand.
+//! What an operator does to a task when automated recovery ran out: mark
+//! it resolved once what it left behind was fixed by hand, or run its
+//! failed compensation again. Every action is audited with who and why.
 
 use super::Engine;
-use crate::backend::Locked;
-use crate::backend::{DeadLetter, DeadLetterQuery, Next, QueueMessage, Settle, TaskCommit};
+use crate::backend::{Locked, Next, QueueMessage, Settle, TaskCommit};
 use crate::error::Error;
 use crate::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
-
-/// Which dead letters [`Engine::dead_letters`] lists, newest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DeadLetterFilter {
-    /// Where the page starts: a [`DeadLetterPage::next`].
-    pub cursor: Option<String>,
-    /// Page size (default 50, at most 1000).
-    pub limit: usize,
-}
-
-impl DeadLetterFilter {
-    /// The newest 50.
-    pub fn new() -> Self {
-        DeadLetterFilter::default()
-    }
-
-    /// The page after the one that returned `cursor` as its `next`.
-    pub fn after(mut self, cursor: impl Into<String>) -> Self {
-        self.cursor = Some(cursor.into());
-        self
-    }
-
-    /// At most `n` per page.
-    pub fn limit(mut self, n: usize) -> Self {
-        self.limit = n;
-        self
-    }
-}
-
-/// One page of [`Engine::dead_letters`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetterPage {
-    /// The dead letters, newest first.
-    pub letters: Vec<DeadLetter>,
-    /// The cursor of the next page; `None` on the last.
-    pub next: Option<String>,
-}
-
-impl Engine {
-    /// One page of the messages parked on the dead-letter queue, newest
-    /// first.
-    pub async fn dead_letters(&self, filter: DeadLetterFilter) -> Result<DeadLetterPage, Error> {
-        let query = DeadLetterQuery {
-            after: filter.cursor,
-            limit: match filter.limit {
-                0 => 50,
-                n => n.min(1000),
-            },
-        };
-        let page = self
-            .retrying("dead_letters", || self.rt.backend.dead_letters(&query))
-            .await?;
-        Ok(DeadLetterPage {
-            letters: page.items,
-            next: page.next,
-        })
-    }
-
-    /// One dead letter.
-    pub async fn dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, Error> {
-        self.retrying("dead_letter", || self.rt.backend.dead_letter_by_id(id))
-            .await
-    }
-
-    /// Puts a dead-lettered message back on the queue (`dead_letter_id` is
-    /// a [`DeadLetter::id`]).
-    ///
-    /// For a task parked by `on_exhausted = dead_letter` or as poison, the
-    /// failed step (or compensation) gets a fresh retry budget (attempt
-    /// numbers keep counting, so attempt claims stay unique) and the task
-    /// resumes where it stopped.
-    pub async fn requeue(&self, dead_letter_id: &str) -> Result<(), Error> {
-        let backend = &self.rt.backend;
-        let letter = self
-            .dead_letter(dead_letter_id)
-            .await?
-            .ok_or_else(|| Error::DeadLetterNotFound(dead_letter_id.to_owned()))?;
-        if let Some(size) = letter.truncated {
-            return Err(Error::DeadLetterTruncated {
-                id: dead_letter_id.to_owned(),
-                size,
-            });
-        }
-        let status = match letter.task_id {
-            Some(id) => self.task(id).await?.map(|t| t.status),
-            None => None,
-        };
-        if let (Some(id), Some(TaskStatus::Resolved)) = (letter.task_id, status) {
-            return Err(Error::ResolvedTask(id));
-        }
-        let parked = status == Some(TaskStatus::DeadLettered);
-        if !parked {
-            // Bad input (or a task that moved on): put the raw message back.
-            return match backend.requeue_dead_letter(dead_letter_id).await? {
-                Some(_) => Ok(()),
-                None => Err(Error::DeadLetterNotFound(dead_letter_id.to_owned())),
-            };
-        }
-        let id = letter.task_id.expect("parked implies a task id");
-        let locked = self.lock_stopped(id, "requeue").await?;
-        let Some(mut task) = locked.task.filter(|t| t.status == TaskStatus::DeadLettered) else {
-            backend.unlock(&locked.lease).await?;
-            return Err(Error::DeadLetterNotFound(dead_letter_id.to_owned()));
-        };
-        resume(&mut task, dead_letter_id);
-        task.seq += 1;
-        let next = Next {
-            message: QueueMessage {
-                task_id: task.id,
-                saga: task.saga.clone(),
-                seq: task.seq,
-            },
-            delay: std::time::Duration::ZERO,
-        };
-        let committed = backend
-            .commit(TaskCommit {
-                task: &task,
-                stored_status: TaskStatus::DeadLettered,
-                lease: &locked.lease,
-                next: Some(next),
-                settle: Settle::ResolveDeadLetter(dead_letter_id),
-                unless_cancelled: false,
-                expire_after: None,
-            })
-            .await;
-        if committed.is_err() {
-            let _ = backend.unlock(&locked.lease).await;
-        }
-        committed?;
-        Ok(())
-    }
-}
 
 /// Who acted on a task by hand, and why: kept in its audit log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,7 +43,7 @@ impl Engine {
     ) -> Result<TaskInstance, Error> {
         let allowed = [TaskStatus::CompensationFailed, TaskStatus::DeadLettered];
         let task = self
-            .intervene(id, "resolve", &allowed, |task| {
+            .intervene(id, "resolve", &allowed, Settle::Nothing, |task| {
                 let details = serde_json::json!({
                     "by": intervention.by,
                     "note": intervention.note,
@@ -208,24 +75,31 @@ impl Engine {
     ) -> Result<TaskInstance, Error> {
         let allowed = [TaskStatus::CompensationFailed];
         let task = self
-            .intervene(id, "compensation retry", &allowed, |task| {
-                for step in &mut task.steps {
-                    if step.status == StepStatus::CompensationFailed {
-                        step.status = StepStatus::Compensating;
-                        step.compensation_retry_base = step.compensation_attempts;
-                        // Due now: not an attempt that never reported back.
-                        step.next_attempt_at = Some(crate::task::Timestamp::now());
+            .intervene(
+                id,
+                "compensation retry",
+                &allowed,
+                Settle::Nothing,
+                |task| {
+                    for step in &mut task.steps {
+                        if step.status == StepStatus::CompensationFailed {
+                            step.status = StepStatus::Compensating;
+                            step.compensation_retry_base = step.compensation_attempts;
+                            // Due now: not an attempt that never reported back.
+                            step.next_attempt_at = Some(crate::task::Timestamp::now());
+                        }
                     }
-                }
-                task.error = None;
-                let details =
-                    serde_json::json!({ "by": intervention.by, "note": intervention.note });
-                task.audit(
-                    AuditEntry::new(AuditAction::CompensationRetried).details(details.to_string()),
-                );
-                task.set_status(TaskStatus::Compensating);
-                true
-            })
+                    task.error = None;
+                    let details =
+                        serde_json::json!({ "by": intervention.by, "note": intervention.note });
+                    task.audit(
+                        AuditEntry::new(AuditAction::CompensationRetried)
+                            .details(details.to_string()),
+                    );
+                    task.set_status(TaskStatus::Compensating);
+                    true
+                },
+            )
             .await?;
         tracing::info!(task_id = %id, by = %intervention.by, "compensation retried by hand");
         Ok(task)
@@ -235,12 +109,14 @@ impl Engine {
     /// statuses: under its lease, `change` edits it and says whether it
     /// runs again (then it is enqueued and kept until it ends; else it is
     /// kept as long as its new status is). Whatever message of the task is
-    /// still about is stale afterwards.
-    async fn intervene(
+    /// still about is stale afterwards. `settle` goes in the same write
+    /// (the dead letter a requeue or discard removes).
+    pub(super) async fn intervene(
         &self,
         id: TaskId,
         what: &str,
         allowed: &[TaskStatus],
+        settle: Settle<'_>,
         change: impl FnOnce(&mut TaskInstance) -> bool,
     ) -> Result<TaskInstance, Error> {
         let locked = self.lock_stopped(id, what).await?;
@@ -274,7 +150,7 @@ impl Engine {
                 stored_status: was,
                 lease: &locked.lease,
                 next,
-                settle: Settle::Nothing,
+                settle,
                 unless_cancelled: false,
                 expire_after: match runs {
                     true => None,
@@ -307,35 +183,4 @@ impl Engine {
             tokio::time::sleep(self.rt.settings.lock_retry_delay).await;
         }
     }
-}
-
-/// Gives a parked task a fresh retry budget where it stopped: the failed
-/// step, or the compensation it was running.
-fn resume(task: &mut TaskInstance, dead_letter_id: &str) {
-    let compensating = task.cancelled_at.is_some()
-        || task
-            .steps
-            .iter()
-            .any(|s| matches!(s.status, StepStatus::Compensating | StepStatus::Compensated));
-    for step in &mut task.steps {
-        match step.status {
-            StepStatus::Failed if !compensating => {
-                step.status = StepStatus::Pending;
-                step.retry_base = step.attempt_count;
-            }
-            StepStatus::Compensating => {
-                step.compensation_retry_base = step.compensation_attempts;
-            }
-            _ => {}
-        }
-    }
-    task.error = None;
-    task.audit(
-        AuditEntry::new(AuditAction::Requeued).details(format!("dead letter {dead_letter_id}")),
-    );
-    task.set_status(if compensating {
-        TaskStatus::Compensating
-    } else {
-        TaskStatus::Running
-    });
 }

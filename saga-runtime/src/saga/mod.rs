@@ -119,6 +119,12 @@ pub trait Saga: Send + Sync + 'static {
     where
         Self: Sized;
 
+    /// An input given as JSON (a request to the HTTP API), typed: checks
+    /// it before a task is created from it.
+    fn decode_input(input: Value) -> Result<Self::Input, StepError>
+    where
+        Self: Sized;
+
     /// A completed task's recorded output, typed.
     fn decode_output(output: Value) -> Result<Self::Output, StepError>
     where
@@ -158,6 +164,8 @@ pub trait Cancellable: Saga {}
 /// The object-safe face of [`Saga`] that the engine stores.
 pub(crate) trait ErasedSaga: Send + Sync + 'static {
     fn definition(&self) -> &'static SagaDefinition;
+    /// `input` as the saga stores it, if it decodes as its input type.
+    fn check_input(&self, input: Value) -> Result<Value, StepError>;
     fn execute_step<'a>(
         &'a self,
         order: u32,
@@ -175,6 +183,9 @@ pub(crate) trait ErasedSaga: Send + Sync + 'static {
 impl<S: Saga> ErasedSaga for S {
     fn definition(&self) -> &'static SagaDefinition {
         S::definition()
+    }
+    fn check_input(&self, input: Value) -> Result<Value, StepError> {
+        S::encode_input(&S::decode_input(input)?)
     }
     fn execute_step<'a>(
         &'a self,

@@ -5,7 +5,8 @@ use redis::Value;
 
 use super::{corrupt, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, ProcessCommit, ProcessInstance, ProcessStore, Settle, WorkItem,
+    truncate_payload, BackendError, Page, ProcessCommit, ProcessInstance, ProcessStore, Settle,
+    WorkItem,
 };
 use crate::process::Envelope;
 
@@ -37,6 +38,37 @@ fn owned_by(
             found.id, found.process
         ))),
         other => Ok(other),
+    }
+}
+
+impl RedisBackend {
+    /// The instances `ids` of `process`, 200 per pipelined round trip; a
+    /// record that does not parse is logged and left out.
+    async fn load_instances(
+        &self,
+        process: &str,
+        ids: &[String],
+    ) -> Result<Vec<ProcessInstance>, BackendError> {
+        let mut conn = self.conn();
+        let mut list = Vec::new();
+        for chunk in ids.chunks(200) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HMGET")
+                    .arg(self.keys().instance(process, id))
+                    .arg("doc")
+                    .arg("version");
+            }
+            let docs: Vec<(Option<String>, Option<String>)> =
+                pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            for ((doc, version), id) in docs.into_iter().zip(chunk) {
+                match owned_by(parse_instance(doc, version)?, process, id) {
+                    Ok(instance) => list.extend(instance),
+                    Err(error) => tracing::warn!(%error, "instance left out of the listing"),
+                }
+            }
+        }
+        Ok(list)
     }
 }
 
@@ -90,32 +122,33 @@ impl ProcessStore for RedisBackend {
     }
 
     async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
-        let mut conn = self.conn();
         let ids: Vec<String> = redis::cmd("SMEMBERS")
             .arg(self.keys().instances(process))
-            .query_async(&mut conn)
+            .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        let mut list = Vec::new();
-        for chunk in ids.chunks(200) {
-            let mut pipe = redis::pipe();
-            for id in chunk {
-                pipe.cmd("HMGET")
-                    .arg(self.keys().instance(process, id))
-                    .arg("doc")
-                    .arg("version");
-            }
-            let docs: Vec<(Option<String>, Option<String>)> =
-                pipe.query_async(&mut conn).await.map_err(unavailable)?;
-            for ((doc, version), id) in docs.into_iter().zip(chunk) {
-                match owned_by(parse_instance(doc, version)?, process, id) {
-                    Ok(instance) => list.extend(instance),
-                    Err(error) => tracing::warn!(%error, "instance left out of the listing"),
-                }
-            }
-        }
+        let mut list = self.load_instances(process, &ids).await?;
         list.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(list)
+    }
+
+    async fn process_page(
+        &self,
+        process: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<ProcessInstance>, BackendError> {
+        let (cursor, ids): (String, Vec<String>) = redis::cmd("SSCAN")
+            .arg(self.keys().instances(process))
+            .arg(after.unwrap_or("0"))
+            .arg("COUNT")
+            .arg(limit.max(1))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let items = self.load_instances(process, &ids).await?;
+        let next = (cursor != "0").then_some(cursor);
+        Ok(Page { items, next })
     }
 
     async fn process_commit(

@@ -690,4 +690,17 @@ impl WorkQueue for RedisBackend {
             fields => Some(dead_letter(p, entry, &fields)),
         })
     }
+
+    async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError> {
+        let Some((p, entry)) = self.keys().split_id(id) else {
+            return Ok(false);
+        };
+        let removed: usize = redis::cmd("XDEL")
+            .arg(self.keys().dead(p))
+            .arg(entry)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(removed > 0)
+    }
 }

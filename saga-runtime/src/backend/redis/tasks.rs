@@ -366,6 +366,29 @@ impl TaskStore for RedisBackend {
         Ok(tasks)
     }
 
+    /// The sizes of the per-status indexes of every partition, in one
+    /// pipelined round trip.
+    async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
+        let k = self.keys();
+        let mut pipe = redis::pipe();
+        for status in TaskStatus::ALL {
+            for p in 0..k.partitions() {
+                pipe.cmd("ZCARD").arg(k.index(p, saga, Some(status)));
+            }
+        }
+        let sizes: Vec<usize> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let per_status = sizes.chunks(usize::from(k.partitions()).max(1));
+        Ok(TaskStatus::ALL
+            .into_iter()
+            .zip(per_status)
+            .map(|(status, sizes)| (status, sizes.iter().sum()))
+            .filter(|(_, n)| *n > 0)
+            .collect())
+    }
+
     async fn lock_and_load(
         &self,
         id: TaskId,
