@@ -443,6 +443,16 @@ impl Engine {
         finished_output::<S>(task).map(Some)
     }
 
+    /// [`cancel`](Self::cancel) for callers that know only the task's id
+    /// (an operator's console or CLI): a task whose saga version is not
+    /// `#[cancellable]` answers [`CancelResult::NotCancellable`].
+    pub async fn cancel_by_id(&self, id: TaskId) -> Result<CancelResult, Error> {
+        match self.task(id).await? {
+            Some(task) => self.cancel_by_name(&task.saga, id).await,
+            None => Ok(CancelResult::NotFound),
+        }
+    }
+
     /// [`cancel`](Self::cancel) by saga name, for callers that only have the
     /// name (the HTTP routes). Fails with [`Error::WrongSaga`] when the task
     /// belongs to another saga.

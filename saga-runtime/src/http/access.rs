@@ -1,0 +1,122 @@
+//! Who may change things through the API. Reading is open to whoever can
+//! reach the router; every route that changes something (start, cancel,
+//! resolve, retry, requeue, discard) needs an [`Access`] the application
+//! configured, and the router is read-only without one.
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+
+use super::reply::ApiError;
+use super::ApiState;
+
+/// Decides who is calling from the request's headers: `Some(operator)` is
+/// allowed to change things (the name goes into the audit log), `None` is
+/// refused with 401.
+pub type Authorize = dyn Fn(&HeaderMap) -> Option<String> + Send + Sync;
+
+/// How mutating routes are authorized.
+#[derive(Clone, Default)]
+pub(crate) enum Access {
+    /// They answer 403: the router only reads.
+    #[default]
+    ReadOnly,
+    /// `Authorization: Bearer <token>`; the operator is named by the
+    /// `X-Operator` header (else `"token"`).
+    Token(Arc<str>),
+    /// The application's own check.
+    Custom(Arc<Authorize>),
+}
+
+impl Access {
+    pub(crate) fn allows_changes(&self) -> bool {
+        !matches!(self, Access::ReadOnly)
+    }
+
+    fn operator(&self, headers: &HeaderMap) -> Result<String, ApiError> {
+        let unauthorized = || {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this action needs authorization (Authorization: Bearer <token>)",
+            )
+        };
+        match self {
+            Access::ReadOnly => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "read_only",
+                "this API is read-only: the application must configure \
+                 `Api::token` or `Api::authorize` to allow changes",
+            )),
+            Access::Token(token) => {
+                let given = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .ok_or_else(unauthorized)?;
+                if !same_secret(given.as_bytes(), token.as_bytes()) {
+                    return Err(unauthorized());
+                }
+                let named = headers
+                    .get("x-operator")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::trim)
+                    .filter(|v| !v.is_empty());
+                Ok(named.unwrap_or("token").to_owned())
+            }
+            Access::Custom(authorize) => authorize(headers).ok_or_else(unauthorized),
+        }
+    }
+}
+
+/// Compares without stopping at the first difference, so the time taken
+/// does not tell how much of a guessed token was right.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = given.len() ^ expected.len();
+    for (i, b) in expected.iter().enumerate() {
+        diff |= usize::from(given.get(i).copied().unwrap_or(!b) ^ b);
+    }
+    diff == 0
+}
+
+/// The operator allowed to make this request's change; extracting it is
+/// what makes a route mutating.
+pub(crate) struct Operator(pub String);
+
+impl FromRequestParts<ApiState> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        state.access.operator(&parts.headers).map(Operator)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abd", b"abc"));
+        assert!(!same_secret(b"ab", b"abc"));
+        assert!(!same_secret(b"abcd", b"abc"));
+        assert!(!same_secret(b"", b"abc"));
+    }
+
+    #[test]
+    fn read_only_refuses_and_tokens_name_the_operator() {
+        let mut headers = HeaderMap::new();
+        assert!(Access::ReadOnly.operator(&headers).is_err());
+        let access = Access::Token("s3cret".into());
+        assert!(access.operator(&headers).is_err());
+        headers.insert("authorization", "Bearer wrong".parse().unwrap());
+        assert!(access.operator(&headers).is_err());
+        headers.insert("authorization", "Bearer s3cret".parse().unwrap());
+        assert_eq!(access.operator(&headers).unwrap(), "token");
+        headers.insert("x-operator", "ada".parse().unwrap());
+        assert_eq!(access.operator(&headers).unwrap(), "ada");
+    }
+}

@@ -1,0 +1,108 @@
+//! `/api/dead-letters`: list, read, requeue (one or in bulk) and discard.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::access::Operator;
+use super::reply::ApiError;
+use super::tasks::{intervention, NoteBody};
+use super::ApiState;
+use crate::engine::{Bulk, DeadLetterFilter, DeadLetterSelection};
+use crate::error::Error;
+use crate::DeadLetter;
+
+/// The paging of `GET /api/dead-letters`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PageParams {
+    cursor: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /api/dead-letters?cursor=&limit=`: newest first, with each
+/// letter's task status when it has a task.
+pub(super) async fn list(
+    State(state): State<ApiState>,
+    params: Result<Query<PageParams>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(params) = params?;
+    let mut filter = DeadLetterFilter::new().limit(params.limit.unwrap_or(50));
+    if let Some(cursor) = params.cursor.filter(|c| !c.is_empty()) {
+        filter = filter.after(cursor);
+    }
+    let page = state.engine.dead_letters(filter).await?;
+    let mut letters = Vec::with_capacity(page.letters.len());
+    for letter in page.letters {
+        let task = match letter.task_id {
+            Some(id) => state.engine.task(id).await?,
+            None => None,
+        };
+        let mut row = serde_json::to_value(&letter).unwrap_or_default();
+        if let (Some(task), Some(row)) = (task, row.as_object_mut()) {
+            row.insert("saga".into(), json!(task.saga));
+            row.insert("task_status".into(), json!(task.status));
+            row.insert("step".into(), json!(task.current_step().map(|s| &s.name)));
+        }
+        letters.push(row);
+    }
+    Ok(Json(json!({ "letters": letters, "next": page.next })))
+}
+
+/// `GET /api/dead-letters/{id}`.
+pub(super) async fn get(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<DeadLetter>, ApiError> {
+    match state.engine.dead_letter(&id).await? {
+        Some(letter) => Ok(Json(letter)),
+        None => Err(Error::DeadLetterNotFound(id).into()),
+    }
+}
+
+/// `POST /api/dead-letters/{id}/requeue`.
+pub(super) async fn requeue(
+    State(state): State<ApiState>,
+    Operator(by): Operator,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    state.engine.requeue(&id).await?;
+    tracing::info!(
+        dead_letter = id,
+        by,
+        "dead letter requeued through the HTTP API"
+    );
+    Ok(Json(json!({ "requeued": id })))
+}
+
+/// `POST /api/dead-letters/{id}/discard` `{"note": ..}`.
+pub(super) async fn discard(
+    State(state): State<ApiState>,
+    Operator(by): Operator,
+    Path(id): Path<String>,
+    body: Result<Json<NoteBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let intervention = intervention(by, body)?;
+    state.engine.discard(&id, intervention).await?;
+    Ok(Json(json!({ "discarded": id })))
+}
+
+/// `POST /api/dead-letters/requeue` `{"saga": .., "step": ..,
+/// "error_contains": .., "max": ..}`: every letter the selection picks.
+pub(super) async fn requeue_where(
+    State(state): State<ApiState>,
+    Operator(by): Operator,
+    body: Result<Json<DeadLetterSelection>, JsonRejection>,
+) -> Result<Json<Bulk>, ApiError> {
+    let Json(selection) = body?;
+    let bulk = state.engine.requeue_where(selection).await?;
+    tracing::info!(
+        by,
+        requeued = bulk.requeued.len(),
+        failed = bulk.failed.len(),
+        "bulk requeue through the HTTP API"
+    );
+    Ok(Json(bulk))
+}

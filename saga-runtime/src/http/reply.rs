@@ -1,0 +1,104 @@
+//! Every answer that is not a success has one shape:
+//! `{"error": "<what happened, for a person>", "code": "<for a program>"}`,
+//! with the status that says the same. An unknown saga, process manager,
+//! task or dead letter all answer 404 `not_found`.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::error::Error;
+use crate::task::TaskId;
+
+/// An error answer.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub(crate) fn task_not_found() -> Self {
+        ApiError::not_found("Task not found")
+    }
+
+    pub(crate) fn conflict(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "error": self.message, "code": self.code });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        let message = error.to_string();
+        match error {
+            Error::TaskNotFound(_) | Error::WrongSaga { .. } => ApiError::task_not_found(),
+            Error::UnknownSaga(saga) => ApiError::not_found(format!("Saga `{saga}` not found")),
+            Error::UnknownProcess(name) => {
+                ApiError::not_found(format!("Process manager `{name}` not found"))
+            }
+            Error::DeadLetterNotFound(_) => ApiError::not_found(message),
+            Error::NotResolvable { .. }
+            | Error::ResolvedTask(_)
+            | Error::DeadLetterTruncated { .. }
+            | Error::KeyReused { .. } => ApiError::conflict(message),
+            Error::InvalidInput { .. } => ApiError::invalid(message),
+            Error::InvalidCursor(_) => ApiError::bad_request(message),
+            Error::Unavailable { .. } | Error::Backend(_) => {
+                tracing::warn!(error = %message, "HTTP request failed");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+            }
+            _ => {
+                tracing::warn!(error = %message, "HTTP request failed");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        ApiError::new(rejection.status(), "bad_request", rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        ApiError::bad_request(rejection.body_text())
+    }
+}
+
+/// `id` as a task id, or 400.
+pub(crate) fn task_id(id: &str) -> Result<TaskId, ApiError> {
+    id.parse()
+        .map_err(|_| ApiError::bad_request(format!("`{id}` is not a task id (a UUID)")))
+}

@@ -1,0 +1,255 @@
+//! `/api/tasks` and `/api/sagas`: list, read, start, cancel, resolve and
+//! retry tasks, and stream one task's progress.
+
+use std::convert::Infallible;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::access::Operator;
+use super::reply::{task_id, ApiError};
+use super::ApiState;
+use crate::engine::{CancelResult, Intervention, TaskFilter};
+use crate::error::Error;
+use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+
+/// `GET /api/sagas`: each saga's newest definition.
+pub(super) async fn sagas(State(state): State<ApiState>) -> Json<Value> {
+    let sagas: Vec<Value> = state
+        .engine
+        .sagas()
+        .into_iter()
+        .map(|def| {
+            json!({
+                "name": def.name,
+                "version": def.version,
+                "cancellable": def.cancellable,
+                "steps": def.steps.iter().map(|s| s.name).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Json(json!({ "sagas": sagas }))
+}
+
+/// The filters of `GET /api/tasks`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListParams {
+    saga: Option<String>,
+    status: Option<String>,
+    step: Option<String>,
+    error: Option<String>,
+    /// Created at or after, in ms since the epoch.
+    from: Option<u64>,
+    /// Created before, in ms since the epoch.
+    to: Option<u64>,
+    cursor: Option<String>,
+    limit: Option<usize>,
+}
+
+/// A task in a listing: what a table row shows.
+#[derive(Debug, Serialize)]
+pub(super) struct TaskSummary {
+    id: TaskId,
+    saga: String,
+    status: TaskStatus,
+    step: Option<String>,
+    error: Option<String>,
+    created_at: Timestamp,
+    updated_at: Timestamp,
+    finished_at: Option<Timestamp>,
+}
+
+impl From<TaskInstance> for TaskSummary {
+    fn from(task: TaskInstance) -> Self {
+        TaskSummary {
+            step: task.current_step().map(|s| s.name.clone()),
+            id: task.id,
+            saga: task.saga,
+            status: task.status,
+            error: task.error,
+            created_at: task.created_at,
+            updated_at: task.updated_at,
+            finished_at: task.finished_at,
+        }
+    }
+}
+
+/// `GET /api/tasks?saga=&status=&step=&error=&from=&to=&cursor=&limit=`:
+/// a page of tasks, newest first, with the cursor of the next.
+pub(super) async fn list(
+    State(state): State<ApiState>,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(params) = params?;
+    let mut filter = TaskFilter::new().limit(params.limit.unwrap_or(50));
+    if let Some(saga) = params.saga.filter(|s| !s.is_empty()) {
+        if !state.engine.sagas().iter().any(|d| d.name == saga) {
+            return Err(Error::UnknownSaga(saga).into());
+        }
+        filter = filter.saga(saga);
+    }
+    if let Some(status) = params.status.filter(|s| !s.is_empty()) {
+        filter = filter.status(status.parse().map_err(ApiError::bad_request)?);
+    }
+    filter.step = params.step.filter(|s| !s.is_empty());
+    filter.error_contains = params.error.filter(|s| !s.is_empty());
+    filter.created_from = params.from.map(Timestamp);
+    filter.created_to = params.to.map(Timestamp);
+    filter.cursor = params.cursor.filter(|s| !s.is_empty());
+    let page = state.engine.tasks(filter).await?;
+    let tasks: Vec<TaskSummary> = page.tasks.into_iter().map(Into::into).collect();
+    Ok(Json(json!({ "tasks": tasks, "next": page.next })))
+}
+
+/// `GET /api/tasks/{id}`: the whole task (steps, audit log, trace id).
+pub(super) async fn get(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskInstance>, ApiError> {
+    let id = task_id(&id)?;
+    state
+        .engine
+        .task(id)
+        .await?
+        .map(Json)
+        .ok_or_else(ApiError::task_not_found)
+}
+
+/// The body of `POST /api/sagas/{saga}/tasks`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StartBody {
+    /// The saga's input, as its input type serializes.
+    input: Value,
+    /// Starts at most one task per key.
+    key: Option<String>,
+}
+
+/// `POST /api/sagas/{saga}/tasks` `{"input": .., "key": ..}`: 201
+/// `{"id": ..}`; 422 if the input does not decode as the saga's input.
+pub(super) async fn start(
+    State(state): State<ApiState>,
+    Operator(by): Operator,
+    Path(saga): Path<String>,
+    body: Result<Json<StartBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    let id = state
+        .engine
+        .start_json(&saga, body.input, body.key.as_deref())
+        .await?;
+    tracing::info!(task_id = %id, saga, by, "task started through the HTTP API");
+    Ok((StatusCode::CREATED, Json(json!({ "id": id }))).into_response())
+}
+
+/// `POST /api/tasks/{id}/cancel`.
+pub(super) async fn cancel(
+    State(state): State<ApiState>,
+    Operator(by): Operator,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = task_id(&id)?;
+    let result = state.engine.cancel_by_id(id).await;
+    tracing::info!(task_id = %id, by, ?result, "cancel requested through the HTTP API");
+    cancel_reply(result)
+}
+
+/// The answer to a cancellation, shared with the `/sagas` routes.
+pub(super) fn cancel_reply(result: Result<CancelResult, Error>) -> Result<Response, ApiError> {
+    match result? {
+        CancelResult::Cancelled => Ok(Json(json!({ "status": "Cancelled" })).into_response()),
+        CancelResult::AlreadyCancelled => {
+            Ok(Json(json!({ "status": "Already cancelled" })).into_response())
+        }
+        CancelResult::NotFound => Err(ApiError::task_not_found()),
+        CancelResult::AlreadyCompleted => {
+            Err(ApiError::conflict("Task already completed, cannot cancel"))
+        }
+        CancelResult::NotCancellable(status) => Err(ApiError::conflict(format!(
+            "Task is {status}, cannot cancel"
+        ))),
+    }
+}
+
+/// The body of an operator action: why.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NoteBody {
+    note: String,
+}
+
+/// The intervention of `by` with the note of `body` (which must say
+/// something: it is what the next operator reads).
+pub(super) fn intervention(
+    by: String,
+    body: Result<Json<NoteBody>, JsonRejection>,
+) -> Result<Intervention, ApiError> {
+    let Json(body) = body?;
+    if body.note.trim().is_empty() {
+        return Err(ApiError::invalid("`note` must say what was found and done"));
+    }
+    Ok(Intervention::new(by, body.note))
+}
+
+/// `POST /api/tasks/{id}/resolve` `{"note": ..}`: the resolved task.
+pub(super) async fn resolve(
+    State(state): State<ApiState>,
+    Operator(by): Operator,
+    Path(id): Path<String>,
+    body: Result<Json<NoteBody>, JsonRejection>,
+) -> Result<Json<TaskInstance>, ApiError> {
+    let id = task_id(&id)?;
+    let intervention = intervention(by, body)?;
+    Ok(Json(state.engine.resolve(id, intervention).await?))
+}
+
+/// `POST /api/tasks/{id}/retry-compensation` `{"note": ..}`.
+pub(super) async fn retry_compensation(
+    State(state): State<ApiState>,
+    Operator(by): Operator,
+    Path(id): Path<String>,
+    body: Result<Json<NoteBody>, JsonRejection>,
+) -> Result<Json<TaskInstance>, ApiError> {
+    let id = task_id(&id)?;
+    let intervention = intervention(by, body)?;
+    Ok(Json(
+        state.engine.retry_compensation(id, intervention).await?,
+    ))
+}
+
+/// `GET /api/tasks/{id}/events`: the task's progress as server-sent
+/// events, named as [`ProgressEvent::name`](crate::engine::ProgressEvent::name),
+/// from its start to `finished`; an `error` event if the task is unknown
+/// or the store unreachable.
+pub(super) async fn events(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let id = task_id(&id)?;
+    // Unknown tasks answer 404 like everywhere else, not an empty stream.
+    state
+        .engine
+        .task(id)
+        .await?
+        .ok_or_else(ApiError::task_not_found)?;
+    let stream = state.engine.watch(id).map(|item| {
+        let event = match item {
+            Ok(progress) => Event::default()
+                .event(progress.event.name())
+                .json_data(&progress),
+            Err(error) => Event::default()
+                .event("error")
+                .json_data(json!({ "error": error.to_string() })),
+        };
+        Ok(event.unwrap_or_else(|_| Event::default().event("error")))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
