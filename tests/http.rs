@@ -42,7 +42,8 @@ impl Report {
 async fn request(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
+         Authorization: Bearer t0ken\r\nContent-Length: 0\r\n\r\n"
     );
     stream.write_all(req.as_bytes()).await.unwrap();
     let mut raw = String::new();
@@ -65,7 +66,9 @@ async fn cancel_and_inspect_routes() {
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = saga_runtime::http::router(engine.clone());
+    let app = saga_runtime::http::Api::new(engine.clone())
+        .token("t0ken")
+        .router();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     // Cancel a running task, then again.
@@ -91,7 +94,7 @@ async fn cancel_and_inspect_routes() {
         (status, body),
         (
             409,
-            serde_json::json!({"error": "Task already completed, cannot cancel"})
+            serde_json::json!({"error": "Task already completed, cannot cancel", "code": "conflict"})
         )
     );
 

@@ -243,6 +243,17 @@ impl StepRecord {
     }
 }
 
+impl StepRecord {
+    /// Whether the task stopped here: the step failed, or its compensation
+    /// is running or failed.
+    fn stopped(&self) -> bool {
+        matches!(
+            self.status,
+            StepStatus::Failed | StepStatus::Compensating | StepStatus::CompensationFailed
+        )
+    }
+}
+
 /// What an [`AuditEntry`] records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind")]
@@ -484,22 +495,23 @@ impl TaskInstance {
         self.audit_stored = StoredAudit(self.audit_log.len());
     }
 
-    /// The step record named `name`.
     /// The step the task is at or stopped at: the first one that failed
     /// or is being compensated, else the first not completed (`None` once
     /// every step completed).
     pub fn current_step(&self) -> Option<&StepRecord> {
-        let stuck = |s: &&StepRecord| {
-            matches!(
-                s.status,
-                StepStatus::Failed | StepStatus::Compensating | StepStatus::CompensationFailed
-            )
-        };
-        self.steps.iter().find(stuck).or_else(|| {
+        self.steps.iter().find(|s| s.stopped()).or_else(|| {
             self.steps
                 .iter()
                 .find(|s| s.status != StepStatus::Completed)
         })
+    }
+
+    /// Whether the task is at step `name` ([`current_step`](Self::current_step))
+    /// or stopped there: the step failed, or its compensation is running
+    /// or failed. What an operator means by "the tasks of step X".
+    pub fn at_step(&self, name: &str) -> bool {
+        self.current_step().is_some_and(|s| s.name == name)
+            || self.steps.iter().any(|s| s.name == name && s.stopped())
     }
 
     /// Whether `text` occurs in the task's error or in any error of its
@@ -513,7 +525,7 @@ impl TaskInstance {
                 .any(|e| e.contains(text))
     }
 
-    /// The record of the step named `name`.
+    /// The step record named `name`.
     pub fn step(&self, name: &str) -> Option<&StepRecord> {
         self.steps.iter().find(|s| s.name == name)
     }

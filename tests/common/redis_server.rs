@@ -119,6 +119,11 @@ impl TestRedis {
         self.spawn();
     }
 
+    /// Removes every key: the next scenario starts on an empty store.
+    pub fn flush(&self) {
+        let _: () = redis::cmd("FLUSHALL").query(&mut self.conn()).unwrap();
+    }
+
     /// Every key, sorted (for retention checks).
     pub fn keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut self.conn()).unwrap();

@@ -28,8 +28,7 @@ pub struct TaskFilter {
     pub created_from: Option<Timestamp>,
     /// Only tasks created before this time.
     pub created_to: Option<Timestamp>,
-    /// Only tasks at or stopped at this step
-    /// ([`TaskInstance::current_step`]).
+    /// Only tasks at or stopped at this step ([`TaskInstance::at_step`]).
     pub step: Option<String>,
     /// Only tasks with this text in an error
     /// ([`TaskInstance::mentions_error`]).
@@ -99,9 +98,7 @@ impl TaskFilter {
     /// Whether the filters the store does not index (step, error text)
     /// keep `task`.
     fn keeps(&self, task: &TaskInstance) -> bool {
-        self.step
-            .as_deref()
-            .is_none_or(|step| task.current_step().is_some_and(|s| s.name == step))
+        self.step.as_deref().is_none_or(|step| task.at_step(step))
             && self
                 .error_contains
                 .as_deref()

@@ -217,8 +217,7 @@ impl Engine {
 pub struct DeadLetterSelection {
     /// Letters of this saga's tasks.
     pub saga: Option<String>,
-    /// Letters of tasks stopped at this step
-    /// ([`TaskInstance::current_step`]).
+    /// Letters of tasks stopped at this step ([`TaskInstance::at_step`]).
     pub step: Option<String>,
     /// Letters whose reason, or whose task's errors, contain this text.
     pub error_contains: Option<String>,
@@ -239,10 +238,10 @@ impl DeadLetterSelection {
             .saga
             .as_deref()
             .is_none_or(|saga| task.is_some_and(|t| t.saga == saga));
-        let step = self.step.as_deref().is_none_or(|step| {
-            task.and_then(|t| t.current_step())
-                .is_some_and(|s| s.name == step)
-        });
+        let step = self
+            .step
+            .as_deref()
+            .is_none_or(|step| task.is_some_and(|t| t.at_step(step)));
         let error = self.error_contains.as_deref().is_none_or(|text| {
             letter.reason.contains(text) || task.is_some_and(|t| t.mentions_error(text))
         });

@@ -120,10 +120,18 @@ pub trait Saga: Send + Sync + 'static {
         Self: Sized;
 
     /// An input given as JSON (a request to the HTTP API), typed: checks
-    /// it before a task is created from it.
+    /// it before a task is created from it. `#[saga]` generates it; a
+    /// hand-written saga without it cannot be started by name.
     fn decode_input(input: Value) -> Result<Self::Input, StepError>
     where
-        Self: Sized;
+        Self: Sized,
+    {
+        let _ = input;
+        Err(StepError::permanent(format!(
+            "saga `{}` does not decode its input from JSON",
+            Self::NAME
+        )))
+    }
 
     /// A completed task's recorded output, typed.
     fn decode_output(output: Value) -> Result<Self::Output, StepError>

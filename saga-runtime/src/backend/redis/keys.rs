@@ -275,9 +275,11 @@ impl Keys {
         format!("{}:cancellations", self.prefix)
     }
 
-    /// Message and dead-letter ids carry their partition: `<k>/<stream id>`.
+    /// Message and dead-letter ids carry their partition: `<k>/<stream id>`
+    /// for messages, `<k>:<stream id>` for dead letters (safe in a URL
+    /// path, where operators paste them); either is accepted.
     pub fn split_id<'a>(&self, id: &'a str) -> Option<(u16, &'a str)> {
-        let (p, entry) = id.split_once('/')?;
+        let (p, entry) = id.split_once(['/', ':'])?;
         let p: u16 = p.parse().ok()?;
         (p < self.streams()).then_some((p, entry))
     }
@@ -363,6 +365,7 @@ mod tests {
         assert_eq!(format!("{pm}:inst:p:i-1"), keys.instance("p", "i-1"));
         assert_eq!(format!("{pm}:idx:p:f:v"), keys.correlation("p", "f", "v"));
         assert_eq!(keys.split_id("3/1-0"), Some((3, "1-0")));
+        assert_eq!(keys.split_id("3:1-0"), Some((3, "1-0")));
         assert_eq!(
             keys.split_id("8/1-0"),
             Some((8, "1-0")),

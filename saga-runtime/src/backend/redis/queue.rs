@@ -37,7 +37,7 @@ fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
             .unwrap_or_default()
     };
     DeadLetter {
-        id: format!("{stream}/{id}"),
+        id: format!("{stream}:{id}"),
         payload: field("payload"),
         reason: field("reason"),
         task_id: field("task").parse().ok(),

@@ -1,0 +1,452 @@
+//! The HTTP API (feature `http`): every operator action over JSON, the
+//! access rules, the error shape, and a task's progress as server-sent
+//! events; on the in-memory backend and on a real redis-server.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::http_client::Client;
+use common::redis_server::TestRedis;
+use saga_runtime::http::{router, Api};
+use saga_runtime::prelude::*;
+use serde_json::{json, Value};
+
+/// Completes.
+struct Fine;
+
+#[saga(name = "fine")]
+impl Fine {
+    #[saga_step(1)]
+    async fn call(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n + 1)
+    }
+}
+
+/// Its compensation fails: ends `CompensationFailed`.
+struct Stuck;
+
+#[saga(name = "stuck")]
+impl Stuck {
+    #[saga_step(1)]
+    #[compensation_retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0)]
+    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(reserve)]
+    async fn release(&self, _n: u32) -> Result<(), StepError> {
+        Err(StepError::permanent("the warehouse API refuses"))
+    }
+
+    #[saga_step(2)]
+    async fn charge(&self, _n: u32) -> Result<u32, StepError> {
+        Err(StepError::permanent("card declined"))
+    }
+}
+
+/// Parks its task on the dead-letter queue while the gate is closed.
+struct Gate {
+    open: Arc<AtomicBool>,
+}
+
+#[saga(name = "gate")]
+impl Gate {
+    #[saga_step(1)]
+    #[retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0, on_exhausted = dead_letter)]
+    async fn pass(&self, n: u32) -> Result<u32, StepError> {
+        match self.open.load(Ordering::SeqCst) {
+            true => Ok(n),
+            false => Err(StepError::permanent("gate closed")),
+        }
+    }
+}
+
+/// Parks its task on the dead-letter queue, always.
+struct Parked;
+
+#[saga(name = "parked")]
+impl Parked {
+    #[saga_step(1)]
+    #[retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0, on_exhausted = dead_letter)]
+    async fn call(&self, _n: u32) -> Result<u32, StepError> {
+        Err(StepError::permanent("upstream down"))
+    }
+}
+
+/// Fails its first attempt (slowly, so a watcher sees it start), then
+/// succeeds after a retry.
+struct Once {
+    calls: Arc<AtomicUsize>,
+}
+
+#[saga(name = "once")]
+impl Once {
+    #[saga_step(1)]
+    #[retry_policy(max_retries = 2, backoff = constant, base_delay_ms = 300)]
+    async fn call(&self, n: u32) -> Result<u32, StepError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return Err(StepError::transient("flaky"));
+        }
+        Ok(n)
+    }
+}
+
+/// An engine whose gate is `gate`; each scenario has its own, as the
+/// in-memory and Redis runs go on side by side.
+async fn engine_with(redis: Option<&TestRedis>, gate: Arc<AtomicBool>) -> Engine {
+    let builder = Engine::builder()
+        .saga(Fine)
+        .saga(Stuck)
+        .saga(Gate { open: gate })
+        .saga(Parked)
+        .saga(Once {
+            calls: Arc::default(),
+        });
+    let builder = match redis {
+        Some(redis) => builder.backend(redis.backend().await),
+        None => builder,
+    };
+    builder.build().await.unwrap()
+}
+
+async fn engine(redis: Option<&TestRedis>) -> Engine {
+    engine_with(redis, Arc::default()).await
+}
+
+const TOKEN: &str = "s3cret";
+
+async fn serve(engine: &Engine) -> Client {
+    Client::serve(Api::new(engine.clone()).token(TOKEN).router())
+        .await
+        .with("Authorization", &format!("Bearer {TOKEN}"))
+        .with("X-Operator", "ana")
+}
+
+async fn wait_status(engine: &Engine, id: &Value) -> TaskStatus {
+    let id = id.as_str().unwrap().parse().unwrap();
+    engine.wait(id).await.unwrap().status
+}
+
+/// Changes need the configured access; reading does not.
+async fn access(engine: Engine) {
+    let open = Client::serve(router(engine.clone())).await;
+    let start = json!({ "input": 1 });
+    let (status, body) = open.post("/api/sagas/fine/tasks", start.clone()).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("read_only")),
+        "{body}"
+    );
+    let (status, body) = open.get("/api/overview").await;
+    assert_eq!((status, &body["changes_allowed"]), (200, &json!(false)));
+
+    let api = Client::serve(Api::new(engine.clone()).token(TOKEN).router()).await;
+    let (status, body) = api.post("/api/sagas/fine/tasks", start.clone()).await;
+    assert_eq!((status, body["code"].as_str()), (401, Some("unauthorized")));
+    let wrong = api.with("Authorization", "Bearer s3cre");
+    assert_eq!(
+        wrong.post("/api/sagas/fine/tasks", start.clone()).await.0,
+        401
+    );
+    let right = api.with("Authorization", &format!("Bearer {TOKEN}"));
+    let (status, body) = right.post("/api/sagas/fine/tasks", start).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        wait_status(&engine, &body["id"]).await,
+        TaskStatus::Completed
+    );
+
+    // A custom check names the operator itself.
+    let custom = Api::new(engine.clone())
+        .authorize(|headers| {
+            let user = headers.get("x-user")?.to_str().ok()?;
+            (user == "ops").then(|| "ops-team".to_owned())
+        })
+        .router();
+    let custom = Client::serve(custom).await;
+    assert_eq!(
+        custom
+            .post("/api/sagas/fine/tasks", json!({"input": 2}))
+            .await
+            .0,
+        401
+    );
+    let ops = custom.with("X-User", "ops");
+    assert_eq!(
+        ops.post("/api/sagas/fine/tasks", json!({"input": 2}))
+            .await
+            .0,
+        201
+    );
+    // Its workers would take the next scenario's tasks on a shared Redis.
+    engine.shutdown().await;
+}
+
+/// Starting from JSON checks the input against the saga's input type,
+/// and an unknown saga answers like an unknown task.
+async fn starting(engine: Engine) {
+    let api = serve(&engine).await;
+    let (status, body) = api
+        .post("/api/sagas/fine/tasks", json!({"input": 41}))
+        .await;
+    assert_eq!(status, 201);
+    let id = body["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        wait_status(&engine, &body["id"]).await,
+        TaskStatus::Completed
+    );
+    let (_, task) = api.get(&format!("/api/tasks/{id}")).await;
+    assert_eq!(task["output"], json!(42));
+
+    let (status, body) = api
+        .post("/api/sagas/fine/tasks", json!({"input": "x"}))
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("invalid_input")),
+        "{body}"
+    );
+    let (status, body) = api.post("/api/sagas/fine/tasks", json!({"inptu": 1})).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("bad_request")),
+        "{body}"
+    );
+
+    let (status, unknown_saga) = api.post("/api/sagas/nope/tasks", json!({"input": 1})).await;
+    assert_eq!(status, 404);
+    let (status, unknown_task) = api.get(&format!("/api/tasks/{}", TaskId::new())).await;
+    assert_eq!(status, 404);
+    assert_eq!(unknown_saga["code"], unknown_task["code"]);
+    let (status, _) = api.get("/api/tasks/not-a-uuid").await;
+    assert_eq!(status, 400);
+    let (status, body) = api.get("/api/no/such/route").await;
+    assert_eq!((status, body["code"].as_str()), (404, Some("not_found")));
+
+    let keyed = json!({"input": 5, "key": "order-5"});
+    let (_, first) = api.post("/api/sagas/fine/tasks", keyed.clone()).await;
+    let (status, again) = api.post("/api/sagas/fine/tasks", keyed).await;
+    assert_eq!((status, &again["id"]), (201, &first["id"]));
+    let (status, body) = api
+        .post(
+            "/api/sagas/fine/tasks",
+            json!({"input": 6, "key": "order-5"}),
+        )
+        .await;
+    assert_eq!((status, body["code"].as_str()), (409, Some("conflict")));
+    // Its workers would take the next scenario's tasks on a shared Redis.
+    engine.shutdown().await;
+}
+
+/// Lists filter by saga, status, step and error text; the overview
+/// counts by status.
+async fn listing(engine: Engine) {
+    let api = serve(&engine).await;
+    let parked = engine.start::<Parked>(1).await.unwrap();
+    let stuck = engine.start::<Stuck>(1).await.unwrap();
+    engine.wait(parked).await.unwrap();
+    engine.wait(stuck).await.unwrap();
+
+    let (status, body) = api.get("/api/tasks?saga=parked&status=DeadLettered").await;
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = body["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [parked.to_string()]);
+    assert_eq!(body["tasks"][0]["step"], "call");
+
+    let (_, body) = api.get("/api/tasks?error=warehouse").await;
+    let ids: Vec<&Value> = body["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["id"])
+        .collect();
+    assert_eq!(ids, [&json!(stuck.to_string())]);
+    let (_, body) = api.get("/api/tasks?step=charge").await;
+    assert_eq!(body["tasks"].as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(body["tasks"][0]["id"], json!(stuck.to_string()));
+
+    let (status, body) = api.get("/api/tasks?status=Bogus").await;
+    assert_eq!((status, body["code"].as_str()), (400, Some("bad_request")));
+    assert!(
+        body["error"].as_str().unwrap().contains("DeadLettered"),
+        "{body}"
+    );
+    assert_eq!(api.get("/api/tasks?saga=nope").await.0, 404);
+    assert_eq!(api.get("/api/tasks?sgaa=fine").await.0, 400);
+
+    let (_, overview) = api.get("/api/overview").await;
+    let counts = |saga: &str| {
+        overview["sagas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["saga"] == saga)
+            .unwrap()["counts"]
+            .clone()
+    };
+    assert_eq!(counts("parked"), json!({"DeadLettered": 1}));
+    assert_eq!(counts("stuck"), json!({"CompensationFailed": 1}));
+    assert_eq!(overview["dead_letters"], json!(1));
+    assert_eq!(overview["changes_allowed"], json!(true));
+    // Its workers would take the next scenario's tasks on a shared Redis.
+    engine.shutdown().await;
+}
+
+/// Resolve, discard and bulk requeue through the API, audited with the
+/// operator who called.
+async fn operator_actions(redis: Option<&TestRedis>) {
+    let gate = Arc::new(AtomicBool::new(false));
+    let engine = engine_with(redis, gate.clone()).await;
+    let api = serve(&engine).await;
+    let stuck = engine.start::<Stuck>(1).await.unwrap();
+    let parked = engine.start::<Parked>(1).await.unwrap();
+    let mut gated = Vec::new();
+    for n in 0..3 {
+        gated.push(engine.start::<Gate>(n).await.unwrap());
+    }
+    for id in gated.iter().chain([&stuck, &parked]) {
+        engine.wait(*id).await.unwrap();
+    }
+
+    let path = format!("/api/tasks/{stuck}/resolve");
+    let (status, body) = api.post(&path, json!({"note": " "})).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("invalid_input"))
+    );
+    let (status, body) = api.post(&path, json!({"note": "released by hand"})).await;
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &json!("Resolved")),
+        "{body}"
+    );
+    let audit = body["audit_log"].as_array().unwrap();
+    let resolved = &audit.iter().find(|e| e["kind"] == "Resolved").unwrap()["details"];
+    let details: Value = serde_json::from_str(resolved.as_str().unwrap()).unwrap();
+    assert_eq!(details["by"], "ana");
+    let (status, body) = api.post(&path, json!({"note": "again"})).await;
+    assert_eq!((status, body["code"].as_str()), (409, Some("conflict")));
+
+    let (_, letters) = api.get("/api/dead-letters").await;
+    let letters = letters["letters"].as_array().unwrap().clone();
+    assert_eq!(letters.len(), 4);
+    let parked_letter = letters
+        .iter()
+        .find(|l| l["saga"] == "parked")
+        .expect("a row names its saga");
+    assert_eq!(parked_letter["task_status"], "DeadLettered");
+    let letter_id = parked_letter["id"].as_str().unwrap();
+
+    let discard = format!("/api/dead-letters/{letter_id}/discard");
+    let (status, body) = api.post(&discard, json!({})).await;
+    assert_eq!(status, 422, "{body}");
+    let (status, _) = api.post(&discard, json!({"note": "obsolete order"})).await;
+    assert_eq!(status, 200);
+    let (status, body) = api.post(&discard, json!({"note": "obsolete order"})).await;
+    assert_eq!((status, body["code"].as_str()), (404, Some("not_found")));
+    let task = engine.task(parked).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::DeadLettered, "kept for a resolve");
+    let entry = task.audit_log.last().unwrap();
+    assert_eq!(entry.action, saga_runtime::AuditAction::DeadLetterDiscarded);
+    assert!(entry.details.as_deref().unwrap().contains("\"by\":\"ana\""));
+    assert!(entry.details.as_deref().unwrap().contains("obsolete order"));
+
+    // A selection that picks nothing requeues nothing.
+    let (status, bulk) = api
+        .post(
+            "/api/dead-letters/requeue",
+            json!({"saga": "gate", "step": "nope"}),
+        )
+        .await;
+    assert_eq!((status, &bulk["requeued"]), (200, &json!([])), "{bulk}");
+    assert_eq!(bulk["scanned"], json!(3));
+    let (status, body) = api
+        .post("/api/dead-letters/requeue", json!({"sgaa": "gate"}))
+        .await;
+    assert_eq!(status, 422, "{body}");
+
+    gate.store(true, Ordering::SeqCst);
+    let (_, bulk) = api
+        .post(
+            "/api/dead-letters/requeue",
+            json!({"saga": "gate", "error_contains": "gate closed"}),
+        )
+        .await;
+    assert_eq!(bulk["requeued"].as_array().unwrap().len(), 3, "{bulk}");
+    assert_eq!(bulk["failed"], json!([]));
+    for id in &gated {
+        assert_eq!(
+            engine.wait(*id).await.unwrap().status,
+            TaskStatus::Completed
+        );
+    }
+    let (_, letters) = api.get("/api/dead-letters").await;
+    assert_eq!(letters["letters"], json!([]));
+    // Its workers would take the next scenario's tasks on a shared Redis.
+    engine.shutdown().await;
+}
+
+/// A task's progress streams as server-sent events, in order, and the
+/// stream ends when the task does.
+async fn progress_events(engine: Engine) {
+    let api = serve(&engine).await;
+    let id = engine.start::<Once>(3).await.unwrap();
+    let events = api.events(&format!("/api/tasks/{id}/events")).await;
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "step_started",
+            "attempt_failed",
+            "retry_scheduled",
+            "step_started",
+            "step_completed",
+            "finished"
+        ],
+        "{events:?}"
+    );
+    assert_eq!(events[0].1["attempt"], json!(1));
+    assert_eq!(events[2].1["delay_ms"], json!(300));
+    assert_eq!(events[3].1["attempt"], json!(2));
+    assert_eq!(events[5].1["status"], json!("Completed"));
+    // A finished task replays its history and ends at once.
+    let again = api.events(&format!("/api/tasks/{id}/events")).await;
+    assert_eq!(again.last().unwrap().0, "finished");
+    assert_eq!(
+        api.get(&format!("/api/tasks/{}/events", TaskId::new()))
+            .await
+            .0,
+        404
+    );
+    // Its workers would take the next scenario's tasks on a shared Redis.
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory() {
+    access(engine(None).await).await;
+    starting(engine(None).await).await;
+    listing(engine(None).await).await;
+    operator_actions(None).await;
+    progress_events(engine(None).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis() {
+    let redis = TestRedis::start();
+    starting(engine(Some(&redis)).await).await;
+    redis.flush();
+    listing(engine(Some(&redis)).await).await;
+    redis.flush();
+    operator_actions(Some(&redis)).await;
+    progress_events(engine(Some(&redis)).await).await;
+}
