@@ -12,6 +12,7 @@ use common::http_client::Client;
 use common::redis_server::TestRedis;
 use saga_runtime::http::{router, Api};
 use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// Completes.
@@ -95,10 +96,53 @@ impl Once {
     }
 }
 
+#[derive(Message, Serialize, Deserialize)]
+struct Remind {
+    id: u64,
+}
+
+#[derive(Message, Serialize, Deserialize)]
+struct Nudge;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Reminder {
+    id: u64,
+}
+
+/// Starts an instance per id that waits an hour for its nudge.
+struct Reminders;
+
+#[process_manager(name = "reminders", state = Reminder)]
+impl Reminders {
+    #[starts]
+    #[correlate(state.id = msg.id)]
+    async fn remind(
+        &self,
+        _msg: Remind,
+        _state: &mut Reminder,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        ctx.request_timeout(Duration::from_secs(3600), Nudge);
+        Ok(())
+    }
+
+    #[timeout]
+    async fn nudge(
+        &self,
+        _t: Nudge,
+        _state: &mut Reminder,
+        ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        ctx.mark_complete();
+        Ok(())
+    }
+}
+
 /// An engine whose gate is `gate`; each scenario has its own, as the
 /// in-memory and Redis runs go on side by side.
 async fn engine_with(redis: Option<&TestRedis>, gate: Arc<AtomicBool>) -> Engine {
     let builder = Engine::builder()
+        .process_manager(Reminders)
         .saga(Fine)
         .saga(Stuck)
         .saga(Gate { open: gate })
@@ -431,8 +475,64 @@ async fn progress_events(engine: Engine) {
     engine.shutdown().await;
 }
 
+/// Process-manager instances page by page, each with its pending
+/// timeout.
+async fn process_instances(engine: Engine) {
+    let api = serve(&engine).await;
+    for id in 0..5 {
+        engine.publish(Remind { id }).await.unwrap();
+    }
+    let (_, names) = api.get("/api/processes").await;
+    assert_eq!(names["processes"], json!(["reminders"]));
+    let mut seen = std::collections::BTreeSet::new();
+    let mut path = "/api/processes/reminders/instances?limit=2".to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, page) = api.get(&path).await;
+        assert_eq!(status, 200, "{page}");
+        for instance in page["instances"].as_array().unwrap() {
+            seen.insert(instance["id"].as_str().unwrap().to_owned());
+        }
+        match page["next"].as_str() {
+            Some(next) => {
+                path = format!("/api/processes/reminders/instances?limit=2&cursor={next}")
+            }
+            None if seen.len() == 5 => break,
+            None => {
+                // Not all handled yet: list again from the start.
+                assert!(tokio::time::Instant::now() < deadline, "{seen:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                seen.clear();
+                path = "/api/processes/reminders/instances?limit=2".to_owned();
+            }
+        }
+    }
+    let some = seen.first().unwrap();
+    let (status, body) = api
+        .get(&format!("/api/processes/reminders/instances/{some}"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["instance"]["id"], json!(some));
+    let timeouts = body["timeouts"].as_array().unwrap();
+    assert_eq!(timeouts.len(), 1, "{body}");
+    assert_eq!(timeouts[0]["instance"], json!(some));
+    assert!(
+        timeouts[0]["message_type"]
+            .as_str()
+            .unwrap()
+            .contains("Nudge"),
+        "{body}"
+    );
+    let (status, body) = api.get("/api/processes/nope/instances").await;
+    assert_eq!((status, body["code"].as_str()), (404, Some("not_found")));
+    let (status, _) = api.get("/api/processes/reminders/instances/nope").await;
+    assert_eq!(status, 404);
+    engine.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory() {
+    process_instances(engine(None).await).await;
     access(engine(None).await).await;
     starting(engine(None).await).await;
     listing(engine(None).await).await;
@@ -449,4 +549,5 @@ async fn on_redis() {
     redis.flush();
     operator_actions(Some(&redis)).await;
     progress_events(engine(Some(&redis)).await).await;
+    process_instances(engine(Some(&redis)).await).await;
 }
