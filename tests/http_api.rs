@@ -411,7 +411,7 @@ async fn operator_actions(redis: Option<&TestRedis>) {
             json!({"saga": "gate", "step": "nope"}),
         )
         .await;
-    assert_eq!((status, &bulk["requeued"]), (200, &json!([])), "{bulk}");
+    assert_eq!((status, &bulk["done"]), (200, &json!([])), "{bulk}");
     assert_eq!(bulk["scanned"], json!(3));
     let (status, body) = api
         .post("/api/dead-letters/requeue", json!({"sgaa": "gate"}))
@@ -425,7 +425,7 @@ async fn operator_actions(redis: Option<&TestRedis>) {
             json!({"saga": "gate", "error_contains": "gate closed"}),
         )
         .await;
-    assert_eq!(bulk["requeued"].as_array().unwrap().len(), 3, "{bulk}");
+    assert_eq!(bulk["done"].as_array().unwrap().len(), 3, "{bulk}");
     assert_eq!(bulk["failed"], json!([]));
     for id in &gated {
         assert_eq!(

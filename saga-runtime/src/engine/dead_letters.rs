@@ -162,19 +162,48 @@ impl Engine {
     }
 
     /// Requeues every dead letter that `selection` picks (at most
-    /// `selection.max`), oldest last as listed: after a fix, the letters of
-    /// one saga, one step or one error go back at once. Each is requeued
-    /// as [`requeue`](Self::requeue) does; one that cannot be (truncated,
+    /// `selection.max`), newest first: after a fix, the letters of one
+    /// saga, one step or one error go back at once. Each is requeued as
+    /// [`requeue`](Self::requeue) does; one that cannot be (truncated,
     /// resolved, gone meanwhile) is reported in [`Bulk::failed`] and the
     /// rest go on.
     pub async fn requeue_where(&self, selection: DeadLetterSelection) -> Result<Bulk, Error> {
+        self.each_picked(&selection, |id| async move { self.requeue(&id).await })
+            .await
+    }
+
+    /// Discards every dead letter that `selection` picks (at most
+    /// `selection.max`), each as [`discard`](Self::discard) does: a purge
+    /// of what must not run again, audited on each parked task.
+    pub async fn discard_where(
+        &self,
+        selection: DeadLetterSelection,
+        intervention: Intervention,
+    ) -> Result<Bulk, Error> {
+        let intervention = &intervention;
+        self.each_picked(&selection, |id| async move {
+            self.discard(&id, intervention.clone()).await
+        })
+        .await
+    }
+
+    /// Runs `act` on every letter `selection` picks, page by page.
+    async fn each_picked<F, Fut>(
+        &self,
+        selection: &DeadLetterSelection,
+        act: F,
+    ) -> Result<Bulk, Error>
+    where
+        F: Fn(String) -> Fut,
+        Fut: std::future::Future<Output = Result<(), Error>>,
+    {
         let mut bulk = Bulk::default();
         let mut filter = DeadLetterFilter::new().limit(200);
         let max = selection.max.unwrap_or(DeadLetterSelection::DEFAULT_MAX);
         loop {
             let page = self.dead_letters(filter.clone()).await?;
             for letter in page.letters {
-                if bulk.requeued.len() + bulk.failed.len() >= max {
+                if bulk.done.len() + bulk.failed.len() >= max {
                     return Ok(bulk);
                 }
                 bulk.scanned += 1;
@@ -185,8 +214,8 @@ impl Engine {
                 if !selection.picks(&letter, task.as_ref()) {
                     continue;
                 }
-                match self.requeue(&letter.id).await {
-                    Ok(()) => bulk.requeued.push(letter.id),
+                match act(letter.id.clone()).await {
+                    Ok(()) => bulk.done.push(letter.id),
                     Err(error @ Error::Unavailable { .. }) => {
                         // The rest would fail alike: report how far it got.
                         bulk.failed.push((letter.id, error.to_string()));
@@ -210,8 +239,8 @@ impl Engine {
     }
 }
 
-/// Which dead letters [`Engine::requeue_where`] requeues: those matching
-/// every filter set.
+/// Which dead letters [`Engine::requeue_where`] requeues (or
+/// [`Engine::discard_where`] discards): those matching every filter set.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeadLetterSelection {
@@ -254,9 +283,9 @@ impl DeadLetterSelection {
 pub struct Bulk {
     /// The letters looked at.
     pub scanned: usize,
-    /// The letters requeued.
-    pub requeued: Vec<String>,
-    /// The letters picked but not requeued, with why. An unreachable
+    /// The letters requeued (or discarded).
+    pub done: Vec<String>,
+    /// The letters picked but not acted on, with why. An unreachable
     /// backend ends the run at the first such letter.
     pub failed: Vec<(String, String)>,
 }

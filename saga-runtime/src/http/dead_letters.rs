@@ -100,7 +100,7 @@ pub(super) async fn requeue_where(
     let bulk = state.engine.requeue_where(selection).await?;
     tracing::info!(
         by,
-        requeued = bulk.requeued.len(),
+        requeued = bulk.done.len(),
         failed = bulk.failed.len(),
         "bulk requeue through the HTTP API"
     );

@@ -1,0 +1,168 @@
+//! `sagactl` against a private redis-server that an engine wrote to:
+//! list, show, resolve, requeue (one and by filter), purge.
+
+#[path = "../../tests/common/redis_server.rs"]
+mod redis_server;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use redis_server::TestRedis;
+use saga_runtime::prelude::*;
+use saga_runtime::DeadLetterFilter;
+
+/// Its compensation fails: ends `CompensationFailed`.
+struct Stuck;
+
+#[saga(name = "stuck")]
+impl Stuck {
+    #[saga_step(1)]
+    #[compensation_retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0)]
+    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(reserve)]
+    async fn release(&self, _n: u32) -> Result<(), StepError> {
+        Err(StepError::permanent("the warehouse API refuses"))
+    }
+
+    #[saga_step(2)]
+    async fn charge(&self, _n: u32) -> Result<u32, StepError> {
+        Err(StepError::permanent("card declined"))
+    }
+}
+
+/// Dead-letters its task while the gate is closed.
+struct Gate {
+    open: Arc<AtomicBool>,
+}
+
+#[saga(name = "gate")]
+impl Gate {
+    #[saga_step(1)]
+    #[retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0, on_exhausted = dead_letter)]
+    async fn pass(&self, n: u32) -> Result<u32, StepError> {
+        match self.open.load(Ordering::SeqCst) {
+            true => Ok(n),
+            false => Err(StepError::permanent("gate closed")),
+        }
+    }
+}
+
+/// Runs `sagactl` on `redis`: (success, stdout, stderr).
+fn sagactl(redis: &TestRedis, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sagactl"))
+        .arg("--redis")
+        .arg(redis.url())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_actions_from_the_command_line() {
+    let redis = TestRedis::start();
+    let open = Arc::new(AtomicBool::new(false));
+    let engine = Engine::builder()
+        .saga(Stuck)
+        .saga(Gate { open: open.clone() })
+        .backend(redis.backend().await)
+        .build()
+        .await
+        .unwrap();
+    let stuck = engine.start::<Stuck>(1).await.unwrap();
+    let gated = [
+        engine.start::<Gate>(1).await.unwrap(),
+        engine.start::<Gate>(2).await.unwrap(),
+    ];
+    for id in gated.iter().chain([&stuck]) {
+        engine.wait(*id).await.unwrap();
+    }
+
+    let (ok, out, err) = sagactl(
+        &redis,
+        &["list", "--saga", "stuck", "--status", "CompensationFailed"],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains(&stuck.to_string()), "{out}");
+    let (ok, _, err) = sagactl(&redis, &["list", "--saga", "stuck", "--status", "Stuk"]);
+    assert!(!ok);
+    assert!(err.contains("CompensationFailed"), "the valid names: {err}");
+
+    let (ok, out, _) = sagactl(&redis, &["show", &stuck.to_string()]);
+    assert!(ok);
+    assert!(out.contains("timeline"), "{out}");
+    assert!(out.contains("the warehouse API refuses"), "{out}");
+
+    let resolve = [
+        "resolve",
+        &stuck.to_string(),
+        "--by",
+        "ana",
+        "--note",
+        "released by hand",
+    ];
+    let (ok, out, err) = sagactl(&redis, &resolve);
+    assert!(ok, "{err}");
+    assert!(out.contains("Resolved"), "{out}");
+    assert_eq!(
+        engine.task(stuck).await.unwrap().unwrap().status,
+        TaskStatus::Resolved
+    );
+    let (ok, _, err) = sagactl(&redis, &resolve);
+    assert!(!ok, "a resolved task is not resolved twice");
+    assert!(err.contains("Resolved"), "{err}");
+
+    let (ok, out, _) = sagactl(&redis, &["--json", "dead-letters"]);
+    assert!(ok);
+    let letters: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(letters["letters"].as_array().unwrap().len(), 2, "{out}");
+
+    let (ok, _, err) = sagactl(&redis, &["requeue"]);
+    assert!(!ok);
+    assert!(err.contains("--saga"), "{err}");
+    open.store(true, Ordering::SeqCst);
+    let one = letters["letters"][0]["id"].as_str().unwrap();
+    let (ok, _, err) = sagactl(&redis, &["requeue", one]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = sagactl(&redis, &["requeue", "--saga", "gate"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("requeued 1 of 1"), "{out}");
+    for id in gated {
+        assert_eq!(engine.wait(id).await.unwrap().status, TaskStatus::Completed);
+    }
+
+    // Purge needs filters and a confirmation.
+    open.store(false, Ordering::SeqCst);
+    let parked = engine.start::<Gate>(3).await.unwrap();
+    engine.wait(parked).await.unwrap();
+    let purge = [
+        "purge",
+        "--saga",
+        "gate",
+        "--by",
+        "ana",
+        "--note",
+        "withdrawn",
+    ];
+    let (ok, _, err) = sagactl(&redis, &purge);
+    assert!(!ok);
+    assert!(err.contains("--yes"), "{err}");
+    let (ok, out, err) = sagactl(&redis, &[&purge[..], &["--yes"]].concat());
+    assert!(ok, "{err}");
+    assert!(out.starts_with("discarded 1"), "{out}");
+    let left = engine.dead_letters(DeadLetterFilter::new()).await.unwrap();
+    assert!(left.letters.is_empty(), "{left:?}");
+
+    let (ok, _, err) = sagactl(&redis, &["--partitions", "4", "dead-letters"]);
+    assert!(!ok, "another partition count is refused");
+    assert!(err.contains("partitions"), "{err}");
+    engine.shutdown().await;
+}
