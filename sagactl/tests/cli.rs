@@ -1,6 +1,8 @@
 //! `sagactl` against a private redis-server that an engine wrote to:
 //! list, show, resolve, requeue (one and by filter), purge.
 
+// The workspace's private redis-server helper; this test uses part of it.
+#[allow(dead_code)]
 #[path = "../../tests/common/redis_server.rs"]
 mod redis_server;
 
