@@ -470,6 +470,7 @@ async fn a_late_share_leaves_a_message_taken_over_by_another_consumer_alone() {
         failures: 0,
         key: Some("k".into()),
         key_field: None,
+        traceparent: None,
     };
     b.enqueue(&[WorkItem::Process(envelope)]).await.unwrap();
     let first = b

@@ -88,6 +88,7 @@ fn envelope(id: &str) -> Envelope {
         failures: 0,
         key: Some("i1".into()),
         key_field: None,
+        traceparent: None,
     }
 }
 

@@ -80,6 +80,7 @@ pub mod error;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod name;
+mod otel;
 pub mod policy;
 pub mod process;
 pub mod reconcile;

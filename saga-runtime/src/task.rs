@@ -404,8 +404,13 @@ pub struct TaskInstance {
     pub steps: Vec<StepRecord>,
     /// Every status change, attempt failure, compensation and operator action.
     pub audit_log: Vec<AuditEntry>,
-    /// Correlates this task's log lines and spans.
+    /// Correlates this task's log lines and spans: with the `otel`
+    /// feature, the OpenTelemetry trace id of the task's trace.
     pub trace_id: String,
+    /// The W3C `traceparent` of the span that started the task (feature
+    /// `otel`): every attempt's span is its child, on any engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
     /// When it was started.
     pub created_at: Timestamp,
     /// When it was last written.
@@ -471,6 +476,7 @@ impl TaskInstance {
                 .collect(),
             audit_log: Vec::new(),
             trace_id: Uuid::new_v4().simple().to_string(),
+            traceparent: None,
             created_at: now,
             updated_at: now,
             finished_at: None,

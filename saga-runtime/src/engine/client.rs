@@ -131,6 +131,7 @@ fn task_of(def: &SagaDefinition, id: TaskId, input: serde_json::Value) -> TaskIn
     task.id = id;
     task.saga_version = def.version;
     task.fingerprint = Some(def.fingerprint_hex());
+    crate::otel::begin_task(&mut task);
     task
 }
 

@@ -51,6 +51,7 @@ impl Engine {
                     None => (None, None),
                 };
                 WorkItem::Process(Envelope {
+                    traceparent: crate::otel::current(),
                     message_id: message_id.to_owned(),
                     process: (*process).to_owned(),
                     message_type: message_type.to_owned(),

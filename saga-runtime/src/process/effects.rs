@@ -158,6 +158,7 @@ pub(super) fn effects(
                     let (key, key_field) =
                         (env.routing_key)(subscriber, &out.message_type, &out.payload);
                     enqueue.push(Envelope {
+                        traceparent: crate::otel::current(),
                         message_id: message_id.clone(),
                         process: subscriber.to_owned(),
                         message_type: out.message_type.clone(),
@@ -187,6 +188,7 @@ pub(super) fn effects(
         .enumerate()
         .map(|(n, t)| {
             let envelope = Envelope {
+                traceparent: crate::otel::current(),
                 message_id: derived_id(&envelope.message_id, &instance.id, &format!("t{n}")),
                 process: process.to_owned(),
                 message_type: t.message_type.clone(),

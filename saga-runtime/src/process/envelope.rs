@@ -52,4 +52,8 @@ pub struct Envelope {
     /// absent when `key` is the instance id (the correlation id).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_field: Option<String>,
+    /// The W3C `traceparent` of the span that sent it (feature `otel`):
+    /// the handling continues that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }

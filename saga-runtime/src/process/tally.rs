@@ -263,6 +263,7 @@ pub(crate) fn completion_envelope(
 /// `instance_id` by a `#[timeout]` one.
 fn addressed(tally: &TallyRef, message_id: String, message_type: &str) -> Envelope {
     Envelope {
+        traceparent: crate::otel::current(),
         message_id,
         process: tally.process.clone(),
         message_type: message_type.to_owned(),

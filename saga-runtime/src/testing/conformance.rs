@@ -75,6 +75,7 @@ fn envelope(n: u32) -> Envelope {
         failures: 0,
         key: None,
         key_field: None,
+        traceparent: None,
     }
 }
 

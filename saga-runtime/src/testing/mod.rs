@@ -139,6 +139,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             M::TYPE
         );
         let envelope = Envelope {
+            traceparent: crate::otel::current(),
             message_id: message_id.to_owned(),
             process: def.name.to_owned(),
             message_type: M::TYPE.to_owned(),

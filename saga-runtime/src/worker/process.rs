@@ -175,6 +175,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         message_type = %envelope.message_type,
         message_id = %envelope.message_id,
     );
+    crate::otel::continue_trace(&span, envelope.traceparent.as_deref(), None);
     // Keep the message (and the pessimistic lease) alive while the handler
     // and its conflict re-runs take their time, so no other worker takes
     // the message over meanwhile.

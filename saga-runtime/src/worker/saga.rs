@@ -731,6 +731,7 @@ impl Run<'_> {
             trace_id = %task.trace_id,
             compensation = call.phase == Phase::Compensation,
         );
+        crate::otel::continue_trace(&span, task.traceparent.as_deref(), Some(&task.trace_id));
         let input = call.input(task);
         let invoke = async {
             match call.phase {
