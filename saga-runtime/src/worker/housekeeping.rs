@@ -4,6 +4,8 @@
 //! that left.
 //!
 //! One engine at a time does it, the one holding the `housekeeping` lease.
+//! Every engine samples the queue gauges on the same beat (feature
+//! `metrics`): one backend round trip, lease or not.
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
     let every = rt.settings.housekeeping_interval;
     let lease_ttl = every * 3;
     loop {
+        crate::metrics::sample_queue(rt.backend.as_ref()).await;
         tokio::select! {
             _ = rt.shutdown.cancelled() => break,
             _ = tokio::time::sleep(every) => {}
