@@ -324,6 +324,33 @@ mod tests {
         assert_eq!(b.state(), CircuitState::Closed { failures: 0 });
     }
 
+    #[cfg(feature = "metrics")]
+    #[tokio::test(start_paused = true)]
+    async fn state_changes_are_counted_by_saga_step_and_new_state() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        // A current-thread runtime: everything below records on this thread.
+        let _local = ::metrics::set_default_local_recorder(&recorder);
+        let b = CircuitBreaker::for_step(CircuitBreakerConfig::new(1, 1), "s", "step");
+        b.try_acquire().unwrap().failure();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        b.try_acquire().unwrap().failure(); // a failed probe
+        tokio::time::advance(Duration::from_secs(1)).await;
+        drop(b.try_acquire().unwrap()); // a probe that did not happen
+        b.try_acquire().unwrap().success();
+        b.try_acquire().unwrap().success(); // closed already
+        let text = recorder.handle().render();
+        let count = |to: &str| {
+            let series = format!(
+                "saga_circuit_breaker_transitions_total{{saga=\"s\",step=\"step\",to=\"{to}\"}} "
+            );
+            let line = text.lines().find(|l| l.starts_with(&series));
+            line.map(|l| l[series.len()..].to_owned())
+        };
+        assert_eq!(count("open").as_deref(), Some("2"), "{text}");
+        assert_eq!(count("half_open").as_deref(), Some("3"), "{text}");
+        assert_eq!(count("closed").as_deref(), Some("1"), "{text}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn success_resets_the_count_and_an_abandoned_probe_frees_its_slot() {
         let b = CircuitBreaker::new(CircuitBreakerConfig::new(2, 1));
