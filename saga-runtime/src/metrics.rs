@@ -45,8 +45,8 @@
 //! The two gauges describe the whole deployment's queue, not this process:
 //! every engine running workers samples them once per
 //! [`housekeeping_interval`](crate::EngineBuilder::housekeeping_interval)
-//! (default 30 s) with one backend round trip, so aggregate them with
-//! `max`, not `sum`. A backend that cannot tell (see
+//! (default 30 s; the first time one interval after it starts) with one
+//! backend round trip, so aggregate them with `max`, not `sum`. A backend that cannot tell (see
 //! [`WorkQueue::queue_stats`](crate::backend::WorkQueue::queue_stats))
 //! reports neither.
 //!

@@ -5,7 +5,8 @@
 //!
 //! One engine at a time does it, the one holding the `housekeeping` lease.
 //! Every engine samples the queue gauges on the same beat (feature
-//! `metrics`): one backend round trip, lease or not.
+//! `metrics`): one backend round trip, lease or not, from the first beat
+//! on (not at start: many engines starting at once need not all look).
 
 use std::sync::Arc;
 
@@ -17,11 +18,11 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
     let every = rt.settings.housekeeping_interval;
     let lease_ttl = every * 3;
     loop {
-        crate::metrics::sample_queue(rt.backend.as_ref()).await;
         tokio::select! {
             _ = rt.shutdown.cancelled() => break,
             _ = tokio::time::sleep(every) => {}
         }
+        crate::metrics::sample_queue(rt.backend.as_ref()).await;
         match rt
             .backend
             .named_lease("housekeeping", &token, lease_ttl)
