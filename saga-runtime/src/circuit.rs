@@ -22,6 +22,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::metrics::{self, BreakerState};
+
 /// `#[circuit_breaker(failure_threshold, duration_secs, scope, when_open)]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CircuitBreakerConfig {
@@ -102,11 +104,24 @@ enum State {
     HalfOpen { probing: bool },
 }
 
+impl State {
+    /// The state as the `to` label of a transition.
+    fn kind(&self) -> BreakerState {
+        match self {
+            State::Closed { .. } => BreakerState::Closed,
+            State::Open { .. } => BreakerState::Open,
+            State::HalfOpen { .. } => BreakerState::HalfOpen,
+        }
+    }
+}
+
 /// A circuit breaker (closed, open, half-open with a single probe).
 #[derive(Debug)]
 pub struct CircuitBreaker {
     config: CircuitBreakerConfig,
     state: Mutex<State>,
+    /// The saga and step it guards, for the transition metric.
+    step: Option<(&'static str, &'static str)>,
 }
 
 /// Returned when the circuit rejects a call.
@@ -134,6 +149,26 @@ impl CircuitBreaker {
         CircuitBreaker {
             config,
             state: Mutex::new(State::Closed { failures: 0 }),
+            step: None,
+        }
+    }
+
+    /// The breaker of step `step` of saga `saga`: its state changes are
+    /// counted (`saga_circuit_breaker_transitions_total`).
+    pub(crate) fn for_step(
+        config: CircuitBreakerConfig,
+        saga: &'static str,
+        step: &'static str,
+    ) -> Self {
+        CircuitBreaker {
+            step: Some((saga, step)),
+            ..CircuitBreaker::new(config)
+        }
+    }
+
+    fn changed(&self, to: BreakerState) {
+        if let Some((saga, step)) = self.step {
+            metrics::breaker_transition(saga, step, to);
         }
     }
 
@@ -161,6 +196,8 @@ impl CircuitBreaker {
             State::Closed { .. } => false,
             State::Open { until } if now >= until => {
                 *state = State::HalfOpen { probing: true };
+                drop(state);
+                self.changed(BreakerState::HalfOpen);
                 true
             }
             State::Open { until } => {
@@ -168,8 +205,11 @@ impl CircuitBreaker {
                     retry_after: until - now,
                 })
             }
+            // The previous probe did not happen after all: another one.
             State::HalfOpen { probing: false } => {
                 *state = State::HalfOpen { probing: true };
+                drop(state);
+                self.changed(BreakerState::HalfOpen);
                 true
             }
             // The probe's outcome is not known yet; it may take as long as
@@ -196,6 +236,7 @@ impl CircuitBreaker {
 
     fn record(&self, success: bool) {
         let mut state = self.lock();
+        let before = state.kind();
         *state = match (&*state, success) {
             (_, true) => State::Closed { failures: 0 },
             (State::Closed { failures }, false) if failures + 1 < self.config.failure_threshold => {
@@ -209,6 +250,11 @@ impl CircuitBreaker {
                 until: Instant::now() + self.config.duration,
             },
         };
+        let after = state.kind();
+        drop(state);
+        if after != before {
+            self.changed(after);
+        }
     }
 }
 
@@ -276,6 +322,33 @@ mod tests {
         tokio::time::advance(Duration::from_secs(30)).await;
         b.try_acquire().unwrap().success();
         assert_eq!(b.state(), CircuitState::Closed { failures: 0 });
+    }
+
+    #[cfg(feature = "metrics")]
+    #[tokio::test(start_paused = true)]
+    async fn state_changes_are_counted_by_saga_step_and_new_state() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        // A current-thread runtime: everything below records on this thread.
+        let _local = ::metrics::set_default_local_recorder(&recorder);
+        let b = CircuitBreaker::for_step(CircuitBreakerConfig::new(1, 1), "s", "step");
+        b.try_acquire().unwrap().failure();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        b.try_acquire().unwrap().failure(); // a failed probe
+        tokio::time::advance(Duration::from_secs(1)).await;
+        drop(b.try_acquire().unwrap()); // a probe that did not happen
+        b.try_acquire().unwrap().success();
+        b.try_acquire().unwrap().success(); // closed already
+        let text = recorder.handle().render();
+        let count = |to: &str| {
+            let series = format!(
+                "saga_circuit_breaker_transitions_total{{saga=\"s\",step=\"step\",to=\"{to}\"}} "
+            );
+            let line = text.lines().find(|l| l.starts_with(&series));
+            line.map(|l| l[series.len()..].to_owned())
+        };
+        assert_eq!(count("open").as_deref(), Some("2"), "{text}");
+        assert_eq!(count("half_open").as_deref(), Some("3"), "{text}");
+        assert_eq!(count("closed").as_deref(), Some("1"), "{text}");
     }
 
     #[tokio::test(start_paused = true)]

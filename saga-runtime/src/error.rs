@@ -276,6 +276,12 @@ pub enum Error {
     /// The engine was built with settings that cannot work.
     #[error("invalid engine configuration: {0}")]
     Config(String),
+    /// `metrics::install` could not install its recorder: another global
+    /// `metrics` recorder is installed already.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    #[error("installing the Prometheus metrics recorder failed: {0}")]
+    MetricsRecorder(String),
     /// The backend stayed unreachable through every retry of the client
     /// retry policy (`EngineBuilder::client_retry`).
     #[error("`{operation}` failed after {attempts} attempts: {source}")]

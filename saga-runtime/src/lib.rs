@@ -60,7 +60,9 @@
 //!   [`endpoint`]: the messages they send to other services, and
 //!   [`Engine::consumer`] to receive them; [`testing`]: `ProcessTest` and,
 //!   with the `conformance` feature, the backend conformance suite;
-//! - `http` (feature `http`): axum routes to inspect and cancel tasks.
+//! - `http` (feature `http`): axum routes to inspect and cancel tasks;
+//! - `metrics` (feature `metrics`): Prometheus metrics, and with `http` the
+//!   `GET /metrics` route.
 //!
 //! Users depend on this crate (it re-exports the macros), on `serde` (step
 //! types derive `Serialize`/`Deserialize`) and on `tokio`;
@@ -79,6 +81,11 @@ pub mod error;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 mod name;
 mod otel;
 pub mod policy;

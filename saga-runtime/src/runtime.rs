@@ -190,7 +190,7 @@ impl Runtime {
         Some(
             breakers
                 .entry((saga, step.name))
-                .or_insert_with(|| Arc::new(CircuitBreaker::new(config)))
+                .or_insert_with(|| Arc::new(CircuitBreaker::for_step(config, saga, step.name)))
                 .clone(),
         )
     }

@@ -18,11 +18,11 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{
-    truncate_payload, BackendError, BreakerDecision, Breakers, Created, DeadLetter,
+    truncate_payload, BackendError, BreakerChange, BreakerDecision, Breakers, Created, DeadLetter,
     DeadLetterQuery, Delivery, EndpointDelivery, Endpoints, Heartbeat, Housekeeping, Housekept,
     Interest, Lease, Leases, Locked, NextAttempt, Page, ProcessCommit, ProcessInstance,
-    ProcessStore, QueueMessage, Retention, Settle, Tallies, TaskCommit, TaskQuery, TaskStore,
-    WorkItem, WorkQueue,
+    ProcessStore, QueueMessage, QueueStats, Retention, Settle, Tallies, TaskCommit, TaskQuery,
+    TaskStore, WorkItem, WorkQueue,
 };
 use crate::process::tally::{TallyProgress, COMPLETED_TALLY_KEEP};
 use crate::process::{Envelope, TallyCheck, TallyRef};
@@ -193,6 +193,12 @@ struct Message {
     raw: Vec<u8>,
     /// Deliveries not answered so far.
     deliveries: u32,
+    /// A process-manager message (else a saga message, or an entry that
+    /// decodes as nothing): for [`WorkQueue::queue_stats`].
+    process: bool,
+    /// When it was (or, delayed, will be) put on the queue; a hand-back
+    /// puts it on again.
+    since: Instant,
 }
 
 impl Default for MemoryBackend {
@@ -294,6 +300,7 @@ impl MemoryBackend {
                 if answered {
                     m.deliveries = m.deliveries.saturating_sub(1);
                 }
+                m.since = later(delay);
                 if delay.is_zero() {
                     state.ready.push_back(m);
                 } else {
@@ -314,12 +321,14 @@ fn later(d: Duration) -> Instant {
 }
 
 impl State {
-    fn push(&mut self, raw: Vec<u8>, deliveries: u32, delay: Duration) {
+    fn push(&mut self, raw: Vec<u8>, deliveries: u32, delay: Duration, process: bool) {
         self.next_id += 1;
         let message = Message {
             id: format!("m-{}", self.next_id),
             raw,
             deliveries,
+            process,
+            since: later(delay),
         };
         if delay.is_zero() {
             self.ready.push_back(message);
@@ -329,7 +338,14 @@ impl State {
     }
 
     fn push_item(&mut self, item: &WorkItem, delay: Duration) {
-        self.push(item.encode().into_bytes(), 0, delay);
+        let process = matches!(item, WorkItem::Process(_));
+        self.push(item.encode().into_bytes(), 0, delay, process);
+    }
+
+    /// Puts an entry on the queue as it is.
+    fn push_raw(&mut self, raw: Vec<u8>) {
+        let process = matches!(WorkItem::decode(&raw), Ok(WorkItem::Process(_)));
+        self.push(raw, 0, Duration::ZERO, process);
     }
 
     fn check_write(&self, task: &TaskInstance, lease: &Lease) -> Result<(), BackendError> {
@@ -737,7 +753,7 @@ impl WorkQueue for MemoryBackend {
     }
 
     async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError> {
-        self.state().push(payload.to_vec(), 0, Duration::ZERO);
+        self.state().push_raw(payload.to_vec());
         self.queue_changed();
         Ok(())
     }
@@ -855,7 +871,7 @@ impl WorkQueue for MemoryBackend {
             let index = state.dead.iter().position(|d| d.id == id);
             let letter = index.and_then(|i| state.dead.remove(i));
             if let Some(letter) = &letter {
-                state.push(letter.payload.clone().into_bytes(), 0, Duration::ZERO);
+                state.push_raw(letter.payload.clone().into_bytes());
             }
             letter
         };
@@ -868,6 +884,28 @@ impl WorkQueue for MemoryBackend {
         let before = state.dead.len();
         state.dead.retain(|d| d.id != id);
         Ok(state.dead.len() < before)
+    }
+
+    async fn queue_stats(&self) -> Result<Option<QueueStats>, BackendError> {
+        let state = self.state();
+        let now = Instant::now();
+        let mut stats = QueueStats::default();
+        let due = state
+            .delayed
+            .iter()
+            .filter(|(at, _)| *at <= now)
+            .map(|(_, m)| m);
+        let queued = state.ready.iter().chain(due);
+        for m in queued.chain(state.in_flight.values().map(|(m, _)| m)) {
+            let backlog = match m.process {
+                true => &mut stats.processes,
+                false => &mut stats.sagas,
+            };
+            backlog.depth += 1;
+            let age = now.saturating_duration_since(m.since);
+            backlog.oldest = backlog.oldest.max(Some(age));
+        }
+        Ok(Some(stats))
     }
 }
 
@@ -1393,43 +1431,48 @@ impl Breakers for MemoryBackend {
         failed: Option<bool>,
         threshold: u32,
         open_for: Duration,
-    ) -> Result<(), BackendError> {
+    ) -> Result<Option<BreakerChange>, BackendError> {
         let mut state = self.state();
         let breaker = state.breakers.entry(name.to_owned()).or_default();
         let now = Instant::now();
         if probe.is_some_and(|token| token != breaker.probe_token || breaker.probe_until.is_none())
         {
-            return Ok(());
+            return Ok(None);
         }
         let probe = probe.is_some();
         let Some(failed) = failed else {
             if probe {
                 breaker.probe_until = None;
             }
-            return Ok(());
+            return Ok(None);
         };
-        match (failed, probe) {
-            (false, true) => *breaker = SharedBreaker::default(),
-            (false, false) => breaker.failures = 0,
+        let opened = SharedBreaker {
+            open_until: Some(now + open_for),
+            ..SharedBreaker::default()
+        };
+        Ok(match (failed, probe) {
+            (false, true) => {
+                *breaker = SharedBreaker::default();
+                Some(BreakerChange::Closed)
+            }
+            (false, false) => {
+                breaker.failures = 0;
+                None
+            }
             (true, true) => {
-                *breaker = SharedBreaker {
-                    open_until: Some(now + open_for),
-                    ..SharedBreaker::default()
-                }
+                *breaker = opened;
+                Some(BreakerChange::Opened)
             }
             // A call admitted before the breaker opened changes nothing.
-            (true, false) if breaker.open_until.is_some() => {}
+            (true, false) if breaker.open_until.is_some() => None,
             (true, false) => {
                 breaker.failures += 1;
-                if breaker.failures >= threshold {
-                    *breaker = SharedBreaker {
-                        open_until: Some(now + open_for),
-                        ..SharedBreaker::default()
-                    };
-                }
+                (breaker.failures >= threshold).then(|| {
+                    *breaker = opened;
+                    BreakerChange::Opened
+                })
             }
-        }
-        Ok(())
+        })
     }
 }
 

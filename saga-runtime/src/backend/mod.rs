@@ -884,6 +884,28 @@ impl Interest {
     }
 }
 
+/// The backlog of the work queue ([`WorkQueue::queue_stats`]), by kind of
+/// message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Saga task messages (and entries that decode as nothing).
+    pub sagas: QueueBacklog,
+    /// Process-manager messages and timeouts.
+    pub processes: QueueBacklog,
+}
+
+/// The backlog of one kind of message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueBacklog {
+    /// Messages on the queue and not yet settled: waiting to be taken, or
+    /// taken and being worked on. Delayed messages (retry backoffs,
+    /// timeouts) count once they are due and on the queue.
+    pub depth: u64,
+    /// How long the oldest of them has been on the queue (since it was
+    /// enqueued, or last handed back); `None` when there are none.
+    pub oldest: Option<Duration>,
+}
+
 /// The work queue: [`WorkItem`]s delivered to workers, redelivered when not
 /// settled within the visibility timeout, delayed, or dead-lettered.
 #[async_trait]
@@ -997,6 +1019,14 @@ pub trait WorkQueue: Send + Sync + 'static {
 
     /// Removes a parked message for good; whether it was there.
     async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError>;
+
+    /// The queue's backlog, for the `saga_queue_*` metrics: every engine
+    /// running workers asks once per housekeeping interval, so it must be
+    /// cheap (one round trip, no scan of the messages). `None`, the
+    /// default: this backend cannot tell.
+    async fn queue_stats(&self) -> Result<Option<QueueStats>, BackendError> {
+        Ok(None)
+    }
 }
 
 /// Process-manager instances, their correlation index and timeouts.
@@ -1234,6 +1264,16 @@ pub enum BreakerDecision {
     },
 }
 
+/// How a report changed a shared circuit breaker
+/// ([`Breakers::breaker_report`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerChange {
+    /// It opened: the threshold was reached, or the probe failed.
+    Opened,
+    /// It closed: the probe succeeded.
+    Closed,
+}
+
 /// Circuit breakers shared by every engine on the backend
 /// (`#[circuit_breaker(scope = shared)]`): closed, open until a time, then
 /// half-open with one probe at a time across the deployment.
@@ -1259,6 +1299,8 @@ pub trait Breakers: Send + Sync + 'static {
     /// `probe` is the token of the probe this call was; a probe whose slot
     /// expired and was given to another is ignored, so that a late report
     /// cannot close or reopen the breaker under the current probe.
+    ///
+    /// Returns the change this report made, if any (for metrics).
     async fn breaker_report(
         &self,
         name: &str,
@@ -1266,7 +1308,7 @@ pub trait Breakers: Send + Sync + 'static {
         failed: Option<bool>,
         threshold: u32,
         open_for: Duration,
-    ) -> Result<(), BackendError>;
+    ) -> Result<Option<BreakerChange>, BackendError>;
 }
 
 impl ProcessInstance {

@@ -221,7 +221,12 @@ impl Consumer {
                 }
             };
             match self.settle(&delivery, dead.as_deref()).await {
-                Ok(()) => settled = true,
+                Ok(()) => {
+                    settled = true;
+                    if dead.is_some() {
+                        crate::metrics::dead_lettered(crate::metrics::DeadLetterKind::Endpoint);
+                    }
+                }
                 // Not settled: it comes back after the visibility timeout.
                 Err(error) => {
                     tracing::warn!(endpoint = %self.endpoint, message = %delivery.id, %error, "could not settle a message")

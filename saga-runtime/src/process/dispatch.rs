@@ -570,9 +570,7 @@ pub(crate) async fn dispatch(
             // entry) first: re-run on the fresh state.
             Err(e) if is_conflict(&e) => {
                 if let Some(metrics) = env.metrics {
-                    metrics
-                        .conflicts
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    metrics.count_conflict(pm.definition().name);
                 }
                 tracing::debug!(process, instance = %instance.id, "concurrent write; re-running the handler");
                 continue;

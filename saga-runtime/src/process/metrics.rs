@@ -1,4 +1,6 @@
-//! Counters of process-manager outcomes, per engine since it started.
+//! Counters of process-manager outcomes, per engine since it started
+//! (with the `metrics` feature, mirrored as Prometheus metrics: see
+//! `crate::metrics`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,20 +35,39 @@ pub struct ProcessMetrics {
 }
 
 impl ProcessMetrics {
-    pub(crate) fn count(&self, outcome: &Dispatched) {
-        let counter = match outcome {
-            Dispatched::Handled { .. } => &self.handled,
-            Dispatched::Duplicate { .. } => &self.duplicates,
-            Dispatched::Ignored { .. } => &self.ignored,
-            Dispatched::Unmatched { .. } => &self.unmatched,
-            Dispatched::Failed { .. } => &self.failed,
-            Dispatched::DeadLettered { .. } => &self.dead_lettered,
-            Dispatched::FannedOut { .. } => &self.fanned_out,
+    /// Counts a message's outcome, here and (feature `metrics`) as
+    /// `saga_process_messages_total`.
+    pub(crate) fn count(&self, process: &'static str, outcome: &Dispatched) {
+        let (counter, label) = match outcome {
+            Dispatched::Handled { .. } => (&self.handled, "handled"),
+            Dispatched::Duplicate { .. } => (&self.duplicates, "duplicate"),
+            Dispatched::Ignored { .. } => (&self.ignored, "ignored"),
+            Dispatched::Unmatched { .. } => (&self.unmatched, "unmatched"),
+            Dispatched::Failed { .. } => (&self.failed, "failed"),
+            Dispatched::DeadLettered { .. } => (&self.dead_lettered, "dead_lettered"),
+            Dispatched::FannedOut { .. } => (&self.fanned_out, "fanned_out"),
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::process_message(process, label);
     }
 
-    pub(crate) fn count_dead_lettered(&self) {
+    /// Counts a message dead-lettered before dispatch (a poison message,
+    /// one for a process manager no engine runs).
+    pub(crate) fn count_dead_lettered(&self, process: &'static str) {
         self.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::process_message(process, "dead_lettered");
+    }
+
+    /// Counts a handler run lost to a concurrent write.
+    pub(crate) fn count_conflict(&self, process: &'static str) {
+        self.conflicts.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::process_conflict(process);
+    }
+
+    /// Counts a message handled in another's write (its outcome is
+    /// counted apart).
+    pub(crate) fn count_batched(&self, process: &'static str) {
+        self.batched.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::process_batched(process);
     }
 }

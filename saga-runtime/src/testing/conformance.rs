@@ -26,9 +26,10 @@ use futures::StreamExt;
 use serde_json::json;
 
 use crate::backend::{
-    Backend, BackendError, BreakerDecision, Created, DeadLetterQuery, Delivery, InstanceStatus,
-    Interest, Lease, Next, NextAttempt, ProcessCommit, ProcessInstance, QueueMessage, Retention,
-    Settle, TakenLease, TallyOpen, TaskCommit, TaskCursor, TaskQuery, WorkItem,
+    Backend, BackendError, BreakerChange, BreakerDecision, Created, DeadLetterQuery, Delivery,
+    InstanceStatus, Interest, Lease, Next, NextAttempt, ProcessCommit, ProcessInstance,
+    QueueMessage, QueueStats, Retention, Settle, TakenLease, TallyOpen, TaskCommit, TaskCursor,
+    TaskQuery, WorkItem,
 };
 use crate::process::tally::TallyProgress;
 use crate::process::{Envelope, EnvelopeKind, TallyCheck, TallyRef};
@@ -790,6 +791,53 @@ pub async fn workers_take_only_what_they_run(b: Arc<dyn Backend>) {
     nothing_for(&*b, "x", Duration::from_millis(200)).await;
 }
 
+/// The queue's backlog, if the backend tells ([`WorkQueue::queue_stats`]
+/// may answer `None`): messages not settled, waiting or in flight, by
+/// kind, and the age of the oldest; settled messages and delayed ones not
+/// yet due do not count.
+///
+/// [`WorkQueue::queue_stats`]: crate::backend::WorkQueue::queue_stats
+pub async fn queue_stats_count_what_is_not_settled(b: Arc<dyn Backend>) {
+    let Some(empty) = b.queue_stats().await.unwrap() else {
+        return;
+    };
+    assert_eq!(empty, QueueStats::default(), "an empty queue");
+    let (one, two) = (task("s"), task("s"));
+    create(&*b, &one).await;
+    create(&*b, &two).await;
+    b.enqueue(&[WorkItem::Process(envelope(1))]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let depth = |s: QueueStats| (s.sagas.depth, s.processes.depth);
+    let stats = b.queue_stats().await.unwrap().unwrap();
+    assert_eq!(depth(stats), (2, 1));
+    for oldest in [stats.sagas.oldest, stats.processes.oldest] {
+        let oldest = oldest.expect("an age");
+        assert!(
+            oldest >= Duration::from_millis(40) && oldest < Duration::from_secs(10),
+            "{oldest:?}"
+        );
+    }
+
+    let total = |s: QueueStats| s.sagas.depth + s.processes.depth;
+    let taken = receive(&*b, "c").await;
+    let stats = b.queue_stats().await.unwrap().unwrap();
+    assert_eq!(total(stats), 3, "a message being worked on counts");
+    b.ack(&taken).await.unwrap();
+    let stats = b.queue_stats().await.unwrap().unwrap();
+    assert_eq!(total(stats), 2, "a settled one does not");
+    let taken = receive(&*b, "c").await;
+    b.release(&taken, Duration::from_secs(60)).await.unwrap();
+    let stats = b.queue_stats().await.unwrap().unwrap();
+    assert_eq!(total(stats), 1, "nor one delayed and not due yet");
+    let taken = receive(&*b, "c").await;
+    b.ack(&taken).await.unwrap();
+    assert_eq!(
+        b.queue_stats().await.unwrap().unwrap(),
+        QueueStats::default(),
+        "nothing left"
+    );
+}
+
 /// Dead letters: parked, paged newest first, found by id, requeued; huge
 /// payloads keep a prefix.
 pub async fn dead_lettering_paging_and_requeue(b: Arc<dyn Backend>) {
@@ -1259,21 +1307,25 @@ pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
         b.breaker_report("s:step", probe, Some(failed), 3, OPEN)
     };
     assert_eq!(acquire("t0").await.unwrap(), call(false, false));
-    report(None, true).await.unwrap();
+    assert_eq!(report(None, true).await.unwrap(), None, "one failure");
     assert_eq!(
         acquire("t0").await.unwrap(),
         call(false, true),
         "a failure is being counted: a success must report"
     );
-    report(None, false).await.unwrap();
+    assert_eq!(report(None, false).await.unwrap(), None, "still closed");
     assert_eq!(
         acquire("t0").await.unwrap(),
         call(false, false),
         "the success reset the count"
     );
-    report(None, true).await.unwrap();
-    report(None, true).await.unwrap();
-    report(None, true).await.unwrap();
+    assert_eq!(report(None, true).await.unwrap(), None);
+    assert_eq!(report(None, true).await.unwrap(), None);
+    assert_eq!(
+        report(None, true).await.unwrap(),
+        Some(BreakerChange::Opened),
+        "the third failure in a row says it opened the breaker"
+    );
     match acquire("t0").await.unwrap() {
         BreakerDecision::Open { retry_after } => assert!(
             retry_after <= OPEN && retry_after > OPEN / 2,
@@ -1293,7 +1345,11 @@ pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
         matches!(acquire("p2").await.unwrap(), BreakerDecision::Open { .. }),
         "one probe at a time"
     );
-    report(Some("p1"), true).await.unwrap();
+    assert_eq!(
+        report(Some("p1"), true).await.unwrap(),
+        Some(BreakerChange::Opened),
+        "a failed probe reopens"
+    );
     assert!(
         matches!(acquire("p2").await.unwrap(), BreakerDecision::Open { .. }),
         "a failed probe reopens"
@@ -1302,17 +1358,20 @@ pub async fn shared_breakers_open_probe_once_and_close(b: Arc<dyn Backend>) {
     tokio::time::sleep(OPEN + Duration::from_millis(50)).await;
     assert_eq!(acquire("p3").await.unwrap(), call(true, false));
     // A probe that did not happen frees its slot for the next caller.
-    b.breaker_report("s:step", Some("p3"), None, 3, OPEN)
-        .await
-        .unwrap();
+    let dropped = b.breaker_report("s:step", Some("p3"), None, 3, OPEN);
+    assert_eq!(dropped.await.unwrap(), None);
     assert_eq!(acquire("p4").await.unwrap(), call(true, false));
     // A stale probe's report (its slot went to p4) changes nothing.
-    report(Some("p3"), false).await.unwrap();
+    assert_eq!(report(Some("p3"), false).await.unwrap(), None);
     assert!(
         matches!(acquire("p5").await.unwrap(), BreakerDecision::Open { .. }),
         "p4 is still the probe: p3's late success did not close the breaker"
     );
-    report(Some("p4"), false).await.unwrap();
+    assert_eq!(
+        report(Some("p4"), false).await.unwrap(),
+        Some(BreakerChange::Closed),
+        "a successful probe closes"
+    );
     assert_eq!(
         acquire("t0").await.unwrap(),
         call(false, false),
@@ -1689,6 +1748,7 @@ macro_rules! backend_conformance {
             an_accepted_cancellation_refuses_guarded_commits,
             undecodable_entries_are_delivered_alone,
             workers_take_only_what_they_run,
+            queue_stats_count_what_is_not_settled,
             dead_lettering_paging_and_requeue,
             cancellation_flags_and_notifications,
             retention_removes_finished_tasks,

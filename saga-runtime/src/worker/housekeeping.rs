@@ -4,6 +4,9 @@
 //! that left.
 //!
 //! One engine at a time does it, the one holding the `housekeeping` lease.
+//! Every engine samples the queue gauges on the same beat (feature
+//! `metrics`): one backend round trip, lease or not, from the first beat
+//! on (not at start: many engines starting at once need not all look).
 
 use std::sync::Arc;
 
@@ -19,6 +22,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
             _ = rt.shutdown.cancelled() => break,
             _ = tokio::time::sleep(every) => {}
         }
+        crate::metrics::sample_queue(rt.backend.as_ref()).await;
         match rt
             .backend
             .named_lease("housekeeping", &token, lease_ttl)

@@ -29,6 +29,7 @@ pub(crate) use partitions::run as partitions;
 pub(crate) use timers::run as timers;
 
 use crate::backend::{Delivery, Interest, TakenLease, WorkItem};
+use crate::metrics::DeadLetterKind;
 use crate::runtime::Runtime;
 
 /// How long a worker with free slots (but more than half busy) waits for
@@ -233,7 +234,15 @@ fn another_version_delay(deliveries: u32) -> Duration {
 /// dead-lettered instead of looping.
 async fn panicked(rt: &Arc<Runtime>, delivery: &Delivery, what: &str) {
     if delivery.deliveries > rt.settings.max_deliveries {
-        rt.metrics.count_dead_lettered();
+        // Counted with the process managers' outcomes only if it is
+        // theirs (`ProcessMetrics` counted saga messages here too).
+        if let Ok(WorkItem::Process(envelope)) = &delivery.item {
+            let process = rt
+                .processes
+                .get_key_value(envelope.process.as_str())
+                .map_or(process::UNKNOWN, |(name, _)| *name);
+            rt.metrics.count_dead_lettered(process);
+        }
         let reason = format!(
             "handling the message panicked on each of its last deliveries ({} in all): {what}",
             delivery.deliveries - 1
@@ -280,8 +289,15 @@ async fn dead_letter(
     task: Option<crate::task::TaskId>,
 ) {
     tracing::error!(message = %delivery.id, %reason, "dead-lettering message");
-    if let Err(error) = rt.backend.dead_letter(delivery, &reason, task).await {
-        tracing::warn!(%error, "dead-lettering failed; the message will be redelivered");
+    match rt.backend.dead_letter(delivery, &reason, task).await {
+        Ok(()) => crate::metrics::dead_lettered(match &delivery.item {
+            Ok(WorkItem::Saga(_)) => DeadLetterKind::Saga,
+            Ok(WorkItem::Process(_)) => DeadLetterKind::Process,
+            Err(_) => DeadLetterKind::Undecodable,
+        }),
+        Err(error) => {
+            tracing::warn!(%error, "dead-lettering failed; the message will be redelivered")
+        }
     }
 }
 

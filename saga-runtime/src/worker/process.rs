@@ -4,16 +4,16 @@
 //! handler runs, and metrics.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tracing::Instrument;
 
 use super::instance_lock::{Cached, HeldLease, Locked};
 use crate::backend::{Backend, BackendError, Delivery};
+use crate::metrics::DeadLetterKind;
 use crate::process::{
-    dispatch, Concurrency, Correlation, DispatchEnv, Envelope, ErasedProcess, HandlerKind, Joined,
-    Joiners,
+    dispatch, Concurrency, Correlation, DispatchEnv, Dispatched, Envelope, EnvelopeKind,
+    ErasedProcess, ErrorAction, HandlerKind, Joined, Joiners,
 };
 use crate::runtime::Runtime;
 use crate::saga::state_machine::poison_reason;
@@ -24,8 +24,9 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     let Some(pm) = rt.processes.get(envelope.process.as_str()).cloned() else {
         return unknown(rt, delivery, envelope).await;
     };
+    let process = pm.definition().name;
     if delivery.deliveries > rt.settings.max_deliveries {
-        rt.metrics.count_dead_lettered();
+        rt.metrics.count_dead_lettered(process);
         let reason = poison_reason(delivery.deliveries - 1);
         return super::dead_letter(rt, delivery, reason, None).await;
     }
@@ -52,8 +53,8 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             match touching(rt, delivery, rt.instance_locks.lock_or_join(name, offer)).await {
                 Locked::Held(guard) => Some(guard),
                 Locked::Handled(outcome) => {
-                    rt.metrics.batched.fetch_add(1, Ordering::Relaxed);
-                    return rt.metrics.count(&outcome);
+                    rt.metrics.count_batched(process);
+                    return counted(rt, process, envelope, &outcome);
                 }
             }
         }
@@ -224,11 +225,34 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     }
     drop(local);
     match result {
-        Ok(outcome) => rt.metrics.count(&outcome),
+        Ok(outcome) => counted(rt, process, envelope, &outcome),
         Err(error) => {
             tracing::warn!(%error, "process message not recorded; it will be redelivered");
             super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
+    }
+}
+
+/// The `process` label of a message for a process manager this engine
+/// does not run (the name comes from the message: not a label).
+pub(super) const UNKNOWN: &str = "unknown";
+
+/// Counts a dispatched message's outcome: in the engine's
+/// `ProcessMetrics` and, with the `metrics` feature, as metrics (a
+/// timeout delivered, a message parked on the dead-letter queue).
+fn counted(rt: &Runtime, process: &'static str, envelope: &Envelope, outcome: &Dispatched) {
+    rt.metrics.count(process, outcome);
+    if envelope.kind == EnvelopeKind::Timeout {
+        crate::metrics::timeout_fired(process);
+    }
+    let parked = match outcome {
+        Dispatched::DeadLettered { .. } => true,
+        Dispatched::Unmatched { .. } => rt.settings.dead_letter_unmatched,
+        Dispatched::Failed { action, .. } => *action == ErrorAction::Stop,
+        _ => false,
+    };
+    if parked {
+        crate::metrics::dead_lettered(DeadLetterKind::Process);
     }
 }
 
@@ -277,7 +301,7 @@ async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
         }
         return;
     }
-    rt.metrics.count_dead_lettered();
+    rt.metrics.count_dead_lettered(UNKNOWN);
     let reason = format!(
         "{why}; no worker that runs it took the message in {} deliveries: requeue it once one is deployed",
         delivery.deliveries - 1

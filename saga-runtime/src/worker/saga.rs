@@ -22,14 +22,15 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::lease::{Heartbeat, LeaseGuard};
-use crate::backend::BreakerDecision;
 use crate::backend::{
     BackendError, Delivery, Lease, Locked, Next, NextAttempt, QueueMessage, Settle, TakenLease,
     TaskCommit,
 };
+use crate::backend::{BreakerChange, BreakerDecision};
 use crate::circuit::{BreakerScope, CircuitBreaker, CircuitBreakerConfig, CircuitOpen, WhenOpen};
 use crate::context::StepContext;
 use crate::error::{StepError, StepErrorKind};
+use crate::metrics::{self, BreakerState, DeadLetterKind};
 use crate::runtime::Runtime;
 use crate::saga::state_machine::{self as sm, Call, Effects, NextMove, Outcome, Phase, Plan};
 use crate::saga::{ErasedSaga, SagaDefinition, StepDefinition};
@@ -40,6 +41,8 @@ enum BreakerPermit<'b> {
     Local(crate::circuit::Permit<'b>),
     Shared {
         name: String,
+        /// The saga and step, for the transition metric.
+        step: (&'static str, &'static str),
         /// The probe's token, if this call is the half-open probe.
         probe: Option<String>,
         /// Whether failures were being counted when the call was let through.
@@ -68,6 +71,7 @@ impl BreakerPermit<'_> {
             (
                 BreakerPermit::Shared {
                     name,
+                    step: (saga, step),
                     probe,
                     counting,
                     config,
@@ -94,8 +98,19 @@ impl BreakerPermit<'_> {
                         config.duration,
                     )
                     .await;
-                if let Err(error) = reported {
-                    tracing::warn!(%error, breaker = %name, "recording a call in the shared circuit breaker failed");
+                match reported {
+                    Ok(Some(change)) => metrics::breaker_transition(
+                        saga,
+                        step,
+                        match change {
+                            BreakerChange::Opened => BreakerState::Open,
+                            BreakerChange::Closed => BreakerState::Closed,
+                        },
+                    ),
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, breaker = %name, "recording a call in the shared circuit breaker failed");
+                    }
                 }
             }
         }
@@ -405,6 +420,8 @@ pub(super) async fn park(
         })
         .await?;
     guard.disarm();
+    metrics::dead_lettered(DeadLetterKind::Saga);
+    metrics::task_parked(&task.saga);
     Ok(true)
 }
 
@@ -603,6 +620,12 @@ impl Run<'_> {
                 wrote: true,
             });
         }
+        let rec = &task.steps[call.idx];
+        let retry = match call.phase {
+            Phase::Step => attempt.number.saturating_sub(rec.retry_base) > 1,
+            Phase::Compensation => attempt.number.saturating_sub(rec.compensation_retry_base) > 1,
+        };
+        let watch = metrics::attempt_started(self.def.name, step.name, call.phase, retry);
         let outcome = match self.call(task, call, attempt.number).await {
             Ok(outcome) => outcome,
             Err(error) => {
@@ -610,6 +633,7 @@ impl Run<'_> {
                 return Err(error);
             }
         };
+        metrics::attempt_ended(self.def.name, step.name, call.phase, &outcome, watch);
         if let Some(permit) = permit {
             let failed = match &outcome {
                 Outcome::Succeeded(_) => Some(false),
@@ -674,8 +698,16 @@ impl Run<'_> {
                     .await
                 {
                     Ok(BreakerDecision::Call { probe, counting }) => {
+                        if probe {
+                            metrics::breaker_transition(
+                                self.def.name,
+                                step.name,
+                                BreakerState::HalfOpen,
+                            );
+                        }
                         Ok(Some(BreakerPermit::Shared {
                             name,
+                            step: (self.def.name, step.name),
                             probe: probe.then_some(token),
                             counting,
                             config,
@@ -904,7 +936,11 @@ impl Run<'_> {
             })
             .await?;
         task.audit_saved();
+        if dead_letter.is_some() {
+            metrics::dead_lettered(DeadLetterKind::Saga);
+        }
         if task.status.is_terminal() {
+            metrics::task_finished(self.def.name, task.status);
             tracing::info!(task_id = %task.id, saga = self.def.name, status = %task.status, "task finished");
         }
         Ok(())

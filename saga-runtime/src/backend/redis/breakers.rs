@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{ms, scripts as s, RedisBackend};
-use crate::backend::{BackendError, BreakerDecision, Breakers};
+use crate::backend::{BackendError, BreakerChange, BreakerDecision, Breakers};
 
 #[async_trait]
 impl Breakers for RedisBackend {
@@ -42,10 +42,10 @@ impl Breakers for RedisBackend {
         failed: Option<bool>,
         threshold: u32,
         open_for: Duration,
-    ) -> Result<(), BackendError> {
+    ) -> Result<Option<BreakerChange>, BackendError> {
         // Kept for a day past the break without calls, then forgotten.
         let keep = open_for + Duration::from_secs(24 * 60 * 60);
-        let _: i64 = self
+        let changed: i64 = self
             .run(
                 s::BREAKER_REPORT
                     .key(self.keys().breaker(name))
@@ -60,6 +60,10 @@ impl Breakers for RedisBackend {
                     .arg(ms(keep)),
             )
             .await?;
-        Ok(())
+        Ok(match changed {
+            1 => Some(BreakerChange::Opened),
+            2 => Some(BreakerChange::Closed),
+            _ => None,
+        })
     }
 }

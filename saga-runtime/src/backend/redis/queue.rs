@@ -15,7 +15,7 @@ use super::keys::PROCESS_PARTITIONS;
 use super::{ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Interest, Lease,
-    LoadedInstance, Locked, Page, TakenLease, TaskStore, WorkItem, WorkQueue,
+    LoadedInstance, Locked, Page, QueueStats, TakenLease, TaskStore, WorkItem, WorkQueue,
 };
 use crate::task::{TaskId, Timestamp};
 
@@ -702,5 +702,48 @@ impl WorkQueue for RedisBackend {
             .await
             .map_err(unavailable)?;
         Ok(removed > 0)
+    }
+
+    /// One pipelined round trip: the server's clock, then `XLEN` and the
+    /// first entry of every stream. Settled messages are deleted from
+    /// their stream, so its length is what waits or is being worked on,
+    /// and its first entry the oldest of those.
+    async fn queue_stats(&self) -> Result<Option<QueueStats>, BackendError> {
+        let k = self.keys();
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for p in 0..k.streams() {
+            pipe.cmd("XLEN").arg(k.queue(p));
+            pipe.cmd("XRANGE")
+                .arg(k.queue(p))
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(1);
+        }
+        let replies: Vec<Value> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let bad = || super::corrupt("unexpected reply to the queue statistics");
+        let (time, streams) = replies.split_first().ok_or_else(bad)?;
+        let (secs, micros): (u64, u64) = redis::from_redis_value_ref(time).map_err(|_| bad())?;
+        let now_ms = secs * 1000 + micros / 1000;
+        let mut stats = QueueStats::default();
+        for (p, reply) in (0..k.streams()).zip(streams.chunks(2)) {
+            let [len, first] = reply else {
+                return Err(bad());
+            };
+            let backlog = match k.is_process(p) {
+                true => &mut stats.processes,
+                false => &mut stats.sagas,
+            };
+            backlog.depth += redis::from_redis_value_ref::<u64>(len).map_err(|_| bad())?;
+            if let Some((id, _)) = entries(first).first() {
+                let age = Duration::from_millis(now_ms.saturating_sub(entry_order(id).0));
+                backlog.oldest = backlog.oldest.max(Some(age));
+            }
+        }
+        Ok(Some(stats))
     }
 }

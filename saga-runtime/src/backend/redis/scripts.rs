@@ -854,7 +854,8 @@ return {{1, 1, 0}}"
 /// the call did not happen), threshold, open ms, keep ms. Records a call's
 /// outcome (see `Breakers::breaker_report`); a probe whose slot has since
 /// gone to another is ignored; the state expires after `keep` without
-/// calls, so idle breakers go.
+/// calls, so idle breakers go. Returns 1 if this report opened the
+/// breaker, 2 if it closed it, 0 otherwise.
 pub static BREAKER_REPORT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}
@@ -868,21 +869,24 @@ if ARGV[2] == '-' then
   return 0
 end
 local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')
+local changed = 0
 if not failed then
-  if probe then redis.call('DEL', KEYS[1]) return 0 end
+  if probe then redis.call('DEL', KEYS[1]) return 2 end
   if open_until == 0 and redis.call('HEXISTS', KEYS[1], 'failures') == 1 then
     redis.call('HSET', KEYS[1], 'failures', 0)
   end
 elseif probe then
   redis.call('HSET', KEYS[1], 'open_until', now + tonumber(ARGV[4]), 'probe_until', 0, 'failures', 0)
+  changed = 1
 elseif open_until == 0 then
   local f = redis.call('HINCRBY', KEYS[1], 'failures', 1)
   if f >= tonumber(ARGV[3]) then
     redis.call('HSET', KEYS[1], 'open_until', now + tonumber(ARGV[4]), 'failures', 0)
+    changed = 1
   end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[5]) end
-return 0"
+return changed"
     ))
 });
 
