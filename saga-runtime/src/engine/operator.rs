@@ -55,6 +55,9 @@ impl Engine {
             })
             .await?;
         tracing::info!(task_id = %id, by = %intervention.by, "task resolved by hand");
+        if let Some(def) = self.sagas().into_iter().find(|d| d.name == task.saga) {
+            crate::metrics::task_finished(def.name, TaskStatus::Resolved);
+        }
         Ok(task)
     }
 

@@ -34,6 +34,7 @@
 //! | `GET /api/processes` | process-manager names |
 //! | `GET /api/processes/{name}/instances?cursor=&limit=` | a page of instances |
 //! | `GET /api/processes/{name}/instances/{id}` | one, with its pending timeouts |
+//! | `GET /metrics` | Prometheus exposition, with [`Api::metrics`] (feature `metrics`) |
 //!
 //! Errors are JSON everywhere: `{"error": "...", "code": "not_found"}`
 //! (`bad_request`, `unauthorized`, `read_only`, `conflict`,
@@ -66,6 +67,8 @@ use reply::ApiError;
 pub struct Api {
     engine: Engine,
     access: Access,
+    /// `GET /metrics`, when [`Api::metrics`] added it.
+    extra: Option<Router>,
 }
 
 /// What every handler sees.
@@ -82,6 +85,7 @@ impl Api {
         Api {
             engine,
             access: Access::ReadOnly,
+            extra: None,
         }
     }
 
@@ -108,6 +112,15 @@ impl Api {
         authorize: impl Fn(&HeaderMap) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         self.access = Access::Custom(Arc::new(authorize));
+        self
+    }
+
+    /// Serves the Prometheus exposition at `GET /metrics` (feature
+    /// `metrics`), from the handle [`crate::metrics::install`] returned.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
+        self.extra = Some(crate::metrics::route(handle));
         self
     }
 
@@ -158,7 +171,11 @@ impl Api {
             )
             .route("/console", get(console::page))
             .fallback(|| async { ApiError::not_found("No such route") });
-        legacy::routes(api, &self.engine).with_state(state)
+        let router = legacy::routes(api, &self.engine).with_state(state);
+        match self.extra {
+            Some(extra) => router.merge(extra),
+            None => router,
+        }
     }
 }
 
