@@ -879,6 +879,10 @@ impl WorkQueue for MemoryBackend {
         Ok(letter)
     }
 
+    async fn dead_letter_count(&self) -> Result<usize, BackendError> {
+        Ok(self.state().dead.len())
+    }
+
     async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError> {
         let mut state = self.state();
         let before = state.dead.len();

@@ -1020,6 +1020,25 @@ pub trait WorkQueue: Send + Sync + 'static {
     /// Removes a parked message for good; whether it was there.
     async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError>;
 
+    /// How many messages are parked. The default pages through
+    /// [`dead_letters`](Self::dead_letters); a backend that knows its
+    /// queue's length answers at once.
+    async fn dead_letter_count(&self) -> Result<usize, BackendError> {
+        let mut query = DeadLetterQuery {
+            after: None,
+            limit: 1000,
+        };
+        let mut count = 0;
+        loop {
+            let page = self.dead_letters(&query).await?;
+            count += page.items.len();
+            match page.next {
+                Some(next) => query.after = Some(next),
+                None => return Ok(count),
+            }
+        }
+    }
+
     /// The queue's backlog, for the `saga_queue_*` metrics: every engine
     /// running workers asks once per housekeeping interval, so it must be
     /// cheap (one round trip, no scan of the messages). `None`, the

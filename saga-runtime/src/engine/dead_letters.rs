@@ -64,6 +64,12 @@ impl Engine {
         })
     }
 
+    /// How many messages are parked on the dead-letter queue.
+    pub async fn dead_letter_count(&self) -> Result<usize, Error> {
+        self.retrying("dead_letter_count", || self.rt.backend.dead_letter_count())
+            .await
+    }
+
     /// One dead letter.
     pub async fn dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, Error> {
         self.retrying("dead_letter", || self.rt.backend.dead_letter_by_id(id))

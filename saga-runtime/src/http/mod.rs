@@ -57,7 +57,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
-use crate::engine::{DeadLetterFilter, Engine};
+use crate::engine::Engine;
 use access::Access;
 pub use access::Authorize;
 use reply::ApiError;
@@ -185,9 +185,6 @@ pub fn router(engine: Engine) -> Router {
     Api::new(engine).router()
 }
 
-/// How many dead letters the overview counts before it says "at least".
-const OVERVIEW_DEAD_LETTERS: usize = 1000;
-
 /// `GET /api/overview`.
 async fn overview(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
     let engine = &state.engine;
@@ -204,13 +201,9 @@ async fn overview(State(state): State<ApiState>) -> Result<Json<Value>, ApiError
             json!({ "saga": c.saga, "counts": by_status })
         })
         .collect();
-    let letters = engine
-        .dead_letters(DeadLetterFilter::new().limit(OVERVIEW_DEAD_LETTERS))
-        .await?;
     Ok(Json(json!({
         "sagas": counts,
-        "dead_letters": letters.letters.len(),
-        "dead_letters_more": letters.next.is_some(),
+        "dead_letters": engine.dead_letter_count().await?,
         "processes": engine.process_names(),
         "changes_allowed": state.access.allows_changes(),
     })))

@@ -691,6 +691,19 @@ impl WorkQueue for RedisBackend {
         })
     }
 
+    /// The dead streams' lengths, in one pipelined round trip.
+    async fn dead_letter_count(&self) -> Result<usize, BackendError> {
+        let mut pipe = redis::pipe();
+        for p in 0..self.keys().streams() {
+            pipe.cmd("XLEN").arg(self.keys().dead(p));
+        }
+        let lengths: Vec<usize> = pipe
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(lengths.iter().sum())
+    }
+
     async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError> {
         let Some((p, entry)) = self.keys().split_id(id) else {
             return Ok(false);
