@@ -324,6 +324,15 @@ async fn an_engine_records_prometheus_metrics_and_serves_them() {
         ),
         Some(1.0)
     );
+    // ... measured against when it was due.
+    assert_eq!(
+        value(
+            "saga_process_timeout_lateness_seconds_count",
+            &[("process", "metrics-doors")]
+        ),
+        Some(1.0)
+    );
+    assert!(text.contains("# TYPE saga_process_timeout_lateness_seconds histogram"));
     assert_eq!(
         value(
             "saga_process_conflicts_total",

@@ -471,6 +471,7 @@ async fn a_late_share_leaves_a_message_taken_over_by_another_consumer_alone() {
         key: Some("k".into()),
         key_field: None,
         traceparent: None,
+        due_ms: None,
     };
     b.enqueue(&[WorkItem::Process(envelope)]).await.unwrap();
     let first = b

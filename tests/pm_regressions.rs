@@ -89,6 +89,7 @@ fn envelope(id: &str) -> Envelope {
         key: Some("i1".into()),
         key_field: None,
         traceparent: None,
+        due_ms: None,
     }
 }
 

@@ -39,6 +39,7 @@
 //! | `saga_process_conflicts_total` | counter | `process` | Handler runs thrown away because another writer saved the instance first (each re-run counts). |
 //! | `saga_process_batched_total` | counter | `process` | Messages saved in the write of another message of their instance (counted as `handled` too). |
 //! | `saga_process_timeouts_fired_total` | counter | `process` | Timeouts delivered to their process manager (handled, or ignored because the instance ended). |
+//! | `saga_process_timeout_lateness_seconds` | histogram | `process` | How long after it was due each timeout was handled (timer polling, queueing, a backlog). |
 //! | `saga_queue_depth` | gauge | `queue` | Messages on the work queue not yet settled (waiting, or taken and being worked on), `queue` being `saga` or `process`. Delayed messages (retry backoffs, timeouts) count once they are due. |
 //! | `saga_queue_oldest_pending_age_seconds` | gauge | `queue` | How long the oldest of them has been on the queue (since it was enqueued or last handed back); 0 when there are none. |
 //!
@@ -98,6 +99,8 @@ pub const PROCESS_CONFLICTS: &str = "saga_process_conflicts_total";
 pub const PROCESS_BATCHED: &str = "saga_process_batched_total";
 /// Process-manager timeouts delivered (counter; `process`).
 pub const PROCESS_TIMEOUTS_FIRED: &str = "saga_process_timeouts_fired_total";
+/// How late each timeout was handled (histogram, seconds; `process`).
+pub const PROCESS_TIMEOUT_LATENESS: &str = "saga_process_timeout_lateness_seconds";
 /// Messages on the work queue not yet settled (gauge; `queue`).
 pub const QUEUE_DEPTH: &str = "saga_queue_depth";
 /// Age of the oldest of them (gauge, seconds; `queue`).
@@ -303,11 +306,20 @@ pub(crate) fn process_batched(process: &'static str) {
     ::metrics::counter!(PROCESS_BATCHED, "process" => process).increment(1);
 }
 
-/// A timeout was delivered to its process manager.
+/// A timeout was delivered to its process manager, `late` after it was
+/// due (unknown for timeouts scheduled by older versions).
 #[inline]
-pub(crate) fn timeout_fired(process: &'static str) {
+pub(crate) fn timeout_fired(process: &'static str, late: Option<std::time::Duration>) {
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(PROCESS_TIMEOUTS_FIRED, "process" => process).increment(1);
+    {
+        ::metrics::counter!(PROCESS_TIMEOUTS_FIRED, "process" => process).increment(1);
+        if let Some(late) = late {
+            ::metrics::histogram!(PROCESS_TIMEOUT_LATENESS, "process" => process)
+                .record(late.as_secs_f64());
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (process, late);
 }
 
 /// Samples the queue gauges from `backend` (one round trip); does nothing
@@ -370,6 +382,11 @@ pub fn describe() {
         PROCESS_TIMEOUTS_FIRED,
         "Process-manager timeouts delivered to their process manager."
     );
+    describe_histogram!(
+        PROCESS_TIMEOUT_LATENESS,
+        Unit::Seconds,
+        "How long after it was due each process-manager timeout was handled."
+    );
     describe_gauge!(
         QUEUE_DEPTH,
         "Messages on the work queue not yet settled (deployment-wide; aggregate with max)."
@@ -394,6 +411,12 @@ pub fn prometheus_builder() -> metrics_exporter_prometheus::PrometheusBuilder {
             Matcher::Full(STEP_DURATION.to_owned()),
             STEP_DURATION_BUCKETS,
         )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(PROCESS_TIMEOUT_LATENESS.to_owned()),
+                STEP_DURATION_BUCKETS,
+            )
+        })
         .expect("the buckets are not empty")
 }
 

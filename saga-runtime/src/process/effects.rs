@@ -159,6 +159,7 @@ pub(super) fn effects(
                         (env.routing_key)(subscriber, &out.message_type, &out.payload);
                     enqueue.push(Envelope {
                         traceparent: crate::otel::current(),
+                        due_ms: None,
                         message_id: message_id.clone(),
                         process: subscriber.to_owned(),
                         message_type: out.message_type.clone(),
@@ -189,6 +190,7 @@ pub(super) fn effects(
         .map(|(n, t)| {
             let envelope = Envelope {
                 traceparent: crate::otel::current(),
+                due_ms: Some(due(now_ms, t.delay)),
                 message_id: derived_id(&envelope.message_id, &instance.id, &format!("t{n}")),
                 process: process.to_owned(),
                 message_type: t.message_type.clone(),
@@ -200,7 +202,7 @@ pub(super) fn effects(
                 key: None,
                 key_field: None,
             };
-            (due(now_ms, t.delay), envelope)
+            (envelope.due_ms.unwrap_or_default(), envelope)
         })
         .collect::<Vec<_>>();
     let (tallies, reports) = tally::commit_parts(ctx, envelope, now_ms);

@@ -56,4 +56,8 @@ pub struct Envelope {
     /// the handling continues that trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// For timeouts: when it was due (ms since the epoch), to tell how
+    /// late it was handled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_ms: Option<u64>,
 }

@@ -264,6 +264,7 @@ pub(crate) fn completion_envelope(
 fn addressed(tally: &TallyRef, message_id: String, message_type: &str) -> Envelope {
     Envelope {
         traceparent: crate::otel::current(),
+        due_ms: None,
         message_id,
         process: tally.process.clone(),
         message_type: message_type.to_owned(),

@@ -77,6 +77,7 @@ fn envelope(n: u32) -> Envelope {
         key: None,
         key_field: None,
         traceparent: None,
+        due_ms: None,
     }
 }
 

@@ -243,7 +243,10 @@ pub(super) const UNKNOWN: &str = "unknown";
 fn counted(rt: &Runtime, process: &'static str, envelope: &Envelope, outcome: &Dispatched) {
     rt.metrics.count(process, outcome);
     if envelope.kind == EnvelopeKind::Timeout {
-        crate::metrics::timeout_fired(process);
+        let late = envelope
+            .due_ms
+            .map(|due| crate::task::Timestamp::now().0.saturating_sub(due));
+        crate::metrics::timeout_fired(process, late.map(std::time::Duration::from_millis));
     }
     let parked = match outcome {
         Dispatched::DeadLettered { .. } => true,
