@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --example console                          # in-memory backend, port 8080
 //! cargo run --example console -- --redis redis://127.0.0.1:6379 --port 0 --token s3cret
+//! cargo run --example console -- --read-only           # no token: the API only reads
 //! ```
 //!
 //! Open the printed URL. Most tasks complete; some retry first; some are
@@ -233,6 +234,7 @@ struct Args {
     redis: Option<String>,
     port: u16,
     token: Option<String>,
+    read_only: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -240,12 +242,14 @@ fn args() -> Result<Args, String> {
         redis: std::env::var("REDIS_URL").ok(),
         port: 8080,
         token: None,
+        read_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--redis" => args.redis = Some(it.next().ok_or("--redis needs a URL")?),
             "--token" => args.token = Some(it.next().ok_or("--token needs a value")?),
+            "--read-only" => args.read_only = true,
             "--port" => {
                 let port = it.next().ok_or("--port needs a number")?;
                 args.port = port
@@ -254,7 +258,7 @@ fn args() -> Result<Args, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`; expected --port N, --token T, --redis URL"
+                    "unknown argument `{other}`; expected --port N, --token T, --read-only, --redis URL"
                 ))
             }
         }
@@ -279,14 +283,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let run = format!("{}-", &TaskId::new().to_string()[..4]);
     tokio::spawn(traffic(engine.clone(), run));
 
-    let token = args
-        .token
-        .unwrap_or_else(|| TaskId::new().0.simple().to_string());
+    let mut api = Api::new(engine.clone());
+    if !args.read_only {
+        let token = args
+            .token
+            .unwrap_or_else(|| TaskId::new().0.simple().to_string());
+        println!("token: {token}");
+        api = api.token(token);
+    }
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port)).await?;
     let addr = listener.local_addr()?;
-    println!("token: {token}");
     println!("console listening on http://{addr}/console");
-    let app = Api::new(engine.clone()).token(token).router();
+    let app = api.router();
     axum::serve(listener, app)
         .with_graceful_shutdown(saga_runtime::shutdown_signal())
         .await?;

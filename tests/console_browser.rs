@@ -115,11 +115,12 @@ fn line_with(rx: &mpsc::Receiver<String>, marker: &str, what: &str) -> String {
     }
 }
 
-/// The console example on a free port: its process and address.
-fn start_console() -> (Killed, SocketAddr) {
-    let exe = build_example();
+/// The console example `exe` on a free port, with `args`: its process
+/// and address.
+fn start_console(exe: &Path, args: &[&str]) -> (Killed, SocketAddr) {
     let mut child = Command::new(exe)
-        .args(["--port", "0", "--token", TOKEN])
+        .args(["--port", "0"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -422,7 +423,8 @@ async fn operator_uses_the_console_in_a_browser() {
         eprintln!("skipped: chromium is not installed (apt-get install chromium)");
         return;
     };
-    let (_console, addr) = start_console();
+    let example = build_example();
+    let (_console, addr) = start_console(&example, &["--token", TOKEN]);
     let (browser, _profile, browser_ws) = start_chromium(&chromium);
     let mut page = Page::open(&browser_ws).await;
     let base = format!("http://{addr}/console");
@@ -443,6 +445,7 @@ async fn operator_uses_the_console_in_a_browser() {
     resolve_from_attention(&mut page, addr).await;
     requeue_dead_letter(&mut page, addr).await;
     process_manager(&mut page).await;
+    read_only(&mut page, &example).await;
     page.close().await;
     browser.stop(Duration::from_secs(5));
 }
@@ -727,4 +730,35 @@ async fn process_manager(page: &mut Page) {
     )
     .await;
     page.screenshot("process-instance").await;
+}
+
+/// Against an API without a token configured, the page says "read-only",
+/// disables every action, and shows the API's refusal.
+async fn read_only(page: &mut Page, example: &Path) {
+    let (_console, addr) = start_console(example, &["--read-only"]);
+    page.navigate(&format!("http://{addr}/console#/dead-letters"))
+        .await;
+    page.wait_for(
+        "document.querySelector('#mode').textContent === 'read-only'",
+        WAIT,
+    )
+    .await;
+    page.wait_for(
+        "document.querySelector('#dead-letters [data-test=requeue]')",
+        WAIT,
+    )
+    .await;
+    let enabled = page
+        .run("[...document.querySelectorAll('button.action')].filter(b => !b.disabled).length")
+        .await;
+    assert_eq!(enabled, json!(0), "every action button is disabled");
+    // A change asked for anyway (the page's own request helper) is refused.
+    page.run("api('/api/dead-letters/m-1/requeue', 'POST').catch(showError), true")
+        .await;
+    page.wait_for(
+        "document.querySelector('#error').dataset.code === 'read_only'",
+        WAIT,
+    )
+    .await;
+    page.screenshot("read-only").await;
 }
