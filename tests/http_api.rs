@@ -417,6 +417,11 @@ async fn operator_actions(redis: Option<&TestRedis>) {
         .post("/api/dead-letters/requeue", json!({"sgaa": "gate"}))
         .await;
     assert_eq!(status, 422, "{body}");
+    let (status, body) = api.post("/api/dead-letters/requeue", json!({})).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (422, Some("invalid_input"))
+    );
 
     gate.store(true, Ordering::SeqCst);
     let (_, bulk) = api

@@ -2,9 +2,11 @@
 //! shell: list and show tasks, resolve them, retry a failed compensation,
 //! cancel, and work the dead-letter queue (requeue, discard, purge).
 //!
-//! It needs no saga types: it opens a client-only engine (no workers) on
-//! the same Redis, prefix and partition count as the deployment, and acts
-//! by name. A requeued task is run by the deployment's workers.
+//! It needs no saga types: it attaches a client-only engine (no workers)
+//! to the deployment under a prefix on a Redis, writing nothing until an
+//! action does, and acts by name. A requeued task is run by the
+//! deployment's workers. (Cancelling needs to know whether the task's saga
+//! is cancellable, which only the deployment knows: use its API.)
 //!
 //! ```text
 //! sagactl --redis redis://127.0.0.1:6379 list --saga create-zip --status CompensationFailed
@@ -20,7 +22,7 @@ mod print;
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::{
     DeadLetterFilter, DeadLetterSelection, Engine, Error, Intervention, TaskFilter,
@@ -36,12 +38,10 @@ struct Cli {
     /// The deployment's Redis.
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis: String,
-    /// Its key prefix (`RedisConfig::prefix`).
+    /// Its key prefix (`RedisConfig::prefix`); the partition count is read
+    /// from what the deployment recorded there.
     #[arg(long, default_value = "saga")]
     prefix: String,
-    /// Its partition count (`RedisConfig::partitions`).
-    #[arg(long, default_value_t = 1)]
-    partitions: u16,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -86,8 +86,6 @@ enum Command {
         #[command(flatten)]
         who: Who,
     },
-    /// Cancels a running task (of a `#[cancellable]` saga).
-    Cancel { task: saga_runtime::TaskId },
     /// The dead-letter queue, newest first.
     DeadLetters {
         #[arg(long, default_value_t = 50)]
@@ -172,6 +170,12 @@ impl Who {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(message) = cli.command.check() {
+        // Before connecting: a usage mistake is told as one, exit code 2.
+        Cli::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -181,13 +185,34 @@ async fn main() -> ExitCode {
     }
 }
 
+impl Command {
+    /// What clap cannot check: which combinations make sense.
+    fn check(&self) -> Result<(), &'static str> {
+        match self {
+            Command::Requeue {
+                letter: Some(_),
+                pick,
+            } if !pick.is_empty() => Err("give a letter id or filters, not both"),
+            Command::Requeue { letter: None, pick } if pick.is_empty() => {
+                Err("give a letter id, or --saga/--step/--error to pick letters")
+            }
+            Command::Purge { pick, .. } if pick.is_empty() => {
+                Err("purge needs --saga, --step or --error: it does not empty the whole queue")
+            }
+            Command::Purge { yes: false, .. } => {
+                Err("purge discards letters for good: add --yes to confirm")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), Error> {
     let config = RedisConfig {
         prefix: cli.prefix,
-        partitions: cli.partitions,
         ..RedisConfig::default()
     };
-    let backend = RedisBackend::connect_with(&cli.redis, config).await?;
+    let backend = RedisBackend::attach(&cli.redis, config).await?;
     let engine = Engine::builder()
         .backend(backend)
         .workers(0)
@@ -224,7 +249,6 @@ async fn run(cli: Cli) -> Result<(), Error> {
         Command::RetryCompensation { task, who } => {
             out.task(&engine.retry_compensation(task, who.intervention()).await?);
         }
-        Command::Cancel { task } => out.line(&format!("{:?}", engine.cancel_by_id(task).await?)),
         Command::DeadLetters { limit, cursor } => {
             let mut filter = DeadLetterFilter::new().limit(limit);
             filter.cursor = cursor;
@@ -232,37 +256,19 @@ async fn run(cli: Cli) -> Result<(), Error> {
         }
         Command::Requeue {
             letter: Some(letter),
-            pick,
+            ..
         } => {
-            if !pick.is_empty() {
-                return Err(usage("give a letter id or filters, not both"));
-            }
             engine.requeue(&letter).await?;
             out.line(&format!("requeued {letter}"));
         }
         Command::Requeue { letter: None, pick } => {
-            if pick.is_empty() {
-                return Err(usage(
-                    "give a letter id, or --saga/--step/--error to pick letters",
-                ));
-            }
             out.bulk("requeued", &engine.requeue_where(pick.selection()).await?);
         }
         Command::Discard { letter, who } => {
             engine.discard(&letter, who.intervention()).await?;
             out.line(&format!("discarded {letter}"));
         }
-        Command::Purge { pick, who, yes } => {
-            if pick.is_empty() {
-                return Err(usage(
-                    "purge needs --saga, --step or --error: it does not empty the whole queue",
-                ));
-            }
-            if !yes {
-                return Err(usage(
-                    "purge discards letters for good: add --yes to confirm",
-                ));
-            }
+        Command::Purge { pick, who, .. } => {
             let bulk = engine
                 .discard_where(pick.selection(), who.intervention())
                 .await?;
@@ -270,8 +276,4 @@ async fn run(cli: Cli) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-fn usage(message: &str) -> Error {
-    Error::Config(message.to_owned())
 }

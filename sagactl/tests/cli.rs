@@ -130,6 +130,13 @@ async fn operator_actions_from_the_command_line() {
     let (ok, _, err) = sagactl(&redis, &["requeue"]);
     assert!(!ok);
     assert!(err.contains("--saga"), "{err}");
+    let code = Command::new(env!("CARGO_BIN_EXE_sagactl"))
+        .args(["--redis", "redis://127.0.0.1:1", "requeue"])
+        .output()
+        .unwrap()
+        .status
+        .code();
+    assert_eq!(code, Some(2), "a usage mistake, told before connecting");
     open.store(true, Ordering::SeqCst);
     let one = letters["letters"][0]["id"].as_str().unwrap();
     let (ok, _, err) = sagactl(&redis, &["requeue", one]);
@@ -163,8 +170,11 @@ async fn operator_actions_from_the_command_line() {
     let left = engine.dead_letters(DeadLetterFilter::new()).await.unwrap();
     assert!(left.letters.is_empty(), "{left:?}");
 
-    let (ok, _, err) = sagactl(&redis, &["--partitions", "4", "dead-letters"]);
-    assert!(!ok, "another partition count is refused");
-    assert!(err.contains("partitions"), "{err}");
+    // A prefix with no deployment is an error, and leaves no key behind.
+    let keys = redis.keys().len();
+    let (ok, _, err) = sagactl(&redis, &["--prefix", "sgaa", "dead-letters"]);
+    assert!(!ok);
+    assert!(err.contains("no deployment under prefix `sgaa`"), "{err}");
+    assert_eq!(redis.keys().len(), keys);
     engine.shutdown().await;
 }

@@ -444,8 +444,11 @@ impl State {
     fn park(&mut self, delivery: &Delivery, reason: &str, task_id: Option<TaskId>, limit: usize) {
         self.in_flight.remove(&delivery.id);
         let (payload, truncated) = truncate_payload(&delivery.raw, limit);
+        // Ids grow in parking order, so a cursor (an id) still says where
+        // a page ended after its letter was requeued or discarded.
+        self.next_id += 1;
         self.dead.push_back(DeadLetter {
-            id: delivery.id.clone(),
+            id: format!("dl-{}", self.next_id),
             payload: payload.to_owned(),
             reason: reason.to_owned(),
             task_id,
@@ -838,25 +841,20 @@ impl WorkQueue for MemoryBackend {
         query: &DeadLetterQuery,
     ) -> Result<Page<DeadLetter>, BackendError> {
         let state = self.state();
-        let newest_first = state.dead.iter().rev();
-        let start = match &query.after {
-            Some(after) => match state.dead.iter().rev().position(|d| d.id == *after) {
-                Some(i) => i + 1,
-                None => {
-                    return Ok(Page {
-                        items: Vec::new(),
-                        next: None,
-                    })
-                }
-            },
-            None => 0,
+        let parked = |id: &str| id.strip_prefix("dl-").and_then(|n| n.parse::<u64>().ok());
+        let before = match &query.after {
+            Some(after) => {
+                Some(parked(after).ok_or_else(|| BackendError::InvalidCursor(after.clone()))?)
+            }
+            None => None,
         };
-        let items: Vec<DeadLetter> = newest_first
-            .skip(start)
-            .take(query.limit)
-            .cloned()
-            .collect();
-        let more = state.dead.len() > start + items.len();
+        let mut older = state
+            .dead
+            .iter()
+            .rev()
+            .filter(|d| before.is_none_or(|b| parked(&d.id).is_some_and(|n| n < b)));
+        let items: Vec<DeadLetter> = older.by_ref().take(query.limit).cloned().collect();
+        let more = older.next().is_some();
         let next = more.then(|| items.last().map(|d| d.id.clone())).flatten();
         Ok(Page { items, next })
     }

@@ -670,6 +670,9 @@ pub enum BackendError {
     /// A stored value could not be read.
     #[error("corrupt record: {0}")]
     Corrupt(String),
+    /// A listing's cursor that this backend did not hand out.
+    #[error("`{0}` is not a cursor of this listing")]
+    InvalidCursor(String),
     /// The backend could not be reached or failed. Transient: the same call
     /// may succeed later.
     #[error("backend unavailable: {0}")]

@@ -442,8 +442,10 @@ impl Engine {
     }
 
     /// [`cancel`](Self::cancel) for callers that know only the task's id
-    /// (an operator's console or CLI): a task whose saga version is not
-    /// `#[cancellable]` answers [`CancelResult::NotCancellable`].
+    /// (an operator's console): a task whose saga version is not
+    /// `#[cancellable]` answers [`CancelResult::NotCancellable`]; one of a
+    /// saga this engine does not run, [`Error::UnknownSaga`] (it cannot
+    /// tell whether it may be cancelled).
     pub async fn cancel_by_id(&self, id: TaskId) -> Result<CancelResult, Error> {
         match self.task(id).await? {
             Some(task) => self.cancel_by_name(&task.saga, id).await,
@@ -469,7 +471,11 @@ impl Engine {
                 actual: task.saga,
             });
         }
-        // Whether it may be cancelled is its own version's to say.
+        // Whether it may be cancelled is its own version's to say; an
+        // engine that does not run the saga cannot tell, and refuses.
+        if !self.rt.sagas.contains(&task.saga) {
+            return Err(Error::UnknownSaga(task.saga));
+        }
         let cancellable = self
             .rt
             .sagas

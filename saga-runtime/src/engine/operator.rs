@@ -122,6 +122,18 @@ impl Engine {
         settle: Settle<'_>,
         change: impl FnOnce(&mut TaskInstance) -> bool,
     ) -> Result<TaskInstance, Error> {
+        // A task in another status (running, say) is refused at once, not
+        // after waiting out the lease of the worker that runs it.
+        match self.task(id).await? {
+            None => return Err(Error::TaskNotFound(id)),
+            Some(task) if !allowed.contains(&task.status) => {
+                return Err(Error::NotResolvable {
+                    id,
+                    status: task.status,
+                })
+            }
+            Some(_) => {}
+        }
         let locked = self.lock_stopped(id, what).await?;
         let unlock = || async {
             let _ = self.rt.backend.unlock(&locked.lease).await;
@@ -134,6 +146,17 @@ impl Engine {
         if !allowed.contains(&was) {
             unlock().await;
             return Err(Error::NotResolvable { id, status: was });
+        }
+        // Checked under the lease: two requeues (or a requeue and a
+        // discard) of one letter must not both act. The first one's write
+        // removed the letter before it let the lease go.
+        if let Settle::ResolveDeadLetter(letter) = settle {
+            let present = self.rt.backend.dead_letter_by_id(letter).await;
+            if !matches!(present, Ok(Some(_))) {
+                unlock().await;
+                present?;
+                return Err(Error::DeadLetterNotFound(letter.to_owned()));
+            }
         }
         let runs = change(&mut task);
         task.seq += 1;

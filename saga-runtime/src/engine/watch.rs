@@ -199,7 +199,18 @@ impl Watcher {
             None => 0,
         };
         let now = Timestamp::now();
-        let mut batch: Vec<Progress> = task.audit_log[from..].iter().flat_map(events).collect();
+        // Each event with the attempt it is about, `(compensation, n)`.
+        let mut batch: Vec<(Progress, Option<(bool, u32)>)> = task.audit_log[from..]
+            .iter()
+            .flat_map(|entry| {
+                let compensation = matches!(
+                    entry.action,
+                    AuditAction::CompensationAttemptFailed { .. } | AuditAction::StepCompensated
+                );
+                let owner = entry.attempt.map(|n| (compensation, n));
+                events(entry).into_iter().map(move |p| (p, owner))
+            })
+            .collect();
         self.seen = task.audit_log.last().cloned().or(self.seen.take());
         let attempts: Vec<(u32, u32)> = task
             .steps
@@ -216,30 +227,39 @@ impl Watcher {
                     .copied()
                     .unwrap_or((0, 0)),
             };
-            let started = |attempt, compensation| Progress {
-                at: now,
-                event: ProgressEvent::StepStarted {
-                    step: step.name.clone(),
-                    attempt,
-                    compensation,
-                },
+            // Every attempt begun since the last look, each placed after
+            // what this look saw of the attempts before it (and before the
+            // rest of the step's events).
+            let mut start = |attempt: u32, compensation: bool| {
+                let ours = |p: &Progress| p.event.step() == Some(step.name.as_str());
+                let after_earlier = batch.iter().rposition(|(p, owner)| {
+                    ours(p) && owner.is_some_and(|(c, n)| c == compensation && n < attempt)
+                });
+                let at = match after_earlier {
+                    Some(i) => i + 1,
+                    None => batch
+                        .iter()
+                        .position(|(p, _)| ours(p))
+                        .unwrap_or(batch.len()),
+                };
+                let progress = Progress {
+                    at: now,
+                    event: ProgressEvent::StepStarted {
+                        step: step.name.clone(),
+                        attempt,
+                        compensation,
+                    },
+                };
+                batch.insert(at, (progress, Some((compensation, attempt))));
             };
-            // Before whatever this look saw that attempt do.
-            let mut start = |progress: Progress| {
-                let at = batch
-                    .iter()
-                    .position(|p| p.event.step() == Some(step.name.as_str()))
-                    .unwrap_or(batch.len());
-                batch.insert(at, progress);
-            };
-            if calls > was_calls && (!first || step.status == StepStatus::Running) {
-                start(started(calls, false));
+            if !first || step.status == StepStatus::Running {
+                (was_calls + 1..=calls).for_each(|n| start(n, false));
             }
-            if undos > was_undos && (!first || step.status == StepStatus::Compensating) {
-                start(started(undos, true));
+            if !first || step.status == StepStatus::Compensating {
+                (was_undos + 1..=undos).for_each(|n| start(n, true));
             }
         }
-        self.queue.extend(batch);
+        self.queue.extend(batch.into_iter().map(|(p, _)| p));
         self.attempts = attempts;
         if task.status.is_terminal() {
             self.done = true;

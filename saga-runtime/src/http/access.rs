@@ -89,7 +89,33 @@ impl FromRequestParts<ApiState> for Operator {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        if !same_origin(&parts.headers) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "cross_origin",
+                "changes are not accepted from another site's page",
+            ));
+        }
         state.access.operator(&parts.headers).map(Operator)
+    }
+}
+
+/// Whether a change comes from a page of this site, or from no page at
+/// all (curl, a script). Browsers attach cookies to a form another site
+/// submits here, so an [`Authorize`] that checks a session cookie would
+/// let that site act as the operator (cross-site request forgery); they
+/// also say where such a request comes from, and it is refused.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if header("sec-fetch-site").is_some_and(|site| site == "cross-site") {
+        return false;
+    }
+    match (header("origin"), header("host")) {
+        (None, _) => true,
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
+        (Some(_), None) => false,
     }
 }
 
@@ -104,6 +130,29 @@ mod tests {
         assert!(!same_secret(b"ab", b"abc"));
         assert!(!same_secret(b"abcd", b"abc"));
         assert!(!same_secret(b"", b"abc"));
+    }
+
+    #[test]
+    fn changes_from_another_site_are_refused() {
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, value.parse().unwrap());
+            }
+            map
+        };
+        assert!(same_origin(&headers(&[])));
+        assert!(same_origin(&headers(&[
+            ("host", "ops.local:8080"),
+            ("origin", "http://ops.local:8080")
+        ])));
+        assert!(!same_origin(&headers(&[
+            ("host", "ops.local:8080"),
+            ("origin", "https://evil.example")
+        ])));
+        assert!(!same_origin(&headers(&[("host", "a"), ("origin", "null")])));
+        assert!(!same_origin(&headers(&[("sec-fetch-site", "cross-site")])));
+        assert!(same_origin(&headers(&[("sec-fetch-site", "same-origin")])));
     }
 
     #[test]

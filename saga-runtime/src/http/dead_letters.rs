@@ -97,6 +97,12 @@ pub(super) async fn requeue_where(
     body: Result<Json<DeadLetterSelection>, JsonRejection>,
 ) -> Result<Json<Bulk>, ApiError> {
     let Json(selection) = body?;
+    if selection.saga.is_none() && selection.step.is_none() && selection.error_contains.is_none() {
+        return Err(ApiError::invalid(
+            "pick the letters by `saga`, `step` or `error_contains`: a bulk requeue does not \
+             take the whole queue",
+        ));
+    }
     let bulk = state.engine.requeue_where(selection).await?;
     tracing::info!(
         by,

@@ -172,10 +172,11 @@ impl Api {
             .route("/console", get(console::page))
             .fallback(|| async { ApiError::not_found("No such route") });
         let router = legacy::routes(api, &self.engine).with_state(state);
-        match self.extra {
+        let router = match self.extra {
             Some(extra) => router.merge(extra),
             None => router,
-        }
+        };
+        router.layer(axum::middleware::map_response(reply::json_errors))
     }
 }
 

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::backend::BackendError;
 use crate::error::Error;
 use crate::task::TaskId;
 
@@ -72,7 +73,9 @@ impl From<Error> for ApiError {
             | Error::DeadLetterTruncated { .. }
             | Error::KeyReused { .. } => ApiError::conflict(message),
             Error::InvalidInput { .. } => ApiError::invalid(message),
-            Error::InvalidCursor(_) => ApiError::bad_request(message),
+            Error::InvalidCursor(_) | Error::Backend(BackendError::InvalidCursor(_)) => {
+                ApiError::bad_request(message)
+            }
             Error::Unavailable { .. } | Error::Backend(_) => {
                 tracing::warn!(error = %message, "HTTP request failed");
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
@@ -95,6 +98,43 @@ impl From<QueryRejection> for ApiError {
     fn from(rejection: QueryRejection) -> Self {
         ApiError::bad_request(rejection.body_text())
     }
+}
+
+/// Turns the error answers axum makes itself (a method a route does not
+/// have, a path that does not decode, a body too large) into the shape
+/// of every other error, keeping their status and headers (`Allow`).
+pub(crate) async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let message = match text.trim() {
+        "" => status.canonical_reason().unwrap_or("error").to_owned(),
+        text => text.to_owned(),
+    };
+    let code = match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        s if s.is_server_error() => "internal",
+        _ => "bad_request",
+    };
+    parts.headers.remove(axum::http::header::CONTENT_TYPE);
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    let mut answer = ApiError::new(status, code, message).into_response();
+    answer.headers_mut().extend(parts.headers);
+    answer
 }
 
 /// `id` as a task id, or 400.

@@ -281,6 +281,13 @@ impl Keys {
     pub fn split_id<'a>(&self, id: &'a str) -> Option<(u16, &'a str)> {
         let (p, entry) = id.split_once(['/', ':'])?;
         let p: u16 = p.parse().ok()?;
+        // `<ms>-<seq>`, both numbers: anything else is no entry of ours
+        // (and `<ms>` alone would be a range).
+        let (ms, seq) = entry.split_once('-')?;
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(ms) || !digits(seq) {
+            return None;
+        }
         (p < self.streams()).then_some((p, entry))
     }
 }
@@ -366,6 +373,9 @@ mod tests {
         assert_eq!(format!("{pm}:idx:p:f:v"), keys.correlation("p", "f", "v"));
         assert_eq!(keys.split_id("3/1-0"), Some((3, "1-0")));
         assert_eq!(keys.split_id("3:1-0"), Some((3, "1-0")));
+        for bad in ["3:abc", "3:1-2-3", "3:17", "3:-1", "3:1-"] {
+            assert_eq!(keys.split_id(bad), None, "{bad}");
+        }
         assert_eq!(
             keys.split_id("8/1-0"),
             Some((8, "1-0")),

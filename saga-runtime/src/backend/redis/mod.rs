@@ -187,6 +187,39 @@ impl RedisBackend {
 
     /// Connects with `config`.
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, BackendError> {
+        let backend = RedisBackend::open(url, config).await?;
+        backend.check_layout().await?;
+        backend.ensure_groups().await?;
+        Ok(backend)
+    }
+
+    /// Connects to the deployment already under `config.prefix`, as an
+    /// operator's tool does: it takes the partition count the deployment
+    /// recorded (`config.partitions` is ignored) and writes nothing on
+    /// connecting, so it can neither fix the layout of a deployment that
+    /// has not started yet nor leave keys under a mistyped prefix. Fails
+    /// with [`BackendError::Misconfigured`] when nothing was recorded
+    /// there.
+    pub async fn attach(url: &str, mut config: RedisConfig) -> Result<Self, BackendError> {
+        let probe = RedisBackend::open(url, config.clone()).await?;
+        let recorded: Option<u16> = redis::cmd("GET")
+            .arg(probe.keys().layout())
+            .query_async(&mut probe.conn())
+            .await
+            .map_err(unavailable)?;
+        let Some(partitions) = recorded else {
+            return Err(BackendError::Misconfigured(format!(
+                "no deployment under prefix `{}` on this Redis (no layout recorded): \
+                 check the URL and the prefix",
+                config.prefix
+            )));
+        };
+        config.partitions = partitions;
+        RedisBackend::open(url, config).await
+    }
+
+    /// A connection, with no check and no write.
+    async fn open(url: &str, config: RedisConfig) -> Result<Self, BackendError> {
         let client = Client::open(url).map_err(unavailable)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(config.response_timeout))
@@ -208,8 +241,6 @@ impl RedisBackend {
                 finished: finished::Finished::new(),
             }),
         };
-        backend.check_layout().await?;
-        backend.ensure_groups().await?;
         Ok(backend)
     }
 

@@ -138,9 +138,15 @@ impl ProcessStore for RedisBackend {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page<ProcessInstance>, BackendError> {
+        let start: u64 = match after {
+            Some(cursor) => cursor
+                .parse()
+                .map_err(|_| BackendError::InvalidCursor(cursor.to_owned()))?,
+            None => 0,
+        };
         let (cursor, ids): (String, Vec<String>) = redis::cmd("SSCAN")
             .arg(self.keys().instances(process))
-            .arg(after.unwrap_or("0"))
+            .arg(start)
             .arg("COUNT")
             .arg(limit.max(1))
             .query_async(&mut self.conn())

@@ -618,11 +618,7 @@ impl WorkQueue for RedisBackend {
         let after = match &query.after {
             Some(id) => match self.keys().split_id(id) {
                 Some((p, entry)) => Some((entry_order(entry), p)),
-                None => {
-                    return Err(BackendError::Corrupt(format!(
-                        "`{id}` is not a dead-letter id"
-                    )))
-                }
+                None => return Err(BackendError::InvalidCursor(id.clone())),
             },
             None => None,
         };
@@ -634,6 +630,8 @@ impl WorkQueue for RedisBackend {
                 // Entries of later streams with the cursor's id come after
                 // it in the order; of earlier streams, before.
                 Some(((ms, seq), cp)) if p < cp => format!("{ms}-{seq}"),
+                // Nothing is older than the first possible id.
+                Some(((0, 0), _)) => continue,
                 Some(((ms, seq), _)) => format!("({ms}-{seq}"),
             };
             let reply: Value = redis::cmd("XREVRANGE")
