@@ -278,12 +278,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(url) = &args.redis {
         builder = builder.backend(RedisBackend::connect(url).await?);
     }
+    // Before the engine, so that its first figures are recorded.
+    let metrics = saga_runtime::metrics::install()?;
     let engine = builder.build().await?;
     // Names unique to this run, so that runs sharing a Redis never meet.
     let run = format!("{}-", &TaskId::new().to_string()[..4]);
     tokio::spawn(traffic(engine.clone(), run));
 
-    let mut api = Api::new(engine.clone());
+    let mut api = Api::new(engine.clone()).metrics(metrics);
     if !args.read_only {
         let token = args
             .token
@@ -294,6 +296,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port)).await?;
     let addr = listener.local_addr()?;
     println!("console listening on http://{addr}/console");
+    println!("metrics at http://{addr}/metrics");
     let app = api.router();
     axum::serve(listener, app)
         .with_graceful_shutdown(saga_runtime::shutdown_signal())

@@ -19,10 +19,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::http_client::Client;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -367,22 +368,16 @@ fn base64_decode(text: &str) -> Vec<u8> {
 
 // ------------------------------------------------------------- the JSON API
 
-/// One request to the console's API: (status, JSON body).
+/// One request to the console's API, with the token: (status, JSON body).
 async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
-         Authorization: Bearer {TOKEN}\r\nX-Operator: {OPERATOR}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
-    let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    Client {
+        addr,
+        headers: Vec::new(),
+    }
+    .with("Authorization", &format!("Bearer {TOKEN}"))
+    .with("X-Operator", OPERATOR)
+    .send(method, path, body)
+    .await
 }
 
 async fn get(addr: SocketAddr, path: &str) -> Value {
@@ -430,6 +425,7 @@ async fn operator_uses_the_console_in_a_browser() {
     let base = format!("http://{addr}/console");
 
     overview(&mut page, &base).await;
+    metrics(addr).await;
     task_page(&mut page, addr).await;
     live_task_cancelled(&mut page, addr).await;
     unauthorized_without_token(&mut page).await;
@@ -448,6 +444,20 @@ async fn operator_uses_the_console_in_a_browser() {
     read_only(&mut page, &example).await;
     page.close().await;
     browser.stop(Duration::from_secs(5));
+}
+
+/// `GET /metrics` serves the Prometheus figures of the traffic.
+async fn metrics(addr: SocketAddr) {
+    let client = Client {
+        addr,
+        headers: Vec::new(),
+    };
+    let text = client.raw("GET", "/metrics", None).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.contains("saga_steps_started_total{saga=\"create-zip\""),
+        "{text}"
+    );
 }
 
 /// The overview counts create-zip's tasks, live, and flags the ones that
