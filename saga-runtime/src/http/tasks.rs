@@ -227,8 +227,9 @@ pub(super) async fn retry_compensation(
 
 /// `GET /api/tasks/{id}/events`: the task's progress as server-sent
 /// events, named as [`ProgressEvent::name`](crate::engine::ProgressEvent::name),
-/// from its start to `finished`; an `error` event if the task is unknown
-/// or the store unreachable.
+/// from its start to `finished`; a `watch_error` event (not `error`, which
+/// browsers' `EventSource` uses for a dropped connection) if the store
+/// stays unreachable.
 pub(super) async fn events(
     State(state): State<ApiState>,
     Path(id): Path<String>,
@@ -246,10 +247,10 @@ pub(super) async fn events(
                 .event(progress.event.name())
                 .json_data(&progress),
             Err(error) => Event::default()
-                .event("error")
+                .event("watch_error")
                 .json_data(json!({ "error": error.to_string() })),
         };
-        Ok(event.unwrap_or_else(|_| Event::default().event("error")))
+        Ok(event.unwrap_or_else(|_| Event::default().event("watch_error")))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
