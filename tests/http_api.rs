@@ -9,73 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::http_client::Client;
+use common::ops_sagas::{Fine, Gate, Parked, Remind, Reminders, Stuck};
 use common::redis_server::TestRedis;
 use saga_runtime::http::{router, Api};
 use saga_runtime::prelude::*;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-
-/// Completes.
-struct Fine;
-
-#[saga(name = "fine")]
-impl Fine {
-    #[saga_step(1)]
-    async fn call(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n + 1)
-    }
-}
-
-/// Its compensation fails: ends `CompensationFailed`.
-struct Stuck;
-
-#[saga(name = "stuck")]
-impl Stuck {
-    #[saga_step(1)]
-    #[compensation_retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0)]
-    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n)
-    }
-
-    #[compensate(reserve)]
-    async fn release(&self, _n: u32) -> Result<(), StepError> {
-        Err(StepError::permanent("the warehouse API refuses"))
-    }
-
-    #[saga_step(2)]
-    async fn charge(&self, _n: u32) -> Result<u32, StepError> {
-        Err(StepError::permanent("card declined"))
-    }
-}
-
-/// Parks its task on the dead-letter queue while the gate is closed.
-struct Gate {
-    open: Arc<AtomicBool>,
-}
-
-#[saga(name = "gate")]
-impl Gate {
-    #[saga_step(1)]
-    #[retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0, on_exhausted = dead_letter)]
-    async fn pass(&self, n: u32) -> Result<u32, StepError> {
-        match self.open.load(Ordering::SeqCst) {
-            true => Ok(n),
-            false => Err(StepError::permanent("gate closed")),
-        }
-    }
-}
-
-/// Parks its task on the dead-letter queue, always.
-struct Parked;
-
-#[saga(name = "parked")]
-impl Parked {
-    #[saga_step(1)]
-    #[retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0, on_exhausted = dead_letter)]
-    async fn call(&self, _n: u32) -> Result<u32, StepError> {
-        Err(StepError::permanent("upstream down"))
-    }
-}
 
 /// Fails its first attempt (slowly, so a watcher sees it start), then
 /// succeeds after a retry.
@@ -93,48 +31,6 @@ impl Once {
             return Err(StepError::transient("flaky"));
         }
         Ok(n)
-    }
-}
-
-#[derive(Message, Serialize, Deserialize)]
-struct Remind {
-    id: u64,
-}
-
-#[derive(Message, Serialize, Deserialize)]
-struct Nudge;
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Reminder {
-    id: u64,
-}
-
-/// Starts an instance per id that waits an hour for its nudge.
-struct Reminders;
-
-#[process_manager(name = "reminders", state = Reminder)]
-impl Reminders {
-    #[starts]
-    #[correlate(state.id = msg.id)]
-    async fn remind(
-        &self,
-        _msg: Remind,
-        _state: &mut Reminder,
-        ctx: &mut ProcessContext,
-    ) -> Result<(), ProcessError> {
-        ctx.request_timeout(Duration::from_secs(3600), Nudge);
-        Ok(())
-    }
-
-    #[timeout]
-    async fn nudge(
-        &self,
-        _t: Nudge,
-        _state: &mut Reminder,
-        ctx: &mut ProcessContext,
-    ) -> Result<(), ProcessError> {
-        ctx.mark_complete();
-        Ok(())
     }
 }
 

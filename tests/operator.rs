@@ -7,43 +7,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::ops_sagas::{Fine, Parked, Stuck};
 use common::redis_server::TestRedis;
 use saga_runtime::prelude::*;
 use saga_runtime::{AuditAction, DeadLetterFilter, Error, Intervention, StepStatus, TaskFilter};
-
-/// Reserves, then fails to charge; releasing the reservation fails too.
-struct Stuck;
-
-#[saga(name = "stuck")]
-impl Stuck {
-    #[saga_step(1)]
-    #[compensation_retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0)]
-    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n)
-    }
-
-    #[compensate(reserve)]
-    async fn release(&self, _n: u32) -> Result<(), StepError> {
-        Err(StepError::permanent("the warehouse API refuses"))
-    }
-
-    #[saga_step(2)]
-    async fn charge(&self, _n: u32) -> Result<u32, StepError> {
-        Err(StepError::permanent("card declined"))
-    }
-}
-
-/// A step that parks its task on the dead-letter queue.
-struct Parked;
-
-#[saga(name = "parked")]
-impl Parked {
-    #[saga_step(1)]
-    #[retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0, on_exhausted = dead_letter)]
-    async fn call(&self, _n: u32) -> Result<u32, StepError> {
-        Err(StepError::permanent("upstream down"))
-    }
-}
 
 /// Like `Stuck`, but its warehouse comes back once `FIXED` is set: three
 /// steps, so the retried compensation goes on to the step before it.
@@ -84,17 +51,6 @@ impl Flaky {
     #[saga_step(3)]
     async fn charge(&self, _n: u32) -> Result<u32, StepError> {
         Err(StepError::permanent("card declined"))
-    }
-}
-
-/// Completes.
-struct Fine;
-
-#[saga(name = "fine")]
-impl Fine {
-    #[saga_step(1)]
-    async fn call(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n)
     }
 }
 

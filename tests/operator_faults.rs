@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::http_client::Client;
+use common::ops_sagas::{Parked, Reminders};
 use common::redis_server::TestRedis;
 use futures::StreamExt;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
@@ -17,20 +18,7 @@ use saga_runtime::engine::ProgressEvent;
 use saga_runtime::http::Api;
 use saga_runtime::prelude::*;
 use saga_runtime::{DeadLetterFilter, DeadLetterSelection, Intervention};
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-
-/// Parks its task on the dead-letter queue, always.
-struct Parked;
-
-#[saga(name = "parked")]
-impl Parked {
-    #[saga_step(1)]
-    #[retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0, on_exhausted = dead_letter)]
-    async fn call(&self, _n: u32) -> Result<u32, StepError> {
-        Err(StepError::permanent("upstream down"))
-    }
-}
 
 /// NOT `#[cancellable]`: its one step takes a while.
 struct Slow;
@@ -63,47 +51,6 @@ impl Thrice {
             1 => Err(StepError::transient("flaky 2")),
             _ => Ok(n),
         }
-    }
-}
-
-#[derive(Message, Serialize, Deserialize)]
-struct Remind {
-    id: u64,
-}
-
-#[derive(Message, Serialize, Deserialize)]
-struct Nudge;
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Reminder {
-    id: u64,
-}
-
-struct Reminders;
-
-#[process_manager(name = "reminders", state = Reminder)]
-impl Reminders {
-    #[starts]
-    #[correlate(state.id = msg.id)]
-    async fn remind(
-        &self,
-        _msg: Remind,
-        _state: &mut Reminder,
-        ctx: &mut ProcessContext,
-    ) -> Result<(), ProcessError> {
-        ctx.request_timeout(Duration::from_secs(3600), Nudge);
-        Ok(())
-    }
-
-    #[timeout]
-    async fn nudge(
-        &self,
-        _t: Nudge,
-        _state: &mut Reminder,
-        ctx: &mut ProcessContext,
-    ) -> Result<(), ProcessError> {
-        ctx.mark_complete();
-        Ok(())
     }
 }
 

@@ -5,9 +5,12 @@
 //! One test in its own binary: the tracing subscriber is global, since
 //! the engines' workers run on the runtime's threads.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::ops_sagas::Stuck;
 use opentelemetry::trace::{SpanId, TracerProvider as _};
 use opentelemetry::Value as OtelValue;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
@@ -52,28 +55,6 @@ impl Hop {
     #[retry_policy(max_retries = 50, backoff = constant, base_delay_ms = 1)]
     async fn three(&self, n: u32) -> Result<u32, StepError> {
         self.work("b").map(|()| n)
-    }
-}
-
-/// Its compensation fails: the step's recorded trace id must be the trace's.
-struct Stuck;
-
-#[saga(name = "stuck")]
-impl Stuck {
-    #[saga_step(1)]
-    #[compensation_retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0)]
-    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n)
-    }
-
-    #[compensate(reserve)]
-    async fn release(&self, _n: u32) -> Result<(), StepError> {
-        Err(StepError::permanent("refused"))
-    }
-
-    #[saga_step(2)]
-    async fn charge(&self, _n: u32) -> Result<u32, StepError> {
-        Err(StepError::permanent("declined"))
     }
 }
 

@@ -3,6 +3,9 @@
 
 // The workspace's private redis-server helper; this test uses part of it.
 #[allow(dead_code)]
+#[path = "../../tests/common/ops_sagas.rs"]
+mod ops_sagas;
+#[allow(dead_code)]
 #[path = "../../tests/common/redis_server.rs"]
 mod redis_server;
 
@@ -10,48 +13,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use ops_sagas::{Gate, Stuck};
 use redis_server::TestRedis;
 use saga_runtime::prelude::*;
 use saga_runtime::DeadLetterFilter;
-
-/// Its compensation fails: ends `CompensationFailed`.
-struct Stuck;
-
-#[saga(name = "stuck")]
-impl Stuck {
-    #[saga_step(1)]
-    #[compensation_retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0)]
-    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n)
-    }
-
-    #[compensate(reserve)]
-    async fn release(&self, _n: u32) -> Result<(), StepError> {
-        Err(StepError::permanent("the warehouse API refuses"))
-    }
-
-    #[saga_step(2)]
-    async fn charge(&self, _n: u32) -> Result<u32, StepError> {
-        Err(StepError::permanent("card declined"))
-    }
-}
-
-/// Dead-letters its task while the gate is closed.
-struct Gate {
-    open: Arc<AtomicBool>,
-}
-
-#[saga(name = "gate")]
-impl Gate {
-    #[saga_step(1)]
-    #[retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0, on_exhausted = dead_letter)]
-    async fn pass(&self, n: u32) -> Result<u32, StepError> {
-        match self.open.load(Ordering::SeqCst) {
-            true => Ok(n),
-            false => Err(StepError::permanent("gate closed")),
-        }
-    }
-}
 
 /// Runs `sagactl` on `redis`: (success, stdout, stderr).
 fn sagactl(redis: &TestRedis, args: &[&str]) -> (bool, String, String) {

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod http_client;
+pub mod ops_sagas;
 pub mod prometheus;
 pub mod redis_server;
 

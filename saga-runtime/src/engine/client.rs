@@ -89,10 +89,7 @@ impl TaskFilter {
     }
 
     fn page_size(&self) -> usize {
-        match self.limit {
-            0 => 50,
-            n => n.min(1000),
-        }
+        super::page_size(self.limit)
     }
 
     /// Whether the filters the store does not index (step, error text)

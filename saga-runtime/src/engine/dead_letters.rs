@@ -50,10 +50,7 @@ impl Engine {
     pub async fn dead_letters(&self, filter: DeadLetterFilter) -> Result<DeadLetterPage, Error> {
         let query = DeadLetterQuery {
             after: filter.cursor,
-            limit: match filter.limit {
-                0 => 50,
-                n => n.min(1000),
-            },
+            limit: super::page_size(filter.limit),
         };
         let page = self
             .retrying("dead_letters", || self.rt.backend.dead_letters(&query))

@@ -74,10 +74,7 @@ impl Engine {
         limit: usize,
     ) -> Result<ProcessPage, Error> {
         self.known_process(process)?;
-        let limit = match limit {
-            0 => 50,
-            n => n.min(1000),
-        };
+        let limit = super::page_size(limit);
         let page = self
             .retrying("process_instances", || {
                 self.rt.backend.process_page(process, cursor, limit)

@@ -43,6 +43,14 @@ pub use operator::Intervention;
 pub use tally::{Checked, Tally};
 pub use watch::{Progress, ProgressEvent, WATCH_POLL};
 
+/// A listing's page size: `limit` as asked, 50 for 0, at most 1000.
+pub(crate) fn page_size(limit: usize) -> usize {
+    match limit {
+        0 => 50,
+        n => n.min(1000),
+    }
+}
+
 /// The result of [`Engine::cancel`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum CancelResult {
