@@ -445,6 +445,9 @@ impl Engine {
     /// tell whether it may be cancelled).
     pub async fn cancel_by_id(&self, id: TaskId) -> Result<CancelResult, Error> {
         match self.task(id).await? {
+            // An engine that does not run the saga cannot tell whether it
+            // may be cancelled, and refuses.
+            Some(task) if !self.rt.sagas.contains(&task.saga) => Err(Error::UnknownSaga(task.saga)),
             Some(task) => self.cancel_by_name(&task.saga, id).await,
             None => Ok(CancelResult::NotFound),
         }
@@ -468,11 +471,8 @@ impl Engine {
                 actual: task.saga,
             });
         }
-        // Whether it may be cancelled is its own version's to say; an
-        // engine that does not run the saga cannot tell, and refuses.
-        if !self.rt.sagas.contains(&task.saga) {
-            return Err(Error::UnknownSaga(task.saga));
-        }
+        // Whether it may be cancelled is its own version's to say (a typed
+        // `cancel::<S>` has checked `S` at compile time).
         let cancellable = self
             .rt
             .sagas
