@@ -87,7 +87,7 @@ pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod name;
-mod otel;
+pub mod otel;
 pub mod policy;
 pub mod process;
 pub mod reconcile;

@@ -17,8 +17,38 @@
 //!
 //! Without the feature every function here does nothing, and trace ids
 //! are random ids that still correlate log lines.
+//!
+//! [`otlp`] builds a tracer provider that ships the spans to an
+//! OpenTelemetry collector over OTLP/HTTP, for applications that have no
+//! exporter set up yet (the README shows it wired into a subscriber).
 
 use crate::task::TaskInstance;
+
+/// A tracer provider exporting spans as OTLP protobuf over HTTP to
+/// `endpoint` (a collector's `/v1/traces`; plain `http://`), batched on a
+/// background thread, with the resource's `service.name` set to
+/// `service`. Give its tracer to a `tracing_opentelemetry` layer (see the
+/// module docs), and call `shutdown` on it before the process exits so
+/// that the last batch is sent.
+#[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+pub fn otlp(
+    endpoint: &str,
+    service: &str,
+) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(endpoint)
+        .build()?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(service.to_owned())
+        .build();
+    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
+}
 
 /// The `traceparent` of the current span, when it has a valid
 /// OpenTelemetry context.
