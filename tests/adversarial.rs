@@ -813,6 +813,34 @@ impl OneShot {
     }
 }
 
+/// Was: the heartbeat ran every third of the task lease. With a lease
+/// longer than the visibility timeout (`lock_ttl(10 s)` against 1 s) the
+/// running step's message went idle, another worker claimed it, the
+/// first one's commit was refused, and the step failed as "did not
+/// report back" although nothing died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_longer_than_the_visibility_timeout_keeps_the_message() {
+    let redis = TestRedis::start();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let engine = Engine::builder()
+        .backend(backend_with(&redis.url(), config(Duration::from_secs(1))).await)
+        .saga(OneShot(calls.clone()))
+        .lock_ttl(Duration::from_secs(10))
+        .workers(2)
+        .build()
+        .await
+        .unwrap();
+    let id = engine.start::<OneShot>(1).await.unwrap();
+    let task = finish(&engine, id, Duration::from_secs(20)).await;
+    assert_eq!(task.status, TaskStatus::Completed, "{:?}", task.error);
+    assert_eq!(
+        calls.load(SeqCst),
+        1,
+        "one call: the message stayed with its worker"
+    );
+    engine.shutdown().await;
+}
+
 /// Hypothesis: on a graceful shutdown, a step still running after
 /// `shutdown_grace` is dropped and its message handed back; the next
 /// worker finds the attempt recorded but never reported back and counts it

@@ -166,10 +166,12 @@ impl Runtime {
             .max(Duration::from_millis(30))
     }
 
-    /// How often a running step's lease is renewed: a third of the lease,
-    /// at most the heartbeat setting.
+    /// How often a running step's lease and message are renewed: a third
+    /// of the shorter of the lease and the visibility timeout (a lease
+    /// longer than the visibility timeout must not let the message go idle
+    /// and be claimed away mid-step), at most the heartbeat setting.
     pub fn heartbeat_every(&self) -> Duration {
-        (self.lease_ttl() / 3)
+        (self.lease_ttl().min(self.backend.visibility_timeout()) / 3)
             .min(self.settings.heartbeat)
             .max(Duration::from_millis(10))
     }
