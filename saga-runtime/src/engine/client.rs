@@ -448,7 +448,7 @@ impl Engine {
             // An engine that does not run the saga cannot tell whether it
             // may be cancelled, and refuses.
             Some(task) if !self.rt.sagas.contains(&task.saga) => Err(Error::UnknownSaga(task.saga)),
-            Some(task) => self.cancel_by_name(&task.saga, id).await,
+            Some(task) => self.cancel_loaded(task).await,
             None => Ok(CancelResult::NotFound),
         }
     }
@@ -471,6 +471,12 @@ impl Engine {
                 actual: task.saga,
             });
         }
+        self.cancel_loaded(task).await
+    }
+
+    /// Cancels `task`, as just read.
+    async fn cancel_loaded(&self, task: TaskInstance) -> Result<CancelResult, Error> {
+        let id = task.id;
         // Whether it may be cancelled is its own version's to say (a typed
         // `cancel::<S>` has checked `S` at compile time).
         let cancellable = self
@@ -529,7 +535,7 @@ impl Engine {
             _ => {}
         }
         self.rt.signal_cancel(id);
-        tracing::info!(task_id = %id, saga, "cancellation requested");
+        tracing::info!(task_id = %id, saga = %task.saga, "cancellation requested");
         Ok(CancelResult::Cancelled)
     }
 }
