@@ -7,6 +7,7 @@ use futures::stream::{BoxStream, StreamExt};
 use redis::Value;
 use uuid::Uuid;
 
+use super::batch::{TaskWrite, Write};
 use super::keys::Keys;
 use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
@@ -449,8 +450,8 @@ impl TaskStore for RedisBackend {
         let k = self.keys();
         let p = k.partition_of(task.id);
         let reply: Vec<Value> = self
-            .run(
-                s::RECORD_ATTEMPT
+            .write(
+                Write::new(TaskWrite::RecordAttempt, p)
                     .key(k.fence(task.id))
                     .key(k.task(task.id))
                     .key(k.claims(task.id))
@@ -484,8 +485,8 @@ impl TaskStore for RedisBackend {
             None => (String::new(), String::new()),
         };
         let reply: Vec<Value> = self
-            .run(
-                s::RECORD_NEXT
+            .write(
+                Write::new(TaskWrite::RecordNext, p)
                     .key(k.fence(task.id))
                     .key(k.task(task.id))
                     .key(k.claims(task.id))
@@ -555,8 +556,8 @@ impl TaskStore for RedisBackend {
             String::new()
         };
         let reply: Vec<Value> = self
-            .run(
-                s::COMMIT
+            .write(
+                Write::new(TaskWrite::Commit, p)
                     .key(k.fence(task.id))
                     .key(k.task(task.id))
                     .key(k.lock(task.id))
