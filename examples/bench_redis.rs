@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo run --release --example bench_redis [-- TASKS] [--peer PATH]
+//! cargo run --release --example bench_redis -- TASKS --only 4x16   # one run, for a profiler
 //! ```
 //!
 //! Prints, in one run:
@@ -543,6 +544,24 @@ async fn main() {
     let redis = redis_server::TestRedis::start_with_aof(false);
     let url = redis.url();
     let port = redis.port();
+    // `--only WxC`: one throughput run (W workers of concurrency C), for
+    // a profiler.
+    if let Some(only) = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+    {
+        let (workers, batch) = only
+            .split_once('x')
+            .and_then(|(w, c)| Some((w.parse().ok()?, c.parse().ok()?)))
+            .expect("--only WxC, for example --only 4x16");
+        let t = run(&url, port, tasks, workers, batch).await;
+        println!(
+            "{workers} worker(s), read batch {batch}: {:.0} steps/s; Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
+            t.steps_per_s, t.redis_us_per_step, t.engine_us_per_step
+        );
+        return;
+    }
     if args.iter().any(|a| a == "--process-only") {
         hot_instance(&url, (tasks / 2).max(200)).await;
         return;
