@@ -36,7 +36,6 @@
 //! entries), then one file per concern: `tasks`, `queue`, `process`,
 //! `housekeeping`, `finished` (end-of-task notifications).
 
-mod batch;
 mod breakers;
 mod endpoint;
 mod entry;
@@ -122,8 +121,6 @@ struct Shared {
     /// dead letters between its runs.
     dead_letters_max: std::sync::atomic::AtomicUsize,
     finished: Arc<finished::Finished>,
-    /// Task writes, gathered into one call under load.
-    writer: batch::Writer,
 }
 
 /// The blocking-read state of one consumer.
@@ -236,13 +233,12 @@ impl RedisBackend {
         let backend = RedisBackend {
             shared: Arc::new(Shared {
                 client,
-                conn: conn.clone(),
+                conn,
                 keys: Keys::new(&config.prefix, config.partitions),
                 config,
                 readers: Mutex::new(HashMap::new()),
                 dead_letters_max: std::sync::atomic::AtomicUsize::new(100_000),
                 finished: finished::Finished::new(),
-                writer: batch::Writer::new(conn),
             }),
         };
         Ok(backend)
@@ -347,13 +343,6 @@ impl RedisBackend {
             }
             other => other.map_err(unavailable),
         }
-    }
-
-    /// Sends a task write through the writer (alone, or with the writes
-    /// of other tasks under load).
-    async fn write<T: FromRedisValue>(&self, write: batch::Write) -> Result<T, BackendError> {
-        let reply = self.shared.writer.write(write).await?;
-        T::from_redis_value(reply).map_err(|e| corrupt(format!("a task write answered: {e}")))
     }
 
     fn reader<T>(&self, consumer: &str, f: impl FnOnce(&mut Reader) -> T) -> T {

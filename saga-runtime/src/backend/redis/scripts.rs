@@ -76,16 +76,16 @@ local function settle(q, g, e)
 end
 ";
 
-/// Appends the audit entries `args[first..]` to list `key`, keeping the
+/// Appends the audit entries `ARGV[first..]` to list `key`, keeping the
 /// last `cap`: in chunks, since Lua cannot unpack many thousands of values
 /// at once (a record written before the log had its own list may carry
 /// that many). Scripts call it right after their checks, before their
 /// other writes: a refusal then leaves nothing half-written.
 const AUDIT_FN: &str = r"
-local function audit(key, cap, args, first)
+local function audit(key, cap, first)
   local len = 0
-  for i = first, #args, 500 do
-    len = redis.call('RPUSH', key, unpack(args, i, math.min(i + 499, #args)))
+  for i = first, #ARGV, 500 do
+    len = redis.call('RPUSH', key, unpack(ARGV, i, math.min(i + 499, #ARGV)))
   end
   if len > tonumber(cap) then redis.call('LTRIM', key, -tonumber(cap), -1) end
 end
@@ -103,7 +103,7 @@ redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', 1, 'status', 'Pending')
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[2])
 redis.call('XADD', KEYS[4], '*', 'payload', ARGV[3])
-audit(KEYS[5], ARGV[5], ARGV, 6)
+audit(KEYS[5], ARGV[5], 6)
 return false"
     ))
 });
@@ -123,43 +123,34 @@ return {fence, rec[1], rec[2], redis.call('GET', KEYS[4])}",
     )
 });
 
-/// Checks K[1] (fence) against A[1] and K[2] (task) version against
-/// A[2]. Returns the next version, or nil and the refusal to return.
-const CHECK_FN: &str = r"
-local function check(K, A)
-  local f = redis.call('GET', K[1])
-  if f ~= A[1] then return nil, {-1, f} end
-  local v = redis.call('HGET', K[2], 'version')
-  if not v then return nil, {-3, false} end
-  if v ~= A[2] then return nil, {-2, v} end
-  return tonumber(v) + 1
-end
+/// Checks KEYS[1] (fence) against ARGV[1] and KEYS[2] (task) version
+/// against ARGV[2]; leaves the stored version in `v`.
+const CHECK: &str = r"
+local f = redis.call('GET', KEYS[1])
+if f ~= ARGV[1] then return {-1, f} end
+local v = redis.call('HGET', KEYS[2], 'version')
+if not v then return {-3, false} end
+if v ~= ARGV[2] then return {-2, v} end
+local nv = tonumber(v) + 1
 ";
-
-// A worker's task writes are Lua functions of (KEYS, ARGV), the
-// parameters shadowing the globals: each runs as a script of its own
-// (`RECORD_ATTEMPT`, ...) or, with the writes of other tasks, in one call
-// of `TASK_WRITES` (see `batch.rs`). They need `SETTLE_FN`, `AUDIT_FN`
-// and `CHECK_FN`.
 
 /// KEYS: fence, task, claims, index (stored status), index (new status),
 /// audit.
 /// ARGV: fence, version, doc, claim, new status, id, created ms, audit cap,
 /// then the audit entries to append.
 /// Returns {new version, claimed 0/1}.
-const RECORD_ATTEMPT_FN: &str = r"
-local function record_attempt(KEYS, ARGV)
-local nv, refused = check(KEYS, ARGV)
-if not nv then return refused end
-audit(KEYS[6], ARGV[8], ARGV, 9)
+pub static RECORD_ATTEMPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{AUDIT_FN}{CHECK}
+audit(KEYS[6], ARGV[8], 9)
 redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
 if KEYS[4] ~= KEYS[5] then
   redis.call('ZREM', KEYS[4], ARGV[6])
   redis.call('ZADD', KEYS[5], ARGV[7], ARGV[6])
 end
-return {nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}
-end
-";
+return {{nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}}"
+    ))
+});
 
 /// KEYS: fence, task, claims, index (stored status), index (new status),
 /// lock, queue, cancel, audit.
@@ -168,22 +159,20 @@ end
 /// entry id, 13 unless cancelled ('1'), 14 audit cap, then the audit
 /// entries to append.
 ///
-/// `record_attempt` for a worker that goes on with the task it holds: the
+/// `RECORD_ATTEMPT` for a worker that goes on with the task it holds: the
 /// last attempt's outcome and the next attempt, under the same lease
 /// (renewed if asked; set again if it just expired, which the fence check
-/// proves nobody else noticed) and the same message (kept alive if
-/// asked). Refused with {-5, cancel} when asked to and cancellation was
-/// requested.
+/// proves nobody else noticed) and the same message (kept alive if asked). Refused with
+/// {-5, cancel} when asked to and cancellation was requested.
 /// Returns {new version, claimed 0/1}.
-const RECORD_NEXT_FN: &str = r"
-local function record_next(KEYS, ARGV)
-local nv, refused = check(KEYS, ARGV)
-if not nv then return refused end
+pub static RECORD_NEXT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{AUDIT_FN}{CHECK}
 if ARGV[13] == '1' then
   local c = redis.call('GET', KEYS[8])
-  if c then return {-5, c} end
+  if c then return {{-5, c}} end
 end
-audit(KEYS[9], ARGV[14], ARGV, 15)
+audit(KEYS[9], ARGV[14], 15)
 redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[5])
 if KEYS[4] ~= KEYS[5] then
   redis.call('ZREM', KEYS[4], ARGV[6])
@@ -193,9 +182,9 @@ if ARGV[9] ~= '' then
   redis.call('SET', KEYS[6], ARGV[8], 'PX', ARGV[9])
   pcall(redis.call, 'XCLAIM', KEYS[7], ARGV[10], ARGV[11], 0, ARGV[12], 'JUSTID')
 end
-return {nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}
-end
-";
+return {{nv, redis.call('HSETNX', KEYS[3], ARGV[4], 1)}}"
+    ))
+});
 
 /// KEYS: fence, task, lock, queue, dead, cancel, delayed, index (stored
 /// status), index (new status), expiring, claims, audit.
@@ -212,14 +201,11 @@ end
 /// cancellation was requested: the cancellation must not wait out a
 /// backoff (its own wake-up message may be stale by now).
 /// Returns {new version} or {-5, cancel} when refused for a cancellation.
-const COMMIT_FN: &str = r"
-local function commit(KEYS, ARGV)
-local nv, refused = check(KEYS, ARGV)
-if not nv then return refused end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+pub static COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}{SETTLE_FN}{AUDIT_FN}{CHECK}
 local cancelled = redis.call('EXISTS', KEYS[6]) == 1
-if ARGV[13] == '1' and cancelled then return {-5, redis.call('GET', KEYS[6])} end
+if ARGV[13] == '1' and cancelled then return {{-5, redis.call('GET', KEYS[6])}} end
 local expire = tonumber(ARGV[15])
 if ARGV[15] ~= '' and (not expire or expire < 1 or expire > 1e13) then
   return redis.error_reply('expire-after out of range: ' .. ARGV[15])
@@ -229,14 +215,14 @@ if not delay or delay < 0 or delay > 1e13 then
   return redis.error_reply('delay out of range: ' .. ARGV[6])
 end
 if cancelled then delay = 0 end
-audit(KEYS[12], ARGV[22], ARGV, 23)
+audit(KEYS[12], ARGV[22], 23)
 redis.call('HSET', KEYS[2], 'doc', ARGV[3], 'version', nv, 'status', ARGV[14])
 if KEYS[8] ~= KEYS[9] then
   redis.call('ZREM', KEYS[8], ARGV[12])
   redis.call('ZADD', KEYS[9], ARGV[16], ARGV[12])
 end
 if ARGV[17] ~= '' then redis.call('ZREM', KEYS[10], ARGV[17]) end
-local task_keys = {KEYS[2], KEYS[1], KEYS[6], KEYS[11], KEYS[12]}
+local task_keys = {{KEYS[2], KEYS[1], KEYS[6], KEYS[11], KEYS[12]}}
 if ARGV[15] ~= '' then
   for _, k in ipairs(task_keys) do redis.call('PEXPIRE', k, expire) end
   redis.call('ZADD', KEYS[10], now + expire, ARGV[18])
@@ -251,7 +237,7 @@ if ARGV[5] ~= '' then
   end
 end
 if ARGV[7] == 'dead' then
-  local fields = {'payload', ARGV[10], 'reason', ARGV[11], 'task', ARGV[12], 'at', now}
+  local fields = {{'payload', ARGV[10], 'reason', ARGV[11], 'task', ARGV[12], 'at', now}}
   if ARGV[19] ~= '' then table.insert(fields, 'size') table.insert(fields, ARGV[19]) end
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[20], '*', unpack(fields))
 end
@@ -259,62 +245,7 @@ if ARGV[7] == 'ack' or ARGV[7] == 'dead' then settle(KEYS[4], ARGV[9], ARGV[8]) 
 if ARGV[7] == 'resolve' then redis.call('XDEL', KEYS[5], ARGV[8]) end
 if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end
 if ARGV[21] ~= '' then redis.call('PUBLISH', ARGV[21], ARGV[12]) end
-return {nv}
-end
-";
-
-/// The task write `name`, defined by `function`, as a script of its own.
-fn task_write(function: &str, name: &str) -> Script {
-    Script::new(&format!(
-        "{SETTLE_FN}{AUDIT_FN}{CHECK_FN}{function}\nreturn {name}(KEYS, ARGV)"
-    ))
-}
-
-/// See `RECORD_ATTEMPT_FN`.
-pub static RECORD_ATTEMPT: LazyLock<Script> =
-    LazyLock::new(|| task_write(RECORD_ATTEMPT_FN, "record_attempt"));
-
-/// See `RECORD_NEXT_FN`.
-pub static RECORD_NEXT: LazyLock<Script> =
-    LazyLock::new(|| task_write(RECORD_NEXT_FN, "record_next"));
-
-/// See `COMMIT_FN`.
-pub static COMMIT: LazyLock<Script> = LazyLock::new(|| task_write(COMMIT_FN, "commit"));
-
-/// Several task writes in one call. ARGV: 1 the number of writes n, then
-/// n triples (write: 1 `record_attempt`, 2 `record_next`, 3 `commit`;
-/// number of keys; number of arguments), then every write's arguments in
-/// turn; KEYS: every write's keys in turn.
-///
-/// Each write runs as its own script would, under `pcall`: one that fails
-/// (a damaged record) answers with its error and the others still run, as
-/// they would have one by one. Returns the writes' replies in order, an
-/// error as {'error', message} (an error nested in a reply would fail the
-/// whole reply in the client).
-pub static TASK_WRITES: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r"{SETTLE_FN}{AUDIT_FN}{CHECK_FN}{RECORD_ATTEMPT_FN}{RECORD_NEXT_FN}{COMMIT_FN}
-local writes = {{record_attempt, record_next, commit}}
-local n = tonumber(ARGV[1])
-local k, a = 0, 1 + 3 * n
-local out = {{}}
-for i = 1, n do
-  local write = writes[tonumber(ARGV[3 * i - 1])]
-  local nk, na = tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1])
-  local keys, args = {{}}, {{}}
-  for j = 1, nk do keys[j] = KEYS[k + j] end
-  for j = 1, na do args[j] = ARGV[a + j] end
-  k, a = k + nk, a + na
-  local ok, reply = pcall(write, keys, args)
-  if type(reply) == 'table' and reply.err then
-    out[i] = {{'error', reply.err}}
-  elseif ok then
-    out[i] = reply
-  else
-    out[i] = {{'error', tostring(reply)}}
-  end
-end
-return out"
+return {{nv}}"
     ))
 });
 

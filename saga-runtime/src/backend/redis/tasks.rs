@@ -7,7 +7,6 @@ use futures::stream::{BoxStream, StreamExt};
 use redis::Value;
 use uuid::Uuid;
 
-use super::batch::{TaskWrite, Write};
 use super::keys::Keys;
 use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
@@ -450,8 +449,8 @@ impl TaskStore for RedisBackend {
         let k = self.keys();
         let p = k.partition_of(task.id);
         let reply: Vec<Value> = self
-            .write(
-                Write::new(TaskWrite::RecordAttempt, p)
+            .run(
+                s::RECORD_ATTEMPT
                     .key(k.fence(task.id))
                     .key(k.task(task.id))
                     .key(k.claims(task.id))
@@ -485,8 +484,8 @@ impl TaskStore for RedisBackend {
             None => (String::new(), String::new()),
         };
         let reply: Vec<Value> = self
-            .write(
-                Write::new(TaskWrite::RecordNext, p)
+            .run(
+                s::RECORD_NEXT
                     .key(k.fence(task.id))
                     .key(k.task(task.id))
                     .key(k.claims(task.id))
@@ -556,8 +555,8 @@ impl TaskStore for RedisBackend {
             String::new()
         };
         let reply: Vec<Value> = self
-            .write(
-                Write::new(TaskWrite::Commit, p)
+            .run(
+                s::COMMIT
                     .key(k.fence(task.id))
                     .key(k.task(task.id))
                     .key(k.lock(task.id))
