@@ -452,3 +452,64 @@ async fn on_redis() {
     progress_events(engine(Some(&redis)).await).await;
     process_instances(engine(Some(&redis)).await).await;
 }
+
+/// Event streams are capped: each polls the store for as long as its
+/// client stays, so one more than the cap is refused (503) until a stream
+/// ends, and then served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_are_capped() {
+    let redis = TestRedis::start();
+    // No workers: the tasks wait until a worker engine comes.
+    let client = Engine::builder()
+        .backend(redis.backend().await)
+        .saga(Fine)
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let api = Client::serve(Api::new(client.clone()).max_watchers(1).router()).await;
+    let first = client.start::<Fine>(1).await.unwrap();
+    let second = client.start::<Fine>(2).await.unwrap();
+    let watching = {
+        let api = api.clone();
+        tokio::spawn(async move { api.events(&format!("/api/tasks/{first}/events")).await })
+    };
+    // The first stream holds the only place.
+    let refused = async {
+        loop {
+            let (status, body) = api.get(&format!("/api/tasks/{second}/events")).await;
+            if status == 503 {
+                break body;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let body = tokio::time::timeout(Duration::from_secs(10), refused)
+        .await
+        .expect("a second stream is refused while the first is open");
+    assert_eq!(body["code"], json!("too_many_watchers"), "{body}");
+    // A worker ends both tasks; the first stream ends with its task and
+    // frees its place.
+    let workers = Engine::builder()
+        .backend(redis.backend().await)
+        .saga(Fine)
+        .build()
+        .await
+        .unwrap();
+    let events = tokio::time::timeout(Duration::from_secs(20), watching)
+        .await
+        .expect("the first stream ends with its task")
+        .unwrap();
+    assert_eq!(
+        events.last().map(|(name, _)| name.as_str()),
+        Some("finished")
+    );
+    client.wait(second).await.unwrap();
+    let events = api.events(&format!("/api/tasks/{second}/events")).await;
+    assert_eq!(
+        events.last().map(|(name, _)| name.as_str()),
+        Some("finished")
+    );
+    workers.shutdown().await;
+    client.shutdown().await;
+}

@@ -21,7 +21,7 @@
 //! | `GET /api/sagas` | each saga's name, version, steps, whether cancellable |
 //! | `GET /api/tasks?saga=&status=&step=&error=&from=&to=&cursor=&limit=` | a page of tasks, newest first |
 //! | `GET /api/tasks/{id}` | the task: steps, attempts, errors, audit log, trace id |
-//! | `GET /api/tasks/{id}/events` | its progress as server-sent events, until it finishes |
+//! | `GET /api/tasks/{id}/events` | its progress as server-sent events, until it finishes (at most [`Api::max_watchers`] streams open at once) |
 //! | `POST /api/sagas/{saga}/tasks` `{"input":..,"key":..}` | starts a task (201 `{"id":..}`) |
 //! | `POST /api/tasks/{id}/cancel` | cancels it |
 //! | `POST /api/tasks/{id}/resolve` `{"note":..}` | marks it resolved by hand |
@@ -37,8 +37,9 @@
 //! | `GET /metrics` | Prometheus exposition, with [`Api::metrics`] (feature `metrics`) |
 //!
 //! Errors are JSON everywhere: `{"error": "...", "code": "not_found"}`
-//! (`bad_request`, `unauthorized`, `read_only`, `conflict`,
-//! `invalid_input`, `unavailable`, `internal`). An unknown saga, process
+//! (`bad_request`, `unauthorized`, `read_only`, `cross_origin`,
+//! `conflict`, `invalid_input`, `too_many_watchers`, `unavailable`,
+//! `internal`). An unknown saga, process
 //! manager, task or dead letter answers 404 alike.
 
 mod access;
@@ -67,6 +68,7 @@ use reply::ApiError;
 pub struct Api {
     engine: Engine,
     access: Access,
+    max_watchers: usize,
     /// `GET /metrics`, when [`Api::metrics`] added it.
     extra: Option<Router>,
 }
@@ -76,7 +78,13 @@ pub struct Api {
 pub(crate) struct ApiState {
     engine: Engine,
     access: Arc<Access>,
+    /// Open event streams: each polls the store until its task ends or
+    /// its client leaves, so their number is capped.
+    watchers: Arc<tokio::sync::Semaphore>,
 }
+
+/// Event streams open at once, by default ([`Api::max_watchers`]).
+pub const DEFAULT_MAX_WATCHERS: usize = 64;
 
 impl Api {
     /// A read-only API over `engine` until [`token`](Self::token) or
@@ -85,6 +93,7 @@ impl Api {
         Api {
             engine,
             access: Access::ReadOnly,
+            max_watchers: DEFAULT_MAX_WATCHERS,
             extra: None,
         }
     }
@@ -115,6 +124,18 @@ impl Api {
         self
     }
 
+    /// At most `n` task event streams (`GET /api/tasks/{id}/events`) open
+    /// at once (default [`DEFAULT_MAX_WATCHERS`]); one more is refused with
+    /// 503 `too_many_watchers` until one closes. Each open stream reads
+    /// its task from the store on every change and every
+    /// [`WATCH_POLL`](crate::engine::WATCH_POLL), for as long as its client
+    /// stays: without a cap, anyone who can reach a read route could load
+    /// the store at will.
+    pub fn max_watchers(mut self, n: usize) -> Self {
+        self.max_watchers = n;
+        self
+    }
+
     /// Serves the Prometheus exposition at `GET /metrics` (feature
     /// `metrics`), from the handle [`crate::metrics::install`] returned.
     #[cfg(feature = "metrics")]
@@ -135,6 +156,7 @@ impl Api {
         let state = ApiState {
             engine: self.engine.clone(),
             access: Arc::new(self.access),
+            watchers: Arc::new(tokio::sync::Semaphore::new(self.max_watchers)),
         };
         let api = Router::new()
             .route("/api/overview", get(overview))

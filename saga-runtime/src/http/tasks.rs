@@ -235,13 +235,22 @@ pub(super) async fn events(
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let id = task_id(&id)?;
+    let Ok(watching) = state.watchers.clone().try_acquire_owned() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_watchers",
+            "Too many task event streams are open; try again once one has closed",
+        ));
+    };
     // Unknown tasks answer 404 like everywhere else, not an empty stream.
     state
         .engine
         .task(id)
         .await?
         .ok_or_else(ApiError::task_not_found)?;
-    let stream = state.engine.watch(id).map(|item| {
+    // The stream holds its place until it ends or its client leaves.
+    let stream = state.engine.watch(id).map(move |item| {
+        let _watching = &watching;
         let event = match item {
             Ok(progress) => Event::default()
                 .event(progress.event.name())
