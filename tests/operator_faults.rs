@@ -513,3 +513,59 @@ async fn cookie_authorize_refuses_cross_site_form_posts() {
     );
     engine.shutdown().await;
 }
+
+/// Was (answered Ok, did nothing): requeueing the letter of a task that no
+/// longer exists (its retention ran out) put the raw message back, which
+/// a worker dead-lettered again as a stray. Now it is refused with what
+/// to do instead (409 over HTTP), and the letter stays for a discard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeueing_the_letter_of_a_task_that_expired_is_refused() {
+    let redis = TestRedis::start();
+    let engine = Engine::builder()
+        .backend(redis.backend().await)
+        .saga(Parked)
+        .build()
+        .await
+        .unwrap();
+    let id = engine.start::<Parked>(1).await.unwrap();
+    assert_eq!(
+        engine.wait(id).await.unwrap().status,
+        TaskStatus::DeadLettered
+    );
+    let letter = all_letters(&engine)
+        .await
+        .into_iter()
+        .find(|l| l.task_id == Some(id))
+        .unwrap();
+    // The task's retention runs out: its record goes.
+    for key in redis.keys() {
+        if key.ends_with(&format!(":task:{id}")) {
+            let _: () = redis::cmd("DEL")
+                .arg(&key)
+                .query(&mut redis.conn())
+                .unwrap();
+        }
+    }
+    assert!(engine.task(id).await.unwrap().is_none());
+    match engine.requeue(&letter.id).await {
+        Err(saga_runtime::Error::TaskGone(gone)) => assert_eq!(gone, id),
+        other => panic!("requeueing the letter of a task that is gone: {other:?}"),
+    }
+    let api = serve(&engine).await;
+    let (status, body) = api
+        .post(
+            &format!("/api/dead-letters/{}/requeue", letter.id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("conflict")),
+        "{body}"
+    );
+    assert!(
+        all_letters(&engine).await.iter().any(|l| l.id == letter.id),
+        "the letter stays, for a discard"
+    );
+    engine.shutdown().await;
+}

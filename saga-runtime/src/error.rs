@@ -250,6 +250,11 @@ pub enum Error {
     /// what the operator settled.
     #[error("task {0} of this dead letter was resolved by hand: it is not requeued")]
     ResolvedTask(crate::task::TaskId),
+    /// The dead letter's task no longer exists (it expired after its
+    /// retention, or never existed): requeued, the message would only be
+    /// dead-lettered again.
+    #[error("task {0} of this dead letter no longer exists (its retention ran out): requeueing would only dead-letter it again; discard the letter")]
+    TaskGone(crate::task::TaskId),
     /// A dead letter kept only a prefix of its (huge) payload, so it cannot
     /// be put back on the queue.
     #[error(

@@ -94,6 +94,7 @@ impl Engine {
         };
         match (letter.task_id, status) {
             (Some(id), Some(TaskStatus::Resolved)) => Err(Error::ResolvedTask(id)),
+            (Some(id), None) => Err(Error::TaskGone(id)),
             (Some(id), Some(TaskStatus::DeadLettered)) => {
                 let allowed = [TaskStatus::DeadLettered];
                 let settle = Settle::ResolveDeadLetter(dead_letter_id);

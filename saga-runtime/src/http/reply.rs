@@ -70,6 +70,7 @@ impl From<Error> for ApiError {
             Error::DeadLetterNotFound(_) => ApiError::not_found(message),
             Error::NotResolvable { .. }
             | Error::ResolvedTask(_)
+            | Error::TaskGone(_)
             | Error::DeadLetterTruncated { .. }
             | Error::KeyReused { .. } => ApiError::conflict(message),
             Error::InvalidInput { .. } => ApiError::invalid(message),
