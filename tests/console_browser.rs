@@ -704,7 +704,7 @@ async fn requeue_dead_letter(page: &mut Page, addr: SocketAddr) {
         WAIT,
     )
     .await;
-    let letters = get(addr, "/api/dead-letters?limit=1000").await;
+    let letters = get(addr, "/api/dead-letters?limit=200").await;
     let ids: Vec<&str> = letters["letters"]
         .as_array()
         .unwrap()

@@ -22,6 +22,9 @@ pub(super) struct PageParams {
     limit: Option<usize>,
 }
 
+/// The most rows `GET /api/dead-letters` answers in one page.
+const MAX_ROWS: usize = 200;
+
 /// `GET /api/dead-letters?cursor=&limit=`: newest first, with each
 /// letter's task status when it has a task.
 pub(super) async fn list(
@@ -29,7 +32,10 @@ pub(super) async fn list(
     params: Result<Query<PageParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(params) = params?;
-    let mut filter = DeadLetterFilter::new().limit(params.limit.unwrap_or(50));
+    // Each row loads its letter's task: the page is kept small so that an
+    // open read route cannot make the store read thousands of tasks.
+    let limit = params.limit.unwrap_or(50).min(MAX_ROWS);
+    let mut filter = DeadLetterFilter::new().limit(limit);
     if let Some(cursor) = params.cursor.filter(|c| !c.is_empty()) {
         filter = filter.after(cursor);
     }

@@ -26,7 +26,7 @@
 //! | `POST /api/tasks/{id}/cancel` | cancels it |
 //! | `POST /api/tasks/{id}/resolve` `{"note":..}` | marks it resolved by hand |
 //! | `POST /api/tasks/{id}/retry-compensation` `{"note":..}` | runs its failed compensation again |
-//! | `GET /api/dead-letters?cursor=&limit=` | dead letters, newest first |
+//! | `GET /api/dead-letters?cursor=&limit=` | dead letters, newest first, each with its task's saga, status and step (at most 200 a page) |
 //! | `GET /api/dead-letters/{id}` | one |
 //! | `POST /api/dead-letters/{id}/requeue` | puts it back |
 //! | `POST /api/dead-letters/{id}/discard` `{"note":..}` | removes it |
