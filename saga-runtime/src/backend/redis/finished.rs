@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use super::primary::Primary;
 use futures::StreamExt;
-use redis::Client;
 use tokio::sync::broadcast;
 
 use crate::task::TaskId;
@@ -76,12 +76,12 @@ impl Finished {
     /// Waits until `id` is announced finished or `timeout` passes.
     pub async fn wait(
         self: &Arc<Self>,
-        client: &Client,
+        primary: &Arc<Primary>,
         channel: &str,
         id: TaskId,
         timeout: Duration,
     ) {
-        self.start(client, channel);
+        self.start(primary, channel);
         let mut rx = self.tx.subscribe();
         if self.take_finished(id) {
             return;
@@ -102,17 +102,17 @@ impl Finished {
 
     /// Starts the subscription unless it runs; it lives as long as this
     /// value (and the runtime it was spawned on).
-    fn start(self: &Arc<Self>, client: &Client, channel: &str) {
+    fn start(self: &Arc<Self>, primary: &Arc<Primary>, channel: &str) {
         if self.running.swap(true, Ordering::AcqRel) {
             return;
         }
         let weak: Weak<Finished> = Arc::downgrade(self);
-        let client = client.clone();
+        let primary = primary.clone();
         let channel = channel.to_owned();
         let running = Running(self.running.clone());
         tokio::spawn(async move {
             let _running = running;
-            subscribe(weak, client, channel).await
+            subscribe(weak, primary, channel).await
         });
     }
 }
@@ -127,9 +127,10 @@ impl Drop for Running {
     }
 }
 
-async fn subscribe(weak: Weak<Finished>, client: Client, channel: String) {
+async fn subscribe(weak: Weak<Finished>, primary: Arc<Primary>, channel: String) {
     loop {
-        match client.get_async_pubsub().await {
+        // The current primary on every attempt: it may have moved.
+        match primary.client().get_async_pubsub().await {
             Ok(mut pubsub) => {
                 if pubsub.subscribe(&channel).await.is_ok() {
                     let mut messages = pubsub.on_message();

@@ -43,6 +43,7 @@ mod finished;
 mod housekeeping;
 mod keys;
 mod partitions;
+mod primary;
 mod process;
 mod queue;
 mod scripts;
@@ -53,7 +54,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
 use redis::{Client, FromRedisValue, RedisError};
 use tokio::time::Instant;
 
@@ -112,8 +113,7 @@ pub struct RedisBackend {
 }
 
 struct Shared {
-    client: Client,
-    conn: ConnectionManager,
+    primary: Arc<primary::Primary>,
     keys: Keys,
     config: RedisConfig,
     readers: Mutex<HashMap<String, Reader>>,
@@ -137,6 +137,14 @@ struct Reader {
     recover: bool,
 }
 
+fn manager_config(config: &RedisConfig) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_response_timeout(Some(config.response_timeout))
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_number_of_retries(3)
+        .set_max_delay(Duration::from_secs(1))
+}
+
 /// A Redis error as a backend error: transient when the connection failed
 /// or the server asks to wait (loading, busy, failing over), a refusal
 /// otherwise (a script error: the same call would fail again).
@@ -157,6 +165,7 @@ fn unavailable(e: RedisError) -> BackendError {
                     | "TRYAGAIN"
                     | "CLUSTERDOWN"
                     | "READONLY"
+                    | "NOREPLICAS"
                     | "NOGROUP"
             )
         );
@@ -218,30 +227,54 @@ impl RedisBackend {
         RedisBackend::open(url, config).await
     }
 
+    /// Connects through Redis Sentinel to the primary of `service` (the
+    /// name the sentinels monitor it under), given the addresses of some of
+    /// the sentinels (`redis://127.0.0.1:26379`). After a failover the
+    /// backend follows the new primary: a command that fails because the
+    /// primary went away or became a replica makes it ask the sentinels
+    /// again, and the engine retries the command as after any transient
+    /// error. What a failover can lose is in the README ("Sentinel").
+    pub async fn connect_sentinel(
+        sentinels: &[&str],
+        service: &str,
+        config: RedisConfig,
+    ) -> Result<Self, BackendError> {
+        let sentinel = redis::sentinel::SentinelClient::build(
+            sentinels.to_vec(),
+            service.to_owned(),
+            None,
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(unavailable)?;
+        let primary = primary::Primary::sentinel(sentinel, manager_config(&config))
+            .await
+            .map_err(unavailable)?;
+        let backend = RedisBackend::with_primary(primary, config);
+        backend.check_layout().await?;
+        backend.ensure_groups().await?;
+        Ok(backend)
+    }
+
     /// A connection, with no check and no write.
     async fn open(url: &str, config: RedisConfig) -> Result<Self, BackendError> {
         let client = Client::open(url).map_err(unavailable)?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(config.response_timeout))
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(1));
-        let conn = client
-            .get_connection_manager_with_config(manager_config)
+        let primary = primary::Primary::fixed(client, manager_config(&config))
             .await
             .map_err(unavailable)?;
-        let backend = RedisBackend {
+        Ok(RedisBackend::with_primary(primary, config))
+    }
+
+    fn with_primary(primary: Arc<primary::Primary>, config: RedisConfig) -> Self {
+        RedisBackend {
             shared: Arc::new(Shared {
-                client,
-                conn,
+                primary,
                 keys: Keys::new(&config.prefix, config.partitions),
                 config,
                 readers: Mutex::new(HashMap::new()),
                 dead_letters_max: std::sync::atomic::AtomicUsize::new(100_000),
                 finished: finished::Finished::new(),
             }),
-        };
-        Ok(backend)
+        }
     }
 
     /// Refuses a partition count other than the one the deployment's data
@@ -277,8 +310,13 @@ impl RedisBackend {
         &self.shared.config
     }
 
-    fn conn(&self) -> ConnectionManager {
-        self.shared.conn.clone()
+    fn conn(&self) -> primary::Conn {
+        self.shared.primary.conn()
+    }
+
+    /// A client for the current primary, for a connection of its own.
+    fn client(&self) -> Client {
+        self.shared.primary.client()
     }
 
     fn keys(&self) -> &Keys {

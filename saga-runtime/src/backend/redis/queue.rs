@@ -86,8 +86,7 @@ impl RedisBackend {
             .set_response_timeout(Some(self.shared.config.block + Duration::from_secs(5)))
             .set_connection_timeout(Some(Duration::from_secs(5)));
         let conn = self
-            .shared
-            .client
+            .client()
             .get_multiplexed_async_connection_with_config(&config)
             .await
             .map_err(unavailable)?;
@@ -320,6 +319,7 @@ impl RedisBackend {
                 // persistence, a failover): then the read simply found
                 // nothing this time.
                 self.reader(consumer, |r| r.conn = None);
+                self.shared.primary.failed(&e);
                 if e.code() == Some("NOGROUP") {
                     tracing::warn!("the server lost the consumer groups; recreating them");
                     self.ensure_groups().await?;

@@ -681,18 +681,19 @@ impl TaskStore for RedisBackend {
         let channel = self.keys().finished_channel();
         let finished = self.shared.finished.clone();
         finished
-            .wait(&self.shared.client, &channel, id, timeout)
+            .wait(&self.shared.primary, &channel, id, timeout)
             .await;
     }
 
     async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let client = self.shared.client.clone();
+        let primary = self.shared.primary.clone();
         let channel = self.keys().cancel_channel();
         // Resubscribes after a disconnect; ends when the receiver is dropped.
         tokio::spawn(async move {
             loop {
-                match client.get_async_pubsub().await {
+                // The current primary on every attempt: it may have moved.
+                match primary.client().get_async_pubsub().await {
                     Ok(mut pubsub) => {
                         if pubsub.subscribe(&channel).await.is_ok() {
                             let mut messages = pubsub.on_message();
