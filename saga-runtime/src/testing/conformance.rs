@@ -226,6 +226,25 @@ pub async fn versions_and_concurrent_updates(b: Arc<dyn Backend>) {
     assert_eq!(b.load_task(t.id).await.unwrap().unwrap().version, 2);
 }
 
+/// A write stamps the record with when it was made (`updated_at`).
+pub async fn writes_stamp_updated_at(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let lease = lock(&*b, t.id).await;
+    let created = b.load_task(t.id).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    b.record_attempt(&created, TaskStatus::Pending, &lease, "one:1")
+        .await
+        .unwrap();
+    let written = b.load_task(t.id).await.unwrap().unwrap();
+    assert!(
+        written.updated_at.0 >= created.updated_at.0 + 5,
+        "updated_at {:?} after a write at least 5 ms after {:?}",
+        written.updated_at,
+        created.updated_at
+    );
+}
+
 /// An attempt's claim is won once per task; the write happens either way.
 pub async fn attempt_claims(b: Arc<dyn Backend>) {
     let t = task("s");
@@ -1737,6 +1756,7 @@ macro_rules! backend_conformance {
             create_load_and_fresh_copies,
             versions_and_concurrent_updates,
             attempt_claims,
+            writes_stamp_updated_at,
             a_lease_taken_with_a_delivery_is_the_tasks_lock,
             going_on_with_a_task_records_the_next_attempt,
             the_audit_log_is_appended_and_capped,

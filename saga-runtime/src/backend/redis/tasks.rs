@@ -85,6 +85,16 @@ struct Record<'a> {
 }
 
 fn doc(task: &TaskInstance) -> Result<String, BackendError> {
+    doc_updated(task, task.updated_at)
+}
+
+/// The record of a write: stamped with when it was written (the store's
+/// `updated_at`, as the in-memory backend keeps it).
+fn written(task: &TaskInstance) -> Result<String, BackendError> {
+    doc_updated(task, Timestamp::now())
+}
+
+fn doc_updated(task: &TaskInstance, updated: Timestamp) -> Result<String, BackendError> {
     let TaskInstance {
         id,
         saga,
@@ -98,7 +108,7 @@ fn doc(task: &TaskInstance) -> Result<String, BackendError> {
         trace_id,
         traceparent,
         created_at,
-        updated_at,
+        updated_at: _,
         finished_at,
         cancelled_at,
         error,
@@ -119,7 +129,7 @@ fn doc(task: &TaskInstance) -> Result<String, BackendError> {
         trace_id,
         traceparent,
         created_at: *created_at,
-        updated_at: *updated_at,
+        updated_at: updated,
         finished_at: *finished_at,
         cancelled_at: *cancelled_at,
         error,
@@ -459,7 +469,7 @@ impl TaskStore for RedisBackend {
                     .key(k.audit(task.id))
                     .arg(lease.fence)
                     .arg(task.version)
-                    .arg(doc(task)?)
+                    .arg(written(task)?)
                     .arg(claim)
                     .arg(format!("{:?}", task.status))
                     .arg(task.id.to_string())
@@ -497,7 +507,7 @@ impl TaskStore for RedisBackend {
                     .key(k.audit(task.id))
                     .arg(next.lease.fence)
                     .arg(task.version)
-                    .arg(doc(task)?)
+                    .arg(written(task)?)
                     .arg(next.claim)
                     .arg(format!("{:?}", task.status))
                     .arg(task.id.to_string())
@@ -571,7 +581,7 @@ impl TaskStore for RedisBackend {
                     .key(k.audit(task.id))
                     .arg(commit.lease.fence)
                     .arg(task.version)
-                    .arg(doc(task)?)
+                    .arg(written(task)?)
                     .arg(&commit.lease.token)
                     .arg(next)
                     .arg(delay)
