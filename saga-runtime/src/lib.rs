@@ -55,7 +55,7 @@
 //!   versions); [`policy`] and [`circuit`]: retries and breakers;
 //! - [`task`]: the persisted record ([`TaskInstance`], statuses, audit log);
 //! - [`backend`]: the storage traits, the in-memory backend and, with the
-//!   `redis` feature, [`backend::redis`];
+//!   `redis` feature, `backend::redis`;
 //! - [`process`]: process managers, with [`process::tally`] for fan-in;
 //!   [`endpoint`]: the messages they send to other services, and
 //!   [`Engine::consumer`] to receive them; [`testing`]: `ProcessTest` and,

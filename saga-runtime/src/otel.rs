@@ -18,7 +18,7 @@
 //! Without the feature every function here does nothing, and trace ids
 //! are random ids that still correlate log lines.
 //!
-//! [`otlp`] builds a tracer provider that ships the spans to an
+//! `otlp` (feature `otel`) builds a tracer provider that ships the spans to an
 //! OpenTelemetry collector over OTLP/HTTP, for applications that have no
 //! exporter set up yet (the README shows it wired into a subscriber).
 

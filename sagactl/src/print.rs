@@ -4,6 +4,21 @@
 use saga_runtime::{Bulk, DeadLetterPage, TaskInstance, TaskPage};
 use serde_json::json;
 
+/// `println!` that ends the program quietly when whoever reads the output
+/// went away (`sagactl show ID | head`): a closed pipe is not an error of
+/// sagactl's.
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(error) = writeln!(std::io::stdout(), $($arg)*) {
+            if error.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            panic!("writing to stdout: {error}");
+        }
+    }};
+}
+
 pub struct Out {
     pub json: bool,
 }

@@ -295,7 +295,7 @@ impl Engine {
     ///
     /// Saga, status and creation time are indexed. Step and error text
     /// are checked on the tasks read: such a page reads at most
-    /// [`TASK_SCAN_LIMIT`] tasks and may come back with fewer than the
+    /// 5,000 tasks (`TASK_SCAN_LIMIT`) and may come back with fewer than the
     /// limit and a `next` cursor to continue the search from.
     pub async fn tasks(&self, filter: TaskFilter) -> Result<TaskPage, Error> {
         let limit = filter.page_size();
