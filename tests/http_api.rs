@@ -329,10 +329,16 @@ async fn operator_actions(redis: Option<&TestRedis>) {
     assert_eq!(bulk["done"].as_array().unwrap().len(), 3, "{bulk}");
     assert_eq!(bulk["failed"], json!([]));
     for id in &gated {
-        assert_eq!(
-            engine.wait(*id).await.unwrap().status,
-            TaskStatus::Completed
-        );
+        let task = engine.wait(*id).await.unwrap();
+        assert_eq!(task.status, TaskStatus::Completed);
+        // The operator who requeued it is in its audit log.
+        let requeued = task
+            .audit_log
+            .iter()
+            .find(|e| e.action == saga_runtime::AuditAction::Requeued)
+            .expect("a Requeued entry");
+        let details: Value = serde_json::from_str(requeued.details.as_deref().unwrap()).unwrap();
+        assert_eq!(details["by"], json!("ana"), "{details}");
     }
     let (_, letters) = api.get("/api/dead-letters").await;
     assert_eq!(letters["letters"], json!([]));

@@ -81,6 +81,24 @@ impl Engine {
     /// numbers keep counting, so attempt claims stay unique) and the task
     /// resumes where it stopped.
     pub async fn requeue(&self, dead_letter_id: &str) -> Result<(), Error> {
+        self.requeue_as(dead_letter_id, None).await
+    }
+
+    /// [`requeue`](Self::requeue), with who did it and why recorded in
+    /// the task's `Requeued` audit entry.
+    pub async fn requeue_by(
+        &self,
+        dead_letter_id: &str,
+        intervention: Intervention,
+    ) -> Result<(), Error> {
+        self.requeue_as(dead_letter_id, Some(&intervention)).await
+    }
+
+    async fn requeue_as(
+        &self,
+        dead_letter_id: &str,
+        intervention: Option<&Intervention>,
+    ) -> Result<(), Error> {
         let letter = self.letter(dead_letter_id).await?;
         if let Some(size) = letter.truncated {
             return Err(Error::DeadLetterTruncated {
@@ -99,7 +117,7 @@ impl Engine {
                 let allowed = [TaskStatus::DeadLettered];
                 let settle = Settle::ResolveDeadLetter(dead_letter_id);
                 self.intervene(id, "requeue", &allowed, settle, |task| {
-                    resume(task, dead_letter_id);
+                    resume(task, dead_letter_id, intervention);
                     true
                 })
                 .await
@@ -174,6 +192,20 @@ impl Engine {
     pub async fn requeue_where(&self, selection: DeadLetterSelection) -> Result<Bulk, Error> {
         self.each_picked(&selection, |id| async move { self.requeue(&id).await })
             .await
+    }
+
+    /// [`requeue_where`](Self::requeue_where), with who did it and why
+    /// recorded in each requeued task's audit log.
+    pub async fn requeue_where_by(
+        &self,
+        selection: DeadLetterSelection,
+        intervention: Intervention,
+    ) -> Result<Bulk, Error> {
+        let intervention = &intervention;
+        self.each_picked(&selection, |id| async move {
+            self.requeue_as(&id, Some(intervention)).await
+        })
+        .await
     }
 
     /// Discards every dead letter that `selection` picks (at most
@@ -296,7 +328,7 @@ pub struct Bulk {
 
 /// Gives a parked task a fresh retry budget where it stopped: the failed
 /// step, or the compensation it was running.
-fn resume(task: &mut TaskInstance, dead_letter_id: &str) {
+fn resume(task: &mut TaskInstance, dead_letter_id: &str, intervention: Option<&Intervention>) {
     let compensating = task.cancelled_at.is_some()
         || task
             .steps
@@ -315,9 +347,16 @@ fn resume(task: &mut TaskInstance, dead_letter_id: &str) {
         }
     }
     task.error = None;
-    task.audit(
-        AuditEntry::new(AuditAction::Requeued).details(format!("dead letter {dead_letter_id}")),
-    );
+    let details = match intervention {
+        Some(i) => serde_json::json!({
+            "dead_letter": dead_letter_id,
+            "by": i.by,
+            "note": i.note,
+        })
+        .to_string(),
+        None => format!("dead letter {dead_letter_id}"),
+    };
+    task.audit(AuditEntry::new(AuditAction::Requeued).details(details));
     task.set_status(if compensating {
         TaskStatus::Compensating
     } else {

@@ -10,7 +10,7 @@ use super::access::Operator;
 use super::reply::ApiError;
 use super::tasks::{intervention, NoteBody};
 use super::ApiState;
-use crate::engine::{Bulk, DeadLetterFilter, DeadLetterSelection};
+use crate::engine::{Bulk, DeadLetterFilter, DeadLetterSelection, Intervention};
 use crate::error::Error;
 use crate::DeadLetter;
 
@@ -74,12 +74,8 @@ pub(super) async fn requeue(
     Operator(by): Operator,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    state.engine.requeue(&id).await?;
-    tracing::info!(
-        dead_letter = id,
-        by,
-        "dead letter requeued through the HTTP API"
-    );
+    let intervention = Intervention::new(by, "requeued through the HTTP API");
+    state.engine.requeue_by(&id, intervention).await?;
     Ok(Json(json!({ "requeued": id })))
 }
 
@@ -109,12 +105,10 @@ pub(super) async fn requeue_where(
              take the whole queue",
         ));
     }
-    let bulk = state.engine.requeue_where(selection).await?;
-    tracing::info!(
-        by,
-        requeued = bulk.done.len(),
-        failed = bulk.failed.len(),
-        "bulk requeue through the HTTP API"
-    );
+    let intervention = Intervention::new(by, "bulk requeue through the HTTP API");
+    let bulk = state
+        .engine
+        .requeue_where_by(selection, intervention)
+        .await?;
     Ok(Json(bulk))
 }

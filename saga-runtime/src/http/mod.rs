@@ -100,7 +100,8 @@ impl Api {
 
     /// Allows changes to requests with `Authorization: Bearer <token>`.
     /// The operator named in their `X-Operator` header (else `token`) is
-    /// recorded in the audit log of what they do.
+    /// recorded in the audit log of what they resolve, retry, requeue or
+    /// discard (a cancellation logs who asked, with `tracing`).
     ///
     /// # Panics
     ///
