@@ -598,3 +598,47 @@ async fn a_delayed_hand_back_on_a_partition_comes_back_without_the_timer_poller(
     .await;
     engine.shutdown().await;
 }
+
+/// Was (a minute, then dead letters): with an engine that runs `pinger`
+/// alive beside a busier one that does not, a ping that the busier engine
+/// took off the shared stream went back with a growing delay (1, 2, 4 ...
+/// s, counted toward the delivery cap) as if no engine ran `pinger`, and
+/// the busier engine kept taking it. Now it goes back at once, uncounted,
+/// while an engine that runs it is alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_reaches_the_engine_that_runs_its_process_manager_promptly() {
+    let redis = TestRedis::start();
+    let lease = Duration::from_millis(800);
+    let adders = engine(&redis, Runs::Adder, 4, lease).await;
+    let pingers = engine(&redis, Runs::Pinger, 1, lease).await;
+    until("both engines owning partitions", async || {
+        redis.partition_owner_set().is_some_and(|s| s.len() == 2)
+    })
+    .await;
+    let client = engine(&redis, Runs::Pinger, 0, lease).await;
+    let started = Instant::now();
+    for n in 0..20 {
+        client
+            .publish(Ping {
+                key: format!("p-{n}"),
+            })
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&pingers, |m| &m.handled) < 20 {
+        assert!(Instant::now() < deadline, "pings still not handled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "20 pings took {took:?} to reach the engine that runs `pinger`"
+    );
+    assert_eq!(metric(&adders, |m| &m.dead_lettered), 0);
+    for n in 0..20 {
+        assert_eq!(sum::<Pinger>(&pingers, &format!("p-{n}")).await, 1);
+    }
+    adders.shutdown().await;
+    pingers.shutdown().await;
+}

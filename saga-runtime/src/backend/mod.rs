@@ -1255,6 +1255,29 @@ pub trait Leases: Send + Sync + 'static {
         let _ = member;
         Ok(())
     }
+
+    /// Records that `member` runs the process managers `names` for the
+    /// next `ttl` (`None`: it stops running them now, shutting down), so
+    /// that an engine handed a message for a process manager it does not
+    /// run can tell whether another engine does
+    /// ([`process_runner_alive`](Self::process_runner_alive)).
+    async fn announce_processes(
+        &self,
+        member: &str,
+        names: &[&'static str],
+        ttl: Option<Duration>,
+    ) -> Result<(), BackendError> {
+        let _ = (member, names, ttl);
+        Ok(())
+    }
+
+    /// Whether an engine that runs process manager `name` announced it
+    /// within its TTL. `false` when the backend does not know (the
+    /// default): the message then waits for one with growing delays.
+    async fn process_runner_alive(&self, name: &str) -> Result<bool, BackendError> {
+        let _ = name;
+        Ok(false)
+    }
 }
 
 /// Retention: what keeps a backend's size bounded over a year of traffic.

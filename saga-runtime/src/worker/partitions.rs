@@ -82,6 +82,18 @@ async fn renew(rt: &Runtime) {
             tracing::warn!(%error, "renewing the process-manager partitions failed; will retry")
         }
     }
+    let names = process_names(rt);
+    if let Err(error) = rt
+        .backend
+        .announce_processes(&rt.instance, &names, Some(ttl(rt)))
+        .await
+    {
+        tracing::warn!(%error, "announcing the process managers this engine runs failed; will retry");
+    }
+}
+
+fn process_names(rt: &Runtime) -> Vec<&'static str> {
+    rt.processes.keys().copied().collect()
 }
 
 /// Keeps this engine's share renewed until it shuts down, then lets go of
@@ -101,4 +113,9 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
     if let Err(error) = rt.backend.leave_process_partitions(&rt.instance).await {
         tracing::warn!(%error, "letting go of the process-manager partitions failed; others take them over when they expire");
     }
+    let names = process_names(&rt);
+    let _ = rt
+        .backend
+        .announce_processes(&rt.instance, &names, None)
+        .await;
 }

@@ -291,6 +291,18 @@ async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
         Ok(false) => {}
         Err(error) => tracing::debug!(%error, "moving the message to the shared stream failed"),
     }
+    // Another engine runs it: back at once, as an answered delivery (not
+    // counted toward the cap), for that engine to take. Only with none
+    // alive (a rolling deploy that adds it) does it wait with growing
+    // delays.
+    match rt.backend.process_runner_alive(&envelope.process).await {
+        Ok(true) => {
+            tracing::debug!(process = %envelope.process, "run by another engine; handed back");
+            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+        Ok(false) => {}
+        Err(error) => tracing::debug!(%error, "could not tell whether another engine runs it"),
+    }
     let why = format!(
         "unknown process manager `{}` (this worker runs [{}])",
         envelope.process,

@@ -192,6 +192,32 @@ impl Leases for RedisBackend {
     async fn leave_process_partitions(&self, member: &str) -> Result<(), BackendError> {
         self.balance(member, Duration::ZERO, true).await.map(drop)
     }
+
+    async fn announce_processes(
+        &self,
+        member: &str,
+        names: &[&'static str],
+        ttl: Option<Duration>,
+    ) -> Result<(), BackendError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let mut call = s::ANNOUNCE.prepare_invoke();
+        for name in names {
+            call.key(self.keys().process_runners(name));
+        }
+        call.arg(member)
+            .arg(ttl.map(|t| ms(t).to_string()).unwrap_or_default());
+        let _: i64 = self.run(&call).await?;
+        Ok(())
+    }
+
+    async fn process_runner_alive(&self, name: &str) -> Result<bool, BackendError> {
+        let runners: i64 = self
+            .run(&s::RUNNERS.key(self.keys().process_runners(name)))
+            .await?;
+        Ok(runners > 0)
+    }
 }
 
 #[async_trait]

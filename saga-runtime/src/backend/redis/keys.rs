@@ -171,6 +171,12 @@ impl Keys {
         format!("{}:members", self.pm_tag())
     }
 
+    /// The engines that run process manager `name`, by the time their
+    /// announcement runs out.
+    pub fn process_runners(&self, name: &str) -> String {
+        format!("{}:runs:{name}", self.pm_tag())
+    }
+
     /// What the owner lease of process-manager partition `k` is named
     /// (`<this>:<k>`), for the script that balances them.
     pub fn partition_owner_prefix(&self) -> String {

@@ -1059,3 +1059,33 @@ end
 return #ARGV"
     ))
 });
+
+/// KEYS: the runner sets of the process managers an engine runs. ARGV:
+/// member, ttl ms ('' = leaving). Records the member in each until the
+/// TTL runs out (or removes it), dropping expired members; a set outlives
+/// its last member by a little, then expires.
+pub static ANNOUNCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+for _, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if ARGV[2] == '' then
+    redis.call('ZREM', key, ARGV[1])
+  else
+    local ttl = tonumber(ARGV[2])
+    redis.call('ZADD', key, now + ttl, ARGV[1])
+    redis.call('PEXPIRE', key, ttl * 2)
+  end
+end
+return 1"
+    ))
+});
+
+/// KEYS: a process manager's runner set. Returns how many engines that
+/// run it announced themselves within their TTL.
+pub static RUNNERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')"
+    ))
+});
