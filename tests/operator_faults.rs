@@ -386,6 +386,19 @@ async fn http_errors_are_json_for_wrong_method_and_bad_path() {
             "{what}: {status} {body}; all: {seen:?}"
         );
     }
+    // A change sent without its JSON body says what to send.
+    let (status, body) = api
+        .send("POST", &format!("/api/tasks/{id}/resolve"), None)
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (415, Some("unsupported_media_type")),
+        "{body}"
+    );
+    assert!(
+        body["error"].as_str().unwrap().contains("\"note\""),
+        "{body}"
+    );
     engine.shutdown().await;
 }
 

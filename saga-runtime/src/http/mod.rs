@@ -38,7 +38,7 @@
 //!
 //! Errors are JSON everywhere: `{"error": "...", "code": "not_found"}`
 //! (`bad_request`, `unauthorized`, `read_only`, `cross_origin`,
-//! `conflict`, `invalid_input`, `too_many_watchers`, `unavailable`,
+//! `conflict`, `invalid_input`, `unsupported_media_type`, `too_many_watchers`, `unavailable`,
 //! `internal`). An unknown saga, process
 //! manager, task or dead letter answers 404 alike.
 

@@ -91,7 +91,16 @@ impl From<Error> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
-        ApiError::new(rejection.status(), "bad_request", rejection.body_text())
+        match rejection {
+            // No body at all, the usual mistake with a `curl -X POST`.
+            JsonRejection::MissingJsonContentType(_) => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "send a JSON body with `Content-Type: application/json` (for example \
+                 `{\"note\": \"what was found and done\"}`)",
+            ),
+            rejection => ApiError::new(rejection.status(), "bad_request", rejection.body_text()),
+        }
     }
 }
 
