@@ -267,7 +267,17 @@ fn args() -> Result<Args, String> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("console: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
     let mut builder = Engine::builder()
         .saga(CreateZip {
@@ -276,7 +286,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .process_manager(ExportFollowUp)
         .workers(4);
     if let Some(url) = &args.redis {
-        builder = builder.backend(RedisBackend::connect(url).await?);
+        let backend = RedisBackend::connect(url)
+            .await
+            .map_err(|e| format!("cannot use Redis at {url}: {e}"))?;
+        builder = builder.backend(backend);
     }
     // Before the engine, so that its first figures are recorded.
     let metrics = saga_runtime::metrics::install()?;
@@ -285,15 +298,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let run = format!("{}-", &TaskId::new().to_string()[..4]);
     tokio::spawn(traffic(engine.clone(), run));
 
+    // Bound before anything is printed: a port in use is told as such.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot listen on 127.0.0.1:{}: {e} (pass --port 0 for any free port)",
+                args.port
+            )
+        })?;
     let mut api = Api::new(engine.clone()).metrics(metrics);
-    if !args.read_only {
+    if args.read_only {
+        println!("read-only: no token, so the API refuses every change");
+    } else {
         let token = args
             .token
             .unwrap_or_else(|| TaskId::new().0.simple().to_string());
         println!("token: {token}");
         api = api.token(token);
     }
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port)).await?;
     let addr = listener.local_addr()?;
     println!("console listening on http://{addr}/console");
     println!("metrics at http://{addr}/metrics");

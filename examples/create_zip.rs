@@ -277,7 +277,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         services: services.clone(),
     });
     if let Some(url) = &args.redis {
-        builder = builder.backend(RedisBackend::connect(url).await?);
+        let backend = RedisBackend::connect(url)
+            .await
+            .map_err(|e| format!("cannot use Redis at {url}: {e}"))?;
+        builder = builder.backend(backend);
     }
     if args.worker_only {
         let engine = builder.workers(0).build().await?;
