@@ -296,7 +296,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let engine = builder.build().await?;
     // Names unique to this run, so that runs sharing a Redis never meet.
     let run = format!("{}-", &TaskId::new().to_string()[..4]);
-    tokio::spawn(traffic(engine.clone(), run));
+    let traffic = tokio::spawn(traffic(engine.clone(), run));
 
     // Bound before anything is printed: a port in use is told as such.
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
@@ -324,6 +324,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     axum::serve(listener, app)
         .with_graceful_shutdown(saga_runtime::shutdown_signal())
         .await?;
+    // No new tasks while the running steps finish.
+    traffic.abort();
+    println!("shutting down: letting the running steps finish");
     engine.shutdown().await;
     Ok(())
 }

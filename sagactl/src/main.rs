@@ -24,6 +24,7 @@ use std::process::ExitCode;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::backend::TaskStore;
 use saga_runtime::{
     DeadLetterFilter, DeadLetterSelection, Engine, Error, Intervention, TaskFilter,
 };
@@ -214,7 +215,7 @@ async fn run(cli: Cli) -> Result<(), Error> {
     };
     let backend = RedisBackend::attach(&cli.redis, config).await?;
     let engine = Engine::builder()
-        .backend(backend)
+        .backend(backend.clone())
         .workers(0)
         .build()
         .await?;
@@ -229,7 +230,7 @@ async fn run(cli: Cli) -> Result<(), Error> {
             cursor,
         } => {
             let filter = TaskFilter {
-                saga: Some(saga),
+                saga: Some(saga.clone()),
                 status,
                 step,
                 error_contains: error,
@@ -237,7 +238,17 @@ async fn run(cli: Cli) -> Result<(), Error> {
                 limit,
                 ..TaskFilter::default()
             };
-            out.tasks(&engine.tasks(filter).await?);
+            let page = engine.tasks(filter).await?;
+            out.tasks(&page);
+            // A misspelt saga looks like one with nothing to show: say so.
+            if page.tasks.is_empty() && page.next.is_none() {
+                let counts = backend.count_tasks(&saga).await?;
+                if counts.iter().all(|(_, n)| *n == 0) {
+                    eprintln!(
+                        "sagactl: no task of saga `{saga}` is stored under this prefix (check the name)"
+                    );
+                }
+            }
         }
         Command::Show { task } => match engine.task(task).await? {
             Some(task) => out.task(&task),
