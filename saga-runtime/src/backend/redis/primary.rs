@@ -35,7 +35,6 @@ pub(super) struct Primary {
     manager_config: ConnectionManagerConfig,
 }
 
-#[derive(Clone)]
 struct Endpoint {
     client: Client,
     conn: ConnectionManager,
@@ -97,23 +96,20 @@ impl Primary {
         }))
     }
 
-    fn endpoint(&self) -> Endpoint {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    fn read<T>(&self, f: impl FnOnce(&Endpoint) -> T) -> T {
+        f(&self.current.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// A client for the current primary, for connections of their own
     /// (blocking reads, subscriptions).
     pub(super) fn client(&self) -> Client {
-        self.endpoint().client
+        self.read(|e| e.client.clone())
     }
 
     /// The shared connection to the current primary.
     pub(super) fn conn(self: &Arc<Self>) -> Conn {
         Conn {
-            inner: self.endpoint().conn,
+            inner: self.read(|e| e.conn.clone()),
             primary: self.clone(),
         }
     }
@@ -157,14 +153,7 @@ impl Primary {
         };
         let client = sentinel.client.lock().await.async_get_client().await?;
         let address = client.get_connection_info().addr().to_string();
-        if self
-            .endpoint()
-            .client
-            .get_connection_info()
-            .addr()
-            .to_string()
-            == address
-        {
+        if self.read(|e| e.client.get_connection_info().addr().to_string()) == address {
             return Ok(());
         }
         let conn = client
