@@ -2,9 +2,10 @@
 //! replicas and three sentinels (quorum 2), on free ports, torn down on
 //! drop. Never the shared instance on 6379.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use super::redis_server::free_port;
 
 /// The name the sentinels monitor the primary under.
 pub const SERVICE: &str = "sagas";
@@ -14,14 +15,6 @@ pub struct TestSentinel {
     /// The data servers by port; `None` once killed.
     servers: Vec<(u16, Option<Child>)>,
     sentinels: Vec<(u16, Child)>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn spawn(args: &[&str]) -> Child {

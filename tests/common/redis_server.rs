@@ -17,7 +17,8 @@ pub struct TestRedis {
     aof: bool,
 }
 
-fn free_port() -> u16 {
+/// A port nothing listens on now (the OS picks it).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
