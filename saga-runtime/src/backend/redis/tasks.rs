@@ -707,7 +707,16 @@ impl TaskStore for RedisBackend {
                     Ok(mut pubsub) => {
                         if pubsub.subscribe(&channel).await.is_ok() {
                             let mut messages = pubsub.on_message();
-                            while let Some(msg) = messages.next().await {
+                            loop {
+                                // The receiver gone (the engine stopped),
+                                // this task ends at once: it holds the
+                                // primary, whose sentinel poller lives as
+                                // long as anything does.
+                                let msg = tokio::select! {
+                                    msg = messages.next() => msg,
+                                    _ = tx.closed() => return,
+                                };
+                                let Some(msg) = msg else { break };
                                 let Ok(text) = msg.get_payload::<String>() else {
                                     continue;
                                 };
@@ -723,10 +732,10 @@ impl TaskStore for RedisBackend {
                         tracing::debug!(%error, "cancellation subscription failed; retrying")
                     }
                 }
-                if tx.is_closed() {
-                    return;
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
-                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
         Ok(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed())
