@@ -118,3 +118,29 @@ async fn a_dropped_sentinel_backend_stops_polling() {
         "{opened} connections opened to the primary in 3 s after the engine and its backend were dropped"
     );
 }
+
+/// An idle backend on Sentinel must not open connections to the primary
+/// on its own: the half-second poll asks the sentinels (each lookup of
+/// the crate's `async_get_client` opens a fresh connection to the primary
+/// it names to check its role), so every backend of every process churned
+/// several TCP connections a second through the primary (TIME_WAIT piling
+/// up on both sides), even with no traffic and no failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sentinel_backend_does_not_churn_connections_to_the_primary() {
+    let deployment = TestSentinel::start();
+    let urls = deployment.sentinel_urls();
+    let sentinels: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let primary = deployment.primary();
+    let backend = RedisBackend::connect_sentinel(&sentinels, SERVICE, RedisConfig::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = connections_received(primary);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let opened = connections_received(primary) - before - 1;
+    assert!(
+        opened <= 1,
+        "an idle backend opened {opened} connections to the primary in 3 s"
+    );
+    drop(backend);
+}

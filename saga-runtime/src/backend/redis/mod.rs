@@ -246,9 +246,19 @@ impl RedisBackend {
             redis::sentinel::SentinelServerType::Master,
         )
         .map_err(unavailable)?;
-        let primary = primary::Primary::sentinel(sentinel, manager_config(&config))
-            .await
+        let clients = sentinels
+            .iter()
+            .map(|url| Client::open(*url))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(unavailable)?;
+        let primary = primary::Primary::sentinel(
+            sentinel,
+            clients,
+            service.to_owned(),
+            manager_config(&config),
+        )
+        .await
+        .map_err(unavailable)?;
         let backend = RedisBackend::with_primary(primary, config);
         backend.check_layout().await?;
         backend.ensure_groups().await?;

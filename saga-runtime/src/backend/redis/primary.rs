@@ -12,7 +12,9 @@
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::sentinel::SentinelClient;
 use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::time::Instant;
@@ -44,6 +46,12 @@ struct Sentinel {
     client: tokio::sync::Mutex<SentinelClient>,
     /// When the sentinels were last asked.
     asked: Mutex<Option<Instant>>,
+    /// The service's name, and a client and kept connection per sentinel,
+    /// for the periodic look: one `SENTINEL get-master-addr-by-name` on a
+    /// connection kept open (the full lookup opens a connection to the
+    /// primary each time to check its role).
+    service: String,
+    look: tokio::sync::Mutex<Vec<(Client, Option<MultiplexedConnection>)>>,
 }
 
 impl Primary {
@@ -58,12 +66,16 @@ impl Primary {
     /// The primary the sentinels name, asked again after a failover.
     pub(super) async fn sentinel(
         mut sentinel: SentinelClient,
+        sentinels: Vec<Client>,
+        service: String,
         manager_config: ConnectionManagerConfig,
     ) -> Result<Arc<Self>, RedisError> {
         let client = sentinel.async_get_client().await?;
         let sentinel = Sentinel {
             client: tokio::sync::Mutex::new(sentinel),
             asked: Mutex::new(Some(Instant::now())),
+            service,
+            look: tokio::sync::Mutex::new(sentinels.into_iter().map(|c| (c, None)).collect()),
         };
         let primary = Primary::new(client, Some(sentinel), manager_config).await?;
         let weak = Arc::downgrade(&primary);
@@ -73,8 +85,10 @@ impl Primary {
                 let Some(primary) = weak.upgrade() else {
                     return;
                 };
-                if let Err(error) = primary.relocate().await {
-                    tracing::debug!(%error, "asking the sentinels for the primary failed");
+                if primary.named_elsewhere().await {
+                    if let Err(error) = primary.relocate().await {
+                        tracing::debug!(%error, "asking the sentinels for the primary failed");
+                    }
                 }
             }
         });
@@ -145,6 +159,34 @@ impl Primary {
                 tracing::warn!(%error, "asking the sentinels for the primary failed; asking again on the next failure");
             }
         });
+    }
+
+    /// Whether the first sentinel that answers names another primary than
+    /// the current one (or none answers): only then is the full lookup
+    /// worth its connections.
+    async fn named_elsewhere(&self) -> bool {
+        let Some(sentinel) = &self.sentinel else {
+            return false;
+        };
+        let current = self.read(|e| e.client.get_connection_info().addr().to_string());
+        let mut look = sentinel.look.lock().await;
+        for (client, conn) in look.iter_mut() {
+            if conn.is_none() {
+                *conn = client.get_multiplexed_async_connection().await.ok();
+            }
+            let Some(c) = conn.as_mut() else { continue };
+            let named: Result<Option<(String, u16)>, RedisError> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&sentinel.service)
+                .query_async(c)
+                .await;
+            match named {
+                Ok(Some((host, port))) => return format!("{host}:{port}") != current,
+                Ok(None) => return true,
+                Err(_) => *conn = None,
+            }
+        }
+        true
     }
 
     async fn relocate(&self) -> Result<(), RedisError> {
