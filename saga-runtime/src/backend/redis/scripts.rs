@@ -1063,7 +1063,7 @@ return #ARGV"
 /// KEYS: the runner sets of the process managers an engine runs. ARGV:
 /// member, ttl ms ('' = leaving). Records the member in each until the
 /// TTL runs out (or removes it), dropping expired members; a set outlives
-/// its last member by a little, then expires.
+/// its longest-lived member by a little, then expires.
 pub static ANNOUNCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}
@@ -1074,7 +1074,12 @@ for _, key in ipairs(KEYS) do
   else
     local ttl = tonumber(ARGV[2])
     redis.call('ZADD', key, now + ttl, ARGV[1])
-    redis.call('PEXPIRE', key, ttl * 2)
+  end
+  -- The set outlives its longest-lived member (not the last announcer's
+  -- TTL: a shorter one would cut the others' announcements).
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #last == 2 then
+    redis.call('PEXPIREAT', key, tonumber(last[2]) + (tonumber(ARGV[2]) or 0) + 1000)
   end
 end
 return 1"
