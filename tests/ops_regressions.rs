@@ -1,4 +1,4 @@
-//! Review of the Sentinel support, process-manager announcements and the
+//! Regressions in the Sentinel support, process-manager announcements and the
 //! HTTP watcher cap: each test was written to fail against the change it
 //! names.
 
