@@ -589,11 +589,12 @@ for i = 1, #ARGV / 3 do
   if score and tonumber(score) <= now then
     local status = redis.call('HGET', KEYS[k + 1], 'status')
     local ttl = redis.call('PTTL', KEYS[k + 1])
-    if status and status == old and ttl > 0 then
+    if status and status == old and ttl >= 0 then
       -- Due by the score but not expired yet (the two clocks may differ
-      -- by a millisecond): come back once it has, or the index entries
-      -- would outlive the record.
-      redis.call('ZADD', KEYS[1], now + ttl, member)
+      -- by a millisecond; `PTTL` answers 0 in the record's last
+      -- millisecond): come back once it has, or the index entries would
+      -- outlive the record.
+      redis.call('ZADD', KEYS[1], now + ttl + 1, member)
     else
       if status then
         if status ~= old then redis.call('ZREM', KEYS[k + 7], id) end
