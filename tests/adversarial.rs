@@ -88,7 +88,7 @@ async fn buffered_messages_behind_long_steps_are_not_dead_lettered_as_poison() {
     // is 3 so that a message re-claimed behind long steps trips it within
     // the test (the default 10 takes longer to reach, but is reached).
     let cfg = || RedisConfig {
-        partitions: knob("A_PARTITIONS", 16) as u16,
+        partitions: Some(knob("A_PARTITIONS", 16) as u16),
         ..config(Duration::from_millis(knob("A_VIS_MS", 1500)))
     };
     let engine = Engine::builder()
@@ -705,7 +705,7 @@ async fn changing_the_partition_count_is_refused_and_keeps_existing_tasks_reacha
     let refused = RedisBackend::connect_with(
         &redis.url(),
         RedisConfig {
-            partitions: 2,
+            partitions: Some(2),
             ..config(Duration::from_secs(2))
         },
     )
@@ -725,7 +725,7 @@ async fn changing_the_partition_count_is_refused_and_keeps_existing_tasks_reacha
     RedisBackend::connect_with(
         &redis.url(),
         RedisConfig {
-            partitions: 2,
+            partitions: Some(2),
             prefix: "next".into(),
             ..config(Duration::from_secs(2))
         },

@@ -35,7 +35,7 @@ mod redis {
         let config = RedisConfig {
             visibility_timeout: VISIBILITY,
             block: Duration::from_millis(50),
-            partitions: 3,
+            partitions: Some(3),
             ..RedisConfig::default()
         };
         let backend = RedisBackend::connect_with(&server.url(), config)

@@ -591,7 +591,7 @@ async fn a_graceful_shutdown_hands_back_what_it_buffered() {
     let redis = TestRedis::start();
     let visibility = Duration::from_secs(10);
     let config = || RedisConfig {
-        partitions: 4,
+        partitions: Some(4),
         visibility_timeout: visibility,
         block: Duration::from_millis(200),
         ..RedisConfig::default()
@@ -971,7 +971,7 @@ impl Counted {
 async fn a_bridged_message_on_the_wrong_partition_does_not_loop() {
     let redis = TestRedis::start();
     let config = || RedisConfig {
-        partitions: 2,
+        partitions: Some(2),
         visibility_timeout: Duration::from_secs(2),
         block: Duration::from_millis(200),
         ..RedisConfig::default()
@@ -1056,7 +1056,7 @@ async fn a_bridged_message_on_the_wrong_partition_does_not_loop() {
 async fn paging_lists_every_task_and_letter_once_across_partitions_and_ties() {
     let redis = TestRedis::start();
     let config = || RedisConfig {
-        partitions: 3,
+        partitions: Some(3),
         visibility_timeout: Duration::from_secs(2),
         block: Duration::from_millis(200),
         ..RedisConfig::default()

@@ -292,7 +292,7 @@ async fn attaching_to_a_fresh_prefix_writes_nothing() {
     let redis = TestRedis::start();
     let cli_config = RedisConfig {
         prefix: "shop".into(),
-        partitions: 1,
+        partitions: Some(1),
         ..RedisConfig::default()
     };
     // What sagactl does: attach, which refuses a prefix with no deployment
@@ -304,7 +304,7 @@ async fn attaching_to_a_fresh_prefix_writes_nothing() {
 
     let deployment_config = RedisConfig {
         prefix: "shop".into(),
-        partitions: 4,
+        partitions: Some(4),
         ..RedisConfig::default()
     };
     let deployment = RedisBackend::connect_with(&redis.url(), deployment_config).await;

@@ -4,6 +4,7 @@
 pub mod http_client;
 pub mod ops_sagas;
 pub mod prometheus;
+pub mod redis_cluster;
 pub mod redis_sentinel;
 pub mod redis_server;
 

@@ -1744,15 +1744,24 @@ pub async fn endpoints_claim_an_idle_message_behind_busy_ones(b: Arc<dyn Backend
     assert_eq!((taken.raw.as_str(), taken.deliveries), ("m-15", 2));
 }
 
-/// Generates one `#[tokio::test]` per conformance case, each on a fresh
-/// backend from `$factory`: an async fn returning
-/// `(Arc<dyn Backend>, Guard)`, where the guard lives as long as the case
-/// (a server process, a temporary directory; `()` if nothing).
+/// Generates the conformance tests for a backend from `$factory`: an async
+/// fn returning `(Arc<dyn Backend>, Guard)`, where the guard lives as long
+/// as the case (a server process, a temporary directory; `()` if
+/// nothing).
+///
+/// - `backend_conformance!(fresh)`: one `#[tokio::test]` per case, each on
+///   a fresh backend.
+/// - `backend_conformance!(name, in_turn: fresh, sharing: start)`: one
+///   test `name` that starts what the cases share (`start().await`, kept
+///   for the whole test) and runs every case in turn, each on a backend
+///   from `fresh(&shared).await`: for a deployment too heavy to start once
+///   per case (a cluster the cases share, each under a prefix of its
+///   own). Every case runs; the test fails naming those that failed.
 #[macro_export]
 macro_rules! backend_conformance {
-    ($factory:path) => {
+    ($($how:tt)*) => {
         $crate::__conformance_cases!(
-            $factory;
+            [$($how)*];
             create_load_and_fresh_copies,
             versions_and_concurrent_updates,
             attempt_claims,
@@ -1789,7 +1798,27 @@ macro_rules! backend_conformance {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_cases {
-    ($factory:path; $($case:ident),* $(,)?) => {
+    ([$name:ident, in_turn: $factory:path, sharing: $start:path]; $($case:ident),* $(,)?) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let shared = $start().await;
+            let mut failed: ::std::vec::Vec<&str> = ::std::vec::Vec::new();
+            $(
+                let (backend, guard) = $factory(&shared).await;
+                let passed = $crate::testing::conformance::run_in_turn(
+                    stringify!($case),
+                    $crate::testing::conformance::$case(backend),
+                )
+                .await;
+                drop(guard);
+                if !passed {
+                    failed.push(stringify!($case));
+                }
+            )*
+            assert!(failed.is_empty(), "conformance cases failed: {failed:?}");
+        }
+    };
+    ([$factory:path]; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
@@ -1798,4 +1827,24 @@ macro_rules! __conformance_cases {
             }
         )*
     };
+}
+
+/// Runs one case of an in-turn conformance test: prints its name and
+/// outcome, and catches its panic so that the cases after it still run.
+#[doc(hidden)]
+pub async fn run_in_turn(name: &str, case: impl std::future::Future<Output = ()>) -> bool {
+    use futures::FutureExt;
+    let started = std::time::Instant::now();
+    let outcome = std::panic::AssertUnwindSafe(case).catch_unwind().await;
+    let took = started.elapsed();
+    match outcome {
+        Ok(()) => {
+            println!("conformance {name} ... ok ({took:.1?})");
+            true
+        }
+        Err(_) => {
+            println!("conformance {name} ... FAILED ({took:.1?})");
+            false
+        }
+    }
 }

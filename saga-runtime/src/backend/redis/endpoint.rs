@@ -98,7 +98,7 @@ impl Endpoints for RedisBackend {
                 // The next read connects afresh (a restarted server left
                 // this connection dead).
                 self.reader(&reader, |r| r.conn = None);
-                self.shared.primary.failed(&e);
+                self.shared.server.failed(&e);
                 return Err(unavailable(e));
             }
         };

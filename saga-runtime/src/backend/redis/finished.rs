@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use super::primary::Primary;
+use super::server::Server;
 use futures::StreamExt;
 use tokio::sync::broadcast;
 
@@ -76,12 +76,12 @@ impl Finished {
     /// Waits until `id` is announced finished or `timeout` passes.
     pub async fn wait(
         self: &Arc<Self>,
-        primary: &Arc<Primary>,
+        server: &Server,
         channel: &str,
         id: TaskId,
         timeout: Duration,
     ) {
-        self.start(primary, channel);
+        self.start(server, channel);
         let mut rx = self.tx.subscribe();
         if self.take_finished(id) {
             return;
@@ -102,17 +102,17 @@ impl Finished {
 
     /// Starts the subscription unless it runs; it lives as long as this
     /// value (and the runtime it was spawned on).
-    fn start(self: &Arc<Self>, primary: &Arc<Primary>, channel: &str) {
+    fn start(self: &Arc<Self>, server: &Server, channel: &str) {
         if self.running.swap(true, Ordering::AcqRel) {
             return;
         }
         let weak: Weak<Finished> = Arc::downgrade(self);
-        let primary = primary.clone();
+        let server = server.clone();
         let channel = channel.to_owned();
         let running = Running(self.running.clone());
         tokio::spawn(async move {
             let _running = running;
-            subscribe(weak, primary, channel).await
+            subscribe(weak, server, channel).await
         });
     }
 }
@@ -127,10 +127,11 @@ impl Drop for Running {
     }
 }
 
-async fn subscribe(weak: Weak<Finished>, primary: Arc<Primary>, channel: String) {
+async fn subscribe(weak: Weak<Finished>, server: Server, channel: String) {
     loop {
-        // The current primary on every attempt: it may have moved.
-        match primary.client().get_async_pubsub().await {
+        // Connected afresh on every attempt: the primary may have moved,
+        // a cluster node may have died.
+        match server.pubsub().await {
             Ok(mut pubsub) => {
                 if pubsub.subscribe(&channel).await.is_ok() {
                     let mut messages = pubsub.on_message();

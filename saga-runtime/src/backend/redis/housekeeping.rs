@@ -122,17 +122,22 @@ impl RedisBackend {
                         .and_then(|(_, v)| super::entry::text(v).parse().ok())
                 })
                 .collect();
-            let mut pipe = redis::pipe();
-            for task in &tasks {
-                match task {
-                    Some(id) => pipe.cmd("HGET").arg(self.keys().task(*id)).arg("status"),
-                    None => pipe.cmd("ECHO").arg(""),
-                };
-            }
-            let statuses: Vec<Option<String>> = pipe
-                .query_async(&mut conn)
-                .await
-                .map_err(super::unavailable)?;
+            let cmds = tasks
+                .iter()
+                .map(|task| match task {
+                    Some(id) => redis::cmd("HGET")
+                        .arg(self.keys().task(*id))
+                        .arg("status")
+                        .clone(),
+                    None => redis::cmd("ECHO").arg("").clone(),
+                })
+                .collect();
+            let statuses: Vec<Option<String>> = self
+                .query_each(cmds)
+                .await?
+                .iter()
+                .map(|v| redis::from_redis_value_ref(v).map_err(super::corrupt))
+                .collect::<Result<_, _>>()?;
             let mut doomed = Vec::new();
             for (((id, _), task), status) in entries.iter().zip(&tasks).zip(statuses) {
                 let parked = task.is_some() && status.as_deref() == Some("DeadLettered");

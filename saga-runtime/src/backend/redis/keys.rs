@@ -1,28 +1,132 @@
 //! Key layout.
 //!
 //! Every key a script touches for one task carries the same hash tag, the
-//! task's *partition* `{<prefix>:<k>}`, and so does the partition's work
-//! queue and dead-letter stream. A task's lock, fence, record, cancellation
-//! flag, idempotency keys and queue therefore live in one Redis Cluster slot,
+//! task's *partition*, and so does the partition's work queue and
+//! dead-letter stream. A task's lock, fence, record, cancellation flag,
+//! idempotency keys and queue therefore live in one Redis Cluster slot,
 //! which is what lets "record the step, enqueue the next message, acknowledge
 //! this one" be one script. Partitions spread tasks over slots; one partition
-//! (the default) keeps everything in one slot.
+//! (the default on a single server) keeps everything in one slot.
+//!
+//! Two layouts (see [`KeyLayout`](super::KeyLayout)): *compact*, where
+//! partition `p`'s tag is `{<prefix>:<p>}`, and *spread*, where each
+//! partition's tag carries a suffix chosen so that the partitions' slots
+//! sit at even intervals over the slot range (the tags of a handful of
+//! consecutive numbers would land wherever CRC16 puts them: with 16
+//! partitions on 3 shards, one shard could hold half of them).
 
 use crate::process::{Envelope, TallyRef};
 use crate::task::{TaskId, TaskStatus};
+
+use super::KeyLayout;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     prefix: String,
     partitions: u16,
+    /// The hash tag of each saga partition, braces included.
+    tags: Vec<String>,
+    spread: bool,
+}
+
+/// The number of hash slots of Redis Cluster.
+pub const SLOTS: u16 = 16384;
+
+/// The hash slot of `key` as Redis Cluster computes it: CRC16 (XMODEM) of
+/// its hash tag (the part between the first `{` and the next `}`, if not
+/// empty), else of the whole key, modulo 16384.
+pub fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = match bytes.iter().position(|&b| b == b'{') {
+        Some(open) => match bytes[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &bytes[open + 1..open + 1 + len],
+            _ => bytes,
+        },
+        None => bytes,
+    };
+    crc16(hashed) % SLOTS
+}
+
+/// CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The hash tag of partition `p` of `n` under `base` (`saga`, or
+/// `saga:pm` for process-manager partitions). Compact: `{base:p}`.
+/// Spread: `{base:p.s}` with the smallest `s` whose slot falls within an
+/// eighth of a band of the middle of the `p`-th of `n` equal bands of the
+/// slot range. Deterministic: every engine of a deployment computes the
+/// same tags (changing this function changes every key of the layout).
+fn partition_tag(base: &str, p: u16, n: u16, spread: bool) -> String {
+    // Past 1024 partitions the bands are narrower than the spread of a
+    // plain CRC16, and the search would only cost time.
+    if !spread || n > 1024 {
+        return format!("{{{base}:{p}}}");
+    }
+    let band = u32::from(SLOTS) / u32::from(n);
+    let middle = (u32::from(p) * u32::from(SLOTS) + u32::from(SLOTS) / 2) / u32::from(n);
+    let reach = band / 8;
+    (0u32..)
+        .map(|s| format!("{{{base}:{p}.{s}}}"))
+        .find(|tag| u32::from(slot(tag)).abs_diff(middle) <= reach)
+        .expect("some suffix lands in every band")
+}
+
+/// Reads a recorded layout: `<n>` (compact, as every version wrote it
+/// before there were layouts) or `spread/<n>`.
+pub fn parse_layout(record: &str) -> Option<(u16, KeyLayout)> {
+    match record.split_once('/') {
+        None => Some((record.parse().ok()?, KeyLayout::Compact)),
+        Some(("spread", n)) => Some((n.parse().ok()?, KeyLayout::Spread)),
+        Some(_) => None,
+    }
+}
+
+/// A recorded layout in words, for error messages.
+pub fn describe_layout(record: &str) -> String {
+    match parse_layout(record) {
+        Some((n, layout)) => format!("{n} partitions in the {layout:?} layout"),
+        None => format!("the layout `{record}`"),
+    }
 }
 
 impl Keys {
-    pub fn new(prefix: &str, partitions: u16) -> Self {
+    pub fn new(prefix: &str, partitions: u16, spread: bool) -> Self {
+        let partitions = partitions.max(1);
+        let base = prefix.to_owned();
         Keys {
             prefix: prefix.to_owned(),
-            partitions: partitions.max(1),
+            partitions,
+            tags: (0..partitions)
+                .map(|p| partition_tag(&base, p, partitions, spread))
+                .collect(),
+            spread,
         }
+    }
+
+    /// What [`parse_layout`] reads back.
+    pub fn layout_record(&self) -> String {
+        match self.spread {
+            true => format!("spread/{}", self.partitions),
+            false => self.partitions.to_string(),
+        }
+    }
+
+    /// The hash slot of a stream's keys.
+    pub fn stream_slot(&self, stream: u16) -> u16 {
+        slot(&self.queue(stream))
     }
 
     pub fn partitions(&self) -> u16 {
@@ -78,7 +182,7 @@ impl Keys {
     }
 
     fn tag(&self, partition: u16) -> String {
-        format!("{}:{{{}:{}}}", self.prefix, self.prefix, partition)
+        format!("{}:{}", self.prefix, self.tags[usize::from(partition)])
     }
 
     /// What every key of a task of `partition` starts with:
@@ -169,6 +273,12 @@ impl Keys {
     /// membership runs out (a sorted set).
     pub fn partition_members(&self) -> String {
         format!("{}:members", self.pm_tag())
+    }
+
+    /// The backends whose workers read sagas on a cluster, by when their
+    /// membership runs out: they split the saga partitions to watch.
+    pub fn saga_readers(&self) -> String {
+        format!("{}:readers", self.pm_tag())
     }
 
     /// The engines that run process manager `name`, by the time their
@@ -343,7 +453,7 @@ mod tests {
 
     #[test]
     fn every_key_of_a_task_and_its_queue_share_one_hash_tag() {
-        let keys = Keys::new("saga", 8);
+        let keys = Keys::new("saga", 8, false);
         for _ in 0..50 {
             let id = TaskId::new();
             let p = keys.partition_of(id);

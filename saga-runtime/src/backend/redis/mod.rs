@@ -47,15 +47,17 @@ mod primary;
 mod process;
 mod queue;
 mod scripts;
+mod server;
 mod tally;
 mod tasks;
+mod watch;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManagerConfig, MultiplexedConnection};
-use redis::{Client, FromRedisValue, RedisError};
+use redis::aio::ConnectionManagerConfig;
+use redis::{Client, FromRedisValue, RedisError, Value};
 use tokio::time::Instant;
 
 use super::{BackendError, Delivery};
@@ -67,11 +69,18 @@ pub struct RedisConfig {
     /// Prefix of every key (default `saga`): lets several applications share
     /// one Redis.
     pub prefix: String,
-    /// Number of partitions (default 1). Each partition is one hash slot on
-    /// Redis Cluster. Fixed for the life of a deployment's data: connecting
-    /// with another count than the one recorded under `prefix` fails with
-    /// [`BackendError::Misconfigured`].
-    pub partitions: u16,
+    /// Number of saga partitions: a task's keys and its messages live in one
+    /// partition, chosen from its id, and each partition is one hash slot.
+    /// `None` (the default) is 1 on a single server or Sentinel, where
+    /// more buy nothing, and [`CLUSTER_PARTITIONS`] on a cluster, where
+    /// they are what spreads the work over the shards (see the README,
+    /// "Redis Cluster", for how to choose). Fixed for the life of a
+    /// deployment's data: connecting with another count than the one
+    /// recorded under `prefix` fails with [`BackendError::Misconfigured`].
+    pub partitions: Option<u16>,
+    /// Where the partitions' hash tags put them: see [`KeyLayout`]
+    /// (default [`KeyLayout::Auto`]). Recorded with the partition count.
+    pub layout: KeyLayout,
     /// Consumer group name (default `workers`).
     pub group: String,
     /// A message pending longer than this is redelivered to another worker
@@ -91,11 +100,36 @@ pub struct RedisConfig {
     pub endpoint_max_len: usize,
 }
 
+/// The saga partitions of a deployment on Redis Cluster unless
+/// [`RedisConfig::partitions`] says otherwise: enough for every primary of
+/// a cluster of up to sixteen shards to hold some, few enough that an idle
+/// worker's round of reads stays short.
+pub const CLUSTER_PARTITIONS: u16 = 16;
+
+/// Where the keys of each partition live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeyLayout {
+    /// [`Spread`](Self::Spread) on a cluster, [`Compact`](Self::Compact)
+    /// otherwise.
+    #[default]
+    Auto,
+    /// Partition `p`'s hash tag is `{<prefix>:<p>}`, and every
+    /// process-manager key shares one tag: the layout of a single server.
+    Compact,
+    /// Each partition's hash tag is chosen so that the partitions' slots
+    /// are spread evenly over the slot range: whatever contiguous ranges a
+    /// cluster's primaries serve (`redis-cli --cluster create` gives each
+    /// an equal one), each holds an equal share of the partitions, within
+    /// one.
+    Spread,
+}
+
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
             prefix: "saga".to_owned(),
-            partitions: 1,
+            partitions: None,
+            layout: KeyLayout::Auto,
             group: "workers".to_owned(),
             visibility_timeout: Duration::from_secs(15),
             block: Duration::from_secs(1),
@@ -113,7 +147,7 @@ pub struct RedisBackend {
 }
 
 struct Shared {
-    primary: Arc<primary::Primary>,
+    server: server::Server,
     keys: Keys,
     config: RedisConfig,
     readers: Mutex<HashMap<String, Reader>>,
@@ -121,16 +155,20 @@ struct Shared {
     /// dead letters between its runs.
     dead_letters_max: std::sync::atomic::AtomicUsize,
     finished: Arc<finished::Finished>,
+    /// Idle readers' wake-ups on a cluster (see `watch`).
+    watch: watch::Watch,
 }
 
 /// The blocking-read state of one consumer.
 #[derive(Default)]
 struct Reader {
-    conn: Option<MultiplexedConnection>,
+    conn: Option<server::Conn>,
     last_claim: Option<Instant>,
     /// The stream the next read looks at first: reads go round the
     /// streams so that none is starved by a busy one.
     next_stream: u16,
+    /// The same on a cluster, where a read looks at one slot group.
+    next_group: usize,
     /// A read failed: a message may have been given to this consumer with
     /// the reply lost. The next read looks at its own pending messages
     /// first, rather than leave them for a visibility timeout.
@@ -167,6 +205,8 @@ fn unavailable(e: RedisError) -> BackendError {
                     | "READONLY"
                     | "NOREPLICAS"
                     | "NOGROUP"
+                    | "MOVED"
+                    | "ASK"
             )
         );
     match transient {
@@ -188,13 +228,68 @@ fn ms(d: Duration) -> u64 {
 /// The largest `MAXLEN` Redis accepts (a signed 64-bit integer).
 const MAXLEN_LIMIT: u64 = i64::MAX as u64;
 
+/// What a URL names: a server, a cluster or a Sentinel deployment.
+#[derive(Debug, PartialEq)]
+enum Target {
+    Single(String),
+    /// `redis+cluster://host:port,host:port`: some of a cluster's nodes.
+    Cluster(Vec<String>),
+    /// `redis+sentinel://host:port,host:port/<service>`.
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+    },
+}
+
+impl Target {
+    fn parse(url: &str) -> Result<Self, BackendError> {
+        let hosts = |rest: &str| -> Vec<String> {
+            rest.split(',')
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("redis://{h}"))
+                .collect()
+        };
+        let bad = |why: &str| {
+            BackendError::Misconfigured(format!(
+                "bad Redis URL `{url}`: {why}; write `redis://host:port`, \
+                 `redis+cluster://host:port,host:port` or \
+                 `redis+sentinel://host:port,host:port/<service>`"
+            ))
+        };
+        if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            let nodes = hosts(rest.trim_end_matches('/'));
+            if nodes.is_empty() {
+                return Err(bad("no node named"));
+            }
+            return Ok(Target::Cluster(nodes));
+        }
+        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            let (list, service) = rest
+                .split_once('/')
+                .ok_or_else(|| bad("no service name after the sentinels"))?;
+            let sentinels = hosts(list);
+            if sentinels.is_empty() || service.is_empty() {
+                return Err(bad("no sentinel or no service named"));
+            }
+            return Ok(Target::Sentinel {
+                sentinels,
+                service: service.to_owned(),
+            });
+        }
+        Ok(Target::Single(url.to_owned()))
+    }
+}
+
 impl RedisBackend {
-    /// Connects with the default [`RedisConfig`].
+    /// Connects with the default [`RedisConfig`]. `url` is a server's
+    /// (`redis://host:port`), a cluster's (`redis+cluster://host:port,..`,
+    /// some of its nodes) or a Sentinel deployment's
+    /// (`redis+sentinel://host:port,../<service>`).
     pub async fn connect(url: &str) -> Result<Self, BackendError> {
         RedisBackend::connect_with(url, RedisConfig::default()).await
     }
 
-    /// Connects with `config`.
+    /// Connects with `config` (`url` as for [`connect`](Self::connect)).
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, BackendError> {
         let backend = RedisBackend::open(url, config).await?;
         backend.check_layout().await?;
@@ -202,29 +297,69 @@ impl RedisBackend {
         Ok(backend)
     }
 
+    /// Connects to a Redis Cluster through some of its nodes
+    /// (`redis://host:port` each). Every script touches one hash slot, and
+    /// the partitions' slots are spread over the slot range (see
+    /// [`KeyLayout::Spread`]), so the work of one saga spreads over the
+    /// shards; redirects (resharding) and failovers are followed. What a
+    /// failover can lose is in the README ("Redis Cluster").
+    pub async fn connect_cluster(
+        nodes: &[&str],
+        config: RedisConfig,
+    ) -> Result<Self, BackendError> {
+        let server = RedisBackend::cluster_server(nodes, &config).await?;
+        let backend = RedisBackend::with_server(server, config);
+        backend.check_layout().await?;
+        backend.ensure_groups().await?;
+        Ok(backend)
+    }
+
+    async fn cluster_server(
+        nodes: &[&str],
+        config: &RedisConfig,
+    ) -> Result<server::Server, BackendError> {
+        if nodes.is_empty() {
+            return Err(BackendError::Misconfigured(
+                "no cluster node named: give at least one `redis://host:port`".to_owned(),
+            ));
+        }
+        let cluster = server::Cluster::connect(
+            nodes,
+            config.response_timeout,
+            config.block + Duration::from_secs(5),
+        )
+        .await
+        .map_err(unavailable)?;
+        Ok(server::Server::Cluster(cluster))
+    }
+
     /// Connects to the deployment already under `config.prefix`, as an
-    /// operator's tool does: it takes the partition count the deployment
-    /// recorded (`config.partitions` is ignored) and writes nothing on
-    /// connecting, so it can neither fix the layout of a deployment that
-    /// has not started yet nor leave keys under a mistyped prefix. Fails
-    /// with [`BackendError::Misconfigured`] when nothing was recorded
-    /// there.
+    /// operator's tool does: it takes the partition count and layout the
+    /// deployment recorded (`config.partitions` and `config.layout` are
+    /// ignored) and writes nothing on connecting, so it can neither fix the
+    /// layout of a deployment that has not started yet nor leave keys under
+    /// a mistyped prefix. Fails with [`BackendError::Misconfigured`] when
+    /// nothing was recorded there.
     pub async fn attach(url: &str, mut config: RedisConfig) -> Result<Self, BackendError> {
         let probe = RedisBackend::open(url, config.clone()).await?;
-        let recorded: Option<u16> = redis::cmd("GET")
+        let recorded: Option<String> = redis::cmd("GET")
             .arg(probe.keys().layout())
             .query_async(&mut probe.conn())
             .await
             .map_err(unavailable)?;
-        let Some(partitions) = recorded else {
+        let Some((partitions, layout)) = recorded.as_deref().and_then(keys::parse_layout) else {
             return Err(BackendError::Misconfigured(format!(
                 "no deployment under prefix `{}` on this Redis (no layout recorded): \
                  check the URL and the prefix",
                 config.prefix
             )));
         };
-        config.partitions = partitions;
-        RedisBackend::open(url, config).await
+        config.partitions = Some(partitions);
+        config.layout = layout;
+        Ok(RedisBackend::with_server(
+            probe.shared.server.clone(),
+            config,
+        ))
     }
 
     /// Connects through Redis Sentinel to the primary of `service` (the
@@ -239,6 +374,18 @@ impl RedisBackend {
         service: &str,
         config: RedisConfig,
     ) -> Result<Self, BackendError> {
+        let server = RedisBackend::sentinel_server(sentinels, service, &config).await?;
+        let backend = RedisBackend::with_server(server, config);
+        backend.check_layout().await?;
+        backend.ensure_groups().await?;
+        Ok(backend)
+    }
+
+    async fn sentinel_server(
+        sentinels: &[&str],
+        service: &str,
+        config: &RedisConfig,
+    ) -> Result<server::Server, BackendError> {
         let sentinel = redis::sentinel::SentinelClient::build(
             sentinels.to_vec(),
             service.to_owned(),
@@ -255,34 +402,57 @@ impl RedisBackend {
             sentinel,
             clients,
             service.to_owned(),
-            manager_config(&config),
+            manager_config(config),
         )
         .await
         .map_err(unavailable)?;
-        let backend = RedisBackend::with_primary(primary, config);
-        backend.check_layout().await?;
-        backend.ensure_groups().await?;
-        Ok(backend)
+        Ok(server::Server::single(primary))
     }
 
     /// A connection, with no check and no write.
     async fn open(url: &str, config: RedisConfig) -> Result<Self, BackendError> {
-        let client = Client::open(url).map_err(unavailable)?;
-        let primary = primary::Primary::fixed(client, manager_config(&config))
-            .await
-            .map_err(unavailable)?;
-        Ok(RedisBackend::with_primary(primary, config))
+        let server = match Target::parse(url)? {
+            Target::Single(url) => {
+                let client = Client::open(url).map_err(unavailable)?;
+                let primary = primary::Primary::fixed(client, manager_config(&config))
+                    .await
+                    .map_err(unavailable)?;
+                server::Server::single(primary)
+            }
+            Target::Cluster(nodes) => {
+                let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+                RedisBackend::cluster_server(&nodes, &config).await?
+            }
+            Target::Sentinel { sentinels, service } => {
+                let sentinels: Vec<&str> = sentinels.iter().map(String::as_str).collect();
+                RedisBackend::sentinel_server(&sentinels, &service, &config).await?
+            }
+        };
+        Ok(RedisBackend::with_server(server, config))
     }
 
-    fn with_primary(primary: Arc<primary::Primary>, config: RedisConfig) -> Self {
+    fn with_server(server: server::Server, mut config: RedisConfig) -> Self {
+        let cluster = server.is_cluster();
+        let partitions = config.partitions.unwrap_or(match cluster {
+            true => CLUSTER_PARTITIONS,
+            false => 1,
+        });
+        let layout = match config.layout {
+            KeyLayout::Auto if cluster => KeyLayout::Spread,
+            KeyLayout::Auto => KeyLayout::Compact,
+            chosen => chosen,
+        };
+        config.partitions = Some(partitions);
+        config.layout = layout;
         RedisBackend {
             shared: Arc::new(Shared {
-                primary,
-                keys: Keys::new(&config.prefix, config.partitions),
+                server,
+                keys: Keys::new(&config.prefix, partitions, layout == KeyLayout::Spread),
                 config,
                 readers: Mutex::new(HashMap::new()),
                 dead_letters_max: std::sync::atomic::AtomicUsize::new(100_000),
                 finished: finished::Finished::new(),
+                watch: watch::Watch::default(),
             }),
         }
     }
@@ -292,41 +462,74 @@ impl RedisBackend {
     /// count, so a different count would not find the tasks in flight (nor
     /// their queues). The first backend to connect records it.
     async fn check_layout(&self) -> Result<(), BackendError> {
-        let partitions = self.keys().partitions();
+        let record = self.keys().layout_record();
         let key = self.keys().layout();
         let (_, stored): (Option<String>, String) = redis::pipe()
             .cmd("SET")
             .arg(&key)
-            .arg(partitions)
+            .arg(&record)
             .arg("NX")
             .cmd("GET")
             .arg(&key)
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        if stored == partitions.to_string() {
+        if stored == record {
             return Ok(());
         }
-        Err(BackendError::Misconfigured(format!(
-            "`RedisConfig::partitions` is {partitions}, but the data under prefix `{}` was written \
-             with {stored} partitions: tasks would not be found where they are. Use {stored}, or \
-             start the new layout under another `prefix` and let the old deployment drain",
-            self.shared.config.prefix
-        )))
+        let prefix = &self.shared.config.prefix;
+        let mine = keys::describe_layout(&record);
+        Err(BackendError::Misconfigured(
+            match keys::parse_layout(&stored) {
+                Some((partitions, layout)) => format!(
+                "this backend would use {mine}, but the data under prefix `{prefix}` was written \
+                 with {}: tasks would not be found where they are. Set \
+                 `RedisConfig::partitions` to Some({partitions}) and `RedisConfig::layout` to \
+                 KeyLayout::{layout:?}, or start the new layout under another `prefix` and let \
+                 the old deployment drain",
+                keys::describe_layout(&stored)
+            ),
+                None => format!(
+                "the layout recorded under prefix `{prefix}` (`{stored}`) is not one this version \
+                 knows: a newer version wrote it. Use that version, or another `prefix`"
+            ),
+            },
+        ))
     }
 
-    /// The configuration in use.
+    /// The configuration in use (with the partition count and layout
+    /// resolved: never `None` nor [`KeyLayout::Auto`]).
     pub fn config(&self) -> &RedisConfig {
         &self.shared.config
     }
 
-    fn conn(&self) -> primary::Conn {
-        self.shared.primary.conn()
+    fn conn(&self) -> server::Conn {
+        self.shared.server.conn()
     }
 
-    /// A client for the current primary, for a connection of its own.
-    fn client(&self) -> Client {
-        self.shared.primary.client()
+    /// Runs commands that may touch several slots: in one pipelined round
+    /// trip on a single server; on a cluster, where a pipeline must stay in
+    /// one slot, each on its own and all at once.
+    async fn query_each(&self, cmds: Vec<redis::Cmd>) -> Result<Vec<Value>, BackendError> {
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.shared.server.is_cluster() {
+            let conn = self.conn();
+            return futures::future::try_join_all(cmds.into_iter().map(|cmd| {
+                let mut conn = conn.clone();
+                async move { cmd.query_async::<Value>(&mut conn).await }
+            }))
+            .await
+            .map_err(unavailable);
+        }
+        let mut pipe = redis::pipe();
+        for cmd in cmds {
+            pipe.add_command(cmd);
+        }
+        pipe.query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)
     }
 
     fn keys(&self) -> &Keys {

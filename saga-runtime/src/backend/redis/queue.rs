@@ -5,13 +5,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::{AsyncConnectionConfig, RedisError, Value};
+use redis::{RedisError, Value};
 use tokio::time::Instant;
 
 use uuid::Uuid;
 
 use super::entry::{self, delivery, entries};
 use super::keys::PROCESS_PARTITIONS;
+use super::server::Conn;
 use super::{ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Interest, Lease,
@@ -75,40 +76,47 @@ impl RedisBackend {
     /// The blocking-read connection of a consumer: its own, with a response
     /// timeout longer than the block time (the crate's default would cut a
     /// blocking read off).
-    pub(super) async fn reader_conn(
-        &self,
-        consumer: &str,
-    ) -> Result<redis::aio::MultiplexedConnection, BackendError> {
+    pub(super) async fn reader_conn(&self, consumer: &str) -> Result<Conn, BackendError> {
         if let Some(conn) = self.reader(consumer, |r| r.conn.clone()) {
             return Ok(conn);
         }
-        let config = AsyncConnectionConfig::new()
-            .set_response_timeout(Some(self.shared.config.block + Duration::from_secs(5)))
-            .set_connection_timeout(Some(Duration::from_secs(5)));
         let conn = self
-            .client()
-            .get_multiplexed_async_connection_with_config(&config)
+            .shared
+            .server
+            .blocking(self.shared.config.block)
             .await
             .map_err(unavailable)?;
         self.reader(consumer, |r| r.conn = Some(conn.clone()));
         Ok(conn)
     }
 
+    /// `streams` grouped by hash slot, in order: what one script call may
+    /// read on a cluster (on a single server any keys may meet in a script,
+    /// but the grouping costs nothing where it is used: claims, once a
+    /// half visibility timeout).
+    fn slot_groups(&self, streams: &[u16]) -> Vec<Vec<u16>> {
+        let mut groups: Vec<(u16, Vec<u16>)> = Vec::new();
+        for &p in streams {
+            let slot = self.keys().stream_slot(p);
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, group)) => group.push(p),
+                None => groups.push((slot, vec![p])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
     /// Takes over one message whose consumer stopped settling it, from the
-    /// first stream (in turn) that has one: a call per saga partition (each
-    /// its own slot), one for every process-manager stream (they share one).
+    /// first stream (in turn) that has one: a call per slot (each saga
+    /// partition is one; the process-manager streams of the compact layout
+    /// share one).
     async fn claim(
         &self,
         consumer: &str,
         streams: &[u16],
     ) -> Result<Option<Delivery>, BackendError> {
         let k = self.keys();
-        let (processes, sagas): (Vec<u16>, Vec<u16>) =
-            streams.iter().partition(|p| k.is_process(**p));
-        let mut groups: Vec<Vec<u16>> = sagas.into_iter().map(|p| vec![p]).collect();
-        if !processes.is_empty() {
-            groups.push(processes);
-        }
+        let groups = self.slot_groups(streams);
         let n = groups.len();
         let first = usize::from(self.reader(consumer, |r| r.next_stream));
         for i in 0..n {
@@ -319,7 +327,7 @@ impl RedisBackend {
                 // persistence, a failover): then the read simply found
                 // nothing this time.
                 self.reader(consumer, |r| r.conn = None);
-                self.shared.primary.failed(&e);
+                self.shared.server.failed(&e);
                 if e.code() == Some("NOGROUP") {
                     tracing::warn!("the server lost the consumer groups; recreating them");
                     self.ensure_groups().await?;
@@ -340,10 +348,16 @@ impl RedisBackend {
         &self,
         consumer: &str,
         streams: &[u16],
+        interest: Interest,
         wait: Duration,
         max: usize,
         in_flight: usize,
     ) -> Result<Vec<Delivery>, BackendError> {
+        if self.shared.server.is_cluster() {
+            return self
+                .receive_sharded(consumer, streams, interest, wait, max, in_flight)
+                .await;
+        }
         if in_flight == 0 && self.reader(consumer, |r| r.recover) {
             let own = self.take(consumer, streams, true, 1).await?;
             if !own.is_empty() {
@@ -372,6 +386,147 @@ impl RedisBackend {
             return Ok(new);
         }
         self.read_new(consumer, streams, wait, max).await
+    }
+
+    /// [`receive_from`](Self::receive_from) on a cluster, where a script
+    /// reads one slot: own messages after a failed read, then claims, then
+    /// a round of reads, one call per slot from where the last round found
+    /// something; with nothing anywhere, a wait for a watcher's wake-up
+    /// (see `watch`) and one more round.
+    async fn receive_sharded(
+        &self,
+        consumer: &str,
+        streams: &[u16],
+        interest: Interest,
+        wait: Duration,
+        max: usize,
+        in_flight: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
+        let groups = self.slot_groups(streams);
+        if in_flight == 0 && self.reader(consumer, |r| r.recover) {
+            for group in &groups {
+                let own = self.take(consumer, group, true, 1).await?;
+                if !own.is_empty() {
+                    return Ok(own);
+                }
+            }
+            self.reader(consumer, |r| r.recover = false);
+        }
+        let claim_every =
+            (self.shared.config.visibility_timeout / 2).max(Duration::from_millis(50));
+        let due = self.reader(consumer, |r| {
+            let due = r.last_claim.is_none_or(|at| at.elapsed() >= claim_every);
+            if due {
+                r.last_claim = Some(Instant::now());
+            }
+            due
+        });
+        if due {
+            if let Some(delivery) = self.claim(consumer, streams).await? {
+                self.reader(consumer, |r| r.last_claim = None);
+                return Ok(vec![delivery]);
+            }
+        }
+        let started = Instant::now();
+        for round in 0..2 {
+            let marks = match wait.is_zero() || round == 1 {
+                true => None,
+                false => {
+                    let homes = self.homes(interest, streams).await;
+                    let c = &self.shared.config;
+                    Some(
+                        self.shared
+                            .watch
+                            .marks(&self.shared.server, &c.group, c.block, &homes),
+                    )
+                }
+            };
+            let taken = self.take_round(consumer, &groups, max).await?;
+            if !taken.is_empty() {
+                return Ok(taken);
+            }
+            let left = wait.saturating_sub(started.elapsed());
+            let Some(marks) = marks.filter(|_| !left.is_zero()) else {
+                break;
+            };
+            if let Some(queue) = marks.wait(left).await {
+                let k = self.keys();
+                if let Some(g) = groups
+                    .iter()
+                    .position(|g| g.iter().any(|p| k.queue(*p) == queue))
+                {
+                    self.reader(consumer, |r| r.next_group = g);
+                }
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// Reads each slot group in turn, from where the last round found
+    /// something, until one has messages.
+    async fn take_round(
+        &self,
+        consumer: &str,
+        groups: &[Vec<u16>],
+        max: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
+        let n = groups.len();
+        let first = self.reader(consumer, |r| r.next_group);
+        for i in 0..n {
+            let g = (first + i) % n;
+            let taken = self.take(consumer, &groups[g], false, max).await?;
+            if !taken.is_empty() {
+                // The next round starts after it: a busy partition does
+                // not starve the others.
+                self.reader(consumer, |r| r.next_group = g + 1);
+                return Ok(taken);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// The streams this backend's idle workers are woken for: its share of
+    /// the saga partitions (by rank among the backends reading sagas,
+    /// renewed now and then) and the process-manager streams it reads.
+    async fn homes(&self, interest: Interest, streams: &[u16]) -> Vec<String> {
+        let k = self.keys();
+        let mut homes = Vec::new();
+        if interest.sagas {
+            let watch = &self.shared.watch;
+            let (mut place, due) = watch.place();
+            if due {
+                let renewed: Result<Vec<u16>, BackendError> = self
+                    .run(
+                        s::READERS
+                            .key(k.saga_readers())
+                            .arg(&watch.member)
+                            .arg(ms(super::watch::MEMBERSHIP_TTL)),
+                    )
+                    .await;
+                match renewed.as_deref() {
+                    Ok(&[rank, size]) => {
+                        watch.set_place(rank, size);
+                        place = watch.place().0;
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::debug!(%error, "renewing this backend's place among the saga readers failed")
+                    }
+                }
+            }
+            homes.extend(
+                (0..k.partitions())
+                    .filter(|p| p % place.size == place.rank)
+                    .map(|p| k.queue(p)),
+            );
+        }
+        homes.extend(
+            streams
+                .iter()
+                .filter(|p| k.is_process(**p))
+                .map(|p| k.queue(*p)),
+        );
+        homes
     }
 
     async fn hand_back(
@@ -416,20 +571,40 @@ impl WorkQueue for RedisBackend {
             .iter()
             .partition(|i| matches!(i, WorkItem::Process(_)));
         if !sagas.is_empty() {
-            let mut pipe = redis::pipe();
-            pipe.atomic();
+            // One transaction per slot (on a single server, one for all).
+            let cluster = self.shared.server.is_cluster();
+            let mut pipes: Vec<(u16, redis::Pipeline)> = Vec::new();
             for item in sagas {
-                pipe.cmd("XADD")
-                    .arg(self.queue_of(item))
+                let queue = self.queue_of(item);
+                let slot = if cluster {
+                    super::keys::slot(&queue)
+                } else {
+                    0
+                };
+                let i = match pipes.iter().position(|(s, _)| *s == slot) {
+                    Some(i) => i,
+                    None => {
+                        let mut pipe = redis::pipe();
+                        pipe.atomic();
+                        pipes.push((slot, pipe));
+                        pipes.len() - 1
+                    }
+                };
+                pipes[i]
+                    .1
+                    .cmd("XADD")
+                    .arg(queue)
                     .arg("*")
                     .arg("payload")
                     .arg(item.encode())
                     .ignore();
             }
-            let _: () = pipe
-                .query_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
+            for (_, pipe) in pipes {
+                let _: () = pipe
+                    .query_async(&mut self.conn())
+                    .await
+                    .map_err(unavailable)?;
+            }
         }
         if !processes.is_empty() {
             // A script: partitions are written only while an engine reads
@@ -489,7 +664,7 @@ impl WorkQueue for RedisBackend {
             return Ok(Vec::new());
         }
         let received = self
-            .receive_from(consumer, &streams, wait, max, in_flight)
+            .receive_from(consumer, &streams, interest, wait, max, in_flight)
             .await;
         if received.is_err() {
             self.reader(consumer, |r| r.recover = true);
@@ -691,15 +866,18 @@ impl WorkQueue for RedisBackend {
 
     /// The dead streams' lengths, in one pipelined round trip.
     async fn dead_letter_count(&self) -> Result<usize, BackendError> {
-        let mut pipe = redis::pipe();
-        for p in 0..self.keys().streams() {
-            pipe.cmd("XLEN").arg(self.keys().dead(p));
-        }
-        let lengths: Vec<usize> = pipe
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(lengths.iter().sum())
+        let lengths = self
+            .query_each(
+                (0..self.keys().streams())
+                    .map(|p| redis::cmd("XLEN").arg(self.keys().dead(p)).clone())
+                    .collect(),
+            )
+            .await?;
+        lengths.iter().try_fold(0usize, |sum, len| {
+            redis::from_redis_value_ref::<usize>(len)
+                .map(|len| sum + len)
+                .map_err(|_| super::corrupt("XLEN answered something else than a length"))
+        })
     }
 
     async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError> {
@@ -715,27 +893,27 @@ impl WorkQueue for RedisBackend {
         Ok(removed > 0)
     }
 
-    /// One pipelined round trip: the server's clock, then `XLEN` and the
+    /// One pipelined round trip (on a cluster, one per command, at once):
+    /// the server's clock, then `XLEN` and the
     /// first entry of every stream. Settled messages are deleted from
     /// their stream, so its length is what waits or is being worked on,
     /// and its first entry the oldest of those.
     async fn queue_stats(&self) -> Result<Option<QueueStats>, BackendError> {
         let k = self.keys();
-        let mut pipe = redis::pipe();
-        pipe.cmd("TIME");
+        let mut cmds = vec![redis::cmd("TIME")];
         for p in 0..k.streams() {
-            pipe.cmd("XLEN").arg(k.queue(p));
-            pipe.cmd("XRANGE")
-                .arg(k.queue(p))
-                .arg("-")
-                .arg("+")
-                .arg("COUNT")
-                .arg(1);
+            cmds.push(redis::cmd("XLEN").arg(k.queue(p)).clone());
+            cmds.push(
+                redis::cmd("XRANGE")
+                    .arg(k.queue(p))
+                    .arg("-")
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(1)
+                    .clone(),
+            );
         }
-        let replies: Vec<Value> = pipe
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        let replies = self.query_each(cmds).await?;
         let bad = || super::corrupt("unexpected reply to the queue statistics");
         let (time, streams) = replies.split_first().ok_or_else(bad)?;
         let (secs, micros): (u64, u64) = redis::from_redis_value_ref(time).map_err(|_| bad())?;

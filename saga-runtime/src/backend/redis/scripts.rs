@@ -1095,3 +1095,27 @@ pub static RUNNERS: LazyLock<Script> = LazyLock::new(|| {
 return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')"
     ))
 });
+
+/// KEYS: the saga readers (a sorted set by expiry). ARGV: member, ttl ms
+/// ('' = leaving). Renews (or removes) the member, drops the expired ones,
+/// and returns {its rank by name, how many there are} ({0, n} when
+/// leaving): each reader watches the saga partitions `p` with
+/// `p % n == rank` (see `watch`).
+pub static READERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{NOW}
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if ARGV[2] == '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return {{0, redis.call('ZCARD', KEYS[1])}}
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+table.sort(members)
+local rank = 0
+for i, m in ipairs(members) do if m == ARGV[1] then rank = i - 1 end end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
+return {{rank, #members}}"
+    ))
+});

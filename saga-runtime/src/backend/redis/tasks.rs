@@ -384,16 +384,22 @@ impl TaskStore for RedisBackend {
     /// pipelined round trip.
     async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
         let k = self.keys();
-        let mut pipe = redis::pipe();
+        let mut cmds = Vec::new();
         for status in TaskStatus::ALL {
             for p in 0..k.partitions() {
-                pipe.cmd("ZCARD").arg(k.index(p, saga, Some(status)));
+                cmds.push(
+                    redis::cmd("ZCARD")
+                        .arg(k.index(p, saga, Some(status)))
+                        .clone(),
+                );
             }
         }
-        let sizes: Vec<usize> = pipe
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        let sizes: Vec<usize> = self
+            .query_each(cmds)
+            .await?
+            .iter()
+            .map(|v| redis::from_redis_value_ref(v).map_err(corrupt))
+            .collect::<Result<_, _>>()?;
         let per_status = sizes.chunks(usize::from(k.partitions()).max(1));
         Ok(TaskStatus::ALL
             .into_iter()
@@ -691,26 +697,27 @@ impl TaskStore for RedisBackend {
         let channel = self.keys().finished_channel();
         let finished = self.shared.finished.clone();
         finished
-            .wait(&self.shared.primary, &channel, id, timeout)
+            .wait(&self.shared.server, &channel, id, timeout)
             .await;
     }
 
     async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let primary = self.shared.primary.clone();
+        let server = self.shared.server.clone();
         let channel = self.keys().cancel_channel();
         // Resubscribes after a disconnect; ends when the receiver is dropped.
         tokio::spawn(async move {
             loop {
-                // The current primary on every attempt: it may have moved.
-                match primary.client().get_async_pubsub().await {
+                // Connected afresh on every attempt: the primary may have
+                // moved, a cluster node may have died.
+                match server.pubsub().await {
                     Ok(mut pubsub) => {
                         if pubsub.subscribe(&channel).await.is_ok() {
                             let mut messages = pubsub.on_message();
                             loop {
                                 // The receiver gone (the engine stopped),
                                 // this task ends at once: it holds the
-                                // primary, whose sentinel poller lives as
+                                // server, whose sentinel poller lives as
                                 // long as anything does.
                                 let msg = tokio::select! {
                                     msg = messages.next() => msg,

@@ -1,0 +1,125 @@
+//! Redis Cluster: the backend conformance suite on a real local cluster
+//! (three primaries, three replicas), and the engine running sagas whose
+//! partitions spread over its shards.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::redis_cluster::TestCluster;
+use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::backend::Backend;
+use saga_runtime::prelude::*;
+
+/// Test-sized timeouts: messages of a stopped worker come back after
+/// 800 ms, idle reads block 100 ms.
+fn config(prefix: &str) -> RedisConfig {
+    RedisConfig {
+        prefix: prefix.to_owned(),
+        visibility_timeout: Duration::from_millis(800),
+        block: Duration::from_millis(100),
+        response_timeout: Duration::from_secs(2),
+        ..RedisConfig::default()
+    }
+}
+
+async fn backend(cluster: &TestCluster, config: RedisConfig) -> RedisBackend {
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisBackend::connect_cluster(&nodes, config)
+        .await
+        .expect("connect to the test cluster")
+}
+
+mod conformance {
+    use super::*;
+    use saga_runtime::testing::conformance::VISIBILITY;
+
+    async fn start() -> TestCluster {
+        TestCluster::start()
+    }
+
+    /// A backend under a prefix of its own: the cases share the cluster.
+    async fn fresh(cluster: &TestCluster) -> (Arc<dyn Backend>, ()) {
+        let prefix = format!("c{}", uuid::Uuid::new_v4().simple());
+        let config = RedisConfig {
+            visibility_timeout: VISIBILITY,
+            block: Duration::from_millis(50),
+            partitions: Some(3),
+            ..super::config(&prefix)
+        };
+        (Arc::new(backend(cluster, config).await), ())
+    }
+
+    saga_runtime::backend_conformance!(on_a_cluster, in_turn: fresh, sharing: start);
+}
+
+/// Three quick steps; the last counts its calls by input.
+struct Quick {
+    done: Arc<Mutex<HashMap<u64, usize>>>,
+}
+
+#[saga(name = "quick")]
+impl Quick {
+    #[saga_step(1)]
+    async fn one(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(2)]
+    async fn two(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(3)]
+    async fn three(&self, n: u64) -> Result<u64, StepError> {
+        *self.done.lock().unwrap().entry(n).or_default() += 1;
+        Ok(n)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saga_spreads_over_every_shard_and_every_task_completes() {
+    let cluster = TestCluster::start();
+    let done = Arc::new(Mutex::new(HashMap::new()));
+    let engine = Engine::builder()
+        .backend(backend(&cluster, config("saga")).await)
+        .saga(Quick { done: done.clone() })
+        .workers(2)
+        .build()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for n in 0..120u64 {
+        ids.push(engine.start::<Quick>(n).await.unwrap());
+    }
+    for id in &ids {
+        let task = tokio::time::timeout(Duration::from_secs(30), engine.wait(*id))
+            .await
+            .expect("every task ends")
+            .unwrap();
+        assert_eq!(task.status, TaskStatus::Completed, "{task:?}");
+    }
+    let done = done.lock().unwrap().clone();
+    assert_eq!(done.len(), 120);
+    assert!(done.values().all(|n| *n == 1), "each last step once");
+    // The tasks' records sit on every primary: the partitions spread.
+    let mut per_primary: BTreeMap<u16, usize> = BTreeMap::new();
+    for port in cluster.primaries() {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("saga:*:task:*")
+            .query(&mut c)
+            .unwrap();
+        per_primary.insert(port, keys.len());
+    }
+    assert_eq!(per_primary.values().sum::<usize>(), 120, "{per_primary:?}");
+    assert!(
+        per_primary.values().all(|n| *n > 0),
+        "every primary holds tasks: {per_primary:?}"
+    );
+    engine.shutdown().await;
+}

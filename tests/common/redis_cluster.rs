@@ -1,0 +1,397 @@
+//! A private Redis Cluster on loopback: three primaries and three replicas
+//! (`redis-cli --cluster create ... --cluster-replicas 1`), on free ports,
+//! torn down on drop. Never the shared instance on 6379.
+//!
+//! Fault injection: SIGKILL a node (its replica takes over after the node
+//! timeout, 1 s here), start it again, move slots between primaries
+//! (`redis-cli --cluster reshard`).
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::redis_server::free_port;
+
+/// How long a node may be unreachable before the cluster fails it over.
+pub const NODE_TIMEOUT_MS: u64 = 1000;
+
+pub struct TestCluster {
+    dir: tempfile::TempDir,
+    /// Every node by port; `None` once killed.
+    nodes: BTreeMap<u16, Option<Child>>,
+}
+
+/// A node as `CLUSTER NODES` lists it.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub id: String,
+    pub port: u16,
+    pub primary: bool,
+    pub failed: bool,
+    /// The primary it replicates (replicas only).
+    pub of: Option<String>,
+    /// How many slots it serves (primaries only).
+    pub slots: usize,
+}
+
+fn conn(port: u16) -> Option<redis::Connection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .ok()?
+        .get_connection_with_timeout(Duration::from_secs(1))
+        .ok()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A port whose cluster bus port (`port + 10000`) is free too.
+fn cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55000 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn redis_cli(args: &[String]) -> String {
+    let out = Command::new("redis-cli")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("redis-cli must be on PATH (it comes with redis-server)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "redis-cli {args:?} failed:\n{text}");
+    text
+}
+
+impl TestCluster {
+    /// Starts six nodes and joins them into a cluster of three shards,
+    /// each a primary with one replica; returns once every node sees every
+    /// slot served and every replica in sync.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cluster = TestCluster {
+            dir,
+            nodes: BTreeMap::new(),
+        };
+        let ports: Vec<u16> = (0..6).map(|_| cluster_port()).collect();
+        for &port in &ports {
+            cluster.spawn(port);
+        }
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
+        args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        redis_cli(&args);
+        cluster.wait_healthy();
+        cluster
+    }
+
+    fn spawn(&mut self, port: u16) {
+        let data = self.dir.path().join(format!("node-{port}"));
+        std::fs::create_dir_all(&data).unwrap();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                &NODE_TIMEOUT_MS.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                data.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be on PATH (apt-get install redis-server)");
+        self.nodes.insert(port, Some(child));
+        wait_for("redis-server to start", Duration::from_secs(10), || {
+            conn(port).is_some()
+        });
+    }
+
+    /// Waits until every live node reports the cluster healthy, with every
+    /// slot served by a live primary, and every live replica in sync.
+    pub fn wait_healthy(&self) {
+        wait_for("the cluster to be healthy", Duration::from_secs(60), || {
+            self.live().iter().all(|&port| {
+                let info = cluster_info(port);
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+            }) && self.live().iter().all(|&port| {
+                let replication = info(port, "replication");
+                !replication.contains("role:slave") || replication.contains("master_link_status:up")
+            }) && self
+                .nodes()
+                .iter()
+                .filter(|n| n.primary && !n.failed)
+                .map(|n| n.slots)
+                .sum::<usize>()
+                == 16384
+        });
+    }
+
+    fn live(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|(_, c)| c.is_some())
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    /// The nodes' addresses (`redis://127.0.0.1:<port>/`), for
+    /// `RedisBackend::connect_cluster`.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes
+            .keys()
+            .map(|p| format!("redis://127.0.0.1:{p}/"))
+            .collect()
+    }
+
+    /// The cluster as one URL (`redis+cluster://...`).
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .keys()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// The nodes as a live node lists them.
+    pub fn nodes(&self) -> Vec<Node> {
+        for port in self.live() {
+            let Some(mut c) = conn(port) else { continue };
+            let Ok(listed) = redis::cmd("CLUSTER").arg("NODES").query::<String>(&mut c) else {
+                continue;
+            };
+            return listed.lines().filter_map(parse_node).collect();
+        }
+        panic!("no cluster node answers");
+    }
+
+    /// The ports of the live primaries that serve slots.
+    pub fn primaries(&self) -> Vec<u16> {
+        self.nodes()
+            .into_iter()
+            .filter(|n| n.primary && !n.failed && n.slots > 0)
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// The port of the primary serving `slot`.
+    pub fn primary_of_slot(&self, slot: u16) -> u16 {
+        let port = self.live()[0];
+        let mut c = conn(port).expect("a live node");
+        let shards: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).unwrap();
+        for shard in shards {
+            let redis::Value::Array(fields) = shard else {
+                continue;
+            };
+            let num = |v: &redis::Value| match v {
+                redis::Value::Int(n) => *n,
+                _ => -1,
+            };
+            let (start, end) = (num(&fields[0]), num(&fields[1]));
+            if (start..=end).contains(&i64::from(slot)) {
+                if let redis::Value::Array(node) = &fields[2] {
+                    return num(&node[1]) as u16;
+                }
+            }
+        }
+        panic!("no primary serves slot {slot}");
+    }
+
+    /// Waits until every replica's replication offset reaches its
+    /// primary's: what was written so far survives a failover.
+    pub fn wait_replicated(&self) {
+        let offset = |port: u16, field: &str| -> u64 {
+            info(port, "replication")
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let nodes = self.nodes();
+        for replica in nodes.iter().filter(|n| !n.primary && !n.failed) {
+            let Some(primary) = nodes.iter().find(|n| Some(&n.id) == replica.of.as_ref()) else {
+                continue;
+            };
+            let target = offset(primary.port, "master_repl_offset:");
+            wait_for("a replica to catch up", Duration::from_secs(10), || {
+                offset(replica.port, "slave_repl_offset:") >= target
+            });
+        }
+    }
+
+    /// SIGKILLs the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        if let Some(Some(mut child)) = self.nodes.insert(port, None) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits until the slots `old` served are served by another node, and
+    /// the cluster is healthy again; returns that node's port.
+    pub fn wait_failover(&self, old: u16, slot: u16) -> u16 {
+        let mut new = old;
+        wait_for("the failover", Duration::from_secs(60), || {
+            self.live()
+                .iter()
+                .all(|&p| cluster_info(p).contains("cluster_state:ok"))
+                && {
+                    new = self.primary_of_slot(slot);
+                    new != old
+                }
+        });
+        new
+    }
+
+    /// Starts the killed node on `port` again, with its cluster state: it
+    /// rejoins as a replica of whoever took its slots over.
+    pub fn restart(&mut self, port: u16) {
+        self.spawn(port);
+    }
+
+    /// Moves `slots` slots from the primary on `from` to the one on `to`
+    /// (`redis-cli --cluster reshard`), keys and all.
+    pub fn reshard(&self, from: u16, to: u16, slots: usize) {
+        let nodes = self.nodes();
+        let id = |port: u16| {
+            nodes
+                .iter()
+                .find(|n| n.port == port)
+                .map(|n| n.id.clone())
+                .expect("a node on that port")
+        };
+        redis_cli(&[
+            "--cluster".into(),
+            "reshard".into(),
+            format!("127.0.0.1:{from}"),
+            "--cluster-from".into(),
+            id(from),
+            "--cluster-to".into(),
+            id(to),
+            "--cluster-slots".into(),
+            slots.to_string(),
+            "--cluster-yes".into(),
+            // Keys move a few at a time: the resharding overlaps the work
+            // for a while, as it does in production.
+            "--cluster-pipeline".into(),
+            "10".into(),
+        ]);
+    }
+
+    /// Every key on every live primary, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys = Vec::new();
+        for port in self.primaries() {
+            let mut c = conn(port).expect("a live primary");
+            let found: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+            keys.extend(found);
+        }
+        keys.sort();
+        keys
+    }
+
+    /// Commands each live primary ran (`INFO commandstats`; commands
+    /// scripts run included), by port.
+    pub fn command_calls(&self) -> BTreeMap<u16, u64> {
+        self.primaries()
+            .into_iter()
+            .map(|port| {
+                let calls = info(port, "commandstats")
+                    .lines()
+                    .filter_map(|l| l.split("calls=").nth(1))
+                    .filter_map(|rest| rest.split(',').next())
+                    .filter_map(|n| n.parse::<u64>().ok())
+                    .sum();
+                (port, calls)
+            })
+            .collect()
+    }
+
+    /// Forgets the command counts of every primary.
+    pub fn reset_stats(&self) {
+        for port in self.primaries() {
+            if let Some(mut c) = conn(port) {
+                let _: Result<(), _> = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut c);
+            }
+        }
+    }
+
+    /// A synchronous cluster connection for assertions.
+    pub fn conn(&self) -> redis::cluster::ClusterConnection {
+        redis::cluster::ClusterClient::new(self.urls())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+}
+
+fn parse_node(line: &str) -> Option<Node> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let addr = fields.get(1)?.split('@').next()?;
+    let port = addr.rsplit_once(':')?.1.parse().ok()?;
+    let flags = fields.get(2)?;
+    let primary = flags.contains("master");
+    let slots = fields
+        .iter()
+        .skip(8)
+        .filter(|s| !s.starts_with('['))
+        .map(|s| match s.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0),
+            None => 1,
+        })
+        .sum();
+    Some(Node {
+        id: fields[0].to_owned(),
+        port,
+        primary,
+        failed: flags.contains("fail") && !flags.contains("fail?") || flags.contains("noaddr"),
+        of: fields
+            .get(3)
+            .filter(|of| **of != "-")
+            .map(|of| (*of).to_owned()),
+        slots,
+    })
+}
+
+fn info(port: u16, section: &str) -> String {
+    conn(port)
+        .and_then(|mut c| redis::cmd("INFO").arg(section).query(&mut c).ok())
+        .unwrap_or_default()
+}
+
+fn cluster_info(port: u16) -> String {
+    conn(port)
+        .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c).ok())
+        .unwrap_or_default()
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for child in self.nodes.values_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
