@@ -79,18 +79,29 @@ impl TestCluster {
     /// each a primary with one replica; returns once every node sees every
     /// slot served and every replica in sync.
     pub fn start() -> Self {
+        TestCluster::start_with(3, 1)
+    }
+
+    /// `primaries` shards with `replicas` replicas each.
+    pub fn start_with(primaries: usize, replicas: usize) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cluster = TestCluster {
             dir,
             nodes: BTreeMap::new(),
         };
-        let ports: Vec<u16> = (0..6).map(|_| cluster_port()).collect();
+        let ports: Vec<u16> = (0..primaries * (1 + replicas))
+            .map(|_| cluster_port())
+            .collect();
         for &port in &ports {
             cluster.spawn(port);
         }
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
-        args.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        args.extend([
+            "--cluster-replicas".into(),
+            replicas.to_string(),
+            "--cluster-yes".into(),
+        ]);
         redis_cli(&args);
         cluster.wait_healthy();
         cluster
@@ -196,27 +207,51 @@ impl TestCluster {
             .collect()
     }
 
-    /// The port of the primary serving `slot`.
-    pub fn primary_of_slot(&self, slot: u16) -> u16 {
-        let port = self.live()[0];
-        let mut c = conn(port).expect("a live node");
-        let shards: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).unwrap();
-        for shard in shards {
-            let redis::Value::Array(fields) = shard else {
+    /// The slot ranges served, with the port of the primary serving each.
+    fn slot_ranges(&self) -> Vec<(u16, u16, u16)> {
+        for port in self.live() {
+            let Some(mut c) = conn(port) else { continue };
+            let Ok(shards) = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query::<Vec<redis::Value>>(&mut c)
+            else {
                 continue;
             };
             let num = |v: &redis::Value| match v {
-                redis::Value::Int(n) => *n,
-                _ => -1,
+                redis::Value::Int(n) => *n as u16,
+                _ => 0,
             };
-            let (start, end) = (num(&fields[0]), num(&fields[1]));
-            if (start..=end).contains(&i64::from(slot)) {
-                if let redis::Value::Array(node) = &fields[2] {
-                    return num(&node[1]) as u16;
-                }
-            }
+            return shards
+                .iter()
+                .filter_map(|shard| match shard {
+                    redis::Value::Array(f) => match &f[2] {
+                        redis::Value::Array(node) => Some((num(&f[0]), num(&f[1]), num(&node[1]))),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .collect();
         }
-        panic!("no primary serves slot {slot}");
+        panic!("no cluster node answers");
+    }
+
+    /// The port of the primary serving `slot`.
+    pub fn primary_of_slot(&self, slot: u16) -> u16 {
+        self.slot_ranges()
+            .into_iter()
+            .find(|(start, end, _)| (*start..=*end).contains(&slot))
+            .map(|(_, _, port)| port)
+            .unwrap_or_else(|| panic!("no primary serves slot {slot}"))
+    }
+
+    /// The first slot the primary on `port` serves.
+    pub fn first_slot_of(&self, port: u16) -> u16 {
+        self.slot_ranges()
+            .into_iter()
+            .filter(|(_, _, p)| *p == port)
+            .map(|(start, _, _)| start)
+            .min()
+            .unwrap_or_else(|| panic!("the node on {port} serves no slot"))
     }
 
     /// Waits until every replica's replication offset reaches its
@@ -298,6 +333,37 @@ impl TestCluster {
             "--cluster-pipeline".into(),
             "10".into(),
         ]);
+        self.wait_agreed();
+    }
+
+    /// Waits until every live node tells the same slot map (a resharding
+    /// spreads its new configuration over the cluster bus a moment later).
+    pub fn wait_agreed(&self) {
+        wait_for(
+            "the nodes to agree on the slots",
+            Duration::from_secs(30),
+            || {
+                let maps: Vec<Vec<String>> = self
+                    .live()
+                    .into_iter()
+                    .map(|port| {
+                        let listed: String = conn(port)
+                            .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c).ok())
+                            .unwrap_or_default();
+                        let mut served: Vec<String> = listed
+                            .lines()
+                            .filter_map(|l| {
+                                let f: Vec<&str> = l.split_whitespace().collect();
+                                (f.len() > 8).then(|| format!("{} {}", f[0], f[8..].join(" ")))
+                            })
+                            .collect();
+                        served.sort();
+                        served
+                    })
+                    .collect();
+                maps.windows(2).all(|w| w[0] == w[1])
+            },
+        );
     }
 
     /// Every key on every live primary, sorted.
@@ -310,6 +376,28 @@ impl TestCluster {
         }
         keys.sort();
         keys
+    }
+
+    /// The slots that hold keys, with the port of the primary serving
+    /// each.
+    pub fn used_slots(&self) -> BTreeMap<u16, u16> {
+        let mut used = BTreeMap::new();
+        for port in self.primaries() {
+            let Some(mut c) = conn(port) else { continue };
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*")
+                .query(&mut c)
+                .unwrap_or_default();
+            for key in keys {
+                let slot: u16 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(&key)
+                    .query(&mut c)
+                    .unwrap();
+                used.insert(slot, port);
+            }
+        }
+        used
     }
 
     /// Commands each live primary ran (`INFO commandstats`; commands

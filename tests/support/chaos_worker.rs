@@ -2,7 +2,9 @@
 //! saga's workers against the Redis at `REDIS_URL` until killed (or
 //! stopped gracefully by Ctrl-C or SIGTERM).
 //!
-//! Environment (all optional): `REDIS_URL`, `WORKERS` (2), `VISIBILITY_MS`
+//! Environment (all optional): `REDIS_URL` (a server's, or a cluster's as
+//! `redis+cluster://host:port,..`), `RECORD_URL` (where executions are
+//! recorded: a single server; default `REDIS_URL`), `WORKERS` (2), `VISIBILITY_MS`
 //! (1000), `LOCK_TTL_MS` (the engine's default: the visibility timeout),
 //! `MAX_WORK_MS` (20), `FAILURE_RATE` (0.1), `RECORD` (1), `POISON` (an
 //! input whose steps abort the process), `MAX_DELIVERIES` (10),
@@ -38,7 +40,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..RedisConfig::default()
     };
     let backend = RedisBackend::connect_with(&url, config).await?;
-    let recorder = redis::Client::open(url.as_str())?
+    let record_url: String = env("RECORD_URL", url.clone());
+    let recorder = redis::Client::open(record_url.as_str())?
         .get_connection_manager()
         .await?;
     let chaos = ChaosConfig {
