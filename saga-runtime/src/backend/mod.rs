@@ -523,7 +523,10 @@ pub struct ProcessCommit<'a> {
     /// Delete the instance (and its correlation entries) instead of writing it.
     pub delete: bool,
     /// Correlation entries to claim for the instance: a value already owned
-    /// by another instance is a conflict.
+    /// by another instance is a conflict. The instance lists every entry
+    /// it holds in its [`keys`](ProcessInstance::keys) (the engine keeps
+    /// them so): a store whose entries and instances live apart finds an
+    /// instance by an entry only if the instance lists it.
     pub add_keys: Vec<(String, String)>,
     /// Correlation entries to release.
     pub remove_keys: Vec<(String, String)>,
@@ -548,6 +551,17 @@ pub struct ProcessCommit<'a> {
     /// checked against tombstones like [`handling`](Self::handling) and
     /// acknowledged with the write.
     pub batched: Vec<Batched<'a>>,
+}
+
+/// What a process-manager message is for, as the worker found it before
+/// handling it: where [`WorkQueue::forward`] sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardTo<'a> {
+    /// This instance.
+    Instance(&'a str),
+    /// No instance holds this correlation value (yet): the message may
+    /// create one.
+    Value(&'a str),
 }
 
 /// A message a [`ProcessCommit`] applies besides the one it handles.
@@ -662,6 +676,18 @@ pub enum BackendError {
     /// correlation entries it claims) came first.
     #[error("process `{process}` instance `{instance}`: a concurrent write came first")]
     ProcessConflict {
+        /// The process manager.
+        process: String,
+        /// The instance.
+        instance: String,
+    },
+    /// The message a process-manager write settles is in another partition
+    /// than the instance it writes (a backend that keeps partitions apart,
+    /// like Redis Cluster, cannot write both at once): the worker hands it
+    /// back, and forwards it to the instance's partition on its next
+    /// delivery.
+    #[error("process `{process}` instance `{instance}`: the message is in another partition than the instance")]
+    ProcessElsewhere {
         /// The process manager.
         process: String,
         /// The instance.
@@ -988,6 +1014,26 @@ pub trait WorkQueue: Send + Sync + 'static {
         Ok(false)
     }
 
+    /// Moves a process-manager message to the partition of what it is for
+    /// (`to`: the instance the worker found, or the correlation value it
+    /// may create one under), if that is another than the one it was read
+    /// from: a backend whose partitions are apart (Redis Cluster) commits
+    /// an instance only together with a message of the instance's own
+    /// partition. `false`: it is where it belongs (always, for a backend
+    /// that keeps every partition together); the caller handles it.
+    /// `true`: it was moved (naming the instance from then on, and as a
+    /// delivery that was not answered, so that a message that moves for
+    /// ever still reaches the delivery cap), and this delivery is settled.
+    async fn forward(
+        &self,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        to: ForwardTo<'_>,
+    ) -> Result<bool, BackendError> {
+        let _ = (delivery, envelope, to);
+        Ok(false)
+    }
+
     /// `consumer` is leaving (a graceful shutdown): hands back what was
     /// delivered to it and not handed out yet, so that nothing waits out
     /// the visibility timeout.
@@ -1060,6 +1106,15 @@ pub trait ProcessStore: Send + Sync + 'static {
         process: &str,
         id: &str,
     ) -> Result<Option<ProcessInstance>, BackendError>;
+
+    /// An id for a new instance of `process` found by correlation value
+    /// `near` (one it does not take its id from): random, and for a
+    /// backend whose partitions are apart, in the partition of `near`, so
+    /// that the instance and its correlation entry share one.
+    fn new_instance_id(&self, process: &str, near: &str) -> String {
+        let _ = (process, near);
+        uuid::Uuid::new_v4().to_string()
+    }
 
     /// The instance owning the correlation entry `(field, value)`.
     async fn process_find(

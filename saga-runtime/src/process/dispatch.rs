@@ -416,7 +416,7 @@ pub(crate) async fn dispatch(
             (None, HandlerKind::Starts { .. }) => {
                 let id = match handler.correlation {
                     Correlation::Id => key.clone(),
-                    _ => uuid::Uuid::new_v4().to_string(),
+                    _ => env.backend.new_instance_id(process, &key),
                 };
                 let now = Timestamp::now();
                 ProcessInstance {

@@ -32,6 +32,12 @@ pub struct ProcessMetrics {
     /// Messages handled in the write of another message of their instance
     /// (counted in `handled` too): one save for several waiting messages.
     pub batched: AtomicU64,
+    /// Messages moved to the partition of their instance before they were
+    /// handled (Redis Cluster keeps partitions apart: a message sent to
+    /// an instance by a correlation value it holds besides its own, or
+    /// published to another partition, takes one hop). Their handling is
+    /// counted where they arrive.
+    pub forwarded: AtomicU64,
 }
 
 impl ProcessMetrics {
@@ -62,6 +68,13 @@ impl ProcessMetrics {
     pub(crate) fn count_conflict(&self, process: &'static str) {
         self.conflicts.fetch_add(1, Ordering::Relaxed);
         crate::metrics::process_conflict(process);
+    }
+
+    /// Counts a message moved to its instance's partition before it was
+    /// handled (a cluster keeps partitions apart).
+    pub(crate) fn count_forwarded(&self, process: &'static str) {
+        self.forwarded.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::process_message(process, "forwarded");
     }
 
     /// Counts a message handled in another's write (its outcome is

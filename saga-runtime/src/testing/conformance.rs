@@ -1193,6 +1193,9 @@ fn write<'a>(i: &'a ProcessInstance, add: &[(&str, &str)]) -> ProcessCommit<'a> 
 /// Instances: optimistic versions, exclusive correlation entries, delete.
 pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backend>) {
     let mut a = instance("a");
+    // An instance lists the entries it holds (the engine keeps them so);
+    // a store may find an instance by an entry only if it does.
+    a.keys = vec![("order".into(), "42".into())];
     assert_eq!(
         b.process_commit("pm", write(&a, &[("order", "42")]))
             .await
@@ -1206,8 +1209,10 @@ pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backe
         "{again:?}"
     );
     // Another instance cannot claim a correlation value that "a" owns.
+    let mut thief = instance("b");
+    thief.keys = vec![("order".into(), "42".into())];
     let stolen = b
-        .process_commit("pm", write(&instance("b"), &[("order", "42")]))
+        .process_commit("pm", write(&thief, &[("order", "42")]))
         .await;
     assert!(
         matches!(stolen, Err(BackendError::ProcessConflict { .. })),

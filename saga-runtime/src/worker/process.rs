@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use super::instance_lock::{Cached, HeldLease, Locked};
-use crate::backend::{Backend, BackendError, Delivery};
+use crate::backend::{Backend, BackendError, Delivery, ForwardTo};
 use crate::metrics::DeadLetterKind;
 use crate::process::{
     dispatch, Concurrency, Correlation, DispatchEnv, Dispatched, Envelope, EnvelopeKind,
@@ -40,6 +40,19 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
     };
+    // Handled where its instance's keys are (a cluster keeps partitions
+    // apart): a message read from another partition moves there first.
+    match forward(rt, delivery, envelope, &target).await {
+        Ok(true) => {
+            rt.metrics.count_forwarded(process);
+            return;
+        }
+        Ok(false) => {}
+        Err(error) => {
+            tracing::warn!(%error, "moving the message to its instance's partition failed; handed back");
+            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+    }
     let pessimistic = pm.definition().concurrency == Concurrency::Pessimistic;
     let mut local = match target.local_name(&envelope.process) {
         // Waiting behind other handlers may take a while: keep the
@@ -322,6 +335,24 @@ async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
         delivery.deliveries - 1
     );
     super::dead_letter(rt, delivery, reason, None).await
+}
+
+/// Moves `delivery` to the partition of the instance it is for (by id:
+/// the envelope names it from then on) or of the value it may create one
+/// under, if the backend keeps it elsewhere; `true` if moved.
+async fn forward(
+    rt: &Runtime,
+    delivery: &Delivery,
+    envelope: &Envelope,
+    target: &Target,
+) -> Result<bool, BackendError> {
+    let to = match target {
+        Target::Id(id) => ForwardTo::Instance(id),
+        Target::Value(value) => ForwardTo::Value(value),
+        // It writes no instance: whatever it sends goes on from here.
+        Target::Unknown(_) => return Ok(false),
+    };
+    rt.backend.forward(delivery, envelope, to).await
 }
 
 /// Which instance a message is for, as far as can be told before its

@@ -26,6 +26,9 @@ pub(crate) struct Keys {
     partitions: u16,
     /// The hash tag of each saga partition, braces included.
     tags: Vec<String>,
+    /// The hash tag of each process-manager partition (spread layout), or
+    /// the one tag they all share (compact).
+    pm_tags: Vec<String>,
     spread: bool,
 }
 
@@ -106,12 +109,19 @@ impl Keys {
     pub fn new(prefix: &str, partitions: u16, spread: bool) -> Self {
         let partitions = partitions.max(1);
         let base = prefix.to_owned();
+        let pm_base = format!("{prefix}:pm");
         Keys {
             prefix: prefix.to_owned(),
             partitions,
             tags: (0..partitions)
                 .map(|p| partition_tag(&base, p, partitions, spread))
                 .collect(),
+            pm_tags: match spread {
+                true => (0..PROCESS_PARTITIONS)
+                    .map(|k| partition_tag(&pm_base, k, PROCESS_PARTITIONS, true))
+                    .collect(),
+                false => vec![format!("{{{pm_base}}}")],
+            },
             spread,
         }
     }
@@ -133,17 +143,28 @@ impl Keys {
         self.partitions
     }
 
-    /// Work streams: one per saga partition, then the process-manager
-    /// stream every reader reads (index `partitions`), then the
-    /// [`PROCESS_PARTITIONS`] process-manager partitions.
-    pub fn streams(&self) -> u16 {
-        self.partitions + 1 + PROCESS_PARTITIONS
+    /// Whether this is the spread layout: each process-manager partition
+    /// in a slot of its own (else they share one).
+    pub fn spread(&self) -> bool {
+        self.spread
     }
 
-    /// The index of the process-manager stream every reader reads: where
-    /// messages wait that no partition owner can handle (for a process
-    /// manager it does not run), and those enqueued before partitions
-    /// existed (it keeps its old name).
+    /// Work streams: one per saga partition, then the process-manager
+    /// stream every reader reads (index `partitions`), then the
+    /// [`PROCESS_PARTITIONS`] process-manager partitions, then (spread
+    /// layout) each partition's shared stream.
+    pub fn streams(&self) -> u16 {
+        let shared = if self.spread { PROCESS_PARTITIONS } else { 0 };
+        self.partitions + 1 + PROCESS_PARTITIONS + shared
+    }
+
+    /// The index of the process-manager stream every reader reads in the
+    /// compact layout: where messages wait that no partition owner can
+    /// handle (for a process manager it does not run), and those enqueued
+    /// before partitions existed (it keeps its old name). The spread layout
+    /// has one such stream per partition, in the partition's slot
+    /// ([`shared_stream`](Self::shared_stream)), and reads this one only
+    /// for what an older layout left there.
     pub fn process_stream(&self) -> u16 {
         self.partitions
     }
@@ -151,6 +172,40 @@ impl Keys {
     /// The index of process-manager partition `k`.
     pub fn process_partition(&self, k: u16) -> u16 {
         self.partitions + 1 + k
+    }
+
+    /// The shared stream for messages of process-manager stream `stream`
+    /// that its partition's owner cannot handle: the one stream every
+    /// reader reads (compact), or its partition's own (spread), so that
+    /// the commit that handles the message there stays in the slot of the
+    /// instance.
+    pub fn shared_stream(&self, stream: u16) -> u16 {
+        match self.pm_partition_of(stream) {
+            Some(k) if self.spread => self.partitions + 1 + PROCESS_PARTITIONS + k,
+            _ => self.process_stream(),
+        }
+    }
+
+    /// The process-manager streams every reader reads (besides the
+    /// partitions its engine owns).
+    pub fn shared_streams(&self) -> Vec<u16> {
+        match self.spread {
+            true => (0..PROCESS_PARTITIONS)
+                .map(|k| self.partitions + 1 + PROCESS_PARTITIONS + k)
+                .collect(),
+            false => vec![self.process_stream()],
+        }
+    }
+
+    /// The partition `k` a process-manager stream belongs to (`None` for
+    /// the compact layout's one shared stream).
+    pub fn pm_partition_of(&self, stream: u16) -> Option<u16> {
+        let k = stream.checked_sub(self.partitions + 1)?;
+        match k < PROCESS_PARTITIONS {
+            true => Some(k),
+            false if self.spread && k < 2 * PROCESS_PARTITIONS => Some(k - PROCESS_PARTITIONS),
+            false => None,
+        }
     }
 
     /// Whether stream `stream` carries process-manager messages.
@@ -172,8 +227,7 @@ impl Keys {
     /// The partition stream of messages of `process` for `target` (an
     /// instance id or correlation value).
     pub fn process_route(&self, process: &str, target: &str) -> u16 {
-        let k = route_hash(&format!("{process}:{target}")) % u32::from(PROCESS_PARTITIONS);
-        self.process_partition(k as u16)
+        self.process_partition(pm_partition(process, target))
     }
 
     pub fn partition_of(&self, id: TaskId) -> u16 {
@@ -193,10 +247,13 @@ impl Keys {
         self.tag(partition)
     }
 
-    /// What every process-manager key starts with: `<prefix>:inst:..`,
-    /// `<prefix>:idx:..` (for scripts that build them from a message).
-    pub fn process_prefix(&self) -> String {
-        self.pm_tag()
+    /// What the keys of process-manager stream `stream`'s partition start
+    /// with (for scripts that build them from a message).
+    pub fn process_prefix(&self, stream: u16) -> String {
+        match self.pm_partition_of(stream) {
+            Some(k) => self.pm_part(k),
+            None => self.pm_tag(),
+        }
     }
 
     fn task_key(&self, kind: &str, id: TaskId) -> String {
@@ -260,12 +317,20 @@ impl Keys {
     }
 
     /// `<tag>:<kind>` of a saga partition or of the shared process-manager
-    /// stream, `<pm tag>:<kind>:<k>` of process-manager partition `k`.
+    /// stream; of process-manager partition `k`, `<pm tag>:<kind>:<k>`
+    /// (compact) or `<tag of k>:<kind>` (spread), and of its shared stream
+    /// `<tag of k>:shared:<kind>`.
     fn stream_key(&self, stream: u16, kind: &str) -> String {
-        match stream.checked_sub(self.partitions + 1) {
-            Some(k) => format!("{}:{kind}:{k}", self.pm_tag()),
-            None if stream == self.partitions => format!("{}:{kind}", self.pm_tag()),
-            None => format!("{}:{kind}", self.tag(stream)),
+        if stream < self.partitions {
+            return format!("{}:{kind}", self.tag(stream));
+        }
+        match self.pm_partition_of(stream) {
+            None => format!("{}:{kind}", self.pm_tag()),
+            Some(k) if !self.spread => format!("{}:{kind}:{k}", self.pm_tag()),
+            Some(k) if stream == self.process_partition(k) => {
+                format!("{}:{kind}", self.pm_part(k))
+            }
+            Some(k) => format!("{}:shared:{kind}", self.pm_part(k)),
         }
     }
 
@@ -293,49 +358,97 @@ impl Keys {
         format!("{}:owner", self.pm_tag())
     }
 
-    /// Every process-manager key carries this one hash tag: instances,
-    /// correlation entries, the queue, the schedule and the endpoint streams
-    /// of all process managers live in one slot, so each commit (state,
-    /// correlation entries, outbox, acknowledgement) is one script.
+    /// The control keys of process managers (partition members and owners,
+    /// runners, named leases, the compact layout's shared stream) carry
+    /// this one hash tag. In the compact layout every process-manager key
+    /// does: instances, correlation entries, the queues, the schedule and
+    /// the endpoint streams of all process managers live in one slot, so
+    /// each commit (state, correlation entries, outbox, acknowledgement) is
+    /// one script.
     fn pm_tag(&self) -> String {
         format!("{}:{{{}:pm}}", self.prefix, self.prefix)
     }
 
-    pub fn instance(&self, process: &str, id: &str) -> String {
-        format!("{}:inst:{process}:{id}", self.pm_tag())
+    /// What the keys of process-manager partition `k` start with: its
+    /// tag (spread), or the one tag of all of them (compact). An
+    /// instance's keys are in the partition of its id, a correlation
+    /// entry's in the partition of its value: a message routed by either
+    /// finds them in its own slot.
+    pub fn pm_part(&self, k: u16) -> String {
+        match self.spread {
+            true => format!("{}:{}", self.prefix, self.pm_tags[usize::from(k)]),
+            false => self.pm_tag(),
+        }
     }
 
-    pub fn instances(&self, process: &str) -> String {
-        format!("{}:insts:{process}", self.pm_tag())
+    /// A key of partition `k` that is never written: what a script that
+    /// touches no key of some kind names in its place (a cluster wants every
+    /// key a script is given in one slot).
+    pub fn pm_unused(&self, k: u16, kind: &str) -> String {
+        format!("{}:unused:{kind}", self.pm_part(k))
+    }
+
+    /// The process-manager partition of `process`'s instance `id` (or of
+    /// its correlation value `id`).
+    pub fn pm_k(&self, process: &str, id: &str) -> u16 {
+        pm_partition(process, id)
+    }
+
+    pub fn instance(&self, process: &str, id: &str) -> String {
+        format!(
+            "{}:inst:{process}:{id}",
+            self.pm_part(self.pm_k(process, id))
+        )
+    }
+
+    /// The ids of `process`'s instances in partition `k` (one set in the
+    /// compact layout, whatever `k`).
+    pub fn instances(&self, process: &str, k: u16) -> String {
+        format!("{}:insts:{process}", self.pm_part(k))
     }
 
     pub fn correlation(&self, process: &str, field: &str, value: &str) -> String {
-        format!("{}:idx:{process}:{field}:{value}", self.pm_tag())
+        let k = self.pm_k(process, value);
+        format!("{}:idx:{process}:{field}:{value}", self.pm_part(k))
+    }
+
+    /// While a claim of a correlation entry from another slot than its
+    /// instance's is in flight (spread layout), the claimant's id, for a
+    /// moment: the entry is not stale, whatever its owner's record says.
+    pub fn correlation_claim(&self, process: &str, field: &str, value: &str) -> String {
+        let k = self.pm_k(process, value);
+        format!("{}:idxclaim:{process}:{field}:{value}", self.pm_part(k))
     }
 
     /// The instances sharing a value of a field `#[handles(many)]`
     /// correlates by (a set of ids).
     pub fn shared_correlation(&self, process: &str, field: &str, value: &str) -> String {
-        format!("{}:idxs:{process}:{field}:{value}", self.pm_tag())
+        let k = self.pm_k(process, value);
+        format!("{}:idxs:{process}:{field}:{value}", self.pm_part(k))
     }
 
     /// The message ids a deleted instance handled (a set that expires).
     pub fn tombstone(&self, process: &str, id: &str) -> String {
-        format!("{}:tomb:{process}:{id}", self.pm_tag())
+        format!(
+            "{}:tomb:{process}:{id}",
+            self.pm_part(self.pm_k(process, id))
+        )
     }
 
     /// The same, under a correlation entry the deleted instance released.
     pub fn correlation_tombstone(&self, process: &str, field: &str, value: &str) -> String {
-        format!("{}:idxtomb:{process}:{field}:{value}", self.pm_tag())
+        let k = self.pm_k(process, value);
+        format!("{}:idxtomb:{process}:{field}:{value}", self.pm_part(k))
     }
 
     /// A tally's keys: `part` is `` (a hash: total, done, late, the
     /// completion envelopes), `:pending` or `:checked` (sets of items).
     /// The instance id goes last: it is the one part that may hold `:`.
+    /// In the partition of the instance that opened it.
     pub fn tally(&self, tally: &TallyRef, part: &str) -> String {
         format!(
             "{}:tally{part}:{}:{}:{}:{}",
-            self.pm_tag(),
+            self.pm_part(self.pm_k(&tally.process, &tally.instance)),
             tally.process,
             tally.name,
             tally.generation,
@@ -343,24 +456,39 @@ impl Keys {
         )
     }
 
-    /// The tallies not yet complete, by when they expire: what
+    /// Partition `k`'s tallies not yet complete, by when they expire: what
     /// housekeeping looks at to send a completion whose checker died
     /// between checking the last item and sending it.
-    pub fn open_tallies(&self) -> String {
-        format!("{}:tallies", self.pm_tag())
+    pub fn open_tallies(&self, k: u16) -> String {
+        format!("{}:tallies", self.pm_part(k))
     }
 
-    pub fn scheduled(&self) -> String {
-        format!("{}:scheduled", self.pm_tag())
+    /// The process-manager partitions whose keys are apart (spread: each
+    /// its own slot), or the one that stands for all (compact).
+    pub fn pm_parts(&self) -> Vec<u16> {
+        match self.spread {
+            true => (0..PROCESS_PARTITIONS).collect(),
+            false => vec![0],
+        }
     }
 
+    /// Partition `k`'s timeouts, by due time.
+    pub fn scheduled(&self, k: u16) -> String {
+        format!("{}:scheduled", self.pm_part(k))
+    }
+
+    /// An endpoint's stream: in the one process-manager slot (compact), or
+    /// in a slot of its own (spread), where commits relay to it.
     pub fn endpoint(&self, name: &str) -> String {
-        format!("{}:endpoint:{name}", self.pm_tag())
+        match self.spread {
+            true => format!("{}:{{{}:endpoint:{name}}}", self.prefix, self.prefix),
+            false => format!("{}:endpoint:{name}", self.pm_tag()),
+        }
     }
 
     /// An endpoint's dead letters.
     pub fn endpoint_dead(&self, name: &str) -> String {
-        format!("{}:endpoint:{name}:dead", self.pm_tag())
+        format!("{}:dead", self.endpoint(name))
     }
 
     pub fn lease(&self, name: &str) -> String {
@@ -408,6 +536,12 @@ impl Keys {
     }
 }
 
+/// The process-manager partition of `process`'s messages for `target` (an
+/// instance id or a correlation value).
+pub fn pm_partition(process: &str, target: &str) -> u16 {
+    (route_hash(&format!("{process}:{target}")) % u32::from(PROCESS_PARTITIONS)) as u16
+}
+
 /// How many partitions process-manager messages are spread over. Each is
 /// read by one engine at a time (the one holding its owner lease), so that
 /// the messages of one instance are handled by one writer; sixteen lets up
@@ -444,6 +578,114 @@ end
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // `CLUSTER KEYSLOT` on a real cluster.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("bar"), 5061);
+        assert_eq!(slot("hello"), 866);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(
+            slot("foo{}{bar}"),
+            slot("foo{}{bar}"),
+            "an empty tag hashes the key"
+        );
+        assert_ne!(slot("foo{}{bar}"), slot("bar"));
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+    }
+
+    #[test]
+    fn spread_tags_put_each_partition_in_its_own_band_of_slots() {
+        for n in [1u16, 3, 16, 64] {
+            let keys = Keys::new("saga", n, true);
+            let band = u32::from(SLOTS) / u32::from(n);
+            for p in 0..n {
+                let s = u32::from(keys.stream_slot(p));
+                assert_eq!(s / band, u32::from(p), "partition {p} of {n}: slot {s}");
+            }
+        }
+        // Three primaries with equal ranges hold 5 or 6 of 16 each.
+        let keys = Keys::new("saga", 16, true);
+        let mut per_shard = [0; 3];
+        for p in 0..16 {
+            per_shard[usize::from(keys.stream_slot(p) / 5462)] += 1;
+        }
+        assert!(
+            per_shard.iter().all(|n| (5..=6).contains(n)),
+            "{per_shard:?}"
+        );
+        let pm: Vec<u16> = (0..PROCESS_PARTITIONS)
+            .map(|k| slot(&keys.queue(keys.process_partition(k))))
+            .collect();
+        let mut distinct = pm.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            16,
+            "each process-manager partition its own slot: {pm:?}"
+        );
+    }
+
+    #[test]
+    fn spread_keys_of_an_instance_share_its_partitions_slot() {
+        let keys = Keys::new("saga", 16, true);
+        for i in 0..200 {
+            let id = format!("order-{i}");
+            let k = keys.pm_k("fulfillment", &id);
+            let here = slot(&keys.queue(keys.process_partition(k)));
+            for key in [
+                keys.instance("fulfillment", &id),
+                keys.instances("fulfillment", k),
+                keys.tombstone("fulfillment", &id),
+                keys.scheduled(k),
+                keys.open_tallies(k),
+                keys.dead(keys.process_partition(k)),
+                keys.queue(keys.shared_stream(keys.process_partition(k))),
+                keys.correlation("fulfillment", "order_id", &id),
+                keys.correlation_claim("fulfillment", "order_id", &id),
+                keys.tally(
+                    &TallyRef {
+                        process: "fulfillment".into(),
+                        instance: id.clone(),
+                        generation: "g".into(),
+                        name: "items".into(),
+                    },
+                    ":pending",
+                ),
+            ] {
+                assert_eq!(slot(&key), here, "{key}");
+            }
+            assert_eq!(
+                keys.envelope_stream(&Envelope {
+                    message_id: "m".into(),
+                    process: "fulfillment".into(),
+                    message_type: "t".into(),
+                    payload: serde_json::Value::Null,
+                    kind: crate::process::EnvelopeKind::Timeout,
+                    instance_id: Some(id.clone()),
+                    generation: None,
+                    failures: 0,
+                    key: None,
+                    key_field: None,
+                    traceparent: None,
+                    due_ms: None,
+                }),
+                keys.process_partition(k)
+            );
+        }
+        let shared = keys.shared_streams();
+        assert_eq!(shared.len(), 16);
+        assert!(shared
+            .iter()
+            .all(|s| keys.is_process(*s) && keys.shared_stream(*s) == *s));
+        assert_eq!(
+            keys.split_id(&format!("{}/1-0", shared[15])),
+            Some((shared[15], "1-0"))
+        );
+        assert_eq!(keys.streams(), 16 + 1 + 32);
+    }
 
     fn tag(key: &str) -> &str {
         let start = key.find('{').unwrap() + 1;
@@ -484,7 +726,7 @@ mod tests {
         ] {
             assert_eq!(format!("{prefix}:{kind}:{id}"), key, "TAKE builds it so");
         }
-        let pm = keys.process_prefix();
+        let pm = keys.process_prefix(keys.process_stream());
         assert_eq!(format!("{pm}:inst:p:i-1"), keys.instance("p", "i-1"));
         assert_eq!(format!("{pm}:idx:p:f:v"), keys.correlation("p", "f", "v"));
         assert_eq!(keys.split_id("3/1-0"), Some((3, "1-0")));
@@ -517,7 +759,7 @@ mod tests {
         for key in [
             keys.instance("fulfillment", "o-1"),
             keys.correlation("fulfillment", "order_number", "42"),
-            keys.scheduled(),
+            keys.scheduled(0),
             keys.endpoint("billing"),
             keys.dead(keys.process_stream()),
             keys.tally(

@@ -35,7 +35,10 @@ impl RedisBackend {
                     .arg(ms(ttl).max(1))
                     .arg(PROCESS_PARTITIONS)
                     .arg(if leaving { "1" } else { "0" })
-                    .arg(k.process_prefix()),
+                    .arg(match k.spread() {
+                        true => String::new(),
+                        false => k.process_prefix(k.process_stream()),
+                    }),
             )
             .await?;
         Ok(owned as u64)

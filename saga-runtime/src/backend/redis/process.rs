@@ -1,14 +1,37 @@
 //! Process-manager instances, their correlation index, outbox and timeouts.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use redis::Value;
 
-use super::{corrupt, scripts as s, unavailable, RedisBackend};
+use super::keys::{slot, PROCESS_PARTITIONS};
+use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, Page, ProcessCommit, ProcessInstance, ProcessStore, Settle,
     WorkItem,
 };
 use crate::process::Envelope;
+
+/// How long a claim of a correlation entry in another slot than its
+/// instance's counts as in flight (see `CLAIM_ENTRY`): far longer than the
+/// commit that follows it takes, short enough that a claim whose commit
+/// never came stops blocking the value soon.
+const CLAIM_IN_FLIGHT: Duration = Duration::from_secs(30);
+
+/// Where a process-manager write lives: the partition of its instance
+/// (else of the message it settles), and which of the keys it touches are
+/// in that partition's slot. In the compact layout every key is.
+struct Placement {
+    home: u16,
+    slot: Option<u16>,
+}
+
+impl Placement {
+    fn local(&self, key: &str) -> bool {
+        self.slot.is_none_or(|s| slot(key) == s)
+    }
+}
 
 pub(super) fn parse_instance(
     doc: Option<String>,
@@ -49,18 +72,24 @@ impl RedisBackend {
         process: &str,
         ids: &[String],
     ) -> Result<Vec<ProcessInstance>, BackendError> {
-        let mut conn = self.conn();
         let mut list = Vec::new();
         for chunk in ids.chunks(200) {
-            let mut pipe = redis::pipe();
-            for id in chunk {
-                pipe.cmd("HMGET")
-                    .arg(self.keys().instance(process, id))
-                    .arg("doc")
-                    .arg("version");
-            }
-            let docs: Vec<(Option<String>, Option<String>)> =
-                pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            let cmds = chunk
+                .iter()
+                .map(|id| {
+                    redis::cmd("HMGET")
+                        .arg(self.keys().instance(process, id))
+                        .arg("doc")
+                        .arg("version")
+                        .clone()
+                })
+                .collect();
+            let docs: Vec<(Option<String>, Option<String>)> = self
+                .query_each(cmds)
+                .await?
+                .iter()
+                .map(|v| redis::from_redis_value_ref(v).map_err(corrupt))
+                .collect::<Result<_, _>>()?;
             for ((doc, version), id) in docs.into_iter().zip(chunk) {
                 match owned_by(parse_instance(doc, version)?, process, id) {
                     Ok(instance) => list.extend(instance),
@@ -69,6 +98,506 @@ impl RedisBackend {
             }
         }
         Ok(list)
+    }
+}
+
+impl RedisBackend {
+    /// Whether instance `id` of `process` holds `(field, value)`.
+    async fn holds(
+        &self,
+        process: &str,
+        id: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<bool, BackendError> {
+        Ok(self
+            .process_load(process, id)
+            .await?
+            .is_some_and(|i| i.keys.iter().any(|(f, v)| f == field && v == value)))
+    }
+
+    /// Deletes correlation entry `(field, value)` if `owner` holds it but
+    /// no longer claims it (spread layout: an entry claimed from another
+    /// slot whose instance's commit failed, or whose release was lost),
+    /// and no claim of it is in flight. `true` if deleted.
+    async fn clear_stale_entry(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+        owner: &str,
+    ) -> Result<bool, BackendError> {
+        let k = self.keys();
+        let in_flight: bool = redis::cmd("EXISTS")
+            .arg(k.correlation_claim(process, field, value))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        if in_flight || self.holds(process, owner, field, value).await? {
+            return Ok(false);
+        }
+        let swapped: i64 = self
+            .run(
+                s::SWAP_ENTRY
+                    .key(k.correlation(process, field, value))
+                    .arg(owner)
+                    .arg(""),
+            )
+            .await?;
+        if swapped == 1 {
+            tracing::warn!(
+                process,
+                field,
+                value,
+                owner,
+                "correlation entry whose instance does not hold it cleared"
+            );
+        }
+        Ok(swapped == 1)
+    }
+
+    /// Where `commit` lives (see [`Placement`]); refuses one whose message
+    /// is in another partition than its instance: the worker forwards it
+    /// first (it found the instance by another value than the one the
+    /// message was routed by, and handing it back lets it do so).
+    fn placement(
+        &self,
+        process: &str,
+        commit: &ProcessCommit<'_>,
+    ) -> Result<Placement, BackendError> {
+        let k = self.keys();
+        let settled = match commit.settle {
+            Settle::Ack(d) | Settle::DeadLetter(d, _) => Some(self.process_entry_of(d)?.0),
+            _ => None,
+        };
+        let home = match (commit.instance, settled) {
+            (Some(i), _) => k.pm_k(process, &i.id),
+            (None, Some(p)) => k.pm_partition_of(p).unwrap_or(0),
+            (None, None) => commit
+                .enqueue
+                .first()
+                .and_then(|e| k.pm_partition_of(k.envelope_stream(e)))
+                .unwrap_or(0),
+        };
+        let placement = Placement {
+            home,
+            slot: k.spread().then(|| slot(&k.pm_part(home))),
+        };
+        let deliveries = settled.into_iter().chain(
+            commit
+                .batched
+                .iter()
+                .filter_map(|b| self.process_entry_of(b.delivery).ok().map(|(p, _)| p)),
+        );
+        for p in deliveries {
+            if !placement.local(&k.queue(p)) {
+                return Err(BackendError::ProcessElsewhere {
+                    process: process.to_owned(),
+                    instance: commit.instance.map(|i| i.id.clone()).unwrap_or_default(),
+                });
+            }
+        }
+        Ok(placement)
+    }
+
+    /// Before the commit (spread layout): claims the correlation entries,
+    /// joins the shared ones, and (deleting) writes the tombstones that
+    /// live in other slots than the instance.
+    async fn commit_remote_first(
+        &self,
+        process: &str,
+        commit: &ProcessCommit<'_>,
+        placement: &Placement,
+    ) -> Result<(), BackendError> {
+        let k = self.keys();
+        let Some(instance) = commit.instance else {
+            return Ok(());
+        };
+        let id = instance.id.as_str();
+        let conflict = || BackendError::ProcessConflict {
+            process: process.to_owned(),
+            instance: id.to_owned(),
+        };
+        let handled =
+            serde_json::to_string(&commit.handled_ids().collect::<Vec<_>>()).map_err(corrupt)?;
+        if !commit.delete {
+            for (field, value) in &commit.add_keys {
+                if placement.local(&k.correlation(process, field, value)) {
+                    continue;
+                }
+                let mut claimed = false;
+                for _ in 0..2 {
+                    let reply: Vec<Value> = self
+                        .run(
+                            s::CLAIM_ENTRY
+                                .key(k.correlation(process, field, value))
+                                .key(k.correlation_tombstone(process, field, value))
+                                .key(k.correlation_claim(process, field, value))
+                                .arg(id)
+                                .arg(&handled)
+                                .arg(ms(CLAIM_IN_FLIGHT)),
+                        )
+                        .await?;
+                    match reply.as_slice() {
+                        [Value::Int(1)] => {
+                            claimed = true;
+                            break;
+                        }
+                        [Value::Int(-5)] => {
+                            return Err(BackendError::ProcessTombstoned {
+                                process: process.to_owned(),
+                                instance: id.to_owned(),
+                            })
+                        }
+                        [Value::Int(-4), owner, ..] => {
+                            let owner = super::entry::text(owner);
+                            if !self
+                                .clear_stale_entry(process, field, value, &owner)
+                                .await?
+                            {
+                                return Err(conflict());
+                            }
+                        }
+                        _ => return Err(corrupt("unexpected reply from the entry claim")),
+                    }
+                }
+                if !claimed {
+                    return Err(conflict());
+                }
+            }
+        }
+        let mut cmds = Vec::new();
+        for (field, value) in &commit.add_shared {
+            let key = k.shared_correlation(process, field, value);
+            if !placement.local(&key) {
+                cmds.push(redis::cmd("SADD").arg(key).arg(id).clone());
+            }
+        }
+        self.query_each(cmds).await?;
+        if commit.delete {
+            let handled = instance.handled();
+            if !handled.is_empty() {
+                for (field, value) in &commit.remove_keys {
+                    let tomb = k.correlation_tombstone(process, field, value);
+                    if placement.local(&tomb) {
+                        continue;
+                    }
+                    let _: i64 = self
+                        .run(
+                            s::REMEMBER
+                                .key(tomb)
+                                .arg(ms(commit.tombstone_ttl))
+                                .arg(&handled),
+                        )
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After the commit (spread layout): releases the correlation entries
+    /// and leaves the shared ones that live in other slots. Best effort:
+    /// an entry left behind names an instance that no longer holds it,
+    /// which lookups check and claims clear.
+    async fn commit_remote_after(
+        &self,
+        process: &str,
+        commit: &ProcessCommit<'_>,
+        placement: &Placement,
+    ) {
+        let k = self.keys();
+        let Some(instance) = commit.instance else {
+            return;
+        };
+        let id = instance.id.as_str();
+        for (field, value) in &commit.remove_keys {
+            let key = k.correlation(process, field, value);
+            if placement.local(&key) {
+                continue;
+            }
+            let released: Result<i64, _> = self.run(s::SWAP_ENTRY.key(key).arg(id).arg("")).await;
+            if let Err(error) = released {
+                tracing::warn!(%error, process, field, value, "releasing a correlation entry failed; lookups see it is stale");
+            }
+        }
+        let cmds: Vec<redis::Cmd> = commit
+            .remove_shared
+            .iter()
+            .map(|(field, value)| k.shared_correlation(process, field, value))
+            .filter(|key| !placement.local(key))
+            .map(|key| redis::cmd("SREM").arg(key).arg(id).clone())
+            .collect();
+        if let Err(error) = self.query_each(cmds).await {
+            tracing::warn!(%error, process, "leaving shared correlation entries failed; fan-outs skip instances that left");
+        }
+    }
+
+    /// After a conflict on a correlation entry in the commit's own slot
+    /// (spread layout): clears those of the entries it claims whose owner
+    /// was stale, so that the next attempt can succeed.
+    async fn clear_stale_local_claims(
+        &self,
+        process: &str,
+        commit: &ProcessCommit<'_>,
+        placement: &Placement,
+    ) -> Result<(), BackendError> {
+        let k = self.keys();
+        let Some(instance) = commit.instance else {
+            return Ok(());
+        };
+        for (field, value) in &commit.add_keys {
+            let key = k.correlation(process, field, value);
+            if !placement.local(&key) {
+                continue;
+            }
+            let owner: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            if let Some(owner) = owner.filter(|o| *o != instance.id) {
+                self.clear_stale_entry(process, field, value, &owner)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The commit's script: everything in the slot of its partition (in
+    /// the compact layout, everything).
+    async fn commit_here(
+        &self,
+        process: &str,
+        commit: &ProcessCommit<'_>,
+        placement: &Placement,
+    ) -> Result<u64, BackendError> {
+        let k = self.keys();
+        let home = placement.home;
+        let limit = self.shared.config.dead_letter_payload_limit;
+        let (kind, (pm, entry), payload, reason, size) = match commit.settle {
+            Settle::Nothing => (
+                "none",
+                (k.process_partition(home), String::new()),
+                "",
+                "",
+                None,
+            ),
+            Settle::Ack(d) => ("ack", self.process_entry_of(d)?, "", "", None),
+            Settle::DeadLetter(d, reason) => {
+                let (payload, size) = truncate_payload(&d.raw, limit);
+                ("dead", self.process_entry_of(d)?, payload, reason, size)
+            }
+            Settle::ResolveDeadLetter(_) => {
+                return Err(corrupt("process commits do not resolve dead letters"))
+            }
+        };
+        let (id, doc, version) = match commit.instance {
+            Some(i) => (
+                i.id.clone(),
+                serde_json::to_string(i).map_err(corrupt)?,
+                i.version,
+            ),
+            None => (String::new(), String::new(), 0),
+        };
+        // The correlation entries of the partition's slot (the others
+        // were claimed before, and are released after: see `placement`).
+        let here = |keys: &'_ [(String, String)], key: &dyn Fn(&str, &str) -> String| {
+            keys.iter()
+                .filter(|(f, v)| placement.local(&key(f, v)))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let entry_key = |f: &str, v: &str| k.correlation(process, f, v);
+        let shared_key = |f: &str, v: &str| k.shared_correlation(process, f, v);
+        let (add_keys, remove_keys) = (
+            here(&commit.add_keys, &entry_key),
+            here(&commit.remove_keys, &entry_key),
+        );
+        let (add_shared, remove_shared) = (
+            here(&commit.add_shared, &shared_key),
+            here(&commit.remove_shared, &shared_key),
+        );
+        // Keys a settle-only write does not touch, named in its slot all
+        // the same (a cluster routes a script by its first key, and refuses
+        // one whose keys span slots).
+        let (instance_key, tombstone_key) = match commit.instance {
+            Some(_) => (k.instance(process, &id), k.tombstone(process, &id)),
+            None => (k.pm_unused(home, "inst"), k.pm_unused(home, "tomb")),
+        };
+        // The home partition's queue, where a message for another slot
+        // goes to be forwarded (spread layout), and endpoint messages to
+        // be relayed.
+        let home_queue = k.queue(k.process_partition(home));
+        let mut invocation = s::PROCESS_COMMIT.prepare_invoke();
+        invocation
+            .key(instance_key)
+            .key(k.instances(process, home))
+            .key(k.queue(pm))
+            .key(k.scheduled(home))
+            .key(k.dead(pm));
+        for (field, value) in add_keys.iter().chain(&remove_keys) {
+            invocation.key(k.correlation(process, field, value));
+        }
+        let mut relays = Vec::new();
+        for (endpoint, _) in &commit.endpoints {
+            let stream = k.endpoint(endpoint);
+            match placement.local(&stream) {
+                true => invocation.key(stream),
+                false => {
+                    relays.push(stream);
+                    invocation.key(&home_queue)
+                }
+            };
+        }
+        // Tombstones: the instance's, then those of the entries claimed
+        // (checked when creating) and released (written when deleting).
+        invocation.key(tombstone_key);
+        for (field, value) in add_keys.iter().chain(&remove_keys) {
+            invocation.key(k.correlation_tombstone(process, field, value));
+        }
+        for open in &commit.tallies {
+            invocation
+                .key(k.tally(&open.tally, ""))
+                .key(k.tally(&open.tally, ":pending"))
+                .key(k.tally(&open.tally, ":checked"));
+        }
+        invocation.key(k.open_tallies(home));
+        for (field, value) in add_shared.iter().chain(&remove_shared) {
+            invocation.key(k.shared_correlation(process, field, value));
+        }
+        if !k.spread() {
+            invocation.key(k.partition_members());
+        }
+        let handled = match (commit.delete, commit.instance) {
+            (true, Some(i)) => serde_json::to_string(&i.handled()).map_err(corrupt)?,
+            _ => "[]".to_owned(),
+        };
+        invocation
+            .arg(if commit.instance.is_some() { "1" } else { "0" })
+            .arg(version)
+            .arg(doc)
+            .arg(&id)
+            .arg(if commit.delete { "1" } else { "0" })
+            .arg(add_keys.len())
+            .arg(remove_keys.len())
+            .arg(commit.endpoints.len())
+            .arg(commit.enqueue.len())
+            .arg(commit.schedule.len())
+            .arg(kind)
+            .arg(entry)
+            .arg(self.group())
+            .arg(payload)
+            .arg(reason)
+            .arg(size.map(|s| s.to_string()).unwrap_or_default())
+            .arg(self.dead_letters_ceiling())
+            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
+            .arg(commit.handling.unwrap_or_default())
+            .arg(super::ms(commit.tombstone_ttl))
+            .arg(handled)
+            .arg(commit.tallies.len())
+            .arg(add_shared.len())
+            .arg(remove_shared.len());
+        let mut batched_ids = Vec::new();
+        let mut batched_acks = Vec::new();
+        for batched in &commit.batched {
+            let (p, entry) = self.process_entry_of(batched.delivery)?;
+            batched_ids.push(batched.message_id);
+            batched_acks.push([k.queue(p), entry]);
+        }
+        invocation
+            .arg(serde_json::to_string(&batched_ids).map_err(corrupt)?)
+            .arg(serde_json::to_string(&batched_acks).map_err(corrupt)?)
+            .arg(commit.instance.map_or("", |i| i.generation.as_str()))
+            .arg(serde_json::to_string(&relays).map_err(corrupt)?);
+        for envelope in &commit.enqueue {
+            let queue = k.queue(k.envelope_stream(envelope));
+            invocation
+                .arg(match placement.local(&queue) {
+                    true => queue,
+                    false => home_queue.clone(),
+                })
+                .arg(WorkItem::Process(envelope.clone()).encode());
+        }
+        for (_, payload) in &commit.endpoints {
+            invocation.arg(payload);
+        }
+        for (due, envelope) in &commit.schedule {
+            invocation
+                .arg(*due)
+                .arg(WorkItem::Process(envelope.clone()).encode());
+        }
+        for open in &commit.tallies {
+            invocation
+                .arg(open.items.len())
+                .arg(super::ms(open.keep_for).max(1))
+                .arg(WorkItem::Process(open.completion.clone()).encode())
+                .arg(WorkItem::Process(open.completion_late.clone()).encode())
+                .arg({
+                    let queue = k.queue(k.envelope_stream(&open.completion));
+                    match placement.local(&queue) {
+                        true => queue,
+                        false => home_queue.clone(),
+                    }
+                });
+            for item in &open.items {
+                invocation.arg(item);
+            }
+            invocation.arg(super::tally::member(&open.tally)?);
+        }
+        let reply: Vec<Value> = self.run(&invocation).await?;
+        match reply.first() {
+            Some(Value::Int(v)) if *v >= 0 => {
+                // Messages for endpoints in other slots: relayed now, so
+                // that they are there when the commit returns; the entries
+                // left on the partition's queue are the fallback should
+                // this process die first (its reader relays them).
+                let relayed = commit
+                    .endpoints
+                    .iter()
+                    .filter(|(e, _)| !placement.local(&k.endpoint(e)));
+                for ((endpoint, payload), entry) in relayed.zip(&reply[1..]) {
+                    self.relay_now(
+                        &home_queue,
+                        &k.endpoint(endpoint),
+                        payload,
+                        &super::entry::text(entry),
+                    )
+                    .await;
+                }
+                Ok(*v as u64)
+            }
+            Some(Value::Int(-6)) => {
+                let n = match reply.get(1) {
+                    Some(Value::Int(n)) => *n as usize,
+                    _ => 1,
+                };
+                let open = commit.tallies.get(n.saturating_sub(1));
+                Err(open.map_or_else(
+                    || corrupt("the process commit script named no tally"),
+                    |o| BackendError::TallyExists(o.tally.clone()),
+                ))
+            }
+            Some(Value::Int(-5)) => Err(BackendError::ProcessTombstoned {
+                process: process.to_owned(),
+                instance: id,
+            }),
+            Some(Value::Int(_)) => Err(BackendError::ProcessConflict {
+                process: process.to_owned(),
+                instance: id,
+            }),
+            _ => Err(corrupt("unexpected reply from the process commit script")),
+        }
+    }
+
+    /// A random instance id in partition `k`.
+    fn id_in_partition(process: &str, k: u16) -> String {
+        loop {
+            let id = uuid::Uuid::new_v4().to_string();
+            if super::keys::pm_partition(process, &id) == k {
+                return id;
+            }
+        }
     }
 }
 
@@ -100,9 +629,20 @@ impl ProcessStore for RedisBackend {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        match id {
-            Some(id) => self.process_load(process, &id).await,
-            None => Ok(None),
+        let Some(id) = id else { return Ok(None) };
+        let found = self.process_load(process, &id).await?;
+        // Spread layout: an entry claimed from another slot than its
+        // instance's may name an instance whose commit has not landed (or
+        // never will); only one that holds the value is found by it.
+        Ok(found.filter(|i| {
+            !self.keys().spread() || i.keys.iter().any(|(f, v)| f == field && v == value)
+        }))
+    }
+
+    fn new_instance_id(&self, process: &str, near: &str) -> String {
+        match self.keys().spread() {
+            true => RedisBackend::id_in_partition(process, self.keys().pm_k(process, near)),
+            false => uuid::Uuid::new_v4().to_string(),
         }
     }
 
@@ -122,30 +662,51 @@ impl ProcessStore for RedisBackend {
     }
 
     async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
-        let ids: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(self.keys().instances(process))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        let k = self.keys();
+        let cmds = k
+            .pm_parts()
+            .into_iter()
+            .map(|part| {
+                redis::cmd("SMEMBERS")
+                    .arg(k.instances(process, part))
+                    .clone()
+            })
+            .collect();
+        let mut ids: Vec<String> = Vec::new();
+        for set in self.query_each(cmds).await? {
+            let members: Vec<String> = redis::from_redis_value_ref(&set).map_err(corrupt)?;
+            ids.extend(members);
+        }
         let mut list = self.load_instances(process, &ids).await?;
         list.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(list)
     }
 
+    /// A page of one partition's set of instances at a time (compact: the
+    /// one set); the cursor is the set's `SSCAN` cursor, preceded in the
+    /// spread layout by the partition (`<k>/<cursor>`).
     async fn process_page(
         &self,
         process: &str,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Page<ProcessInstance>, BackendError> {
-        let start: u64 = match after {
-            Some(cursor) => cursor
-                .parse()
-                .map_err(|_| BackendError::InvalidCursor(cursor.to_owned()))?,
-            None => 0,
+        let k = self.keys();
+        let bad = || BackendError::InvalidCursor(after.unwrap_or_default().to_owned());
+        let (part, start): (u16, u64) = match (after, k.spread()) {
+            (None, _) => (0, 0),
+            (Some(cursor), false) => (0, cursor.parse().map_err(|_| bad())?),
+            (Some(cursor), true) => {
+                let (part, start) = cursor.split_once('/').ok_or_else(bad)?;
+                let part: u16 = part.parse().map_err(|_| bad())?;
+                if part >= PROCESS_PARTITIONS {
+                    return Err(bad());
+                }
+                (part, start.parse().map_err(|_| bad())?)
+            }
         };
         let (cursor, ids): (String, Vec<String>) = redis::cmd("SSCAN")
-            .arg(self.keys().instances(process))
+            .arg(k.instances(process, part))
             .arg(start)
             .arg("COUNT")
             .arg(limit.max(1))
@@ -153,7 +714,12 @@ impl ProcessStore for RedisBackend {
             .await
             .map_err(unavailable)?;
         let items = self.load_instances(process, &ids).await?;
-        let next = (cursor != "0").then_some(cursor);
+        let next = match (cursor.as_str(), k.spread()) {
+            ("0", false) => None,
+            (_, false) => Some(cursor),
+            ("0", true) => (part + 1 < PROCESS_PARTITIONS).then(|| format!("{}/0", part + 1)),
+            (_, true) => Some(format!("{part}/{cursor}")),
+        };
         Ok(Page { items, next })
     }
 
@@ -162,178 +728,80 @@ impl ProcessStore for RedisBackend {
         process: &str,
         commit: ProcessCommit<'_>,
     ) -> Result<u64, BackendError> {
-        let k = self.keys();
-        let limit = self.shared.config.dead_letter_payload_limit;
-        let (kind, (pm, entry), payload, reason, size) = match commit.settle {
-            Settle::Nothing => ("none", (k.process_stream(), String::new()), "", "", None),
-            Settle::Ack(d) => ("ack", self.process_entry_of(d)?, "", "", None),
-            Settle::DeadLetter(d, reason) => {
-                let (payload, size) = truncate_payload(&d.raw, limit);
-                ("dead", self.process_entry_of(d)?, payload, reason, size)
+        let placement = self.placement(process, &commit)?;
+        let spread = self.keys().spread();
+        if spread {
+            self.commit_remote_first(process, &commit, &placement)
+                .await?;
+        }
+        let committed = self.commit_here(process, &commit, &placement).await;
+        match &committed {
+            Ok(_) if spread => self.commit_remote_after(process, &commit, &placement).await,
+            Err(BackendError::ProcessConflict { .. }) if spread => {
+                self.clear_stale_local_claims(process, &commit, &placement)
+                    .await?
             }
-            Settle::ResolveDeadLetter(_) => {
-                return Err(corrupt("process commits do not resolve dead letters"))
-            }
-        };
-        let (id, doc, version) = match commit.instance {
-            Some(i) => (
-                i.id.clone(),
-                serde_json::to_string(i).map_err(corrupt)?,
-                i.version,
-            ),
-            None => (String::new(), String::new(), 0),
-        };
-        let mut invocation = s::PROCESS_COMMIT.prepare_invoke();
-        invocation
-            .key(k.instance(process, &id))
-            .key(k.instances(process))
-            .key(k.queue(pm))
-            .key(k.scheduled())
-            .key(k.dead(pm));
-        for (field, value) in commit.add_keys.iter().chain(&commit.remove_keys) {
-            invocation.key(k.correlation(process, field, value));
+            _ => {}
         }
-        for (endpoint, _) in &commit.endpoints {
-            invocation.key(k.endpoint(endpoint));
-        }
-        // Tombstones: the instance's, then those of the entries claimed
-        // (checked when creating) and released (written when deleting).
-        invocation.key(k.tombstone(process, &id));
-        for (field, value) in commit.add_keys.iter().chain(&commit.remove_keys) {
-            invocation.key(k.correlation_tombstone(process, field, value));
-        }
-        for open in &commit.tallies {
-            invocation
-                .key(k.tally(&open.tally, ""))
-                .key(k.tally(&open.tally, ":pending"))
-                .key(k.tally(&open.tally, ":checked"));
-        }
-        invocation.key(k.open_tallies());
-        for (field, value) in commit.add_shared.iter().chain(&commit.remove_shared) {
-            invocation.key(k.shared_correlation(process, field, value));
-        }
-        invocation.key(k.partition_members());
-        let handled = match (commit.delete, commit.instance) {
-            (true, Some(i)) => serde_json::to_string(&i.handled()).map_err(corrupt)?,
-            _ => "[]".to_owned(),
-        };
-        invocation
-            .arg(if commit.instance.is_some() { "1" } else { "0" })
-            .arg(version)
-            .arg(doc)
-            .arg(&id)
-            .arg(if commit.delete { "1" } else { "0" })
-            .arg(commit.add_keys.len())
-            .arg(commit.remove_keys.len())
-            .arg(commit.endpoints.len())
-            .arg(commit.enqueue.len())
-            .arg(commit.schedule.len())
-            .arg(kind)
-            .arg(entry)
-            .arg(self.group())
-            .arg(payload)
-            .arg(reason)
-            .arg(size.map(|s| s.to_string()).unwrap_or_default())
-            .arg(self.dead_letters_ceiling())
-            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
-            .arg(commit.handling.unwrap_or_default())
-            .arg(super::ms(commit.tombstone_ttl))
-            .arg(handled)
-            .arg(commit.tallies.len())
-            .arg(commit.add_shared.len())
-            .arg(commit.remove_shared.len());
-        let mut batched_ids = Vec::new();
-        let mut batched_acks = Vec::new();
-        for batched in &commit.batched {
-            let (p, entry) = self.process_entry_of(batched.delivery)?;
-            batched_ids.push(batched.message_id);
-            batched_acks.push([k.queue(p), entry]);
-        }
-        invocation
-            .arg(serde_json::to_string(&batched_ids).map_err(corrupt)?)
-            .arg(serde_json::to_string(&batched_acks).map_err(corrupt)?)
-            .arg(commit.instance.map_or("", |i| i.generation.as_str()));
-        for envelope in &commit.enqueue {
-            invocation
-                .arg(k.queue(k.envelope_stream(envelope)))
-                .arg(WorkItem::Process(envelope.clone()).encode());
-        }
-        for (_, payload) in &commit.endpoints {
-            invocation.arg(payload);
-        }
-        for (due, envelope) in &commit.schedule {
-            invocation
-                .arg(*due)
-                .arg(WorkItem::Process(envelope.clone()).encode());
-        }
-        for open in &commit.tallies {
-            invocation
-                .arg(open.items.len())
-                .arg(super::ms(open.keep_for).max(1))
-                .arg(WorkItem::Process(open.completion.clone()).encode())
-                .arg(WorkItem::Process(open.completion_late.clone()).encode())
-                .arg(k.queue(k.envelope_stream(&open.completion)));
-            for item in &open.items {
-                invocation.arg(item);
-            }
-            invocation.arg(super::tally::member(&open.tally)?);
-        }
-        let reply: Vec<Value> = self.run(&invocation).await?;
-        match reply.first() {
-            Some(Value::Int(v)) if *v >= 0 => Ok(*v as u64),
-            Some(Value::Int(-6)) => {
-                let n = match reply.get(1) {
-                    Some(Value::Int(n)) => *n as usize,
-                    _ => 1,
-                };
-                let open = commit.tallies.get(n.saturating_sub(1));
-                Err(open.map_or_else(
-                    || corrupt("the process commit script named no tally"),
-                    |o| BackendError::TallyExists(o.tally.clone()),
-                ))
-            }
-            Some(Value::Int(-5)) => Err(BackendError::ProcessTombstoned {
-                process: process.to_owned(),
-                instance: id,
-            }),
-            Some(Value::Int(_)) => Err(BackendError::ProcessConflict {
-                process: process.to_owned(),
-                instance: id,
-            }),
-            _ => Err(corrupt("unexpected reply from the process commit script")),
-        }
+        committed
     }
 
     async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError> {
-        self.run(
-            s::RELEASE_DUE
-                .key(self.keys().scheduled())
-                .key(self.keys().queue(self.keys().process_stream()))
-                .key(self.keys().partition_members())
-                .arg(now_ms)
-                .arg(limit)
-                .arg(self.keys().process_prefix())
-                .arg(super::keys::PROCESS_PARTITIONS),
-        )
-        .await
+        let k = self.keys();
+        if !k.spread() {
+            return self
+                .run(
+                    s::RELEASE_DUE
+                        .key(k.scheduled(0))
+                        .key(k.queue(k.process_stream()))
+                        .key(k.partition_members())
+                        .arg(now_ms)
+                        .arg(limit)
+                        .arg(k.process_prefix(k.process_stream()))
+                        .arg(PROCESS_PARTITIONS),
+                )
+                .await;
+        }
+        // A schedule per partition, moved onto the partition's queue.
+        let mut most = 0;
+        for part in k.pm_parts() {
+            let moved: usize = self
+                .run(
+                    s::RELEASE_DUE
+                        .key(k.scheduled(part))
+                        .key(k.queue(k.process_partition(part)))
+                        .arg(now_ms)
+                        .arg(limit)
+                        .arg("")
+                        .arg(PROCESS_PARTITIONS),
+                )
+                .await?;
+            most = most.max(moved);
+        }
+        Ok(most)
     }
 
     async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError> {
-        let entries: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-            .arg(self.keys().scheduled())
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(entries
-            .into_iter()
-            .filter_map(|(payload, due)| match WorkItem::decode(&payload) {
-                Ok(WorkItem::Process(envelope)) => Some((due as u64, envelope)),
-                _ => None,
-            })
-            .collect())
+        let k = self.keys();
+        let mut all = Vec::new();
+        for part in k.pm_parts() {
+            let entries: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+                .arg(k.scheduled(part))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            all.extend(entries.into_iter().filter_map(|(payload, due)| {
+                match WorkItem::decode(&payload) {
+                    Ok(WorkItem::Process(envelope)) => Some((due as u64, envelope)),
+                    _ => None,
+                }
+            }));
+        }
+        all.sort_by_key(|(due, _)| *due);
+        Ok(all)
     }
 
     async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {

@@ -15,9 +15,10 @@ use super::keys::PROCESS_PARTITIONS;
 use super::server::Conn;
 use super::{ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, Interest, Lease,
-    LoadedInstance, Locked, Page, QueueStats, TakenLease, TaskStore, WorkItem, WorkQueue,
+    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, ForwardTo, Interest,
+    Lease, LoadedInstance, Locked, Page, QueueStats, TakenLease, TaskStore, WorkItem, WorkQueue,
 };
+use crate::process::Envelope;
 use crate::task::{TaskId, Timestamp};
 
 /// Messages taken over per stream per claim. One: a message claimed but
@@ -26,6 +27,9 @@ use crate::task::{TaskId, Timestamp};
 /// longer than the visibility timeout. A claim that finds something is
 /// followed at once by another, so a backlog still drains quickly.
 const CLAIM_BATCH: usize = 1;
+
+/// Relays of one endpoint message tried before it is dead-lettered.
+const RELAY_ATTEMPTS: u64 = 10;
 
 /// A dead-letter stream entry.
 fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
@@ -143,8 +147,12 @@ impl RedisBackend {
                     };
                     let id = entry::text(id);
                     let count = entry::text(count).parse().unwrap_or(1);
-                    tracing::info!(message = %id, consumer, deliveries = count, "took over a message whose worker stopped");
                     self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
+                    if let Some(relay) = entry::relay(fields) {
+                        self.relay(p, &id, relay, count).await;
+                        continue;
+                    }
+                    tracing::info!(message = %id, consumer, deliveries = count, "took over a message whose worker stopped");
                     return Ok(Some(delivery(p, &id, fields, count, consumer)));
                 }
             }
@@ -175,10 +183,15 @@ impl RedisBackend {
             .arg(&token)
             .arg(ms(ttl))
             .arg(max.max(1));
+        let k = self.keys();
         for p in streams {
-            match self.keys().is_process(*p) {
-                true => take.arg(format!("pm|{}", self.keys().process_prefix())),
-                false => take.arg(self.keys().task_prefix(*p)),
+            match (k.is_process(*p), k.pm_partition_of(*p)) {
+                (true, Some(part)) if k.spread() => take.arg(format!(
+                    "pm|{}|{part}|{PROCESS_PARTITIONS}",
+                    k.process_prefix(*p)
+                )),
+                (true, _) => take.arg(format!("pm|{}", k.process_prefix(*p))),
+                (false, _) => take.arg(k.task_prefix(*p)),
             };
         }
         let requested_at = Instant::now();
@@ -196,6 +209,10 @@ impl RedisBackend {
             };
             let count = entry::text(count).parse().unwrap_or(1);
             self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
+            if let Some(relay) = entry::relay(fields) {
+                self.relay(p, &entry::text(id), relay, count).await;
+                continue;
+            }
             let mut delivery = delivery(p, &entry::text(id), fields, count, consumer);
             match loaded_instance(lease) {
                 Some(instance) => delivery.instance = Some(Box::new(instance)),
@@ -208,6 +225,98 @@ impl RedisBackend {
             deliveries.push(delivery);
         }
         Ok(deliveries)
+    }
+
+    /// Appends a message a process-manager commit left for an endpoint
+    /// (spread layout: the endpoint's stream is in another slot) to that
+    /// stream, then settles its entry: at least once (a crash in between
+    /// relays it again; endpoint consumers see the envelope's message id
+    /// twice). A failed relay stays pending and is taken over later; one
+    /// that failed [`RELAY_ATTEMPTS`] times is dead-lettered.
+    async fn relay(
+        &self,
+        stream: u16,
+        id: &str,
+        (endpoint, envelope): (String, String),
+        count: u64,
+    ) {
+        let k = self.keys();
+        if count > RELAY_ATTEMPTS {
+            let reason = format!(
+                "could not be relayed to endpoint stream `{endpoint}` in {RELAY_ATTEMPTS} attempts"
+            );
+            let (payload, size) =
+                truncate_payload(&envelope, self.shared.config.dead_letter_payload_limit);
+            let parked: Result<String, _> = self
+                .run(
+                    s::DEAD_LETTER
+                        .key(k.queue(stream))
+                        .key(k.dead(stream))
+                        .arg(self.group())
+                        .arg(id)
+                        .arg(payload)
+                        .arg(&reason)
+                        .arg("")
+                        .arg(size.map(|s| s.to_string()).unwrap_or_default())
+                        .arg(self.dead_letters_ceiling()),
+                )
+                .await;
+            match parked {
+                Ok(_) => tracing::error!(%endpoint, "endpoint message dead-lettered: {reason}"),
+                Err(error) => {
+                    tracing::warn!(%error, %endpoint, "dead-lettering an endpoint message that could not be relayed failed")
+                }
+            }
+            return;
+        }
+        let appended: Result<String, _> = redis::cmd("XADD")
+            .arg(&endpoint)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
+            .arg("*")
+            .arg("envelope")
+            .arg(&envelope)
+            .query_async(&mut self.conn())
+            .await;
+        let settled = match appended {
+            Ok(_) => {
+                self.run::<i64>(s::ACK.key(k.queue(stream)).arg(self.group()).arg(id))
+                    .await
+            }
+            Err(error) => Err(unavailable(error)),
+        };
+        if let Err(error) = settled {
+            tracing::warn!(%error, %endpoint, "relaying a message to its endpoint failed; it is taken over and relayed again later");
+        }
+    }
+
+    /// Relays a message a commit just left on `queue` (entry `entry`) for
+    /// the endpoint stream `endpoint`, and deletes the entry; on failure
+    /// the entry stays, for the partition's reader to relay.
+    pub(super) async fn relay_now(&self, queue: &str, endpoint: &str, envelope: &str, entry: &str) {
+        let appended: Result<String, _> = redis::cmd("XADD")
+            .arg(endpoint)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
+            .arg("*")
+            .arg("envelope")
+            .arg(envelope)
+            .query_async(&mut self.conn())
+            .await;
+        let deleted = match appended {
+            Ok(_) => redis::cmd("XDEL")
+                .arg(queue)
+                .arg(entry)
+                .query_async::<i64>(&mut self.conn())
+                .await
+                .map(drop),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = deleted {
+            tracing::debug!(%error, endpoint, "relaying an endpoint message at once failed; the partition's reader relays it");
+        }
     }
 
     /// The lease `TAKE` took with a delivery, checked against the decoded
@@ -263,7 +372,9 @@ impl RedisBackend {
         let owned = (0..PROCESS_PARTITIONS)
             .filter(|p| interest.process_partitions & (1 << p) != 0)
             .map(|p| k.process_partition(p));
-        let processes = std::iter::once(k.process_stream())
+        let processes = k
+            .shared_streams()
+            .into_iter()
             .chain(owned)
             .filter(|_| interest.processes);
         sagas.chain(processes).collect()
@@ -309,7 +420,10 @@ impl RedisBackend {
                         continue;
                     };
                     for (id, fields) in entries(list) {
-                        deliveries.push(delivery(p, &id, fields, 1, consumer));
+                        match entry::relay(fields) {
+                            Some(relay) => self.relay(p, &id, relay, 1).await,
+                            None => deliveries.push(delivery(p, &id, fields, 1, consumer)),
+                        }
                     }
                 }
                 // Up to `max` from each stream: the rest goes straight
@@ -520,10 +634,13 @@ impl RedisBackend {
                     .map(|p| k.queue(p)),
             );
         }
+        // The partitions this engine owns; the shared streams only in the
+        // compact layout (in the spread one there is one per partition,
+        // seldom written: read by each round of reads, not watched).
         homes.extend(
             streams
                 .iter()
-                .filter(|p| k.is_process(**p))
+                .filter(|p| k.is_process(**p) && !(k.spread() && k.shared_stream(**p) == **p))
                 .map(|p| k.queue(*p)),
         );
         homes
@@ -608,16 +725,31 @@ impl WorkQueue for RedisBackend {
         }
         if !processes.is_empty() {
             // A script: partitions are written only while an engine reads
-            // them.
-            let mut enqueue = s::ENQUEUE_PM.prepare_invoke();
-            enqueue.key(self.keys().partition_members());
-            for item in &processes {
-                enqueue.key(self.queue_of(item));
+            // them (compact layout). In the spread one, a call per slot.
+            let mut calls: Vec<(u16, Vec<&WorkItem>)> = Vec::new();
+            for item in processes {
+                let slot = match self.keys().spread() {
+                    true => super::keys::slot(&self.queue_of(item)),
+                    false => 0,
+                };
+                match calls.iter_mut().find(|(s, _)| *s == slot) {
+                    Some((_, items)) => items.push(item),
+                    None => calls.push((slot, vec![item])),
+                }
             }
-            for item in &processes {
-                enqueue.arg(item.encode());
+            for (_, items) in calls {
+                let mut enqueue = s::ENQUEUE_PM.prepare_invoke();
+                for item in &items {
+                    enqueue.key(self.queue_of(item));
+                }
+                if !self.keys().spread() {
+                    enqueue.key(self.keys().partition_members());
+                }
+                for item in &items {
+                    enqueue.arg(item.encode());
+                }
+                let _: i64 = self.run(&enqueue).await?;
             }
-            let _: i64 = self.run(&enqueue).await?;
         }
         Ok(())
     }
@@ -711,18 +843,66 @@ impl WorkQueue for RedisBackend {
     async fn share(&self, delivery: &Delivery) -> Result<bool, BackendError> {
         let (p, entry) = self.locate(delivery)?;
         let k = self.keys();
-        if !k.is_process(p) || p == k.process_stream() {
+        if !k.is_process(p) || p == k.shared_stream(p) {
             return Ok(false);
         }
         let _: i64 = self
             .run(
                 s::SHARE
                     .key(k.queue(p))
-                    .key(k.queue(k.process_stream()))
+                    .key(k.queue(k.shared_stream(p)))
                     .arg(self.group())
                     .arg(entry)
                     .arg(&delivery.consumer),
             )
+            .await?;
+        Ok(true)
+    }
+
+    async fn forward(
+        &self,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        to: ForwardTo<'_>,
+    ) -> Result<bool, BackendError> {
+        let k = self.keys();
+        let (p, entry) = self.locate(delivery)?;
+        if !k.spread() || !k.is_process(p) {
+            return Ok(false);
+        }
+        let (target, instance) = match to {
+            ForwardTo::Instance(id) => (id, Some(id)),
+            ForwardTo::Value(value) => (value, None),
+        };
+        let to = k.process_route(&envelope.process, target);
+        if k.stream_slot(to) == k.stream_slot(p) {
+            return Ok(false);
+        }
+        let named;
+        let envelope = match instance {
+            Some(id) if envelope.instance_id.as_deref() != Some(id) => {
+                named = Envelope {
+                    instance_id: Some(id.to_owned()),
+                    ..envelope.clone()
+                };
+                &named
+            }
+            _ => envelope,
+        };
+        // The copy first: a crash in between leaves the message here too,
+        // and it is forwarded again (the instance drops the duplicate).
+        let _: String = redis::cmd("XADD")
+            .arg(k.queue(to))
+            .arg("*")
+            .arg("payload")
+            .arg(WorkItem::Process(envelope.clone()).encode())
+            .arg("unanswered")
+            .arg(delivery.deliveries)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let _: i64 = self
+            .run(s::ACK.key(k.queue(p)).arg(self.group()).arg(entry))
             .await?;
         Ok(true)
     }
@@ -763,25 +943,19 @@ impl WorkQueue for RedisBackend {
     async fn release_due(&self, limit: usize) -> Result<usize, BackendError> {
         let k = self.keys();
         let mut moved = 0;
-        // A call per saga partition (each its own slot); one for every
-        // process-manager stream (they share one).
-        for p in 0..k.partitions() {
-            let n: usize = self
-                .run(
-                    s::RELEASE_DELAYED
-                        .key(k.delayed(p))
-                        .key(k.queue(p))
-                        .arg(limit),
-                )
-                .await?;
+        // A call per slot: each saga partition; the process-manager
+        // streams of the compact layout share one, each partition of the
+        // spread one has its own.
+        let all: Vec<u16> = (0..k.streams()).collect();
+        for group in self.slot_groups(&all) {
+            let mut release = s::RELEASE_DELAYED.prepare_invoke();
+            for p in group {
+                release.key(k.delayed(p)).key(k.queue(p));
+            }
+            let n: usize = self.run(release.arg(limit)).await?;
             moved += n;
         }
-        let mut processes = s::RELEASE_DELAYED.prepare_invoke();
-        for p in k.partitions()..k.streams() {
-            processes.key(k.delayed(p)).key(k.queue(p));
-        }
-        let n: usize = self.run(processes.arg(limit)).await?;
-        Ok(moved + n)
+        Ok(moved)
     }
 
     async fn dead_letters(

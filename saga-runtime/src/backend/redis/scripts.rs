@@ -34,9 +34,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 /// them (`members` has a live entry): until then, during a rolling deploy
 /// from a version without partitions, messages go to the shared stream
 /// that every version reads. `pm_queue` maps a partition's queue key to
-/// the one to write. Needs `NOW`.
+/// the one to write. The spread layout (a cluster) has no such past, and
+/// its members live in another slot: its scripts are given no `members`
+/// key, and always write the partitions. Needs `NOW`.
 const PM_QUEUE_FN: &str = r"
 local function partitioned(members)
+  if members == nil then return true end
   return redis.call('ZCOUNT', members, now, '+inf') > 0
 end
 local function pm_queue(q, yes)
@@ -356,8 +359,8 @@ return 1"
 /// {fence, id, doc, version, cancel} (the task's lease, taken), or
 /// {'pm', key, key field, doc, version} (an instance, or none: no doc).
 pub static TAKE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
+    Script::new(&format!(
+        r"{ROUTE_HASH_LUA}
 local function decoded(fields)
   local payload
   for i = 1, #fields, 2 do
@@ -368,8 +371,24 @@ local function decoded(fields)
   if not ok or type(m) ~= 'table' then return nil end
   return m
 end
-local function instance(tag, m)
+-- Whether the keys of `target` (an instance id or a correlation value) are
+-- in this partition: always in the compact layout (`k` nil), where all
+-- process-manager keys share a slot; in the spread layout, only where
+-- the target hashes to it (a message read elsewhere is forwarded first).
+local function here(process, target, k, n)
+  if k == nil then return true end
+  return route_hash(process .. ':' .. target) % n == k
+end
+local function instance(spec, m)
   if type(m.process) ~= 'string' then return false end
+  local sep = string.find(spec, '|', 1, true)
+  local tag, k, n = spec, nil, nil
+  if sep then
+    tag = string.sub(spec, 1, sep - 1)
+    local rest = string.sub(spec, sep + 1)
+    local sep2 = string.find(rest, '|', 1, true)
+    k, n = tonumber(string.sub(rest, 1, sep2 - 1)), tonumber(string.sub(rest, sep2 + 1))
+  end
   local key, field, id = m.instance_id, '', nil
   if type(key) == 'string' then
     id = key
@@ -378,14 +397,16 @@ local function instance(tag, m)
     if type(key) ~= 'string' then return false end
     if type(m.key_field) == 'string' then
       field = m.key_field
+      if not here(m.process, key, k, n) then return false end
       id = redis.call('GET', tag .. ':idx:' .. m.process .. ':' .. field .. ':' .. key)
-      if not id then return {'pm', key, field} end
+      if not id then return {{'pm', key, field}} end
     else
       id = key
     end
   end
+  if not here(m.process, id, k, n) then return false end
   local rec = redis.call('HMGET', tag .. ':inst:' .. m.process .. ':' .. id, 'doc', 'version')
-  return {'pm', key, field, rec[1], rec[2]}
+  return {{'pm', key, field, rec[1], rec[2]}}
 end
 local function lease(prefix, fields)
   if prefix == '' then return false end
@@ -400,15 +421,15 @@ local function lease(prefix, fields)
   local rec = redis.call('HMGET', prefix .. ':task:' .. id, 'doc', 'version')
   if not rec[1] then return false end
   if not redis.call('SET', prefix .. ':lock:' .. id, ARGV[5], 'NX', 'PX', ARGV[6]) then
-    return {0, id}
+    return {{0, id}}
   end
   local fence = redis.call('INCR', prefix .. ':fence:' .. id)
-  return {fence, id, rec[1], rec[2], redis.call('GET', prefix .. ':cancel:' .. id)}
+  return {{fence, id, rec[1], rec[2], redis.call('GET', prefix .. ':cancel:' .. id)}}
 end
 local n = #KEYS
 local first = tonumber(ARGV[3])
 local max = tonumber(ARGV[7])
-local out = {}
+local out = {{}}
 for i = 0, n - 1 do
   local s = (first + i) % n
   local q = KEYS[s + 1]
@@ -424,7 +445,7 @@ for i = 0, n - 1 do
           local p = redis.call('XPENDING', q, ARGV[1], e[1], e[1], 1)
           if p[1] then count = p[1][4] end
         end
-        out[#out + 1] = {s, e[1], e[2], count, lease(ARGV[8 + s], e[2])}
+        out[#out + 1] = {{s, e[1], e[2], count, lease(ARGV[8 + s], e[2])}}
         live = live + 1
       else
         redis.call('XACK', q, ARGV[1], e[1])
@@ -435,8 +456,8 @@ for i = 0, n - 1 do
   end
   if #out >= max then break end
 end
-return out",
-    )
+return out"
+    ))
 });
 
 /// KEYS: queues (of one slot). ARGV: group, consumer, min idle ms, count.
@@ -686,15 +707,20 @@ return 0",
 /// entries to join and leave, 25 the JSON array of the ids of the batched
 /// messages (checked against tombstones like the one handled), 26 the JSON
 /// array of their `[queue, entry id]` to acknowledge, 27 the instance's
-/// generation (a stored one that differs is a conflict, as a version is);
-/// after the schedule pairs, each tally has:
+/// generation (a stored one that differs is a conflict, as a version is),
+/// 28 the JSON array, one per endpoint key, of the endpoint stream a
+/// message is relayed to (spread layout: the key given is then the
+/// partition's queue, whose reader relays it; `[]` when every endpoint
+/// key is the endpoint's own stream); after the schedule pairs, each
+/// tally has:
 /// its item count n, keep ms, completion, late completion, the queue its
 /// completion goes to, n items, its member of the open tallies. The queue
 /// is the delivery's (what the settle touches); each enqueued payload
 /// comes after the queue it goes to (its partition's).
-/// Returns {new version} or {-2, stored version} / {-4, owner} on conflict,
-/// {-5} when a tombstone remembers the message handled, {-6, i} when tally
-/// i exists already.
+/// Returns {new version, then the entry id of each message left for
+/// relaying} or {-2, stored version} / {-4, owner} on conflict, {-5} when
+/// a tombstone remembers the message handled, {-6, i} when tally i exists
+/// already.
 pub static PROCESS_COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}{SETTLE_FN}{PM_QUEUE_FN}
@@ -753,13 +779,18 @@ if ARGV[1] == '1' then
     redis.call('SADD', KEYS[2], ARGV[4])
   end
 end
-local a = 27
+local a = 28
 for i = 1, nenq do
   redis.call('XADD', pm_queue(ARGV[a + 2 * i - 1], parts), '*', 'payload', ARGV[a + 2 * i])
 end
 a = a + 2 * nenq
+local relays, relayed = cjson.decode(ARGV[28]), {{}}
 for i = 1, nep do
-  redis.call('XADD', KEYS[5 + nadd + nrem + i], 'MAXLEN', '~', ARGV[18], '*', 'envelope', ARGV[a + i])
+  if relays[i] then
+    relayed[#relayed + 1] = redis.call('XADD', KEYS[5 + nadd + nrem + i], '*', 'relay', relays[i], 'envelope', ARGV[a + i])
+  else
+    redis.call('XADD', KEYS[5 + nadd + nrem + i], 'MAXLEN', '~', ARGV[18], '*', 'envelope', ARGV[a + i])
+  end
 end
 a = a + nep
 for i = 1, nsch do redis.call('ZADD', KEYS[4], ARGV[a + 2 * i - 1], ARGV[a + 2 * i]) end
@@ -791,26 +822,31 @@ if ARGV[11] == 'dead' then
 end
 if ARGV[11] == 'ack' or ARGV[11] == 'dead' then settle(KEYS[3], ARGV[13], ARGV[12]) end
 for _, b in ipairs(cjson.decode(ARGV[26])) do settle(b[1], ARGV[13], b[2]) end
-return {{version}}"
+local out = {{version}}
+for _, id in ipairs(relayed) do out[#out + 1] = id end
+return out"
     ))
 });
 
 /// KEYS: schedule, the shared process-manager queue, the partition
-/// members. ARGV: now ms, limit, the process-manager key prefix, the
-/// partition count. Moves due process-manager timeouts onto their
-/// partitions' queues (the shared one for an entry that does not decode,
-/// or while no engine reads partitions), each exactly once (ZREM and XADD
-/// in one script).
+/// members (compact layout only). ARGV: now ms, limit, the process-manager
+/// key prefix, the partition count. Moves due process-manager timeouts
+/// onto their partitions' queues (the shared one for an entry that does
+/// not decode, or while no engine reads partitions), each exactly once
+/// (ZREM and XADD in one script). In the spread layout each partition has
+/// a schedule of its own, whose timeouts are all for its instances: the
+/// second key is then the partition's queue, and they all go there.
 pub static RELEASE_DUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}{PM_QUEUE_FN}{ROUTE_HASH_LUA}
+local compact = KEYS[3] ~= nil
 local parts = partitioned(KEYS[3])
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 for _, m in ipairs(due) do
   redis.call('ZREM', KEYS[1], m)
   local ok, decoded = pcall(cjson.decode, m)
   local queue = KEYS[2]
-  if parts and ok and type(decoded) == 'table' then
+  if compact and parts and ok and type(decoded) == 'table' then
     queue = route(ARGV[3], tonumber(ARGV[4]), decoded)
   end
   redis.call('XADD', queue, '*', 'payload', m)
@@ -1002,7 +1038,9 @@ return 0"
 });
 
 /// KEYS: members. ARGV: owner lease prefix, member, ttl ms, partition
-/// count, leaving (1/0), the process-manager key prefix.
+/// count, leaving (1/0), the process-manager key prefix ('' in the spread
+/// layout, whose partitions are in other slots: the timer poller moves
+/// their due hand-backs).
 ///
 /// Balances the process-manager partitions over the live members (sorted
 /// by name, member `r` of `n` gets the partitions `k` with `k % n == r`):
@@ -1036,7 +1074,9 @@ for k = 0, n - 1 do
     if not owner or owner == me then
       redis.call('SET', key, me, 'PX', ttl)
       owned = owned + 2 ^ k
-      move_due(ARGV[6] .. ':delayed:' .. k, ARGV[6] .. ':queue:' .. k, 256)
+      if ARGV[6] ~= '' then
+        move_due(ARGV[6] .. ':delayed:' .. k, ARGV[6] .. ':queue:' .. k, 256)
+      end
     end
   elseif owner == me then
     redis.call('DEL', key)
@@ -1046,16 +1086,16 @@ return owned"
     ))
 });
 
-/// KEYS: partition members, then the queue (a partition's) of each
-/// message. ARGV: the messages. Enqueues process-manager messages on their
-/// partitions, or on the shared stream while no engine reads partitions
-/// (see `PM_QUEUE_FN`).
+/// KEYS: the queue (a partition's) of each message, then the partition
+/// members (compact layout only). ARGV: the messages. Enqueues
+/// process-manager messages on their partitions, or on the shared stream
+/// while no engine reads partitions (see `PM_QUEUE_FN`).
 pub static ENQUEUE_PM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"{NOW}{PM_QUEUE_FN}
-local parts = partitioned(KEYS[1])
+local parts = partitioned(KEYS[#ARGV + 1])
 for i = 1, #ARGV do
-  redis.call('XADD', pm_queue(KEYS[i + 1], parts), '*', 'payload', ARGV[i])
+  redis.call('XADD', pm_queue(KEYS[i], parts), '*', 'payload', ARGV[i])
 end
 return #ARGV"
     ))
@@ -1118,4 +1158,52 @@ local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
 return {{rank, #members}}"
     ))
+});
+
+/// KEYS: a correlation entry, its tombstone, its claim marker. ARGV:
+/// instance id, JSON array of the ids of the messages being handled, how
+/// long a claim counts as in flight (ms).
+///
+/// Claims a correlation entry that lives in another slot than its
+/// instance (spread layout), before the instance's commit; the marker
+/// says for a while that the claim is in flight (its instance's commit
+/// may not have landed yet), so that nobody takes the entry for stale
+/// meanwhile. {1} claimed (or held already), {-4, owner, in flight 0/1}
+/// held by another instance, {-5} the entry's tombstone remembers a
+/// message being handled (a late duplicate).
+pub static CLAIM_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+for _, m in ipairs(cjson.decode(ARGV[2])) do
+  if redis.call('SISMEMBER', KEYS[2], m) == 1 then return {-5} end
+end
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return {-4, owner, redis.call('EXISTS', KEYS[3])} end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
+return {1}",
+    )
+});
+
+/// KEYS: a correlation entry. ARGV: the owner it must have, the new owner
+/// ('' = delete). Compare-and-set; 1 if done.
+pub static SWAP_ENTRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2]) end
+return 1",
+    )
+});
+
+/// KEYS: a set (a tombstone). ARGV: ttl ms, then members. Adds them and
+/// sets the expiry.
+pub static REMEMBER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if #ARGV < 2 then return 0 end
+redis.call('SADD', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1",
+    )
 });

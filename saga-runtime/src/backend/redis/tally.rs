@@ -35,15 +35,19 @@ impl RedisBackend {
     /// by this call.
     async fn finish(&self, tally: &TallyRef, mover: bool) -> Result<bool, BackendError> {
         let k = self.keys();
+        let mut finish = s::TALLY_FINISH.prepare_invoke();
+        finish
+            .key(k.tally(tally, ""))
+            .key(k.tally(tally, ":pending"))
+            .key(k.tally(tally, ":checked"))
+            .key(k.queue(k.process_route(&tally.process, &tally.instance)))
+            .key(k.open_tallies(k.pm_k(&tally.process, &tally.instance)));
+        if !k.spread() {
+            finish.key(k.partition_members());
+        }
         let sent: i64 = self
             .run(
-                s::TALLY_FINISH
-                    .key(k.tally(tally, ""))
-                    .key(k.tally(tally, ":pending"))
-                    .key(k.tally(tally, ":checked"))
-                    .key(k.queue(k.process_route(&tally.process, &tally.instance)))
-                    .key(k.open_tallies())
-                    .key(k.partition_members())
+                finish
                     .arg(ms(COMPLETED_TALLY_KEEP))
                     .arg(member(tally)?)
                     .arg(if mover { "mover" } else { "repair" }),
@@ -55,10 +59,27 @@ impl RedisBackend {
     /// Sends the completions whose checker died before sending them, and
     /// forgets tallies that expired; returns how many were sent.
     pub(super) async fn finish_open_tallies(&self) -> Result<usize, BackendError> {
+        let mut sent = 0;
+        for part in self.keys().pm_parts() {
+            sent += self.finish_open_tallies_of(part).await?;
+        }
+        if sent > 0 {
+            tracing::warn!(
+                sent,
+                "sent tally completions whose checker stopped before sending them"
+            );
+        }
+        Ok(sent)
+    }
+
+    /// [`finish_open_tallies`](Self::finish_open_tallies) of one
+    /// process-manager partition.
+    async fn finish_open_tallies_of(&self, part: u16) -> Result<usize, BackendError> {
         let k = self.keys();
+        let open = k.open_tallies(part);
         let mut conn = self.conn();
         let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg(k.open_tallies())
+            .arg(&open)
             .arg(0)
             .arg(-1)
             .query_async(&mut conn)
@@ -68,14 +89,19 @@ impl RedisBackend {
         for chunk in members.chunks(SWEEP_BATCH) {
             let tallies: Vec<Option<TallyRef>> =
                 chunk.iter().map(|m| serde_json::from_str(m).ok()).collect();
-            let mut pipe = redis::pipe();
-            for tally in &tallies {
-                match tally {
-                    Some(t) => pipe.cmd("SCARD").arg(k.tally(t, ":pending")),
-                    None => pipe.cmd("ECHO").arg(0),
-                };
-            }
-            let left: Vec<i64> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            let cmds = tallies
+                .iter()
+                .map(|tally| match tally {
+                    Some(t) => redis::cmd("SCARD").arg(k.tally(t, ":pending")).clone(),
+                    None => redis::cmd("ECHO").arg(0).clone(),
+                })
+                .collect();
+            let left: Vec<i64> = self
+                .query_each(cmds)
+                .await?
+                .iter()
+                .map(|v| redis::from_redis_value_ref(v).map_err(corrupt))
+                .collect::<Result<_, _>>()?;
             for ((tally, left), raw) in tallies.iter().zip(left).zip(chunk) {
                 match tally {
                     Some(t) if left == 0 => sent += usize::from(self.finish(t, false).await?),
@@ -83,7 +109,7 @@ impl RedisBackend {
                     None => {
                         tracing::warn!(member = %raw, "unreadable open tally forgotten");
                         let _: () = redis::cmd("ZREM")
-                            .arg(k.open_tallies())
+                            .arg(&open)
                             .arg(raw)
                             .query_async(&mut conn)
                             .await
@@ -91,12 +117,6 @@ impl RedisBackend {
                     }
                 }
             }
-        }
-        if sent > 0 {
-            tracing::warn!(
-                sent,
-                "sent tally completions whose checker stopped before sending them"
-            );
         }
         Ok(sent)
     }
