@@ -1,5 +1,5 @@
-//! Benchmark: how one saga's work spreads over the shards of a Redis
-//! Cluster. A private loopback cluster (three primaries, no replicas:
+//! Benchmark: how one saga's work, and one process manager's, spreads over
+//! the shards of a Redis Cluster. A private loopback cluster (three primaries, no replicas:
 //! replicas would only add replication traffic to the two cores this runs
 //! on), a 3-step saga with no-op steps, and per primary the share of the
 //! commands it ran (`INFO commandstats`, commands run by scripts included)
@@ -55,6 +55,37 @@ impl NoOp {
     }
 }
 
+#[derive(Message, serde::Serialize, serde::Deserialize)]
+struct Tick {
+    #[correlation_id]
+    id: String,
+}
+
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Ticks {
+    n: u64,
+}
+
+/// A process manager whose instances each take one message.
+struct Counter {
+    done: Arc<AtomicU64>,
+}
+
+#[process_manager(name = "counter", state = Ticks)]
+impl Counter {
+    #[starts]
+    async fn tick(
+        &self,
+        _t: Tick,
+        s: &mut Ticks,
+        _ctx: &mut ProcessContext,
+    ) -> Result<(), ProcessError> {
+        s.n += 1;
+        self.done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 async fn engine(url: &str, done: &Arc<AtomicU64>, workers: usize, concurrency: usize) -> Engine {
     let config = RedisConfig {
         block: Duration::from_millis(100),
@@ -63,6 +94,7 @@ async fn engine(url: &str, done: &Arc<AtomicU64>, workers: usize, concurrency: u
     Engine::builder()
         .backend(RedisBackend::connect_with(url, config).await.unwrap())
         .saga(NoOp { done: done.clone() })
+        .process_manager(Counter { done: done.clone() })
         .workers(workers)
         .worker_concurrency(concurrency)
         .build()
@@ -135,8 +167,9 @@ struct Run {
     round_trips_per_step: Option<f64>,
 }
 
-/// Starts `tasks` tasks with no worker running, then runs `workers` x
-/// `concurrency` until all are done.
+/// Starts `tasks` tasks (or, `messages`, sends as many messages to as
+/// many process-manager instances) with no worker running, then runs
+/// `workers` x `concurrency` until all are done.
 async fn run(
     url: &str,
     primaries: &[u16],
@@ -144,11 +177,22 @@ async fn run(
     workers: usize,
     concurrency: usize,
     monitor: bool,
+    messages: bool,
 ) -> Run {
     let done = Arc::new(AtomicU64::new(0));
     let client = engine(url, &done, 0, 1).await;
     for n in 0..tasks {
-        client.start::<NoOp>(n).await.unwrap();
+        match messages {
+            false => drop(client.start::<NoOp>(n).await.unwrap()),
+            true => drop(
+                client
+                    .publish(Tick {
+                        id: format!("i-{n}"),
+                    })
+                    .await
+                    .unwrap(),
+            ),
+        }
     }
     for &port in primaries {
         cli(port, &["config", "resetstat"]);
@@ -165,7 +209,10 @@ async fn run(
     }
     let elapsed = started.elapsed();
     pool.shutdown().await;
-    let steps = (tasks * 3) as f64;
+    let steps = match messages {
+        true => tasks as f64,
+        false => (tasks * 3) as f64,
+    };
     let sent: u64 = monitors.into_iter().map(Monitor::stop).sum();
     let per_primary = primaries
         .iter()
@@ -222,22 +269,37 @@ async fn main() {
          16 partitions",
         ports.len()
     );
-    let counted = run(&cluster.url(), &ports, tasks.min(1000), 4, 16, true).await;
+    let counted = run(&cluster.url(), &ports, tasks.min(1000), 4, 16, true, false).await;
     println!(
         "  round trips per step (MONITOR on every primary, 4 workers x 16): {:.2}",
         counted.round_trips_per_step.unwrap_or(0.0)
     );
     for (workers, concurrency) in [(1, 1), (4, 16)] {
-        let run = run(&cluster.url(), &ports, tasks, workers, concurrency, false).await;
+        let run = run(
+            &cluster.url(),
+            &ports,
+            tasks,
+            workers,
+            concurrency,
+            false,
+            false,
+        )
+        .await;
         println!(
             "  {workers} workers x {concurrency}: {:>8.0} steps/s",
             run.steps_per_s
         );
         print_spread(&run);
     }
+    let pm = run(&cluster.url(), &ports, tasks, 4, 16, false, true).await;
+    println!(
+        "  process manager, {tasks} instances one message each, 4 workers x 16: {:>8.0} messages/s",
+        pm.steps_per_s
+    );
+    print_spread(&pm);
     drop(cluster);
     let single = redis_server::TestRedis::start_with_aof(false);
-    let run = run(&single.url(), &[single.port()], tasks, 4, 16, false).await;
+    let run = run(&single.url(), &[single.port()], tasks, 4, 16, false, false).await;
     println!(
         "one server, same machine, 4 workers x 16: {:>8.0} steps/s",
         run.steps_per_s

@@ -123,3 +123,74 @@ async fn a_saga_spreads_over_every_shard_and_every_task_completes() {
     );
     engine.shutdown().await;
 }
+
+/// A message a process-manager commit left for an endpoint in another
+/// slot, which its process died before relaying, is relayed by
+/// housekeeping (once it is older than the grace the commit had).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn housekeeping_relays_what_a_dead_process_left_for_an_endpoint() {
+    use saga_runtime::backend::{
+        Housekeeping, InstanceStatus, ProcessCommit, ProcessInstance, ProcessStore, Retention,
+        Settle,
+    };
+    let cluster = TestCluster::start();
+    let b = backend(&cluster, config("rel")).await;
+    let now = saga_runtime::task::Timestamp::now();
+    let instance = ProcessInstance {
+        process: "pm".into(),
+        id: "x".into(),
+        generation: "x-1".into(),
+        started_by: None,
+        state: serde_json::json!({}),
+        status: InstanceStatus::Active,
+        version: 0,
+        keys: vec![],
+        processed: vec![],
+        audit_log: vec![],
+        created_at: now,
+        updated_at: now,
+    };
+    let mut commit = ProcessCommit::new(Some(&instance), Settle::Nothing);
+    commit.endpoints = vec![("billing".into(), "first".into())];
+    b.process_commit("pm", commit).await.unwrap();
+    assert_eq!(b.endpoint_messages("billing").await.unwrap(), ["first"]);
+    // What a commit whose process died at once leaves: an entry on the
+    // partition's relay stream, relayed by nobody.
+    let mut relays = Vec::new();
+    for port in cluster.primaries() {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("rel:*:relay").query(&mut c).unwrap();
+        relays.extend(keys);
+    }
+    assert_eq!(relays.len(), 1, "the commit's relay stream: {relays:?}");
+    let mut conn = cluster.conn();
+    let _: () = redis::cmd("DEL").arg(&relays[0]).query(&mut conn).unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&relays[0])
+        .arg("1-0")
+        .arg("relay")
+        .arg("rel:{rel:endpoint:billing}")
+        .arg("envelope")
+        .arg("left-behind")
+        .query(&mut conn)
+        .unwrap();
+    let retention = Retention {
+        dead_letters: None,
+        dead_letters_max: 1000,
+        idle_consumers: Duration::from_secs(3600),
+        batch: 100,
+    };
+    let done = b.housekeep(&retention).await.unwrap();
+    assert_eq!(done.relayed, 1);
+    assert_eq!(
+        b.endpoint_messages("billing").await.unwrap(),
+        ["first", "left-behind"]
+    );
+    let left: usize = redis::cmd("XLEN").arg(&relays[0]).query(&mut conn).unwrap();
+    assert_eq!(left, 0, "relayed once: the entry is gone");
+    let again = b.housekeep(&retention).await.unwrap();
+    assert_eq!(again.relayed, 0);
+}

@@ -1519,6 +1519,7 @@ impl Housekeeping for MemoryBackend {
             dead_letters: before - state.dead.len(),
             consumers: 0,
             tallies: 0,
+            relayed: 0,
         })
     }
 }

@@ -414,6 +414,11 @@ pub struct Housekept {
     /// a checker that stopped before sending it (a backend whose check is
     /// one atomic step never has any).
     pub tallies: usize,
+    /// Messages for endpoints relayed here: a process-manager commit left
+    /// them for an endpoint in another slot, and the process that made it
+    /// stopped before relaying them (a backend that writes endpoints in
+    /// the commit never has any).
+    pub relayed: usize,
 }
 
 /// What happened to a process-manager instance, in its audit log.

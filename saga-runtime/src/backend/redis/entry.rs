@@ -74,20 +74,6 @@ pub(super) fn entries(value: &Value) -> Vec<(String, &Value)> {
         .collect()
 }
 
-/// An entry a process-manager commit left on its partition's queue for
-/// an endpoint stream in another slot (spread layout): that stream and the
-/// envelope to append to it.
-pub(super) fn relay(raw_fields: &Value) -> Option<(String, String)> {
-    let fields = fields(raw_fields);
-    let field = |name: &[u8]| {
-        fields
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| text(v))
-    };
-    Some((field(b"relay")?, field(b"envelope")?))
-}
-
 /// Turns one raw entry into a delivery. `redis_count` is the delivery count
 /// Redis keeps (1 for a first read); a message handed back carries its
 /// earlier unanswered deliveries in its `unanswered` field.

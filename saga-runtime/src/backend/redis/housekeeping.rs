@@ -160,6 +160,79 @@ impl RedisBackend {
     }
 }
 
+/// How old a message left for relaying must be before housekeeping relays
+/// it: the commit that left it relays it itself a moment later, unless its
+/// process died.
+const RELAY_GRACE_MS: u64 = 10_000;
+
+impl RedisBackend {
+    /// Relays the messages partition `part`'s commits left for endpoints
+    /// and did not relay themselves (their process died in between);
+    /// returns how many.
+    async fn relay_left(&self, part: u16) -> Result<usize, BackendError> {
+        let relays = self.keys().relays(part);
+        let mut conn = self.conn();
+        let (secs, _): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .map_err(super::unavailable)?;
+        let before = (secs * 1000).saturating_sub(RELAY_GRACE_MS);
+        let mut relayed = 0;
+        loop {
+            let reply: redis::Value = redis::cmd("XRANGE")
+                .arg(&relays)
+                .arg("-")
+                .arg(before)
+                .arg("COUNT")
+                .arg(200)
+                .query_async(&mut conn)
+                .await
+                .map_err(super::unavailable)?;
+            let entries = super::entry::entries(&reply);
+            if entries.is_empty() {
+                return Ok(relayed);
+            }
+            for (id, fields) in &entries {
+                let fields = super::entry::fields(fields);
+                let field = |name: &[u8]| {
+                    fields
+                        .iter()
+                        .find(|(k, _)| *k == name)
+                        .map(|(_, v)| super::entry::text(v))
+                };
+                match (field(b"relay"), field(b"envelope")) {
+                    (Some(endpoint), Some(envelope)) => {
+                        if !self.relay_now(&relays, &endpoint, &envelope, id).await {
+                            // The endpoint's shard is out of reach: the
+                            // next pass tries again.
+                            return Ok(relayed);
+                        }
+                        relayed += 1;
+                    }
+                    _ => {
+                        tracing::warn!(entry = %id, "unreadable relay entry dropped");
+                        let _: i64 = redis::cmd("XDEL")
+                            .arg(&relays)
+                            .arg(id)
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(super::unavailable)?;
+                    }
+                }
+            }
+            if entries.len() < 200 {
+                if relayed > 0 {
+                    tracing::warn!(
+                        relayed,
+                        "relayed endpoint messages whose process stopped before relaying them"
+                    );
+                }
+                return Ok(relayed);
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Leases for RedisBackend {
     async fn named_lease(
@@ -266,6 +339,11 @@ impl Housekeeping for RedisBackend {
             done.consumers += reaped;
         }
         done.tallies = self.finish_open_tallies().await?;
+        if k.spread() {
+            for part in k.pm_parts() {
+                done.relayed += self.relay_left(part).await?;
+            }
+        }
         Ok(done)
     }
 }

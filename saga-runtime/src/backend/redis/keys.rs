@@ -97,14 +97,6 @@ pub fn parse_layout(record: &str) -> Option<(u16, KeyLayout)> {
     }
 }
 
-/// A recorded layout in words, for error messages.
-pub fn describe_layout(record: &str) -> String {
-    match parse_layout(record) {
-        Some((n, layout)) => format!("{n} partitions in the {layout:?} layout"),
-        None => format!("the layout `{record}`"),
-    }
-}
-
 impl Keys {
     pub fn new(prefix: &str, partitions: u16, spread: bool) -> Self {
         let partitions = partitions.max(1);
@@ -475,6 +467,13 @@ impl Keys {
     /// Partition `k`'s timeouts, by due time.
     pub fn scheduled(&self, k: u16) -> String {
         format!("{}:scheduled", self.pm_part(k))
+    }
+
+    /// Partition `k`'s messages for endpoints in other slots (spread
+    /// layout), as its commits leave them: relayed at once after each
+    /// commit, and by housekeeping if the committing process died first.
+    pub fn relays(&self, k: u16) -> String {
+        format!("{}:relay", self.pm_part(k))
     }
 
     /// An endpoint's stream: in the one process-manager slot (compact), or

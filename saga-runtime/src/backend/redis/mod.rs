@@ -478,16 +478,15 @@ impl RedisBackend {
             return Ok(());
         }
         let prefix = &self.shared.config.prefix;
-        let mine = keys::describe_layout(&record);
+        let (mine, my_layout) = keys::parse_layout(&record).unwrap_or((0, KeyLayout::Compact));
         Err(BackendError::Misconfigured(
             match keys::parse_layout(&stored) {
                 Some((partitions, layout)) => format!(
-                "this backend would use {mine}, but the data under prefix `{prefix}` was written \
-                 with {}: tasks would not be found where they are. Set \
-                 `RedisConfig::partitions` to Some({partitions}) and `RedisConfig::layout` to \
-                 KeyLayout::{layout:?}, or start the new layout under another `prefix` and let \
-                 the old deployment drain",
-                keys::describe_layout(&stored)
+                "`RedisConfig::partitions` is {mine} ({my_layout:?} layout), but the data under \
+                 prefix `{prefix}` was written with {partitions} partitions ({layout:?} layout): \
+                 tasks would not be found where they are. Set `partitions: Some({partitions})` \
+                 and `layout: KeyLayout::{layout:?}`, or start the new layout under another \
+                 `prefix` and let the old deployment drain"
             ),
                 None => format!(
                 "the layout recorded under prefix `{prefix}` (`{stored}`) is not one this version \
@@ -633,5 +632,58 @@ impl RedisBackend {
             .split_id(&delivery.id)
             .map(|(p, e)| (p, e.to_owned()))
             .ok_or_else(|| corrupt(format!("bad delivery id {}", delivery.id)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_server_a_cluster_or_a_sentinel_deployment() {
+        assert_eq!(
+            Target::parse("redis://127.0.0.1:6379/").unwrap(),
+            Target::Single("redis://127.0.0.1:6379/".into())
+        );
+        assert_eq!(
+            Target::parse("redis+cluster://10.0.0.1:7000,10.0.0.2:7001/").unwrap(),
+            Target::Cluster(vec![
+                "redis://10.0.0.1:7000".into(),
+                "redis://10.0.0.2:7001".into()
+            ])
+        );
+        assert_eq!(
+            Target::parse("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/sagas").unwrap(),
+            Target::Sentinel {
+                sentinels: vec![
+                    "redis://10.0.0.1:26379".into(),
+                    "redis://10.0.0.2:26379".into()
+                ],
+                service: "sagas".into()
+            }
+        );
+        for bad in [
+            "redis+cluster://",
+            "redis+sentinel://10.0.0.1:26379",
+            "redis+sentinel://10.0.0.1:26379/",
+            "redis+sentinel:///sagas",
+        ] {
+            let error = Target::parse(bad).unwrap_err().to_string();
+            assert!(
+                error.contains("redis+cluster://host:port"),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn layouts_round_trip_through_their_record() {
+        assert_eq!(keys::parse_layout("4"), Some((4, KeyLayout::Compact)));
+        assert_eq!(
+            keys::parse_layout(&Keys::new("saga", 16, true).layout_record()),
+            Some((16, KeyLayout::Spread))
+        );
+        assert_eq!(keys::parse_layout("spread/x"), None);
+        assert_eq!(keys::parse_layout("future/3"), None);
     }
 }

@@ -426,9 +426,10 @@ impl RedisBackend {
             None => (k.pm_unused(home, "inst"), k.pm_unused(home, "tomb")),
         };
         // The home partition's queue, where a message for another slot
-        // goes to be forwarded (spread layout), and endpoint messages to
-        // be relayed.
+        // goes to be forwarded (spread layout), and its relay stream,
+        // where messages for endpoints in other slots wait to be relayed.
         let home_queue = k.queue(k.process_partition(home));
+        let relay_stream = k.relays(home);
         let mut invocation = s::PROCESS_COMMIT.prepare_invoke();
         invocation
             .key(instance_key)
@@ -446,7 +447,7 @@ impl RedisBackend {
                 true => invocation.key(stream),
                 false => {
                     relays.push(stream);
-                    invocation.key(&home_queue)
+                    invocation.key(&relay_stream)
                 }
             };
         }
@@ -550,15 +551,15 @@ impl RedisBackend {
             Some(Value::Int(v)) if *v >= 0 => {
                 // Messages for endpoints in other slots: relayed now, so
                 // that they are there when the commit returns; the entries
-                // left on the partition's queue are the fallback should
-                // this process die first (its reader relays them).
+                // left on the partition's relay stream are the fallback
+                // should this process die first (housekeeping relays them).
                 let relayed = commit
                     .endpoints
                     .iter()
                     .filter(|(e, _)| !placement.local(&k.endpoint(e)));
                 for ((endpoint, payload), entry) in relayed.zip(&reply[1..]) {
                     self.relay_now(
-                        &home_queue,
+                        &relay_stream,
                         &k.endpoint(endpoint),
                         payload,
                         &super::entry::text(entry),

@@ -28,9 +28,6 @@ use crate::task::{TaskId, Timestamp};
 /// followed at once by another, so a backlog still drains quickly.
 const CLAIM_BATCH: usize = 1;
 
-/// Relays of one endpoint message tried before it is dead-lettered.
-const RELAY_ATTEMPTS: u64 = 10;
-
 /// A dead-letter stream entry.
 fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
     let fields = entry::fields(raw_fields);
@@ -148,10 +145,6 @@ impl RedisBackend {
                     let id = entry::text(id);
                     let count = entry::text(count).parse().unwrap_or(1);
                     self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
-                    if let Some(relay) = entry::relay(fields) {
-                        self.relay(p, &id, relay, count).await;
-                        continue;
-                    }
                     tracing::info!(message = %id, consumer, deliveries = count, "took over a message whose worker stopped");
                     return Ok(Some(delivery(p, &id, fields, count, consumer)));
                 }
@@ -209,10 +202,6 @@ impl RedisBackend {
             };
             let count = entry::text(count).parse().unwrap_or(1);
             self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
-            if let Some(relay) = entry::relay(fields) {
-                self.relay(p, &entry::text(id), relay, count).await;
-                continue;
-            }
             let mut delivery = delivery(p, &entry::text(id), fields, count, consumer);
             match loaded_instance(lease) {
                 Some(instance) => delivery.instance = Some(Box::new(instance)),
@@ -227,74 +216,16 @@ impl RedisBackend {
         Ok(deliveries)
     }
 
-    /// Appends a message a process-manager commit left for an endpoint
-    /// (spread layout: the endpoint's stream is in another slot) to that
-    /// stream, then settles its entry: at least once (a crash in between
-    /// relays it again; endpoint consumers see the envelope's message id
-    /// twice). A failed relay stays pending and is taken over later; one
-    /// that failed [`RELAY_ATTEMPTS`] times is dead-lettered.
-    async fn relay(
+    /// Relays a message a commit just left on relay stream `relays` (entry
+    /// `entry`) to the endpoint stream `endpoint`, and deletes the entry;
+    /// on failure the entry stays, for housekeeping to relay.
+    pub(super) async fn relay_now(
         &self,
-        stream: u16,
-        id: &str,
-        (endpoint, envelope): (String, String),
-        count: u64,
-    ) {
-        let k = self.keys();
-        if count > RELAY_ATTEMPTS {
-            let reason = format!(
-                "could not be relayed to endpoint stream `{endpoint}` in {RELAY_ATTEMPTS} attempts"
-            );
-            let (payload, size) =
-                truncate_payload(&envelope, self.shared.config.dead_letter_payload_limit);
-            let parked: Result<String, _> = self
-                .run(
-                    s::DEAD_LETTER
-                        .key(k.queue(stream))
-                        .key(k.dead(stream))
-                        .arg(self.group())
-                        .arg(id)
-                        .arg(payload)
-                        .arg(&reason)
-                        .arg("")
-                        .arg(size.map(|s| s.to_string()).unwrap_or_default())
-                        .arg(self.dead_letters_ceiling()),
-                )
-                .await;
-            match parked {
-                Ok(_) => tracing::error!(%endpoint, "endpoint message dead-lettered: {reason}"),
-                Err(error) => {
-                    tracing::warn!(%error, %endpoint, "dead-lettering an endpoint message that could not be relayed failed")
-                }
-            }
-            return;
-        }
-        let appended: Result<String, _> = redis::cmd("XADD")
-            .arg(&endpoint)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
-            .arg("*")
-            .arg("envelope")
-            .arg(&envelope)
-            .query_async(&mut self.conn())
-            .await;
-        let settled = match appended {
-            Ok(_) => {
-                self.run::<i64>(s::ACK.key(k.queue(stream)).arg(self.group()).arg(id))
-                    .await
-            }
-            Err(error) => Err(unavailable(error)),
-        };
-        if let Err(error) = settled {
-            tracing::warn!(%error, %endpoint, "relaying a message to its endpoint failed; it is taken over and relayed again later");
-        }
-    }
-
-    /// Relays a message a commit just left on `queue` (entry `entry`) for
-    /// the endpoint stream `endpoint`, and deletes the entry; on failure
-    /// the entry stays, for the partition's reader to relay.
-    pub(super) async fn relay_now(&self, queue: &str, endpoint: &str, envelope: &str, entry: &str) {
+        relays: &str,
+        endpoint: &str,
+        envelope: &str,
+        entry: &str,
+    ) -> bool {
         let appended: Result<String, _> = redis::cmd("XADD")
             .arg(endpoint)
             .arg("MAXLEN")
@@ -307,15 +238,19 @@ impl RedisBackend {
             .await;
         let deleted = match appended {
             Ok(_) => redis::cmd("XDEL")
-                .arg(queue)
+                .arg(relays)
                 .arg(entry)
                 .query_async::<i64>(&mut self.conn())
                 .await
                 .map(drop),
             Err(error) => Err(error),
         };
-        if let Err(error) = deleted {
-            tracing::debug!(%error, endpoint, "relaying an endpoint message at once failed; the partition's reader relays it");
+        match deleted {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::debug!(%error, endpoint, "relaying an endpoint message failed; housekeeping relays it");
+                false
+            }
         }
     }
 
@@ -420,10 +355,7 @@ impl RedisBackend {
                         continue;
                     };
                     for (id, fields) in entries(list) {
-                        match entry::relay(fields) {
-                            Some(relay) => self.relay(p, &id, relay, 1).await,
-                            None => deliveries.push(delivery(p, &id, fields, 1, consumer)),
-                        }
+                        deliveries.push(delivery(p, &id, fields, 1, consumer));
                     }
                 }
                 // Up to `max` from each stream: the rest goes straight
@@ -506,7 +438,7 @@ impl RedisBackend {
     /// reads one slot: own messages after a failed read, then claims, then
     /// a round of reads, one call per slot from where the last round found
     /// something; with nothing anywhere, a wait for a watcher's wake-up
-    /// (see `watch`) and one more round.
+    /// (see `watch`) and a read of the stream that grew.
     async fn receive_sharded(
         &self,
         consumer: &str,
@@ -542,38 +474,42 @@ impl RedisBackend {
             }
         }
         let started = Instant::now();
-        for round in 0..2 {
-            let marks = match wait.is_zero() || round == 1 {
-                true => None,
-                false => {
-                    let homes = self.homes(interest, streams).await;
-                    let c = &self.shared.config;
-                    Some(
-                        self.shared
-                            .watch
-                            .marks(&self.shared.server, &c.group, c.block, &homes),
-                    )
-                }
-            };
-            let taken = self.take_round(consumer, &groups, max).await?;
-            if !taken.is_empty() {
-                return Ok(taken);
+        let marks = match wait.is_zero() {
+            true => None,
+            false => {
+                let homes = self.homes(interest, streams).await;
+                let c = &self.shared.config;
+                Some(
+                    self.shared
+                        .watch
+                        .marks(&self.shared.server, &c.group, c.block, &homes),
+                )
             }
-            let left = wait.saturating_sub(started.elapsed());
-            let Some(marks) = marks.filter(|_| !left.is_zero()) else {
-                break;
-            };
-            if let Some(queue) = marks.wait(left).await {
-                let k = self.keys();
-                if let Some(g) = groups
-                    .iter()
-                    .position(|g| g.iter().any(|p| k.queue(*p) == queue))
-                {
-                    self.reader(consumer, |r| r.next_group = g);
-                }
-            }
+        };
+        let taken = self.take_round(consumer, &groups, max).await?;
+        if !taken.is_empty() {
+            return Ok(taken);
         }
-        Ok(Vec::new())
+        let left = wait.saturating_sub(started.elapsed());
+        let Some(marks) = marks.filter(|_| !left.is_zero()) else {
+            return Ok(Vec::new());
+        };
+        // Woken: read the stream that grew (the next receive reads them
+        // all again, from there).
+        let Some(queue) = marks.wait(left).await else {
+            return Ok(Vec::new());
+        };
+        let k = self.keys();
+        match groups
+            .iter()
+            .position(|g| g.iter().any(|p| k.queue(*p) == queue))
+        {
+            Some(g) => {
+                self.reader(consumer, |r| r.next_group = g);
+                self.take(consumer, &groups[g], false, max).await
+            }
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Reads each slot group in turn, from where the last round found

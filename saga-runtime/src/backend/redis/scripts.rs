@@ -710,9 +710,8 @@ return 0",
 /// generation (a stored one that differs is a conflict, as a version is),
 /// 28 the JSON array, one per endpoint key, of the endpoint stream a
 /// message is relayed to (spread layout: the key given is then the
-/// partition's queue, whose reader relays it; `[]` when every endpoint
-/// key is the endpoint's own stream); after the schedule pairs, each
-/// tally has:
+/// partition's relay stream; `[]` when every endpoint key is the
+/// endpoint's own stream); after the schedule pairs, each tally has:
 /// its item count n, keep ms, completion, late completion, the queue its
 /// completion goes to, n items, its member of the open tallies. The queue
 /// is the delivery's (what the settle touches); each enqueued payload

@@ -14,7 +14,7 @@
 //! (`queue.rs`, `watch.rs`) make sure none does.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
@@ -42,6 +42,10 @@ pub(super) struct Cluster {
     /// Which node the next subscription tries first: after a node dies,
     /// the next attempt goes elsewhere.
     next_node: AtomicUsize,
+    /// The primaries serving each slot range, as `CLUSTER SLOTS` last
+    /// told: where a watcher's plain connection goes (a cluster client
+    /// per watcher would open a connection to every node).
+    slots: Mutex<Vec<(u16, u16, ConnectionInfo)>>,
 }
 
 impl Cluster {
@@ -74,7 +78,67 @@ impl Cluster {
             blocking,
             seeds,
             next_node: AtomicUsize::new(0),
+            slots: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// The primary serving `slot`, from the slot map (asked again first if
+    /// `refresh`, or if it has none yet).
+    async fn primary_of(&self, slot: u16, refresh: bool) -> RedisResult<ConnectionInfo> {
+        let known = |slots: &[(u16, u16, ConnectionInfo)]| {
+            slots
+                .iter()
+                .find(|(start, end, _)| (*start..=*end).contains(&slot))
+                .map(|(_, _, node)| node.clone())
+        };
+        if !refresh {
+            let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(node) = known(&slots) {
+                return Ok(node);
+            }
+        }
+        let reply: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let template = self.seeds[0].clone();
+        let mut map = Vec::new();
+        for range in super::entry::items(&reply) {
+            let fields = super::entry::items(range);
+            let (Some(start), Some(end), Some(node)) =
+                (fields.first(), fields.get(1), fields.get(2))
+            else {
+                continue;
+            };
+            let node = super::entry::items(node);
+            let (Some(host), Some(port)) = (node.first(), node.get(1)) else {
+                continue;
+            };
+            let host = super::entry::text(host);
+            let host = match host.as_str() {
+                // The node did not say: the one asked is it.
+                "" | "?" => match template.addr() {
+                    redis::ConnectionAddr::Tcp(h, _)
+                    | redis::ConnectionAddr::TcpTls { host: h, .. } => h.clone(),
+                    _ => continue,
+                },
+                _ => host,
+            };
+            let (Ok(start), Ok(end), Ok(port)) = (
+                super::entry::text(start).parse(),
+                super::entry::text(end).parse(),
+                super::entry::text(port).parse(),
+            ) else {
+                continue;
+            };
+            let addr = redis::ConnectionAddr::Tcp(host, port);
+            map.push((start, end, template.clone().set_addr(addr)));
+        }
+        let node = known(&map);
+        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = map;
+        node.ok_or_else(|| {
+            RedisError::from((redis::ErrorKind::Client, "no primary serves the slot"))
+        })
     }
 
     /// The nodes to subscribe on, in the order to try them: those the user
@@ -145,6 +209,31 @@ impl Server {
             Server::Cluster(cluster) => Ok(Conn::Cluster(
                 cluster.blocking.get_async_connection().await?,
             )),
+        }
+    }
+
+    /// A connection of its own for blocking reads of up to `block` on
+    /// `key` alone: on a cluster, a plain connection to the primary that
+    /// serves the key's slot (found again if `refresh`: after an error,
+    /// the slot may have moved).
+    pub(super) async fn blocking_for(
+        &self,
+        key: &str,
+        block: Duration,
+        refresh: bool,
+    ) -> RedisResult<Conn> {
+        match self {
+            Server::Single(_) => self.blocking(block).await,
+            Server::Cluster(cluster) => {
+                let node = cluster.primary_of(super::keys::slot(key), refresh).await?;
+                let config = AsyncConnectionConfig::new()
+                    .set_response_timeout(Some(block + Duration::from_secs(5)))
+                    .set_connection_timeout(Some(Duration::from_secs(5)));
+                let conn = Client::open(node)?
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                Ok(Conn::Plain(conn))
+            }
         }
     }
 

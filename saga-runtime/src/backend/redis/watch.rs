@@ -166,6 +166,8 @@ impl Marks {
 async fn run(stream: Weak<Stream>, server: Server, queue: String, group: String, block: Duration) {
     let mut conn: Option<Conn> = None;
     let mut from: Option<String> = None;
+    // After an error the stream's slot may have moved: look it up again.
+    let mut failed = false;
     loop {
         {
             let Some(stream) = stream.upgrade() else {
@@ -183,10 +185,11 @@ async fn run(stream: Weak<Stream>, server: Server, queue: String, group: String,
         }
         let c = match &mut conn {
             Some(c) => c,
-            None => match server.blocking(block).await {
+            None => match server.blocking_for(&queue, block, failed).await {
                 Ok(c) => conn.insert(c),
                 Err(error) => {
                     tracing::debug!(%error, queue, "a stream watcher could not connect; retrying");
+                    failed = true;
                     wake(&stream);
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
@@ -200,6 +203,7 @@ async fn run(stream: Weak<Stream>, server: Server, queue: String, group: String,
                 Err(error) => {
                     tracing::debug!(%error, queue, "a stream watcher could not read its group; retrying");
                     conn = None;
+                    failed = true;
                     wake(&stream);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
@@ -217,8 +221,12 @@ async fn run(stream: Weak<Stream>, server: Server, queue: String, group: String,
             .query_async(c)
             .await;
         match read {
-            Ok(Value::Nil) => from = Some(start),
+            Ok(Value::Nil) => {
+                failed = false;
+                from = Some(start);
+            }
             Ok(reply) => {
+                failed = false;
                 let last = entry::items(&reply)
                     .first()
                     .and_then(|s| entry::items(s).get(1).copied())
@@ -230,6 +238,7 @@ async fn run(stream: Weak<Stream>, server: Server, queue: String, group: String,
             Err(error) => {
                 tracing::debug!(%error, queue, "a stream watcher's read failed; reconnecting");
                 conn = None;
+                failed = true;
                 from = None;
                 wake(&stream);
                 tokio::time::sleep(Duration::from_millis(200)).await;
