@@ -194,3 +194,107 @@ async fn housekeeping_relays_what_a_dead_process_left_for_an_endpoint() {
     let again = b.housekeep(&retention).await.unwrap();
     assert_eq!(again.relayed, 0);
 }
+
+/// Structural costs on a cluster, counted with `MONITOR` on every primary
+/// (commands scripts run inside Redis excluded): round trips per step of a
+/// chain of steps, and what an idle engine sends.
+mod costs {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    struct Count {
+        done: Arc<AtomicU64>,
+    }
+
+    #[saga(name = "count")]
+    impl Count {
+        #[saga_step(1)]
+        async fn one(&self, n: u64) -> Result<u64, StepError> {
+            Ok(n)
+        }
+        #[saga_step(2)]
+        async fn two(&self, n: u64) -> Result<u64, StepError> {
+            Ok(n)
+        }
+        #[saga_step(3)]
+        async fn three(&self, n: u64) -> Result<u64, StepError> {
+            self.done.fetch_add(1, Ordering::Relaxed);
+            Ok(n)
+        }
+    }
+
+    fn tally(seen: &[String]) -> BTreeMap<String, usize> {
+        let mut by = BTreeMap::new();
+        for cmd in seen {
+            *by.entry(cmd.clone()).or_default() += 1;
+        }
+        by
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_step_costs_few_round_trips_and_an_idle_engine_little() {
+        let cluster = TestCluster::start_with(3, 0);
+        let done = Arc::new(AtomicU64::new(0));
+        let client = Engine::builder()
+            .backend(backend(&cluster, config("saga")).await)
+            .saga(Count { done: done.clone() })
+            .workers(0)
+            .build()
+            .await
+            .unwrap();
+        const TASKS: u64 = 600;
+        for n in 0..TASKS {
+            client.start::<Count>(n).await.unwrap();
+        }
+        let monitor = tokio::task::block_in_place(|| cluster.monitor());
+        // The default blocking period (1 s): the watchers block for it.
+        let workers = Engine::builder()
+            .backend(
+                backend(
+                    &cluster,
+                    RedisConfig {
+                        block: Duration::from_secs(1),
+                        ..config("saga")
+                    },
+                )
+                .await,
+            )
+            .saga(Count { done: done.clone() })
+            .workers(2)
+            .worker_concurrency(8)
+            .build()
+            .await
+            .unwrap();
+        while done.load(Ordering::Relaxed) < TASKS {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let seen = tokio::task::block_in_place(|| monitor.stop(&cluster));
+        let per_step = seen.len() as f64 / (TASKS * 3) as f64;
+        eprintln!("{per_step:.2} round trips per step: {:?}", tally(&seen));
+        // As on one server (`tests/round_trips.rs`): a read takes several
+        // messages of a partition, and a step is one write.
+        assert!(
+            per_step <= 2.0,
+            "{per_step:.2} round trips per step: {:?}",
+            tally(&seen)
+        );
+
+        // Idle: the workers' rounds of reads (one call per partition each
+        // blocking period), the watchers, the timer poller (a call per
+        // slot each poll) and the heartbeats.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let monitor = tokio::task::block_in_place(|| cluster.monitor());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let seen = tokio::task::block_in_place(|| monitor.stop(&cluster));
+        let per_second = seen.len() as f64 / 3.0;
+        eprintln!("idle: {per_second:.0} commands/s: {:?}", tally(&seen));
+        // About 500 of them are the timer poller's: a call per slot (33
+        // here) each 100 ms.
+        assert!(
+            per_second <= 600.0,
+            "an idle engine sends {per_second:.0} commands/s: {:?}",
+            tally(&seen)
+        );
+        workers.shutdown().await;
+    }
+}

@@ -435,6 +435,75 @@ impl TestCluster {
     }
 }
 
+/// `MONITOR` on every primary: counts the commands clients send (not those
+/// scripts run inside Redis), by name.
+pub struct Monitors {
+    monitors: Vec<(std::process::Child, std::thread::JoinHandle<Vec<String>>)>,
+}
+
+impl TestCluster {
+    /// Starts a `MONITOR` on every primary; returns once all are attached.
+    pub fn monitor(&self) -> Monitors {
+        let mut monitors = Vec::new();
+        for port in self.primaries() {
+            let mut child = Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "monitor"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("redis-cli must be on PATH");
+            let stdout = child.stdout.take().unwrap();
+            let reader = std::thread::spawn(move || {
+                use std::io::BufRead;
+                let mut seen = Vec::new();
+                let mut lines = std::io::BufReader::new(stdout)
+                    .lines()
+                    .map_while(Result::ok);
+                for line in &mut lines {
+                    if line.contains("\"monitor-go\"") {
+                        break;
+                    }
+                }
+                for line in lines {
+                    if line.contains("\"monitor-stop\"") {
+                        break;
+                    }
+                    if line.contains(" lua]") || !line.contains('"') {
+                        continue;
+                    }
+                    seen.push(line.split('"').nth(1).unwrap_or("").to_uppercase());
+                }
+                seen
+            });
+            let mut c = conn(port).expect("a live primary");
+            wait_for("MONITOR to attach", Duration::from_secs(10), || {
+                let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut c).unwrap();
+                clients.contains("cmd=monitor")
+            });
+            let _: String = redis::cmd("ECHO").arg("monitor-go").query(&mut c).unwrap();
+            monitors.push((child, reader));
+        }
+        Monitors { monitors }
+    }
+}
+
+impl Monitors {
+    /// Every command clients sent to a primary since the start, by name.
+    pub fn stop(self, cluster: &TestCluster) -> Vec<String> {
+        for port in cluster.primaries() {
+            if let Some(mut c) = conn(port) {
+                let _: Result<String, _> = redis::cmd("ECHO").arg("monitor-stop").query(&mut c);
+            }
+        }
+        let mut seen = Vec::new();
+        for (mut child, reader) in self.monitors {
+            seen.extend(reader.join().unwrap_or_default());
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        seen
+    }
+}
+
 fn parse_node(line: &str) -> Option<Node> {
     let fields: Vec<&str> = line.split_whitespace().collect();
     let addr = fields.get(1)?.split('@').next()?;

@@ -23,12 +23,12 @@
 //! period.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::Value;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::entry;
@@ -81,11 +81,38 @@ struct Stream {
     /// Whether its watcher runs (it stops once idle; the next wait on the
     /// stream starts another).
     running: AtomicBool,
+    /// Workers waiting on it now. Its watcher blocks only while some do:
+    /// under load nobody waits, and a watcher woken by every new message
+    /// would cost a command per message.
+    waiting: AtomicUsize,
+    /// Rings when a worker starts waiting.
+    resume: Notify,
 }
 
 /// Where each stream's counter stood before a round of reads: a wait
 /// returns as soon as one moved past it.
-pub(super) struct Marks(Vec<(String, watch::Receiver<u64>)>);
+pub(super) struct Marks(Vec<(String, watch::Receiver<u64>, Arc<Stream>)>);
+
+/// Counts a worker as waiting on some streams while it lives.
+struct Waiting<'a>(&'a [Arc<Stream>]);
+
+impl<'a> Waiting<'a> {
+    fn new(streams: &'a [Arc<Stream>]) -> Self {
+        for stream in streams {
+            stream.waiting.fetch_add(1, Ordering::AcqRel);
+            stream.resume.notify_one();
+        }
+        Waiting(streams)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        for stream in self.0 {
+            stream.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
 
 impl Watch {
     /// This backend's place, and whether it is due for renewal.
@@ -121,6 +148,8 @@ impl Watch {
                                 woken: watch::channel(0).0,
                                 wanted: Mutex::new(Instant::now()),
                                 running: AtomicBool::new(false),
+                                waiting: AtomicUsize::new(0),
+                                resume: Notify::new(),
                             })
                         })
                         .clone();
@@ -134,7 +163,7 @@ impl Watch {
                             block,
                         ));
                     }
-                    (queue.clone(), stream.woken.subscribe())
+                    (queue.clone(), stream.woken.subscribe(), stream)
                 })
                 .collect(),
         )
@@ -144,15 +173,22 @@ impl Watch {
 impl Marks {
     /// Waits until a watched stream grew since the marks were taken, or
     /// `timeout` passes; the stream that grew, if one did.
-    pub async fn wait(mut self, timeout: Duration) -> Option<String> {
+    pub async fn wait(self, timeout: Duration) -> Option<String> {
         if self.0.is_empty() {
             tokio::time::sleep(timeout).await;
             return None;
         }
-        let changed = futures::future::select_all(self.0.iter_mut().map(|(queue, rx)| {
+        let (mut receivers, streams): (Vec<_>, Vec<_>) = self
+            .0
+            .into_iter()
+            .map(|(queue, rx, stream)| ((queue, rx), stream))
+            .unzip();
+        let _waiting = Waiting::new(&streams);
+        let changed = futures::future::select_all(receivers.iter_mut().map(|(queue, rx)| {
             Box::pin(async move { rx.changed().await.map(|()| queue.clone()) })
         }));
-        match tokio::time::timeout(timeout, changed).await {
+        let outcome = tokio::time::timeout(timeout, changed).await;
+        match outcome {
             Ok((Ok(queue), _, _)) => Some(queue),
             // A watcher stopped: read again (the next round starts another).
             Ok((Err(_), _, _)) => None,
@@ -181,6 +217,13 @@ async fn run(stream: Weak<Stream>, server: Server, queue: String, group: String,
             if idle > IDLE_WATCHER {
                 stream.running.store(false, Ordering::Release);
                 return;
+            }
+            // Nobody waiting: block again only once somebody does (reading
+            // on from the last entry it saw, so that what arrived meanwhile
+            // wakes that worker at once).
+            if stream.waiting.load(Ordering::Acquire) == 0 {
+                let _ = tokio::time::timeout(block, stream.resume.notified()).await;
+                continue;
             }
         }
         let c = match &mut conn {
