@@ -332,3 +332,88 @@ async fn a_tally_checked_from_outside_completes_once_on_a_cluster() {
     assert_eq!(batch.completions, 1);
     engine.shutdown().await;
 }
+
+/// A primary SIGKILLed while process managers run: its replica takes
+/// over, and every order still completes with each message applied once
+/// (what the old primary acknowledged last is replayed: a handler's writes
+/// and its acknowledgement replicate together).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_managers_ride_out_a_primary_failover() {
+    let mut cluster = TestCluster::start();
+    let engine = Engine::builder()
+        .backend(backend(&cluster).await)
+        .process_manager(Orders)
+        .process_manager(Auditor)
+        .timeout_poll_interval(Duration::from_millis(20))
+        .workers(2)
+        .worker_concurrency(4)
+        .build()
+        .await
+        .unwrap();
+    const N: usize = 40;
+    for i in 0..N {
+        engine
+            .publish(OrderSubmitted {
+                order_id: format!("order-{i}"),
+                order_number: format!("N-{i}"),
+            })
+            .await
+            .unwrap();
+    }
+    until("every order asked for its inventory", async || {
+        engine
+            .backend()
+            .endpoint_messages("inventory")
+            .await
+            .unwrap()
+            .len()
+            >= N
+    })
+    .await;
+    for i in 0..N {
+        engine
+            .publish(InventoryReserved {
+                order_number: format!("N-{i}"),
+            })
+            .await
+            .unwrap();
+    }
+    let (old, new) = tokio::task::block_in_place(|| {
+        // What was acknowledged up to here survives the failover.
+        cluster.wait_replicated();
+        let victim = cluster.primaries()[0];
+        let slot = cluster.first_slot_of(victim);
+        cluster.kill(victim);
+        let new = cluster.wait_failover(victim, slot);
+        cluster.restart(victim);
+        (victim, new)
+    });
+    until("every order shipped after the failover", async || {
+        let mut shipped = 0;
+        for i in 0..N {
+            let instance = engine
+                .process_instance::<Orders>(&format!("order-{i}"))
+                .await
+                .ok()
+                .flatten();
+            shipped += usize::from(instance.is_some_and(|i| i.status == InstanceStatus::Completed));
+        }
+        shipped == N
+    })
+    .await;
+    for i in 0..N {
+        let id = format!("order-{i}");
+        let order = engine
+            .process_instance::<Orders>(&id)
+            .await
+            .unwrap()
+            .unwrap();
+        let state: OrderState = serde_json::from_value(order.state).unwrap();
+        assert_eq!(
+            (state.submitted, state.reserved, state.shipped),
+            (1, 1, 1),
+            "{id} (failover {old} -> {new})"
+        );
+    }
+    engine.shutdown().await;
+}

@@ -108,5 +108,22 @@ async fn every_task_ends_across_a_failover() {
             "task {n}'s last step never ran: {done:?}"
         );
     }
+    // The same deployment through a URL (what `sagactl` and the examples
+    // take): it finds the new primary and the tasks on it.
+    let hosts: Vec<String> = urls
+        .iter()
+        .map(|u| {
+            u.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let url = format!("redis+sentinel://{}/{SERVICE}", hosts.join(","));
+    let via_url = RedisBackend::attach(&url, config()).await.unwrap();
+    let task = saga_runtime::backend::TaskStore::load_task(&via_url, late)
+        .await
+        .unwrap()
+        .expect("the task started after the failover, found through the URL");
+    assert_eq!(task.status, TaskStatus::Completed);
     engine.shutdown().await;
 }
