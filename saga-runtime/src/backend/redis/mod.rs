@@ -31,10 +31,17 @@
 //!
 //! - The commit that ends a task publishes its id, so `wait` returns at
 //!   once (polling stays as the fallback).
+//! - On a Redis Cluster every script touches one slot: each partition is a
+//!   slot of its own (the spread layout), a worker reads one slot per call
+//!   and waits for watchers' wake-ups, and a process-manager message meets
+//!   its instance in the instance's slot (it is forwarded there first when
+//!   it was routed elsewhere).
 //!
-//! Files: `keys` (layout), `scripts` (Lua), `entry` (decoding stream
-//! entries), then one file per concern: `tasks`, `queue`, `process`,
-//! `housekeeping`, `finished` (end-of-task notifications).
+//! Files: `server` (where commands go: a server, Sentinel, a cluster),
+//! `keys` (layout), `scripts` (Lua), `entry` (decoding stream entries),
+//! then one file per concern: `tasks`, `queue`, `watch` (idle readers'
+//! wake-ups on a cluster), `process`, `housekeeping`, `finished`
+//! (end-of-task notifications).
 
 mod breakers;
 mod endpoint;
