@@ -36,7 +36,9 @@ use saga_runtime::{
     about = "Operator actions on sagas stored in Redis"
 )]
 struct Cli {
-    /// The deployment's Redis.
+    /// The deployment's Redis: `redis://host:port`, a cluster's
+    /// `redis+cluster://host:port,host:port`, or a Sentinel deployment's
+    /// `redis+sentinel://host:port,host:port/<service>`.
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis: String,
     /// Its key prefix (`RedisConfig::prefix`); the partition count is read

@@ -6,6 +6,9 @@
 #[path = "../../tests/common/ops_sagas.rs"]
 mod ops_sagas;
 #[allow(dead_code)]
+#[path = "../../tests/common/redis_cluster.rs"]
+mod redis_cluster;
+#[allow(dead_code)]
 #[path = "../../tests/common/redis_server.rs"]
 mod redis_server;
 
@@ -20,9 +23,14 @@ use saga_runtime::DeadLetterFilter;
 
 /// Runs `sagactl` on `redis`: (success, stdout, stderr).
 fn sagactl(redis: &TestRedis, args: &[&str]) -> (bool, String, String) {
+    sagactl_at(&redis.url(), args)
+}
+
+/// Runs `sagactl` on the deployment at `url`.
+fn sagactl_at(url: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sagactl"))
         .arg("--redis")
-        .arg(redis.url())
+        .arg(url)
         .args(args)
         .output()
         .unwrap();
@@ -141,5 +149,40 @@ async fn operator_actions_from_the_command_line() {
     assert!(!ok);
     assert!(err.contains("no deployment under prefix `sgaa`"), "{err}");
     assert_eq!(redis.keys().len(), keys);
+    engine.shutdown().await;
+}
+
+/// On a Redis Cluster, through its URL (`redis+cluster://...`): the tool
+/// finds the deployment's layout and the tasks on every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_actions_on_a_cluster() {
+    let cluster = redis_cluster::TestCluster::start_with(3, 0);
+    let backend = saga_runtime::backend::redis::RedisBackend::connect(&cluster.url())
+        .await
+        .unwrap();
+    let engine = Engine::builder()
+        .saga(Stuck)
+        .backend(backend)
+        .build()
+        .await
+        .unwrap();
+    let mut stuck = Vec::new();
+    for n in 0..6 {
+        stuck.push(engine.start::<Stuck>(n).await.unwrap());
+    }
+    for id in &stuck {
+        engine.wait(*id).await.unwrap();
+    }
+    let (ok, out, err) = sagactl_at(
+        &cluster.url(),
+        &["list", "--saga", "stuck", "--status", "CompensationFailed"],
+    );
+    assert!(ok, "{err}");
+    for id in &stuck {
+        assert!(out.contains(&id.to_string()), "{id} in {out}");
+    }
+    let (ok, out, err) = sagactl_at(&cluster.url(), &["show", &stuck[0].to_string()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("the warehouse API refuses"), "{out}");
     engine.shutdown().await;
 }
