@@ -73,9 +73,10 @@ fn crc16(bytes: &[u8]) -> u16 {
 /// slot range. Deterministic: every engine of a deployment computes the
 /// same tags (changing this function changes every key of the layout).
 fn partition_tag(base: &str, p: u16, n: u16, spread: bool) -> String {
-    // Past 1024 partitions the bands are narrower than the spread of a
-    // plain CRC16, and the search would only cost time.
-    if !spread || n > 1024 {
+    // Past 256 partitions plain tags spread evenly enough by themselves
+    // (and the search, in bands a few slots wide, would cost time at
+    // every start).
+    if !spread || n > 256 {
         return format!("{{{base}:{p}}}");
     }
     let band = u32::from(SLOTS) / u32::from(n);
