@@ -298,3 +298,106 @@ mod costs {
         workers.shutdown().await;
     }
 }
+
+/// An engine that shuts down gives up its share of the partitions to
+/// watch at once: a task started on one of them right after is taken
+/// promptly by the engine left, not after the membership's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_engine_hands_its_partitions_to_watch_over_at_once() {
+    let cluster = TestCluster::start_with(3, 0);
+    let done = Arc::new(Mutex::new(HashMap::new()));
+    let engine = |workers| {
+        let done = done.clone();
+        let cluster = &cluster;
+        async move {
+            Engine::builder()
+                .backend(backend(cluster, config("saga")).await)
+                .saga(Quick { done })
+                .workers(workers)
+                .build()
+                .await
+                .unwrap()
+        }
+    };
+    let leaving = engine(1).await;
+    let staying = engine(1).await;
+    let client = engine(0).await;
+    // Both have taken their places among the readers.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    leaving.shutdown().await;
+    // The one left renews its place (once a second) and finds itself
+    // alone.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut slow = Vec::new();
+    for n in 0..24u64 {
+        let started = tokio::time::Instant::now();
+        let id = client.start::<Quick>(n).await.unwrap();
+        client.wait(id).await.unwrap();
+        let took = started.elapsed();
+        if took > Duration::from_millis(500) {
+            slow.push((n, took));
+        }
+        // Idle again before the next one.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        slow.is_empty(),
+        "tasks waited for the idle workers' round of reads: {slow:?}"
+    );
+    staying.shutdown().await;
+}
+
+/// A write that claimed correlation entries in other slots than its
+/// instance's, and then failed (here: its version was stale), gives them
+/// up: another instance claims the values at once, not after the claims
+/// lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_gives_up_the_entries_it_claimed() {
+    use saga_runtime::backend::{
+        BackendError, InstanceStatus, ProcessCommit, ProcessInstance, ProcessStore, Settle,
+    };
+    let cluster = TestCluster::start_with(3, 0);
+    let b = backend(&cluster, config("claims")).await;
+    let instance = |id: &str, keys: Vec<(String, String)>, version| {
+        let now = saga_runtime::task::Timestamp::now();
+        ProcessInstance {
+            process: "pm".into(),
+            id: id.into(),
+            generation: format!("{id}-1"),
+            started_by: None,
+            state: serde_json::json!({}),
+            status: InstanceStatus::Active,
+            version,
+            keys,
+            processed: vec![],
+            audit_log: vec![],
+            created_at: now,
+            updated_at: now,
+        }
+    };
+    let a = instance("a", vec![], 0);
+    b.process_commit("pm", ProcessCommit::new(Some(&a), Settle::Nothing))
+        .await
+        .unwrap();
+    // Sixteen values: most live in other slots than "a".
+    for n in 0..16 {
+        let value = format!("v-{n}");
+        let key = vec![("ref".to_owned(), value.clone())];
+        let stale = instance("a", key.clone(), 0);
+        let mut write = ProcessCommit::new(Some(&stale), Settle::Nothing);
+        write.add_keys = key.clone();
+        let refused = b.process_commit("pm", write).await;
+        assert!(
+            matches!(refused, Err(BackendError::ProcessConflict { .. })),
+            "{refused:?}"
+        );
+        let other = instance(&format!("b-{n}"), key.clone(), 0);
+        let mut write = ProcessCommit::new(Some(&other), Settle::Nothing);
+        write.add_keys = key;
+        b.process_commit("pm", write)
+            .await
+            .unwrap_or_else(|e| panic!("{value} still held by the failed write: {e}"));
+        let found = b.process_find("pm", "ref", &value).await.unwrap().unwrap();
+        assert_eq!(found.id, format!("b-{n}"));
+    }
+}

@@ -472,6 +472,7 @@ async fn a_late_share_leaves_a_message_taken_over_by_another_consumer_alone() {
         key_field: None,
         traceparent: None,
         due_ms: None,
+        hops: 0,
     };
     b.enqueue(&[WorkItem::Process(envelope)]).await.unwrap();
     let first = b

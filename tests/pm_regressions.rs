@@ -90,6 +90,7 @@ fn envelope(id: &str) -> Envelope {
         key_field: None,
         traceparent: None,
         due_ms: None,
+        hops: 0,
     }
 }
 

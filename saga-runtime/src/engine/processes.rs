@@ -53,6 +53,7 @@ impl Engine {
                 WorkItem::Process(Envelope {
                     traceparent: crate::otel::current(),
                     due_ms: None,
+                    hops: 0,
                     message_id: message_id.to_owned(),
                     process: (*process).to_owned(),
                     message_type: message_type.to_owned(),

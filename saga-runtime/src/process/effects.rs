@@ -160,6 +160,7 @@ pub(super) fn effects(
                     enqueue.push(Envelope {
                         traceparent: crate::otel::current(),
                         due_ms: None,
+                        hops: 0,
                         message_id: message_id.clone(),
                         process: subscriber.to_owned(),
                         message_type: out.message_type.clone(),
@@ -191,6 +192,7 @@ pub(super) fn effects(
             let envelope = Envelope {
                 traceparent: crate::otel::current(),
                 due_ms: Some(due(now_ms, t.delay)),
+                hops: 0,
                 message_id: derived_id(&envelope.message_id, &instance.id, &format!("t{n}")),
                 process: process.to_owned(),
                 message_type: t.message_type.clone(),

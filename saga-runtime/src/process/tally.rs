@@ -265,6 +265,7 @@ fn addressed(tally: &TallyRef, message_id: String, message_type: &str) -> Envelo
     Envelope {
         traceparent: crate::otel::current(),
         due_ms: None,
+        hops: 0,
         message_id,
         process: tally.process.clone(),
         message_type: message_type.to_owned(),

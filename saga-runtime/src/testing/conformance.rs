@@ -78,6 +78,7 @@ fn envelope(n: u32) -> Envelope {
         key_field: None,
         traceparent: None,
         due_ms: None,
+        hops: 0,
     }
 }
 

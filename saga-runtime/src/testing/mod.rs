@@ -141,6 +141,7 @@ impl<P: ProcessManager> ProcessTest<P> {
         let envelope = Envelope {
             traceparent: crate::otel::current(),
             due_ms: None,
+            hops: 0,
             message_id: message_id.to_owned(),
             process: def.name.to_owned(),
             message_type: M::TYPE.to_owned(),

@@ -671,6 +671,7 @@ mod tests {
                     key_field: None,
                     traceparent: None,
                     due_ms: None,
+                    hops: 0,
                 }),
                 keys.process_partition(k)
             );

@@ -202,16 +202,18 @@ impl RedisBackend {
 
     /// Before the commit (spread layout): claims the correlation entries,
     /// joins the shared ones, and (deleting) writes the tombstones that
-    /// live in other slots than the instance.
+    /// live in other slots than the instance. Returns the entries it
+    /// claimed that were not the instance's already.
     async fn commit_remote_first(
         &self,
         process: &str,
         commit: &ProcessCommit<'_>,
         placement: &Placement,
-    ) -> Result<(), BackendError> {
+    ) -> Result<Vec<(String, String)>, BackendError> {
         let k = self.keys();
+        let mut newly = Vec::new();
         let Some(instance) = commit.instance else {
-            return Ok(());
+            return Ok(newly);
         };
         let id = instance.id.as_str();
         let conflict = || BackendError::ProcessConflict {
@@ -240,14 +242,20 @@ impl RedisBackend {
                         .await?;
                     match reply.as_slice() {
                         [Value::Int(1)] => {
+                            newly.push((field.clone(), value.clone()));
+                            claimed = true;
+                            break;
+                        }
+                        [Value::Int(2)] => {
                             claimed = true;
                             break;
                         }
                         [Value::Int(-5)] => {
+                            self.unclaim(process, commit, &newly).await;
                             return Err(BackendError::ProcessTombstoned {
                                 process: process.to_owned(),
                                 instance: id.to_owned(),
-                            })
+                            });
                         }
                         [Value::Int(-4), owner, ..] => {
                             let owner = super::entry::text(owner);
@@ -255,6 +263,7 @@ impl RedisBackend {
                                 .clear_stale_entry(process, field, value, &owner)
                                 .await?
                             {
+                                self.unclaim(process, commit, &newly).await;
                                 return Err(conflict());
                             }
                         }
@@ -262,6 +271,7 @@ impl RedisBackend {
                     }
                 }
                 if !claimed {
+                    self.unclaim(process, commit, &newly).await;
                     return Err(conflict());
                 }
             }
@@ -293,7 +303,39 @@ impl RedisBackend {
                 }
             }
         }
-        Ok(())
+        Ok(newly)
+    }
+
+    /// Gives up correlation entries a write claimed before its commit,
+    /// which then failed. Best effort: one left behind is taken for stale
+    /// once its claim is no longer in flight.
+    async fn unclaim(
+        &self,
+        process: &str,
+        commit: &ProcessCommit<'_>,
+        claimed: &[(String, String)],
+    ) {
+        let (Some(instance), k) = (commit.instance, self.keys()) else {
+            return;
+        };
+        for (field, value) in claimed {
+            let released: Result<i64, _> = self
+                .run(
+                    s::SWAP_ENTRY
+                        .key(k.correlation(process, field, value))
+                        .arg(&instance.id)
+                        .arg(""),
+                )
+                .await;
+            let cleared: Result<i64, _> = redis::cmd("DEL")
+                .arg(k.correlation_claim(process, field, value))
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable);
+            if let Err(error) = released.and(cleared) {
+                tracing::debug!(%error, process, field, value, "giving up a claim failed; it lapses on its own");
+            }
+        }
     }
 
     /// After the commit (spread layout): releases the correlation entries
@@ -314,6 +356,11 @@ impl RedisBackend {
         for (field, value) in &commit.remove_keys {
             let key = k.correlation(process, field, value);
             if placement.local(&key) {
+                continue;
+            }
+            // A later write of the instance (another process's) may hold
+            // the value again by now: then the entry is its.
+            if !commit.delete && self.holds(process, id, field, value).await.unwrap_or(true) {
                 continue;
             }
             let released: Result<i64, _> = self.run(s::SWAP_ENTRY.key(key).arg(id).arg("")).await;
@@ -731,16 +778,24 @@ impl ProcessStore for RedisBackend {
     ) -> Result<u64, BackendError> {
         let placement = self.placement(process, &commit)?;
         let spread = self.keys().spread();
-        if spread {
-            self.commit_remote_first(process, &commit, &placement)
-                .await?;
-        }
+        let claimed = match spread {
+            true => {
+                self.commit_remote_first(process, &commit, &placement)
+                    .await?
+            }
+            false => Vec::new(),
+        };
         let committed = self.commit_here(process, &commit, &placement).await;
         match &committed {
             Ok(_) if spread => self.commit_remote_after(process, &commit, &placement).await,
-            Err(BackendError::ProcessConflict { .. }) if spread => {
-                self.clear_stale_local_claims(process, &commit, &placement)
-                    .await?
+            Err(_) if spread => {
+                // The claims this write made go with it (else they would
+                // keep the values from others until taken for stale).
+                self.unclaim(process, &commit, &claimed).await;
+                if matches!(committed, Err(BackendError::ProcessConflict { .. })) {
+                    self.clear_stale_local_claims(process, &commit, &placement)
+                        .await?;
+                }
             }
             _ => {}
         }

@@ -28,6 +28,11 @@ use crate::task::{TaskId, Timestamp};
 /// followed at once by another, so a backlog still drains quickly.
 const CLAIM_BATCH: usize = 1;
 
+/// Moves of a process-manager message between partitions that do not
+/// count toward its delivery cap (one is the common case: a message routed
+/// by a value its instance holds besides its id).
+const FREE_HOPS: u32 = 4;
+
 /// A dead-letter stream entry.
 fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
     let fields = entry::fields(raw_fields);
@@ -477,7 +482,7 @@ impl RedisBackend {
         let marks = match wait.is_zero() {
             true => None,
             false => {
-                let homes = self.homes(interest, streams).await;
+                let homes = self.homes(consumer, interest, streams).await;
                 let c = &self.shared.config;
                 Some(
                     self.shared
@@ -538,11 +543,12 @@ impl RedisBackend {
     /// The streams this backend's idle workers are woken for: its share of
     /// the saga partitions (by rank among the backends reading sagas,
     /// renewed now and then) and the process-manager streams it reads.
-    async fn homes(&self, interest: Interest, streams: &[u16]) -> Vec<String> {
+    async fn homes(&self, consumer: &str, interest: Interest, streams: &[u16]) -> Vec<String> {
         let k = self.keys();
         let mut homes = Vec::new();
         if interest.sagas {
             let watch = &self.shared.watch;
+            watch.joined(consumer);
             let (mut place, due) = watch.place();
             if due {
                 let renewed: Result<Vec<u16>, BackendError> = self
@@ -570,13 +576,13 @@ impl RedisBackend {
                     .map(|p| k.queue(p)),
             );
         }
-        // The partitions this engine owns; the shared streams only in the
-        // compact layout (in the spread one there is one per partition,
-        // seldom written: read by each round of reads, not watched).
+        // The partitions this engine owns, and the shared streams: a
+        // message the owner of its partition does not run goes there for
+        // an engine that does, which must hear of it at once.
         homes.extend(
             streams
                 .iter()
-                .filter(|p| k.is_process(**p) && !(k.spread() && k.shared_stream(**p) == **p))
+                .filter(|p| k.is_process(**p))
                 .map(|p| k.queue(*p)),
         );
         homes
@@ -814,16 +820,19 @@ impl WorkQueue for RedisBackend {
         if k.stream_slot(to) == k.stream_slot(p) {
             return Ok(false);
         }
-        let named;
-        let envelope = match instance {
-            Some(id) if envelope.instance_id.as_deref() != Some(id) => {
-                named = Envelope {
-                    instance_id: Some(id.to_owned()),
-                    ..envelope.clone()
-                };
-                &named
-            }
-            _ => envelope,
+        let moved = Envelope {
+            instance_id: instance
+                .map(str::to_owned)
+                .or_else(|| envelope.instance_id.clone()),
+            hops: envelope.hops.saturating_add(1),
+            ..envelope.clone()
+        };
+        // A move answers the delivery, as a hand-back does, up to a bound:
+        // past it (a message moving for ever: routing that never settles)
+        // each move counts, and the delivery cap ends it.
+        let unanswered = match envelope.hops < FREE_HOPS {
+            true => delivery.deliveries.saturating_sub(1),
+            false => delivery.deliveries,
         };
         // The copy first: a crash in between leaves the message here too,
         // and it is forwarded again (the instance drops the duplicate).
@@ -831,9 +840,9 @@ impl WorkQueue for RedisBackend {
             .arg(k.queue(to))
             .arg("*")
             .arg("payload")
-            .arg(WorkItem::Process(envelope.clone()).encode())
+            .arg(WorkItem::Process(moved).encode())
             .arg("unanswered")
-            .arg(delivery.deliveries)
+            .arg(unanswered)
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -847,6 +856,18 @@ impl WorkQueue for RedisBackend {
         // Nothing is buffered (a read hands out what it takes); the
         // blocking connection goes.
         self.reader(consumer, |r| r.conn = None);
+        // The last saga reader of this backend gives up its place among the
+        // readers, so that the others watch its partitions at once.
+        if self.shared.watch.left(consumer) {
+            let _: Vec<u16> = self
+                .run(
+                    s::READERS
+                        .key(self.keys().saga_readers())
+                        .arg(&self.shared.watch.member)
+                        .arg(""),
+                )
+                .await?;
+        }
         Ok(())
     }
 

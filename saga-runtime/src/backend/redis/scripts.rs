@@ -1167,7 +1167,7 @@ return {{rank, #members}}"
 /// instance (spread layout), before the instance's commit; the marker
 /// says for a while that the claim is in flight (its instance's commit
 /// may not have landed yet), so that nobody takes the entry for stale
-/// meanwhile. {1} claimed (or held already), {-4, owner, in flight 0/1}
+/// meanwhile. {1} claimed, {2} held already, {-4, owner, in flight 0/1}
 /// held by another instance, {-5} the entry's tombstone remembers a
 /// message being handled (a late duplicate).
 pub static CLAIM_ENTRY: LazyLock<Script> = LazyLock::new(|| {
@@ -1178,6 +1178,7 @@ for _, m in ipairs(cjson.decode(ARGV[2])) do
 end
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then return {-4, owner, redis.call('EXISTS', KEYS[3])} end
+if owner then return {2} end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
 return {1}",

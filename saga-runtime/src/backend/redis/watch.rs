@@ -49,6 +49,10 @@ pub(super) struct Watch {
     pub member: String,
     streams: Mutex<HashMap<String, Arc<Stream>>>,
     place: Mutex<Place>,
+    /// The consumers of this backend that read sagas: when the last one
+    /// leaves, so does the backend's place (its partitions go to the
+    /// others at once, not after the membership's TTL).
+    readers: Mutex<std::collections::HashSet<String>>,
 }
 
 /// This backend's rank among the saga readers, as last renewed.
@@ -69,6 +73,7 @@ impl Default for Watch {
                 size: 1,
                 renewed: None,
             }),
+            readers: Mutex::new(std::collections::HashSet::new()),
         }
     }
 }
@@ -122,6 +127,25 @@ impl Watch {
             .renewed
             .is_none_or(|at| at.elapsed() >= MEMBERSHIP_RENEW);
         (place, due)
+    }
+
+    /// Records `consumer` as one of this backend's saga readers.
+    pub fn joined(&self, consumer: &str) {
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if !readers.contains(consumer) {
+            readers.insert(consumer.to_owned());
+        }
+    }
+
+    /// Forgets `consumer`; `true` if it was the last saga reader (the
+    /// backend's place is then given up).
+    pub fn left(&self, consumer: &str) -> bool {
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let last = readers.remove(consumer) && readers.is_empty();
+        if last {
+            self.place.lock().unwrap_or_else(|p| p.into_inner()).renewed = None;
+        }
+        last
     }
 
     pub fn set_place(&self, rank: u16, size: u16) {
