@@ -417,3 +417,102 @@ async fn process_managers_ride_out_a_primary_failover() {
     }
     engine.shutdown().await;
 }
+
+/// The spread layout with 32 process-manager partitions (its count is the
+/// deployment's, recorded with the layout), on one server: messages find
+/// their instances across partitions; the compact layout refuses another
+/// count than its 16, and a backend asking another count than the one
+/// recorded is refused with what to set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_process_partition_count_is_the_deployments() {
+    use common::redis_server::TestRedis;
+    use saga_runtime::backend::redis::KeyLayout;
+    let redis = TestRedis::start_with_aof(false);
+    let spread = |n| RedisConfig {
+        layout: KeyLayout::Spread,
+        process_partitions: Some(n),
+        ..config()
+    };
+    let engine = Engine::builder()
+        .backend(
+            RedisBackend::connect_with(&redis.url(), spread(32))
+                .await
+                .unwrap(),
+        )
+        .process_manager(Orders)
+        .process_manager(Auditor)
+        .timeout_poll_interval(Duration::from_millis(20))
+        .workers(2)
+        .build()
+        .await
+        .unwrap();
+    for i in 0..40 {
+        engine
+            .publish(OrderSubmitted {
+                order_id: format!("order-{i}"),
+                order_number: format!("N-{i}"),
+            })
+            .await
+            .unwrap();
+    }
+    until("every order asked for its inventory", async || {
+        engine
+            .backend()
+            .endpoint_messages("inventory")
+            .await
+            .unwrap()
+            .len()
+            >= 40
+    })
+    .await;
+    for i in 0..40 {
+        engine
+            .publish(InventoryReserved {
+                order_number: format!("N-{i}"),
+            })
+            .await
+            .unwrap();
+    }
+    until("every order shipped", async || {
+        let mut shipped = 0;
+        for i in 0..40 {
+            let instance = engine
+                .process_instance::<Orders>(&format!("order-{i}"))
+                .await
+                .unwrap();
+            shipped += usize::from(instance.is_some_and(|i| i.status == InstanceStatus::Completed));
+        }
+        shipped == 40
+    })
+    .await;
+    let tags: std::collections::BTreeSet<String> = redis
+        .keys()
+        .into_iter()
+        .filter(|k| k.contains(":inst:orders:"))
+        .filter_map(|k| Some(k.split_once('{')?.1.split_once('}')?.0.to_owned()))
+        .collect();
+    assert!(
+        tags.len() > 16,
+        "instances over more than 16 partitions: {tags:?}"
+    );
+    engine.shutdown().await;
+
+    let refused = RedisBackend::connect_with(&redis.url(), spread(16))
+        .await
+        .err()
+        .expect("another count than the recorded one");
+    assert!(
+        refused.to_string().contains("process_partitions: Some(32)"),
+        "{refused}"
+    );
+    let compact = RedisConfig {
+        prefix: "other".into(),
+        process_partitions: Some(8),
+        ..config()
+    };
+    let refused = RedisBackend::connect_with(&redis.url(), compact)
+        .await
+        .err()
+        .expect("the compact layout has 16");
+    assert!(refused.to_string().contains("compact layout"), "{refused}");
+}

@@ -29,6 +29,8 @@ pub(crate) struct Keys {
     /// The hash tag of each process-manager partition (spread layout), or
     /// the one tag they all share (compact).
     pm_tags: Vec<String>,
+    /// How many process-manager partitions.
+    pm_count: u16,
     spread: bool,
 }
 
@@ -88,19 +90,47 @@ fn partition_tag(base: &str, p: u16, n: u16, spread: bool) -> String {
         .expect("some suffix lands in every band")
 }
 
+/// A deployment's recorded layout: saga partitions, process-manager
+/// partitions, and the layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub partitions: u16,
+    pub process_partitions: u16,
+    pub layout: KeyLayout,
+}
+
 /// Reads a recorded layout: `<n>` (compact, as every version wrote it
-/// before there were layouts) or `spread/<n>`.
-pub fn parse_layout(record: &str) -> Option<(u16, KeyLayout)> {
-    match record.split_once('/') {
-        None => Some((record.parse().ok()?, KeyLayout::Compact)),
-        Some(("spread", n)) => Some((n.parse().ok()?, KeyLayout::Spread)),
-        Some(_) => None,
+/// before there were layouts) or `spread/<n>/<process partitions>`.
+pub fn parse_layout(record: &str) -> Option<Layout> {
+    let mut parts = record.split('/');
+    match (parts.next()?, parts.next(), parts.next(), parts.next()) {
+        (n, None, None, None) => Some(Layout {
+            partitions: n.parse().ok()?,
+            process_partitions: PROCESS_PARTITIONS,
+            layout: KeyLayout::Compact,
+        }),
+        ("spread", Some(n), Some(k), None) => Some(Layout {
+            partitions: n.parse().ok()?,
+            process_partitions: k
+                .parse()
+                .ok()
+                .filter(|k| (1..=MAX_PROCESS_PARTITIONS).contains(k))?,
+            layout: KeyLayout::Spread,
+        }),
+        _ => None,
     }
 }
 
 impl Keys {
-    pub fn new(prefix: &str, partitions: u16, spread: bool) -> Self {
+    /// `pm_count` process-manager partitions: [`PROCESS_PARTITIONS`] in
+    /// the compact layout (its routing is that of every deployment before
+    /// layouts), up to 64 in the spread one.
+    pub fn new(prefix: &str, partitions: u16, pm_count: u16, spread: bool) -> Self {
         let partitions = partitions.max(1);
+        let pm_count = match spread {
+            true => pm_count.clamp(1, MAX_PROCESS_PARTITIONS),
+            false => PROCESS_PARTITIONS,
+        };
         let base = prefix.to_owned();
         let pm_base = format!("{prefix}:pm");
         Keys {
@@ -110,11 +140,12 @@ impl Keys {
                 .map(|p| partition_tag(&base, p, partitions, spread))
                 .collect(),
             pm_tags: match spread {
-                true => (0..PROCESS_PARTITIONS)
-                    .map(|k| partition_tag(&pm_base, k, PROCESS_PARTITIONS, true))
+                true => (0..pm_count)
+                    .map(|k| partition_tag(&pm_base, k, pm_count, true))
                     .collect(),
                 false => vec![format!("{{{pm_base}}}")],
             },
+            pm_count,
             spread,
         }
     }
@@ -122,9 +153,14 @@ impl Keys {
     /// What [`parse_layout`] reads back.
     pub fn layout_record(&self) -> String {
         match self.spread {
-            true => format!("spread/{}", self.partitions),
+            true => format!("spread/{}/{}", self.partitions, self.pm_count),
             false => self.partitions.to_string(),
         }
+    }
+
+    /// How many process-manager partitions.
+    pub fn pm_count(&self) -> u16 {
+        self.pm_count
     }
 
     /// The hash slot of a stream's keys.
@@ -147,8 +183,8 @@ impl Keys {
     /// [`PROCESS_PARTITIONS`] process-manager partitions, then (spread
     /// layout) each partition's shared stream.
     pub fn streams(&self) -> u16 {
-        let shared = if self.spread { PROCESS_PARTITIONS } else { 0 };
-        self.partitions + 1 + PROCESS_PARTITIONS + shared
+        let shared = if self.spread { self.pm_count } else { 0 };
+        self.partitions + 1 + self.pm_count + shared
     }
 
     /// The index of the process-manager stream every reader reads in the
@@ -174,7 +210,7 @@ impl Keys {
     /// instance.
     pub fn shared_stream(&self, stream: u16) -> u16 {
         match self.pm_partition_of(stream) {
-            Some(k) if self.spread => self.partitions + 1 + PROCESS_PARTITIONS + k,
+            Some(k) if self.spread => self.partitions + 1 + self.pm_count + k,
             _ => self.process_stream(),
         }
     }
@@ -183,8 +219,8 @@ impl Keys {
     /// partitions its engine owns).
     pub fn shared_streams(&self) -> Vec<u16> {
         match self.spread {
-            true => (0..PROCESS_PARTITIONS)
-                .map(|k| self.partitions + 1 + PROCESS_PARTITIONS + k)
+            true => (0..self.pm_count)
+                .map(|k| self.partitions + 1 + self.pm_count + k)
                 .collect(),
             false => vec![self.process_stream()],
         }
@@ -194,9 +230,9 @@ impl Keys {
     /// the compact layout's one shared stream).
     pub fn pm_partition_of(&self, stream: u16) -> Option<u16> {
         let k = stream.checked_sub(self.partitions + 1)?;
-        match k < PROCESS_PARTITIONS {
+        match k < self.pm_count {
             true => Some(k),
-            false if self.spread && k < 2 * PROCESS_PARTITIONS => Some(k - PROCESS_PARTITIONS),
+            false if self.spread && k < 2 * self.pm_count => Some(k - self.pm_count),
             false => None,
         }
     }
@@ -220,7 +256,7 @@ impl Keys {
     /// The partition stream of messages of `process` for `target` (an
     /// instance id or correlation value).
     pub fn process_route(&self, process: &str, target: &str) -> u16 {
-        self.process_partition(pm_partition(process, target))
+        self.process_partition(self.pm_k(process, target))
     }
 
     pub fn partition_of(&self, id: TaskId) -> u16 {
@@ -384,7 +420,7 @@ impl Keys {
     /// The process-manager partition of `process`'s instance `id` (or of
     /// its correlation value `id`).
     pub fn pm_k(&self, process: &str, id: &str) -> u16 {
-        pm_partition(process, id)
+        (route_hash(&format!("{process}:{id}")) % u32::from(self.pm_count)) as u16
     }
 
     pub fn instance(&self, process: &str, id: &str) -> String {
@@ -460,7 +496,7 @@ impl Keys {
     /// its own slot), or the one that stands for all (compact).
     pub fn pm_parts(&self) -> Vec<u16> {
         match self.spread {
-            true => (0..PROCESS_PARTITIONS).collect(),
+            true => (0..self.pm_count).collect(),
             false => vec![0],
         }
     }
@@ -536,18 +572,16 @@ impl Keys {
     }
 }
 
-/// The process-manager partition of `process`'s messages for `target` (an
-/// instance id or a correlation value).
-pub fn pm_partition(process: &str, target: &str) -> u16 {
-    (route_hash(&format!("{process}:{target}")) % u32::from(PROCESS_PARTITIONS)) as u16
-}
-
 /// How many partitions process-manager messages are spread over. Each is
 /// read by one engine at a time (the one holding its owner lease), so that
 /// the messages of one instance are handled by one writer; sixteen lets up
 /// to sixteen engines share the work. Fixed, so that every engine of a
 /// deployment routes alike.
 pub const PROCESS_PARTITIONS: u16 = 16;
+
+/// The most process-manager partitions a deployment may have (an engine's
+/// share of them is a 64-bit mask).
+pub const MAX_PROCESS_PARTITIONS: u16 = 64;
 
 /// The routing hash of process-manager messages, computed alike here and
 /// in scripts ([`ROUTE_HASH_LUA`]): a polynomial hash modulo a prime below
@@ -598,7 +632,7 @@ mod tests {
     #[test]
     fn spread_tags_put_each_partition_in_its_own_band_of_slots() {
         for n in [1u16, 3, 16, 64] {
-            let keys = Keys::new("saga", n, true);
+            let keys = Keys::new("saga", n, PROCESS_PARTITIONS, true);
             let band = u32::from(SLOTS) / u32::from(n);
             for p in 0..n {
                 let s = u32::from(keys.stream_slot(p));
@@ -606,7 +640,7 @@ mod tests {
             }
         }
         // Three primaries with equal ranges hold 5 or 6 of 16 each.
-        let keys = Keys::new("saga", 16, true);
+        let keys = Keys::new("saga", 16, PROCESS_PARTITIONS, true);
         let mut per_shard = [0; 3];
         for p in 0..16 {
             per_shard[usize::from(keys.stream_slot(p) / 5462)] += 1;
@@ -630,7 +664,7 @@ mod tests {
 
     #[test]
     fn spread_keys_of_an_instance_share_its_partitions_slot() {
-        let keys = Keys::new("saga", 16, true);
+        let keys = Keys::new("saga", 16, PROCESS_PARTITIONS, true);
         for i in 0..200 {
             let id = format!("order-{i}");
             let k = keys.pm_k("fulfillment", &id);
@@ -696,7 +730,7 @@ mod tests {
 
     #[test]
     fn every_key_of_a_task_and_its_queue_share_one_hash_tag() {
-        let keys = Keys::new("saga", 8, false);
+        let keys = Keys::new("saga", 8, PROCESS_PARTITIONS, false);
         for _ in 0..50 {
             let id = TaskId::new();
             let p = keys.partition_of(id);

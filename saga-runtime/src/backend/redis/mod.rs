@@ -88,6 +88,12 @@ pub struct RedisConfig {
     /// Where the partitions' hash tags put them: see [`KeyLayout`]
     /// (default [`KeyLayout::Auto`]). Recorded with the partition count.
     pub layout: KeyLayout,
+    /// Number of process-manager partitions in the spread layout: `None`
+    /// (the default) is [`PROCESS_PARTITIONS`] (16), at most
+    /// [`MAX_PROCESS_PARTITIONS`] (64): each engine that runs process
+    /// managers owns a share of them. The compact layout has 16, always.
+    /// Recorded with the partition count.
+    pub process_partitions: Option<u16>,
     /// Consumer group name (default `workers`).
     pub group: String,
     /// A message pending longer than this is redelivered to another worker
@@ -113,6 +119,8 @@ pub struct RedisConfig {
 /// worker's round of reads stays short.
 pub const CLUSTER_PARTITIONS: u16 = 16;
 
+pub use keys::{MAX_PROCESS_PARTITIONS, PROCESS_PARTITIONS};
+
 /// Where the keys of each partition live.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum KeyLayout {
@@ -137,6 +145,7 @@ impl Default for RedisConfig {
             prefix: "saga".to_owned(),
             partitions: None,
             layout: KeyLayout::Auto,
+            process_partitions: None,
             group: "workers".to_owned(),
             visibility_timeout: Duration::from_secs(15),
             block: Duration::from_secs(1),
@@ -155,6 +164,8 @@ pub struct RedisBackend {
 
 struct Shared {
     server: server::Server,
+    /// `RedisConfig::process_partitions` as given (checked on connecting).
+    asked_process_partitions: Option<u16>,
     keys: Keys,
     config: RedisConfig,
     readers: Mutex<HashMap<String, Reader>>,
@@ -354,15 +365,16 @@ impl RedisBackend {
             .query_async(&mut probe.conn())
             .await
             .map_err(unavailable)?;
-        let Some((partitions, layout)) = recorded.as_deref().and_then(keys::parse_layout) else {
+        let Some(recorded) = recorded.as_deref().and_then(keys::parse_layout) else {
             return Err(BackendError::Misconfigured(format!(
                 "no deployment under prefix `{}` on this Redis (no layout recorded): \
                  check the URL and the prefix",
                 config.prefix
             )));
         };
-        config.partitions = Some(partitions);
-        config.layout = layout;
+        config.partitions = Some(recorded.partitions);
+        config.process_partitions = Some(recorded.process_partitions);
+        config.layout = recorded.layout;
         Ok(RedisBackend::with_server(
             probe.shared.server.clone(),
             config,
@@ -449,12 +461,21 @@ impl RedisBackend {
             KeyLayout::Auto => KeyLayout::Compact,
             chosen => chosen,
         };
+        let spread = layout == KeyLayout::Spread;
+        let pm_count = match spread {
+            true => config.process_partitions.unwrap_or(PROCESS_PARTITIONS),
+            false => PROCESS_PARTITIONS,
+        };
         config.partitions = Some(partitions);
         config.layout = layout;
+        let asked = config.process_partitions;
+        config.process_partitions = Some(pm_count);
+        let keys = Keys::new(&config.prefix, partitions, pm_count, spread);
         RedisBackend {
             shared: Arc::new(Shared {
                 server,
-                keys: Keys::new(&config.prefix, partitions, layout == KeyLayout::Spread),
+                asked_process_partitions: asked,
+                keys,
                 config,
                 readers: Mutex::new(HashMap::new()),
                 dead_letters_max: std::sync::atomic::AtomicUsize::new(100_000),
@@ -469,6 +490,23 @@ impl RedisBackend {
     /// count, so a different count would not find the tasks in flight (nor
     /// their queues). The first backend to connect records it.
     async fn check_layout(&self) -> Result<(), BackendError> {
+        let prefix = &self.shared.config.prefix;
+        match (self.keys().spread(), self.shared.asked_process_partitions) {
+            (false, Some(n)) if n != PROCESS_PARTITIONS => {
+                return Err(BackendError::Misconfigured(format!(
+                    "`RedisConfig::process_partitions` is {n}, but the compact layout (a single \
+                     server or Sentinel) has {PROCESS_PARTITIONS}: leave it `None`, or use the \
+                     spread layout (`layout: KeyLayout::Spread`)"
+                )))
+            }
+            (true, Some(n)) if !(1..=MAX_PROCESS_PARTITIONS).contains(&n) => {
+                return Err(BackendError::Misconfigured(format!(
+                    "`RedisConfig::process_partitions` is {n}: give 1 to \
+                     {MAX_PROCESS_PARTITIONS} (each engine's share of them is a 64-bit mask)"
+                )))
+            }
+            _ => {}
+        }
         let record = self.keys().layout_record();
         let key = self.keys().layout();
         let (_, stored): (Option<String>, String) = redis::pipe()
@@ -484,16 +522,25 @@ impl RedisBackend {
         if stored == record {
             return Ok(());
         }
-        let prefix = &self.shared.config.prefix;
-        let (mine, my_layout) = keys::parse_layout(&record).unwrap_or((0, KeyLayout::Compact));
+        let mine = keys::parse_layout(&record).expect("a layout this version writes");
         Err(BackendError::Misconfigured(
             match keys::parse_layout(&stored) {
-                Some((partitions, layout)) => format!(
-                "`RedisConfig::partitions` is {mine} ({my_layout:?} layout), but the data under \
-                 prefix `{prefix}` was written with {partitions} partitions ({layout:?} layout): \
-                 tasks would not be found where they are. Set `partitions: Some({partitions})` \
-                 and `layout: KeyLayout::{layout:?}`, or start the new layout under another \
-                 `prefix` and let the old deployment drain"
+                Some(theirs) => format!(
+                "`RedisConfig::partitions` is {} ({:?} layout, {} process-manager partitions), \
+                 but the data under prefix `{prefix}` was written with {} partitions ({:?} \
+                 layout, {} process-manager partitions): tasks would not be found where they \
+                 are. Set `partitions: Some({})`, `layout: KeyLayout::{:?}` and \
+                 `process_partitions: Some({})`, or start the new layout under another \
+                 `prefix` and let the old deployment drain",
+                mine.partitions,
+                mine.layout,
+                mine.process_partitions,
+                theirs.partitions,
+                theirs.layout,
+                theirs.process_partitions,
+                theirs.partitions,
+                theirs.layout,
+                theirs.process_partitions,
             ),
                 None => format!(
                 "the layout recorded under prefix `{prefix}` (`{stored}`) is not one this version \
@@ -685,12 +732,32 @@ mod tests {
 
     #[test]
     fn layouts_round_trip_through_their_record() {
-        assert_eq!(keys::parse_layout("4"), Some((4, KeyLayout::Compact)));
+        let layout = |partitions, process_partitions, layout| keys::Layout {
+            partitions,
+            process_partitions,
+            layout,
+        };
         assert_eq!(
-            keys::parse_layout(&Keys::new("saga", 16, true).layout_record()),
-            Some((16, KeyLayout::Spread))
+            keys::parse_layout("4"),
+            Some(layout(4, 16, KeyLayout::Compact))
         );
-        assert_eq!(keys::parse_layout("spread/x"), None);
-        assert_eq!(keys::parse_layout("future/3"), None);
+        assert_eq!(
+            keys::parse_layout(&Keys::new("saga", 16, 32, true).layout_record()),
+            Some(layout(16, 32, KeyLayout::Spread))
+        );
+        assert_eq!(
+            keys::parse_layout(&Keys::new("saga", 3, 32, false).layout_record()),
+            Some(layout(3, 16, KeyLayout::Compact)),
+            "the compact layout has 16 process-manager partitions, always"
+        );
+        for bad in [
+            "spread/x/16",
+            "spread/4",
+            "spread/4/65",
+            "spread/4/0",
+            "future/3",
+        ] {
+            assert_eq!(keys::parse_layout(bad), None, "{bad}");
+        }
     }
 }

@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-use super::keys::PROCESS_PARTITIONS;
 use super::{ms, scripts as s, RedisBackend};
 use crate::backend::BackendError;
 
@@ -33,7 +32,7 @@ impl RedisBackend {
                     .arg(k.partition_owner_prefix())
                     .arg(member)
                     .arg(ms(ttl).max(1))
-                    .arg(PROCESS_PARTITIONS)
+                    .arg(k.pm_count())
                     .arg(if leaving { "1" } else { "0" })
                     .arg(match k.spread() {
                         true => String::new(),

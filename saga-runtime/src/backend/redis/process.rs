@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::Value;
 
-use super::keys::{slot, PROCESS_PARTITIONS};
+use super::keys::slot;
 use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, Page, ProcessCommit, ProcessInstance, ProcessStore, Settle,
@@ -639,10 +639,10 @@ impl RedisBackend {
     }
 
     /// A random instance id in partition `k`.
-    fn id_in_partition(process: &str, k: u16) -> String {
+    fn id_in_partition(&self, process: &str, k: u16) -> String {
         loop {
             let id = uuid::Uuid::new_v4().to_string();
-            if super::keys::pm_partition(process, &id) == k {
+            if self.keys().pm_k(process, &id) == k {
                 return id;
             }
         }
@@ -689,7 +689,7 @@ impl ProcessStore for RedisBackend {
 
     fn new_instance_id(&self, process: &str, near: &str) -> String {
         match self.keys().spread() {
-            true => RedisBackend::id_in_partition(process, self.keys().pm_k(process, near)),
+            true => self.id_in_partition(process, self.keys().pm_k(process, near)),
             false => uuid::Uuid::new_v4().to_string(),
         }
     }
@@ -747,7 +747,7 @@ impl ProcessStore for RedisBackend {
             (Some(cursor), true) => {
                 let (part, start) = cursor.split_once('/').ok_or_else(bad)?;
                 let part: u16 = part.parse().map_err(|_| bad())?;
-                if part >= PROCESS_PARTITIONS {
+                if part >= k.pm_count() {
                     return Err(bad());
                 }
                 (part, start.parse().map_err(|_| bad())?)
@@ -765,7 +765,7 @@ impl ProcessStore for RedisBackend {
         let next = match (cursor.as_str(), k.spread()) {
             ("0", false) => None,
             (_, false) => Some(cursor),
-            ("0", true) => (part + 1 < PROCESS_PARTITIONS).then(|| format!("{}/0", part + 1)),
+            ("0", true) => (part + 1 < k.pm_count()).then(|| format!("{}/0", part + 1)),
             (_, true) => Some(format!("{part}/{cursor}")),
         };
         Ok(Page { items, next })
@@ -814,7 +814,7 @@ impl ProcessStore for RedisBackend {
                         .arg(now_ms)
                         .arg(limit)
                         .arg(k.process_prefix(k.process_stream()))
-                        .arg(PROCESS_PARTITIONS),
+                        .arg(k.pm_count()),
                 )
                 .await;
         }
@@ -829,7 +829,7 @@ impl ProcessStore for RedisBackend {
                         .arg(now_ms)
                         .arg(limit)
                         .arg("")
-                        .arg(PROCESS_PARTITIONS),
+                        .arg(k.pm_count()),
                 )
                 .await?;
             most = most.max(moved);

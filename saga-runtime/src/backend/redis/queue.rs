@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::entry::{self, delivery, entries};
-use super::keys::PROCESS_PARTITIONS;
 use super::server::Conn;
 use super::{ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
@@ -185,8 +184,9 @@ impl RedisBackend {
         for p in streams {
             match (k.is_process(*p), k.pm_partition_of(*p)) {
                 (true, Some(part)) if k.spread() => take.arg(format!(
-                    "pm|{}|{part}|{PROCESS_PARTITIONS}",
-                    k.process_prefix(*p)
+                    "pm|{}|{part}|{}",
+                    k.process_prefix(*p),
+                    k.pm_count()
                 )),
                 (true, _) => take.arg(format!("pm|{}", k.process_prefix(*p))),
                 (false, _) => take.arg(k.task_prefix(*p)),
@@ -309,7 +309,7 @@ impl RedisBackend {
     fn streams_for(&self, interest: Interest) -> Vec<u16> {
         let k = self.keys();
         let sagas = (0..k.partitions()).filter(|_| interest.sagas);
-        let owned = (0..PROCESS_PARTITIONS)
+        let owned = (0..k.pm_count())
             .filter(|p| interest.process_partitions & (1 << p) != 0)
             .map(|p| k.process_partition(p));
         let processes = k
