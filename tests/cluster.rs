@@ -44,9 +44,12 @@ mod conformance {
     /// A backend under a prefix of its own: the cases share the cluster.
     async fn fresh(cluster: &TestCluster) -> (Arc<dyn Backend>, ()) {
         let prefix = format!("c{}", uuid::Uuid::new_v4().simple());
+        // Blocking reads of the default length: a case that waits for a
+        // write to wake a blocked read must not see the read give up
+        // first (a write on a cluster may take a relay more).
         let config = RedisConfig {
             visibility_timeout: VISIBILITY,
-            block: Duration::from_millis(50),
+            block: Duration::from_secs(1),
             partitions: Some(3),
             ..super::config(&prefix)
         };

@@ -19,7 +19,13 @@ pub struct TestCluster {
     dir: tempfile::TempDir,
     /// Every node by port; `None` once killed.
     nodes: BTreeMap<u16, Option<Child>>,
+    /// One cluster at a time per test binary: six servers and their
+    /// engines per test, several tests at once, would starve two cores
+    /// (and their free ports could collide).
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A node as `CLUSTER NODES` lists it.
 #[derive(Debug, Clone)]
@@ -59,6 +65,40 @@ fn cluster_port() -> u16 {
     }
 }
 
+/// `redis-cli` with `args`, killed if it has not finished within `limit`.
+fn redis_cli_within(args: &[String], limit: Duration) -> Result<String, String> {
+    let mut child = Command::new("redis-cli")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("redis-cli must be on PATH (it comes with redis-server)");
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            let out = child.wait_with_output().map_err(|e| e.to_string())?;
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return match status.success() {
+                true => Ok(text),
+                false => Err(text),
+            };
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "redis-cli {args:?} did not finish within {limit:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn redis_cli(args: &[String]) -> String {
     let out = Command::new("redis-cli")
         .args(args)
@@ -82,32 +122,62 @@ impl TestCluster {
         TestCluster::start_with(3, 1)
     }
 
-    /// `primaries` shards with `replicas` replicas each.
+    /// `primaries` shards with `replicas` replicas each. A node that could
+    /// not start (its bus port, `port + 10000`, taken meanwhile) would
+    /// leave `redis-cli --cluster create` waiting for ever: the joining is
+    /// bounded, and tried again on new ports.
     pub fn start_with(primaries: usize, replicas: usize) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
         let mut cluster = TestCluster {
-            dir,
+            dir: tempfile::tempdir().expect("tempdir"),
             nodes: BTreeMap::new(),
+            _turn: turn,
         };
-        let ports: Vec<u16> = (0..primaries * (1 + replicas))
-            .map(|_| cluster_port())
-            .collect();
-        for &port in &ports {
-            cluster.spawn(port);
+        for attempt in 1..=3 {
+            let ports: Vec<u16> = (0..primaries * (1 + replicas))
+                .map(|_| cluster_port())
+                .collect();
+            if !ports.iter().all(|&port| cluster.try_spawn(port)) {
+                eprintln!("cluster attempt {attempt}: a node did not start");
+                for child in cluster.nodes.values_mut().flatten() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                cluster.nodes.clear();
+                continue;
+            }
+            let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+            args.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
+            args.extend([
+                "--cluster-replicas".into(),
+                replicas.to_string(),
+                "--cluster-yes".into(),
+            ]);
+            match redis_cli_within(&args, Duration::from_secs(30)) {
+                Ok(_) => {
+                    cluster.wait_healthy();
+                    return cluster;
+                }
+                Err(why) => {
+                    eprintln!("cluster create attempt {attempt} failed: {why}");
+                    for child in cluster.nodes.values_mut().flatten() {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    cluster.nodes.clear();
+                }
+            }
         }
-        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
-        args.extend(ports.iter().map(|p| format!("127.0.0.1:{p}")));
-        args.extend([
-            "--cluster-replicas".into(),
-            replicas.to_string(),
-            "--cluster-yes".into(),
-        ]);
-        redis_cli(&args);
-        cluster.wait_healthy();
-        cluster
+        panic!("could not create a test cluster in 3 attempts");
     }
 
     fn spawn(&mut self, port: u16) {
+        assert!(self.try_spawn(port), "redis-server on {port} did not start");
+    }
+
+    /// Starts a node on `port`; `false` if it did not come up (it exits at
+    /// once when its cluster bus port is taken).
+    fn try_spawn(&mut self, port: u16) -> bool {
         let data = self.dir.path().join(format!("node-{port}"));
         std::fs::create_dir_all(&data).unwrap();
         let child = Command::new("redis-server")
@@ -134,9 +204,14 @@ impl TestCluster {
             .spawn()
             .expect("redis-server must be on PATH (apt-get install redis-server)");
         self.nodes.insert(port, Some(child));
-        wait_for("redis-server to start", Duration::from_secs(10), || {
-            conn(port).is_some()
-        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while conn(port).is_none() {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        true
     }
 
     /// Waits until every live node reports the cluster healthy, with every
