@@ -266,7 +266,7 @@ async fn main() {
     let ports = cluster.primaries();
     println!(
         "Redis Cluster of {} primaries (no replicas) on loopback; {tasks} tasks of 3 no-op steps, \
-         16 partitions",
+         24 partitions",
         ports.len()
     );
     let counted = run(&cluster.url(), &ports, tasks.min(1000), 4, 16, true, false).await;

@@ -31,6 +31,8 @@ pub(crate) struct Keys {
     pm_tags: Vec<String>,
     /// How many process-manager partitions.
     pm_count: u16,
+    /// The hash tag of the control keys (see [`pm_tag`](Self::pm_tag)).
+    control: String,
     spread: bool,
 }
 
@@ -146,6 +148,14 @@ impl Keys {
                 false => vec![format!("{{{pm_base}}}")],
             },
             pm_count,
+            // Spread: in the first band of the slot range, with the first
+            // partitions (whose primary holds no more of them than any
+            // other), so that the control keys' traffic does not fall on
+            // a primary that holds one partition more than the others.
+            control: match spread {
+                true => partition_tag(&format!("{prefix}:ctl"), 0, pm_count.max(partitions), true),
+                false => format!("{{{pm_base}}}"),
+            },
             spread,
         }
     }
@@ -389,13 +399,14 @@ impl Keys {
 
     /// The control keys of process managers (partition members and owners,
     /// runners, named leases, the compact layout's shared stream) carry
-    /// this one hash tag. In the compact layout every process-manager key
+    /// this one hash tag: `{<prefix>:pm}`, or in the spread layout
+    /// `{<prefix>:ctl.<s>}`, placed in the first band of the slot range. In the compact layout every process-manager key
     /// does: instances, correlation entries, the queues, the schedule and
     /// the endpoint streams of all process managers live in one slot, so
     /// each commit (state, correlation entries, outbox, acknowledgement) is
     /// one script.
     fn pm_tag(&self) -> String {
-        format!("{}:{{{}:pm}}", self.prefix, self.prefix)
+        format!("{}:{}", self.prefix, self.control)
     }
 
     /// What the keys of process-manager partition `k` start with: its

@@ -89,9 +89,10 @@ pub struct RedisConfig {
     /// (default [`KeyLayout::Auto`]). Recorded with the partition count.
     pub layout: KeyLayout,
     /// Number of process-manager partitions in the spread layout: `None`
-    /// (the default) is [`PROCESS_PARTITIONS`] (16), at most
+    /// (the default) is [`CLUSTER_PARTITIONS`] (24), at most
     /// [`MAX_PROCESS_PARTITIONS`] (64): each engine that runs process
-    /// managers owns a share of them. The compact layout has 16, always.
+    /// managers owns a share of them. The compact layout has
+    /// [`PROCESS_PARTITIONS`] (16), always.
     /// Recorded with the partition count.
     pub process_partitions: Option<u16>,
     /// Consumer group name (default `workers`).
@@ -114,10 +115,12 @@ pub struct RedisConfig {
 }
 
 /// The saga partitions of a deployment on Redis Cluster unless
-/// [`RedisConfig::partitions`] says otherwise: enough for every primary of
-/// a cluster of up to sixteen shards to hold some, few enough that an idle
+/// [`RedisConfig::partitions`] says otherwise, and its process-manager
+/// partitions unless [`RedisConfig::process_partitions`] does: 24 divide
+/// evenly among 2, 3, 4, 6, 8 or 12 primaries (16 would leave one of 3
+/// with 6 of them, 37.5% of the work), and few enough that an idle
 /// worker's round of reads stays short.
-pub const CLUSTER_PARTITIONS: u16 = 16;
+pub const CLUSTER_PARTITIONS: u16 = 24;
 
 pub use keys::{MAX_PROCESS_PARTITIONS, PROCESS_PARTITIONS};
 
@@ -463,7 +466,7 @@ impl RedisBackend {
         };
         let spread = layout == KeyLayout::Spread;
         let pm_count = match spread {
-            true => config.process_partitions.unwrap_or(PROCESS_PARTITIONS),
+            true => config.process_partitions.unwrap_or(CLUSTER_PARTITIONS),
             false => PROCESS_PARTITIONS,
         };
         config.partitions = Some(partitions);
