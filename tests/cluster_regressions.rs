@@ -1037,3 +1037,318 @@ mod many {
         engine.shutdown().await;
     }
 }
+
+/// The second review's scenarios: 64 process-manager partitions all read,
+/// a prefix with braces refused rather than hanging, pages of process
+/// instances that hold about `limit` instances, and connections cut on
+/// every node mid-run. (Each numbered comment says what went wrong before
+/// its fix.)
+mod second_review {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use crate::common::redis_cluster::TestCluster;
+    use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+    use saga_runtime::prelude::*;
+    use serde::{Deserialize, Serialize};
+    use tokio::time::Instant;
+
+    fn config() -> RedisConfig {
+        RedisConfig {
+            visibility_timeout: Duration::from_millis(1000),
+            block: Duration::from_millis(100),
+            response_timeout: Duration::from_secs(2),
+            ..RedisConfig::default()
+        }
+    }
+
+    async fn cluster_backend_with(cluster: &TestCluster, config: RedisConfig) -> RedisBackend {
+        let urls = cluster.urls();
+        let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+        RedisBackend::connect_cluster(&nodes, config)
+            .await
+            .expect("connect to the test cluster")
+    }
+
+    async fn until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+        let deadline = Instant::now() + limit;
+        while !done().await {
+            assert!(Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[derive(Message, Serialize, Deserialize)]
+    struct Add {
+        #[correlation_id]
+        key: String,
+    }
+
+    #[derive(Debug, Default, Serialize, Deserialize)]
+    struct Sum {
+        n: u64,
+    }
+
+    struct Adder;
+
+    #[process_manager(name = "adder", state = Sum)]
+    impl Adder {
+        #[starts]
+        async fn add(
+            &self,
+            _m: Add,
+            s: &mut Sum,
+            _ctx: &mut ProcessContext,
+        ) -> Result<(), ProcessError> {
+            s.n += 1;
+            Ok(())
+        }
+    }
+
+    async fn adder_engine(backend: RedisBackend) -> Engine {
+        Engine::builder()
+            .backend(backend)
+            .lock_ttl(Duration::from_millis(1500))
+            .process_manager(Adder)
+            .workers(2)
+            .worker_concurrency(4)
+            .build()
+            .await
+            .unwrap()
+    }
+
+    // ---------------------------------------------------------------------
+    // 1. `process_partitions: Some(64)` (the documented maximum): the BALANCE
+    // script sums `2 ^ k` in Lua doubles and returns the sum as an integer.
+    // Past 53 partitions the mask is no longer exact: one engine owning all
+    // 64 gets 2^64 (out of range of a Redis integer), two engines lose their
+    // low bits. Partitions an engine holds the owner lease of but does not
+    // read: their messages are never handled (no other engine may take them).
+    // ---------------------------------------------------------------------
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sixty_four_process_partitions_are_all_read() {
+        let cluster = TestCluster::start();
+        let backend = cluster_backend_with(
+            &cluster,
+            RedisConfig {
+                process_partitions: Some(64),
+                ..config()
+            },
+        )
+        .await;
+        let engine = adder_engine(backend).await;
+        const N: usize = 40;
+        for i in 0..N {
+            engine
+                .publish(Add {
+                    key: format!("k-{i}"),
+                })
+                .await
+                .unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut handled = 0;
+        while Instant::now() < deadline {
+            handled = engine.process_metrics().handled.load(Ordering::Relaxed);
+            if handled >= N as u64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut missing = Vec::new();
+        for i in 0..N {
+            let key = format!("k-{i}");
+            if engine
+                .process_instance::<Adder>(&key)
+                .await
+                .unwrap()
+                .is_none()
+            {
+                missing.push(key);
+            }
+        }
+        engine.shutdown().await;
+        assert!(
+            missing.is_empty(),
+            "with 64 process-manager partitions, {} of {N} messages never handled in 20 s \
+             (handled: {handled}): {missing:?}",
+            missing.len()
+        );
+    }
+
+    // ---------------------------------------------------------------------
+    // 2. Process-instance paging on a cluster: a page reads one partition's
+    // set (1/24 of the instances), so `process_instances_page(limit = 50)`
+    // over 30 instances returns a handful (often none) with a `next` cursor;
+    // the console shows that first page alone. On one server the same call
+    // returns all 30.
+    // ---------------------------------------------------------------------
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_page_of_process_instances_holds_about_limit_instances() {
+        let cluster = TestCluster::start();
+        let engine = adder_engine(cluster_backend_with(&cluster, config()).await).await;
+        const N: usize = 30;
+        for i in 0..N {
+            engine
+                .publish(Add {
+                    key: format!("p-{i}"),
+                })
+                .await
+                .unwrap();
+        }
+        until(
+            "every instance created",
+            Duration::from_secs(30),
+            async || engine.process_metrics().handled.load(Ordering::Relaxed) >= N as u64,
+        )
+        .await;
+        let first = engine
+            .process_instances_page("adder", None, 50)
+            .await
+            .unwrap();
+        let mut pages = 1;
+        let mut seen = first.instances.len();
+        let mut next = first.next.clone();
+        while let Some(cursor) = next {
+            let page = engine
+                .process_instances_page("adder", Some(&cursor), 50)
+                .await
+                .unwrap();
+            pages += 1;
+            seen += page.instances.len();
+            next = page.next;
+        }
+        engine.shutdown().await;
+        assert_eq!(seen, N, "paging finds every instance");
+        assert!(
+            first.instances.len() == N && first.next.is_none(),
+            "a page of up to 50 over {N} instances returned {} (next: {:?}); walking them all took {pages} pages",
+            first.instances.len(),
+            first.next
+        );
+    }
+
+    // ---------------------------------------------------------------------
+    // 3. A prefix with a hash tag of its own (`app{eu}`, the usual way to
+    // keep an application's keys together, or any prefix holding a `}`):
+    // `keys::partition_tag` searches for a suffix `s` whose tag
+    // `{<prefix>:<p>.<s>}` lands in partition p's band, but the tag Redis
+    // hashes is then `app{eu` whatever `s` is: the search never ends.
+    // `connect_cluster` spins a core for ever and never returns (and never
+    // answers an error).
+    // ---------------------------------------------------------------------
+
+    #[test]
+    fn a_prefix_with_braces_connects_or_is_refused() {
+        let cluster = TestCluster::start();
+        let urls = cluster.urls();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // A thread of its own: the spin is synchronous, a tokio timeout
+        // would never get to run. (Left spinning if it never returns.)
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+            let outcome = rt.block_on(RedisBackend::connect_cluster(
+                &nodes,
+                RedisConfig {
+                    prefix: "app{eu}".into(),
+                    ..config()
+                },
+            ));
+            let _ = tx.send(outcome.map(drop).map_err(|e| e.to_string()));
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(outcome) => eprintln!("connect answered: {outcome:?}"),
+            Err(_) => panic!(
+                "RedisBackend::connect_cluster with prefix `app{{eu}}` neither connected nor \
+                 failed in 20 s (a thread spinning at 100% CPU in keys::partition_tag)"
+            ),
+        }
+    }
+
+    // ---------------------------------------------------------------------
+    // 4. (Held up) Every client connection cut (`CLIENT KILL TYPE normal` on
+    // every primary) three times while sagas and a process manager run.
+    // ---------------------------------------------------------------------
+
+    struct Chain;
+
+    #[saga(name = "chain")]
+    impl Chain {
+        #[saga_step(1)]
+        async fn one(&self, n: u64) -> Result<u64, StepError> {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(n)
+        }
+        #[saga_step(2)]
+        #[retry_policy(max_retries = 3, backoff = constant, base_delay_ms = 50)]
+        async fn two(&self, n: u64, ctx: &StepContext) -> Result<u64, StepError> {
+            if ctx.attempt() == 1 && n.is_multiple_of(3) {
+                return Err(StepError::transient("once"));
+            }
+            Ok(n)
+        }
+        #[saga_step(3)]
+        async fn three(&self, n: u64) -> Result<u64, StepError> {
+            Ok(n + 1)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cut_connections_on_every_node_do_not_stall_the_engine() {
+        let cluster = TestCluster::start();
+        let engine = Engine::builder()
+            .backend(cluster_backend_with(&cluster, config()).await)
+            .lock_ttl(Duration::from_millis(1500))
+            .saga(Chain)
+            .process_manager(Adder)
+            .workers(2)
+            .worker_concurrency(4)
+            .build()
+            .await
+            .unwrap();
+        let mut ids = Vec::new();
+        for n in 0..30u64 {
+            ids.push(engine.start::<Chain>(n).await.unwrap());
+            engine
+                .publish(Add {
+                    key: format!("c-{n}"),
+                })
+                .await
+                .unwrap();
+            if n % 10 == 5 {
+                for port in cluster.primaries() {
+                    let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                        .unwrap()
+                        .get_connection()
+                        .unwrap();
+                    let _: redis::Value = redis::cmd("CLIENT")
+                        .arg("KILL")
+                        .arg("TYPE")
+                        .arg("normal")
+                        .arg("SKIPME")
+                        .arg("yes")
+                        .query(&mut c)
+                        .unwrap();
+                }
+            }
+        }
+        for id in &ids {
+            let task = tokio::time::timeout(Duration::from_secs(30), engine.wait(*id))
+                .await
+                .expect("a task ends within 30 s of cut connections")
+                .unwrap();
+            assert_eq!(task.status, TaskStatus::Completed);
+        }
+        until("every add handled", Duration::from_secs(30), async || {
+            engine.process_metrics().handled.load(Ordering::Relaxed) >= 30
+        })
+        .await;
+        engine.shutdown().await;
+    }
+}

@@ -80,16 +80,19 @@ fn partition_tag(base: &str, p: u16, n: u16, spread: bool) -> String {
     // Past 256 partitions plain tags spread evenly enough by themselves
     // (and the search, in bands a few slots wide, would cost time at
     // every start).
-    if !spread || n > 256 {
+    // A prefix with braces of its own would make Redis hash another tag
+    // than this one, and no suffix would move it: such a prefix is
+    // refused on connecting to a cluster.
+    if !spread || n > 256 || base.contains(['{', '}']) {
         return format!("{{{base}:{p}}}");
     }
     let band = u32::from(SLOTS) / u32::from(n);
     let middle = (u32::from(p) * u32::from(SLOTS) + u32::from(SLOTS) / 2) / u32::from(n);
     let reach = band / 8;
-    (0u32..)
+    (0u32..100_000)
         .map(|s| format!("{{{base}:{p}.{s}}}"))
         .find(|tag| u32::from(slot(tag)).abs_diff(middle) <= reach)
-        .expect("some suffix lands in every band")
+        .unwrap_or_else(|| format!("{{{base}:{p}}}"))
 }
 
 /// A deployment's recorded layout: saga partitions, process-manager

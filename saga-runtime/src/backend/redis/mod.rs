@@ -494,6 +494,13 @@ impl RedisBackend {
     /// their queues). The first backend to connect records it.
     async fn check_layout(&self) -> Result<(), BackendError> {
         let prefix = &self.shared.config.prefix;
+        if self.keys().spread() && prefix.contains(['{', '}']) {
+            return Err(BackendError::Misconfigured(format!(
+                "`RedisConfig::prefix` is `{prefix}`: on a cluster it must not hold `{{` or `}}` \
+                 (the partitions' hash tags are built from it, and Redis would hash the \
+                 prefix's braces instead)"
+            )));
+        }
         match (self.keys().spread(), self.shared.asked_process_partitions) {
             (false, Some(n)) if n != PROCESS_PARTITIONS => {
                 return Err(BackendError::Misconfigured(format!(

@@ -25,7 +25,7 @@ impl RedisBackend {
         leaving: bool,
     ) -> Result<u64, BackendError> {
         let k = self.keys();
-        let owned: i64 = self
+        let owned: Vec<u16> = self
             .run(
                 s::BALANCE
                     .key(k.partition_members())
@@ -40,6 +40,9 @@ impl RedisBackend {
                     }),
             )
             .await?;
-        Ok(owned as u64)
+        Ok(owned
+            .into_iter()
+            .filter(|k| *k < 64)
+            .fold(0, |mask, k| mask | 1 << k))
     }
 }

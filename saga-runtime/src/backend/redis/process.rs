@@ -730,9 +730,9 @@ impl ProcessStore for RedisBackend {
         Ok(list)
     }
 
-    /// A page of one partition's set of instances at a time (compact: the
-    /// one set); the cursor is the set's `SSCAN` cursor, preceded in the
-    /// spread layout by the partition (`<k>/<cursor>`).
+    /// A page of the partitions' sets of instances, scanned in turn
+    /// (compact: the one set); the cursor is the set's `SSCAN` cursor,
+    /// preceded in the spread layout by the partition (`<k>/<cursor>`).
     async fn process_page(
         &self,
         process: &str,
@@ -753,21 +753,35 @@ impl ProcessStore for RedisBackend {
                 (part, start.parse().map_err(|_| bad())?)
             }
         };
-        let (cursor, ids): (String, Vec<String>) = redis::cmd("SSCAN")
-            .arg(k.instances(process, part))
-            .arg(start)
-            .arg("COUNT")
-            .arg(limit.max(1))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        let items = self.load_instances(process, &ids).await?;
-        let next = match (cursor.as_str(), k.spread()) {
-            ("0", false) => None,
-            (_, false) => Some(cursor),
-            ("0", true) => (part + 1 < k.pm_count()).then(|| format!("{}/0", part + 1)),
-            (_, true) => Some(format!("{part}/{cursor}")),
+        // Scans the partitions' sets in turn until about `limit` ids are
+        // gathered (one partition holds a 24th of them) or the last is done.
+        let (mut part, mut start) = (part, start);
+        let mut ids: Vec<String> = Vec::new();
+        let next = loop {
+            let (cursor, found): (String, Vec<String>) = redis::cmd("SSCAN")
+                .arg(k.instances(process, part))
+                .arg(start)
+                .arg("COUNT")
+                .arg(limit.saturating_sub(ids.len()).max(1))
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            ids.extend(found);
+            let next = match (cursor.as_str(), k.spread()) {
+                ("0", false) => None,
+                (_, false) => Some(cursor),
+                ("0", true) => (part + 1 < k.pm_count()).then(|| format!("{}/0", part + 1)),
+                (_, true) => Some(format!("{part}/{cursor}")),
+            };
+            match &next {
+                Some(cursor) if k.spread() && ids.len() < limit => {
+                    let (p, s) = cursor.split_once('/').ok_or_else(bad)?;
+                    (part, start) = (p.parse().map_err(|_| bad())?, s.parse().map_err(|_| bad())?);
+                }
+                _ => break next,
+            }
         };
+        let items = self.load_instances(process, &ids).await?;
         Ok(Page { items, next })
     }
 

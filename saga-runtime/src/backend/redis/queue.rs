@@ -854,8 +854,12 @@ impl WorkQueue for RedisBackend {
 
     async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
         // Nothing is buffered (a read hands out what it takes); the
-        // blocking connection goes.
-        self.reader(consumer, |r| r.conn = None);
+        // consumer's reading state (its blocking connection) goes.
+        self.shared
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(consumer);
         // The last saga reader of this backend gives up its place among the
         // readers, so that the others watch its partitions at once.
         if self.shared.watch.left(consumer) {

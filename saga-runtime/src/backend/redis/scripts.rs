@@ -1045,7 +1045,8 @@ return 0"
 /// by name, member `r` of `n` gets the partitions `k` with `k % n == r`):
 /// takes or renews those of `member` that are free or its own, lets go of
 /// its others (their new owner takes them on its next call), and returns
-/// the partitions it holds now as a bit mask. Leaving lets go of all of
+/// the partitions it holds now, as a list (a bit mask built in Lua, whose
+/// numbers are doubles, would lose partitions past 53). Leaving lets go of all of
 /// them and of the membership. A partition is never held by two members:
 /// an owner lease is taken only where none is. The owner also moves its
 /// partitions' due hand-backs back onto them (as the timer poller does):
@@ -1065,14 +1066,14 @@ else
   size = #members
   for i, m in ipairs(members) do if m == me then rank = i - 1 end end
 end
-local owned = 0
+local owned = {{}}
 for k = 0, n - 1 do
   local key = ARGV[1] .. ':' .. k
   local owner = redis.call('GET', key)
   if rank >= 0 and k % size == rank then
     if not owner or owner == me then
       redis.call('SET', key, me, 'PX', ttl)
-      owned = owned + 2 ^ k
+      owned[#owned + 1] = k
       if ARGV[6] ~= '' then
         move_due(ARGV[6] .. ':delayed:' .. k, ARGV[6] .. ':queue:' .. k, 256)
       end
