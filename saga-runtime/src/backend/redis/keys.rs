@@ -34,6 +34,8 @@ pub(crate) struct Keys {
     /// The hash tag of the control keys (see [`pm_tag`](Self::pm_tag)).
     control: String,
     spread: bool,
+    /// The slot of each stream.
+    slots: Vec<u16>,
 }
 
 /// The number of hash slots of Redis Cluster.
@@ -138,7 +140,7 @@ impl Keys {
         };
         let base = prefix.to_owned();
         let pm_base = format!("{prefix}:pm");
-        Keys {
+        let mut keys = Keys {
             prefix: prefix.to_owned(),
             partitions,
             tags: (0..partitions)
@@ -160,7 +162,10 @@ impl Keys {
                 false => format!("{{{pm_base}}}"),
             },
             spread,
-        }
+            slots: Vec::new(),
+        };
+        keys.slots = (0..keys.streams()).map(|s| slot(&keys.queue(s))).collect();
+        keys
     }
 
     /// What [`parse_layout`] reads back.
@@ -176,9 +181,10 @@ impl Keys {
         self.pm_count
     }
 
-    /// The hash slot of a stream's keys.
+    /// The hash slot of a stream's keys (computed once: reads on a
+    /// cluster group their streams by slot on every receive).
     pub fn stream_slot(&self, stream: u16) -> u16 {
-        slot(&self.queue(stream))
+        self.slots[usize::from(stream)]
     }
 
     pub fn partitions(&self) -> u16 {

@@ -190,6 +190,10 @@ struct Reader {
     next_stream: u16,
     /// The same on a cluster, where a read looks at one slot group.
     next_group: usize,
+    /// On a cluster: the last round of reads found nothing. The next one
+    /// marks the watchers first (see `receive_sharded`); a busy worker
+    /// does not pay for that.
+    idle: bool,
     /// A read failed: a message may have been given to this consumer with
     /// the reply lost. The next read looks at its own pending messages
     /// first, rather than leave them for a visibility timeout.

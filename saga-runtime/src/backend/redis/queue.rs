@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::entry::{self, delivery, entries};
 use super::server::Conn;
+use super::watch::Marks;
 use super::{ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, ForwardTo, Interest,
@@ -409,10 +410,35 @@ impl RedisBackend {
                 .receive_sharded(consumer, streams, interest, wait, max, in_flight)
                 .await;
         }
+        let all = [streams.to_vec()];
+        if let Some(found) = self.recover_or_claim(consumer, &all, in_flight).await? {
+            return Ok(found);
+        }
+        let new = self.take(consumer, streams, false, max).await?;
+        if !new.is_empty() {
+            return Ok(new);
+        }
+        self.read_new(consumer, streams, wait, max).await
+    }
+
+    /// What a read looks at before new messages, from `groups` (streams a
+    /// script may read together): this consumer's own messages whose read
+    /// reply was lost (after a failed read; only once nothing else of this
+    /// consumer is in flight, or those would be handed out twice: until
+    /// then the claim path takes them after the visibility timeout), then,
+    /// every half visibility timeout, messages whose consumer stopped.
+    async fn recover_or_claim(
+        &self,
+        consumer: &str,
+        groups: &[Vec<u16>],
+        in_flight: usize,
+    ) -> Result<Option<Vec<Delivery>>, BackendError> {
         if in_flight == 0 && self.reader(consumer, |r| r.recover) {
-            let own = self.take(consumer, streams, true, 1).await?;
-            if !own.is_empty() {
-                return Ok(own);
+            for group in groups {
+                let own = self.take(consumer, group, true, 1).await?;
+                if !own.is_empty() {
+                    return Ok(Some(own));
+                }
             }
             self.reader(consumer, |r| r.recover = false);
         }
@@ -426,17 +452,14 @@ impl RedisBackend {
             due
         });
         if due {
-            if let Some(delivery) = self.claim(consumer, streams).await? {
+            let streams: Vec<u16> = groups.concat();
+            if let Some(delivery) = self.claim(consumer, &streams).await? {
                 // More may be waiting: claim again on the next receive.
                 self.reader(consumer, |r| r.last_claim = None);
-                return Ok(vec![delivery]);
+                return Ok(Some(vec![delivery]));
             }
         }
-        let new = self.take(consumer, streams, false, max).await?;
-        if !new.is_empty() {
-            return Ok(new);
-        }
-        self.read_new(consumer, streams, wait, max).await
+        Ok(None)
     }
 
     /// [`receive_from`](Self::receive_from) on a cluster, where a script
@@ -454,44 +477,25 @@ impl RedisBackend {
         in_flight: usize,
     ) -> Result<Vec<Delivery>, BackendError> {
         let groups = self.slot_groups(streams);
-        if in_flight == 0 && self.reader(consumer, |r| r.recover) {
-            for group in &groups {
-                let own = self.take(consumer, group, true, 1).await?;
-                if !own.is_empty() {
-                    return Ok(own);
-                }
-            }
-            self.reader(consumer, |r| r.recover = false);
-        }
-        let claim_every =
-            (self.shared.config.visibility_timeout / 2).max(Duration::from_millis(50));
-        let due = self.reader(consumer, |r| {
-            let due = r.last_claim.is_none_or(|at| at.elapsed() >= claim_every);
-            if due {
-                r.last_claim = Some(Instant::now());
-            }
-            due
-        });
-        if due {
-            if let Some(delivery) = self.claim(consumer, streams).await? {
-                self.reader(consumer, |r| r.last_claim = None);
-                return Ok(vec![delivery]);
-            }
+        if let Some(found) = self.recover_or_claim(consumer, &groups, in_flight).await? {
+            return Ok(found);
         }
         let started = Instant::now();
-        let marks = match wait.is_zero() {
-            true => None,
-            false => {
-                let homes = self.homes(consumer, interest, streams).await;
-                let c = &self.shared.config;
-                Some(
-                    self.shared
-                        .watch
-                        .marks(&self.shared.server, &c.group, c.block, &homes),
-                )
-            }
+        // The watchers' counters are marked before a round of reads, so
+        // that a message arriving during the round wakes the wait after
+        // it; a busy worker (its last round found something) skips that
+        // until a round finds nothing, and then reads once more.
+        let watching = !wait.is_zero();
+        let mut marks = match watching && self.reader(consumer, |r| r.idle) {
+            true => Some(self.marks(consumer, interest, streams).await),
+            false => None,
         };
-        let taken = self.take_round(consumer, &groups, max).await?;
+        let mut taken = self.take_round(consumer, &groups, max).await?;
+        if taken.is_empty() && watching && marks.is_none() {
+            marks = Some(self.marks(consumer, interest, streams).await);
+            taken = self.take_round(consumer, &groups, max).await?;
+        }
+        self.reader(consumer, |r| r.idle = taken.is_empty());
         if !taken.is_empty() {
             return Ok(taken);
         }
@@ -515,6 +519,16 @@ impl RedisBackend {
             }
             None => Ok(Vec::new()),
         }
+    }
+
+    /// The watchers' counters of the streams this backend's idle workers
+    /// are woken for (see [`homes`](Self::homes)).
+    async fn marks(&self, consumer: &str, interest: Interest, streams: &[u16]) -> Marks {
+        let homes = self.homes(consumer, interest, streams).await;
+        let c = &self.shared.config;
+        self.shared
+            .watch
+            .marks(&self.shared.server, &c.group, c.block, &homes)
     }
 
     /// Reads each slot group in turn, from where the last round found
