@@ -25,8 +25,7 @@ mod redis_server;
 mod redis_cluster;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -124,42 +123,6 @@ fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Counts the commands clients send to the server on `port` (not those
-/// scripts run) until stopped.
-struct Monitor {
-    child: std::process::Child,
-    reader: std::thread::JoinHandle<u64>,
-}
-
-impl Monitor {
-    fn start(port: u16) -> Self {
-        let mut child = Command::new("redis-cli")
-            .args(["-p", &port.to_string(), "monitor"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("redis-cli must be on PATH");
-        let stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut seen = 0;
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.contains('"') && !line.contains(" lua]") {
-                    seen += 1;
-                }
-            }
-            seen
-        });
-        // MONITOR attaches asynchronously.
-        std::thread::sleep(Duration::from_millis(300));
-        Monitor { child, reader }
-    }
-
-    fn stop(mut self) -> u64 {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.reader.join().unwrap_or(0)
-    }
-}
-
 struct Run {
     steps_per_s: f64,
     /// Per primary: (commands, CPU).
@@ -176,7 +139,7 @@ async fn run(
     tasks: u64,
     workers: usize,
     concurrency: usize,
-    monitor: bool,
+    monitor: Option<&redis_cluster::TestCluster>,
     messages: bool,
 ) -> Run {
     let done = Arc::new(AtomicU64::new(0));
@@ -198,10 +161,7 @@ async fn run(
         cli(port, &["config", "resetstat"]);
     }
     let cpu0: Vec<Duration> = primaries.iter().map(|p| redis_cpu(*p)).collect();
-    let monitors: Vec<Monitor> = match monitor {
-        true => primaries.iter().map(|p| Monitor::start(*p)).collect(),
-        false => Vec::new(),
-    };
+    let monitors = monitor.map(|cluster| (cluster, cluster.monitor()));
     let started = Instant::now();
     let pool = engine(url, &done, workers, concurrency).await;
     while done.load(Ordering::Relaxed) < tasks {
@@ -213,7 +173,7 @@ async fn run(
         true => tasks as f64,
         false => (tasks * 3) as f64,
     };
-    let sent: u64 = monitors.into_iter().map(Monitor::stop).sum();
+    let sent = monitors.map(|(cluster, m)| m.stop(cluster).len());
     let per_primary = primaries
         .iter()
         .zip(cpu0)
@@ -230,7 +190,7 @@ async fn run(
     Run {
         steps_per_s: steps / elapsed.as_secs_f64(),
         per_primary,
-        round_trips_per_step: monitor.then(|| sent as f64 / steps),
+        round_trips_per_step: sent.map(|sent| sent as f64 / steps),
     }
 }
 
@@ -269,7 +229,16 @@ async fn main() {
          24 partitions",
         ports.len()
     );
-    let counted = run(&cluster.url(), &ports, tasks.min(1000), 4, 16, true, false).await;
+    let counted = run(
+        &cluster.url(),
+        &ports,
+        tasks.min(1000),
+        4,
+        16,
+        Some(&cluster),
+        false,
+    )
+    .await;
     println!(
         "  round trips per step (MONITOR on every primary, 4 workers x 16): {:.2}",
         counted.round_trips_per_step.unwrap_or(0.0)
@@ -281,7 +250,7 @@ async fn main() {
             tasks,
             workers,
             concurrency,
-            false,
+            None,
             false,
         )
         .await;
@@ -291,7 +260,7 @@ async fn main() {
         );
         print_spread(&run);
     }
-    let pm = run(&cluster.url(), &ports, tasks, 4, 16, false, true).await;
+    let pm = run(&cluster.url(), &ports, tasks, 4, 16, None, true).await;
     println!(
         "  process manager, {tasks} instances one message each, 4 workers x 16: {:>8.0} messages/s",
         pm.steps_per_s
@@ -299,7 +268,7 @@ async fn main() {
     print_spread(&pm);
     drop(cluster);
     let single = redis_server::TestRedis::start_with_aof(false);
-    let run = run(&single.url(), &[single.port()], tasks, 4, 16, false, false).await;
+    let run = run(&single.url(), &[single.port()], tasks, 4, 16, None, false).await;
     println!(
         "one server, same machine, 4 workers x 16: {:>8.0} steps/s",
         run.steps_per_s

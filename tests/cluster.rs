@@ -26,11 +26,7 @@ fn config(prefix: &str) -> RedisConfig {
 }
 
 async fn backend(cluster: &TestCluster, config: RedisConfig) -> RedisBackend {
-    let urls = cluster.urls();
-    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-    RedisBackend::connect_cluster(&nodes, config)
-        .await
-        .expect("connect to the test cluster")
+    cluster.backend(config).await
 }
 
 mod conformance {

@@ -48,11 +48,7 @@ fn config() -> RedisConfig {
 }
 
 async fn backend(cluster: &TestCluster) -> RedisBackend {
-    let urls = cluster.urls();
-    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-    RedisBackend::connect_cluster(&nodes, config())
-        .await
-        .expect("connect to the test cluster")
+    cluster.backend(config()).await
 }
 
 async fn recorder(record: &TestRedis) -> redis::aio::ConnectionManager {

@@ -32,11 +32,7 @@ fn config() -> RedisConfig {
 }
 
 async fn backend(cluster: &TestCluster) -> RedisBackend {
-    let urls = cluster.urls();
-    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-    RedisBackend::connect_cluster(&nodes, config())
-        .await
-        .expect("connect to the test cluster")
+    cluster.backend(config()).await
 }
 
 #[derive(Debug, Message, Serialize, Deserialize)]
@@ -157,20 +153,10 @@ async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn messages_reach_instances_across_partitions_once_each() {
-    let cluster = TestCluster::start();
-    let engine = Engine::builder()
-        .backend(backend(&cluster).await)
-        .process_manager(Orders)
-        .process_manager(Auditor)
-        .timeout_poll_interval(Duration::from_millis(20))
-        .workers(2)
-        .worker_concurrency(4)
-        .build()
-        .await
-        .unwrap();
-    for i in 0..ORDERS {
+/// Submits orders `0..n` and waits until each asked for its inventory
+/// (its instance exists).
+async fn submit_orders(engine: &Engine, n: usize) {
+    for i in 0..n {
         engine
             .publish(OrderSubmitted {
                 order_id: format!("order-{i}"),
@@ -186,10 +172,14 @@ async fn messages_reach_instances_across_partitions_once_each() {
             .await
             .unwrap()
             .len()
-            >= ORDERS
+            >= n
     })
     .await;
-    for i in 0..ORDERS {
+}
+
+/// Reserves the inventory of orders `0..n`, by order number.
+async fn reserve_orders(engine: &Engine, n: usize) {
+    for i in 0..n {
         engine
             .publish(InventoryReserved {
                 order_number: format!("N-{i}"),
@@ -197,18 +187,42 @@ async fn messages_reach_instances_across_partitions_once_each() {
             .await
             .unwrap();
     }
+}
+
+/// Waits until orders `0..n` are complete (a read that fails, as during a
+/// failover, counts as not yet).
+async fn until_shipped(engine: &Engine, n: usize) {
     until("every order shipped", async || {
         let mut shipped = 0;
-        for i in 0..ORDERS {
+        for i in 0..n {
             let instance = engine
                 .process_instance::<Orders>(&format!("order-{i}"))
                 .await
-                .unwrap();
+                .ok()
+                .flatten();
             shipped += usize::from(instance.is_some_and(|i| i.status == InstanceStatus::Completed));
         }
-        shipped == ORDERS
+        shipped == n
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_reach_instances_across_partitions_once_each() {
+    let cluster = TestCluster::start();
+    let engine = Engine::builder()
+        .backend(backend(&cluster).await)
+        .process_manager(Orders)
+        .process_manager(Auditor)
+        .timeout_poll_interval(Duration::from_millis(20))
+        .workers(2)
+        .worker_concurrency(4)
+        .build()
+        .await
+        .unwrap();
+    submit_orders(&engine, ORDERS).await;
+    reserve_orders(&engine, ORDERS).await;
+    until_shipped(&engine, ORDERS).await;
     for i in 0..ORDERS {
         let id = format!("order-{i}");
         let order = engine
@@ -351,33 +365,8 @@ async fn process_managers_ride_out_a_primary_failover() {
         .await
         .unwrap();
     const N: usize = 40;
-    for i in 0..N {
-        engine
-            .publish(OrderSubmitted {
-                order_id: format!("order-{i}"),
-                order_number: format!("N-{i}"),
-            })
-            .await
-            .unwrap();
-    }
-    until("every order asked for its inventory", async || {
-        engine
-            .backend()
-            .endpoint_messages("inventory")
-            .await
-            .unwrap()
-            .len()
-            >= N
-    })
-    .await;
-    for i in 0..N {
-        engine
-            .publish(InventoryReserved {
-                order_number: format!("N-{i}"),
-            })
-            .await
-            .unwrap();
-    }
+    submit_orders(&engine, N).await;
+    reserve_orders(&engine, N).await;
     let (old, new) = tokio::task::block_in_place(|| {
         // What was acknowledged up to here survives the failover.
         cluster.wait_replicated();
@@ -388,19 +377,7 @@ async fn process_managers_ride_out_a_primary_failover() {
         cluster.restart(victim);
         (victim, new)
     });
-    until("every order shipped after the failover", async || {
-        let mut shipped = 0;
-        for i in 0..N {
-            let instance = engine
-                .process_instance::<Orders>(&format!("order-{i}"))
-                .await
-                .ok()
-                .flatten();
-            shipped += usize::from(instance.is_some_and(|i| i.status == InstanceStatus::Completed));
-        }
-        shipped == N
-    })
-    .await;
+    until_shipped(&engine, N).await;
     for i in 0..N {
         let id = format!("order-{i}");
         let order = engine
@@ -446,45 +423,9 @@ async fn the_process_partition_count_is_the_deployments() {
         .build()
         .await
         .unwrap();
-    for i in 0..40 {
-        engine
-            .publish(OrderSubmitted {
-                order_id: format!("order-{i}"),
-                order_number: format!("N-{i}"),
-            })
-            .await
-            .unwrap();
-    }
-    until("every order asked for its inventory", async || {
-        engine
-            .backend()
-            .endpoint_messages("inventory")
-            .await
-            .unwrap()
-            .len()
-            >= 40
-    })
-    .await;
-    for i in 0..40 {
-        engine
-            .publish(InventoryReserved {
-                order_number: format!("N-{i}"),
-            })
-            .await
-            .unwrap();
-    }
-    until("every order shipped", async || {
-        let mut shipped = 0;
-        for i in 0..40 {
-            let instance = engine
-                .process_instance::<Orders>(&format!("order-{i}"))
-                .await
-                .unwrap();
-            shipped += usize::from(instance.is_some_and(|i| i.status == InstanceStatus::Completed));
-        }
-        shipped == 40
-    })
-    .await;
+    submit_orders(&engine, 40).await;
+    reserve_orders(&engine, 40).await;
+    until_shipped(&engine, 40).await;
     let tags: std::collections::BTreeSet<String> = redis
         .keys()
         .into_iter()

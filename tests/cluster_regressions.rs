@@ -29,11 +29,7 @@ fn config() -> RedisConfig {
 }
 
 async fn cluster_backend(cluster: &TestCluster) -> RedisBackend {
-    let urls = cluster.urls();
-    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-    RedisBackend::connect_cluster(&nodes, config())
-        .await
-        .expect("connect to the test cluster")
+    cluster.backend(config()).await
 }
 
 async fn single_backend(redis: &TestRedis) -> RedisBackend {
@@ -1044,66 +1040,13 @@ mod many {
 /// every node mid-run. (Each numbered comment says what went wrong before
 /// its fix.)
 mod second_review {
-    use std::sync::atomic::Ordering;
-    use std::time::Duration;
-
+    use super::{config, until, Add, Adder};
     use crate::common::redis_cluster::TestCluster;
     use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
     use saga_runtime::prelude::*;
-    use serde::{Deserialize, Serialize};
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
     use tokio::time::Instant;
-
-    fn config() -> RedisConfig {
-        RedisConfig {
-            visibility_timeout: Duration::from_millis(1000),
-            block: Duration::from_millis(100),
-            response_timeout: Duration::from_secs(2),
-            ..RedisConfig::default()
-        }
-    }
-
-    async fn cluster_backend_with(cluster: &TestCluster, config: RedisConfig) -> RedisBackend {
-        let urls = cluster.urls();
-        let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
-        RedisBackend::connect_cluster(&nodes, config)
-            .await
-            .expect("connect to the test cluster")
-    }
-
-    async fn until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
-        let deadline = Instant::now() + limit;
-        while !done().await {
-            assert!(Instant::now() < deadline, "timed out: {what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    #[derive(Message, Serialize, Deserialize)]
-    struct Add {
-        #[correlation_id]
-        key: String,
-    }
-
-    #[derive(Debug, Default, Serialize, Deserialize)]
-    struct Sum {
-        n: u64,
-    }
-
-    struct Adder;
-
-    #[process_manager(name = "adder", state = Sum)]
-    impl Adder {
-        #[starts]
-        async fn add(
-            &self,
-            _m: Add,
-            s: &mut Sum,
-            _ctx: &mut ProcessContext,
-        ) -> Result<(), ProcessError> {
-            s.n += 1;
-            Ok(())
-        }
-    }
 
     async fn adder_engine(backend: RedisBackend) -> Engine {
         Engine::builder()
@@ -1129,14 +1072,12 @@ mod second_review {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sixty_four_process_partitions_are_all_read() {
         let cluster = TestCluster::start();
-        let backend = cluster_backend_with(
-            &cluster,
-            RedisConfig {
+        let backend = cluster
+            .backend(RedisConfig {
                 process_partitions: Some(64),
                 ..config()
-            },
-        )
-        .await;
+            })
+            .await;
         let engine = adder_engine(backend).await;
         const N: usize = 40;
         for i in 0..N {
@@ -1188,7 +1129,7 @@ mod second_review {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_page_of_process_instances_holds_about_limit_instances() {
         let cluster = TestCluster::start();
-        let engine = adder_engine(cluster_backend_with(&cluster, config()).await).await;
+        let engine = adder_engine(cluster.backend(config()).await).await;
         const N: usize = 30;
         for i in 0..N {
             engine
@@ -1303,7 +1244,7 @@ mod second_review {
     async fn cut_connections_on_every_node_do_not_stall_the_engine() {
         let cluster = TestCluster::start();
         let engine = Engine::builder()
-            .backend(cluster_backend_with(&cluster, config()).await)
+            .backend(cluster.backend(config()).await)
             .lock_ttl(Duration::from_millis(1500))
             .saga(Chain)
             .process_manager(Adder)

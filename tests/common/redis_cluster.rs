@@ -100,18 +100,8 @@ fn redis_cli_within(args: &[String], limit: Duration) -> Result<String, String> 
 }
 
 fn redis_cli(args: &[String]) -> String {
-    let out = Command::new("redis-cli")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("redis-cli must be on PATH (it comes with redis-server)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "redis-cli {args:?} failed:\n{text}");
-    text
+    redis_cli_within(args, Duration::from_secs(300))
+        .unwrap_or_else(|why| panic!("redis-cli {args:?} failed:\n{why}"))
 }
 
 impl TestCluster {
@@ -249,6 +239,18 @@ impl TestCluster {
             .keys()
             .map(|p| format!("redis://127.0.0.1:{p}/"))
             .collect()
+    }
+
+    /// A backend on this cluster with `config`.
+    pub async fn backend(
+        &self,
+        config: saga_runtime::backend::redis::RedisConfig,
+    ) -> saga_runtime::backend::redis::RedisBackend {
+        let urls = self.urls();
+        let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+        saga_runtime::backend::redis::RedisBackend::connect_cluster(&nodes, config)
+            .await
+            .expect("connect to the test cluster")
     }
 
     /// The cluster as one URL (`redis+cluster://...`).
