@@ -22,8 +22,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::metrics::{self, BreakerState};
-
 /// `#[circuit_breaker(failure_threshold, duration_secs, scope, when_open)]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CircuitBreakerConfig {
@@ -104,13 +102,26 @@ enum State {
     HalfOpen { probing: bool },
 }
 
+/// A change of a breaker's state, returned to whoever made it so that the
+/// worker can record it (the breaker itself records nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// It opened: the threshold was reached, or the probe failed.
+    Opened,
+    /// Its break ended and a probe was let through (again, after a probe
+    /// that did not happen).
+    HalfOpened,
+    /// It closed: the probe succeeded.
+    Closed,
+}
+
 impl State {
-    /// The state as the `to` label of a transition.
-    fn kind(&self) -> BreakerState {
+    /// The state a transition into it is named by.
+    fn kind(&self) -> Transition {
         match self {
-            State::Closed { .. } => BreakerState::Closed,
-            State::Open { .. } => BreakerState::Open,
-            State::HalfOpen { .. } => BreakerState::HalfOpen,
+            State::Closed { .. } => Transition::Closed,
+            State::Open { .. } => Transition::Opened,
+            State::HalfOpen { .. } => Transition::HalfOpened,
         }
     }
 }
@@ -120,8 +131,6 @@ impl State {
 pub struct CircuitBreaker {
     config: CircuitBreakerConfig,
     state: Mutex<State>,
-    /// The saga and step it guards, for the transition metric.
-    step: Option<(&'static str, &'static str)>,
 }
 
 /// Returned when the circuit rejects a call.
@@ -149,26 +158,6 @@ impl CircuitBreaker {
         CircuitBreaker {
             config,
             state: Mutex::new(State::Closed { failures: 0 }),
-            step: None,
-        }
-    }
-
-    /// The breaker of step `step` of saga `saga`: its state changes are
-    /// counted (`saga_circuit_breaker_transitions_total`).
-    pub(crate) fn for_step(
-        config: CircuitBreakerConfig,
-        saga: &'static str,
-        step: &'static str,
-    ) -> Self {
-        CircuitBreaker {
-            step: Some((saga, step)),
-            ..CircuitBreaker::new(config)
-        }
-    }
-
-    fn changed(&self, to: BreakerState) {
-        if let Some((saga, step)) = self.step {
-            metrics::breaker_transition(saga, step, to);
         }
     }
 
@@ -188,7 +177,8 @@ impl CircuitBreaker {
         }
     }
 
-    /// Asks to make one call.
+    /// Asks to make one call. A permit that [`is_probe`](Permit::is_probe)
+    /// moved the breaker to half-open ([`Transition::HalfOpened`]).
     pub fn try_acquire(&self) -> Result<Permit<'_>, CircuitOpen> {
         let mut state = self.lock();
         let now = Instant::now();
@@ -196,8 +186,6 @@ impl CircuitBreaker {
             State::Closed { .. } => false,
             State::Open { until } if now >= until => {
                 *state = State::HalfOpen { probing: true };
-                drop(state);
-                self.changed(BreakerState::HalfOpen);
                 true
             }
             State::Open { until } => {
@@ -208,8 +196,6 @@ impl CircuitBreaker {
             // The previous probe did not happen after all: another one.
             State::HalfOpen { probing: false } => {
                 *state = State::HalfOpen { probing: true };
-                drop(state);
-                self.changed(BreakerState::HalfOpen);
                 true
             }
             // The probe's outcome is not known yet; it may take as long as
@@ -234,7 +220,7 @@ impl CircuitBreaker {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn record(&self, success: bool) {
+    fn record(&self, success: bool) -> Option<Transition> {
         let mut state = self.lock();
         let before = state.kind();
         *state = match (&*state, success) {
@@ -251,25 +237,23 @@ impl CircuitBreaker {
             },
         };
         let after = state.kind();
-        drop(state);
-        if after != before {
-            self.changed(after);
-        }
+        (after != before).then_some(after)
     }
 }
 
 impl Permit<'_> {
-    /// The call succeeded: close the circuit.
-    pub fn success(mut self) {
+    /// The call succeeded: close the circuit. Returns the change it made.
+    pub fn success(mut self) -> Option<Transition> {
         self.reported = true;
-        self.breaker.record(true);
+        self.breaker.record(true)
     }
 
     /// The call failed transiently: count it (and open the circuit at the
-    /// threshold, or reopen it after a failed probe).
-    pub fn failure(mut self) {
+    /// threshold, or reopen it after a failed probe). Returns the change it
+    /// made.
+    pub fn failure(mut self) -> Option<Transition> {
         self.reported = true;
-        self.breaker.record(false);
+        self.breaker.record(false)
     }
 
     /// Whether this call is the half-open probe.
@@ -324,31 +308,21 @@ mod tests {
         assert_eq!(b.state(), CircuitState::Closed { failures: 0 });
     }
 
-    #[cfg(feature = "metrics")]
     #[tokio::test(start_paused = true)]
-    async fn state_changes_are_counted_by_saga_step_and_new_state() {
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        // A current-thread runtime: everything below records on this thread.
-        let _local = ::metrics::set_default_local_recorder(&recorder);
-        let b = CircuitBreaker::for_step(CircuitBreakerConfig::new(1, 1), "s", "step");
-        b.try_acquire().unwrap().failure();
+    async fn every_state_change_is_returned_once_to_whoever_made_it() {
+        let b = CircuitBreaker::new(CircuitBreakerConfig::new(1, 1));
+        assert_eq!(b.try_acquire().unwrap().failure(), Some(Transition::Opened));
         tokio::time::advance(Duration::from_secs(1)).await;
-        b.try_acquire().unwrap().failure(); // a failed probe
+        let probe = b.try_acquire().unwrap();
+        assert!(probe.is_probe(), "the break's end lets a probe through");
+        assert_eq!(probe.failure(), Some(Transition::Opened), "a failed probe");
         tokio::time::advance(Duration::from_secs(1)).await;
         drop(b.try_acquire().unwrap()); // a probe that did not happen
-        b.try_acquire().unwrap().success();
-        b.try_acquire().unwrap().success(); // closed already
-        let text = recorder.handle().render();
-        let count = |to: &str| {
-            let series = format!(
-                "saga_circuit_breaker_transitions_total{{saga=\"s\",step=\"step\",to=\"{to}\"}} "
-            );
-            let line = text.lines().find(|l| l.starts_with(&series));
-            line.map(|l| l[series.len()..].to_owned())
-        };
-        assert_eq!(count("open").as_deref(), Some("2"), "{text}");
-        assert_eq!(count("half_open").as_deref(), Some("3"), "{text}");
-        assert_eq!(count("closed").as_deref(), Some("1"), "{text}");
+        let probe = b.try_acquire().unwrap();
+        assert!(probe.is_probe(), "another probe, half-open again");
+        assert_eq!(probe.success(), Some(Transition::Closed));
+        assert_eq!(b.try_acquire().unwrap().success(), None, "closed already");
+        assert!(!b.try_acquire().unwrap().is_probe());
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,7 +4,7 @@ use std::future::Future;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::task::TaskId;
+use crate::model::task::TaskId;
 
 /// Passed to every step and compensation that asks for it.
 #[derive(Debug, Clone)]

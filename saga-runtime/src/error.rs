@@ -166,23 +166,23 @@ pub enum Error {
     },
     /// A tally that was never opened, or has expired.
     #[error("{0} does not exist (never opened, or expired: see `OpenTally::keep_for`)")]
-    TallyNotFound(crate::process::TallyRef),
+    TallyNotFound(crate::model::tally::TallyRef),
     /// An item the tally was not opened with.
     #[error("{tally} has no item `{item}`")]
     UnknownTallyItem {
         /// The tally.
-        tally: crate::process::TallyRef,
+        tally: crate::model::tally::TallyRef,
         /// The item checked.
         item: String,
     },
     /// A task id that the store does not know.
     #[error("task {0} does not exist")]
-    TaskNotFound(crate::task::TaskId),
+    TaskNotFound(crate::model::task::TaskId),
     /// A task exists but belongs to another saga than the one named.
     #[error("task {task} belongs to saga `{actual}`, not `{expected}`")]
     WrongSaga {
         /// The task.
-        task: crate::task::TaskId,
+        task: crate::model::task::TaskId,
         /// The saga the caller named.
         expected: String,
         /// The saga the task belongs to.
@@ -220,9 +220,9 @@ pub enum Error {
     #[error("task {id} ended `{status}` without completing{}", reason(.error))]
     TaskDidNotComplete {
         /// The task.
-        id: crate::task::TaskId,
+        id: crate::model::task::TaskId,
         /// How it ended.
-        status: crate::task::TaskStatus,
+        status: crate::model::task::TaskStatus,
         /// Why, as recorded on the task (or on the step it stopped at);
         /// `None` when nothing was recorded, as for a task cancelled
         /// between steps. The task's audit log has the whole story.
@@ -241,20 +241,20 @@ pub enum Error {
     #[error("task {id} is `{status}`: operator actions apply to tasks that ended `CompensationFailed` (resolve, retry the compensation) or `DeadLettered` (resolve, requeue)")]
     NotResolvable {
         /// The task.
-        id: crate::task::TaskId,
+        id: crate::model::task::TaskId,
         /// Its status.
-        status: crate::task::TaskStatus,
+        status: crate::model::task::TaskStatus,
     },
 
     /// The dead letter's task was resolved by hand: requeueing it would run
     /// what the operator settled.
     #[error("task {0} of this dead letter was resolved by hand: it is not requeued")]
-    ResolvedTask(crate::task::TaskId),
+    ResolvedTask(crate::model::task::TaskId),
     /// The dead letter's task no longer exists (it expired after its
     /// retention, or never existed): requeued, the message would only be
     /// dead-lettered again.
     #[error("task {0} of this dead letter no longer exists (its retention ran out): requeueing would only dead-letter it again; discard the letter")]
-    TaskGone(crate::task::TaskId),
+    TaskGone(crate::model::task::TaskId),
     /// A dead letter kept only a prefix of its (huge) payload, so it cannot
     /// be put back on the queue.
     #[error(
@@ -273,7 +273,7 @@ pub enum Error {
         /// The key.
         key: String,
         /// The task it started.
-        task: crate::task::TaskId,
+        task: crate::model::task::TaskId,
     },
     /// A page cursor that no listing returned.
     #[error("{0}")]

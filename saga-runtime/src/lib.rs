@@ -86,15 +86,16 @@ pub mod http;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+pub mod model;
 mod name;
 pub mod otel;
 pub mod policy;
 pub mod process;
 pub mod reconcile;
-mod runtime;
 pub mod saga;
-pub mod task;
+pub use model::task;
 pub mod testing;
+mod util;
 mod worker;
 
 pub use saga_macros::{
@@ -108,22 +109,24 @@ pub use engine::{
     DeadLetterSelection, Engine, EngineBuilder, Intervention, TaskFilter, TaskPage,
 };
 pub use error::{BoxError, Error, StepError, StepErrorKind};
-pub use runtime::{DEFAULT_ATTENTION_RETENTION, DEFAULT_PROCESS_TOMBSTONE_TTL, DEFAULT_RETENTION};
 pub use saga::{Cancellable, Saga};
 pub use task::{AuditAction, AuditEntry, StepRecord, StepStatus, TaskId, TaskInstance, TaskStatus};
+pub use worker::runtime::{
+    DEFAULT_ATTENTION_RETENTION, DEFAULT_PROCESS_TOMBSTONE_TTL, DEFAULT_RETENTION,
+};
 
 /// Everything a saga definition and its caller need.
 pub mod prelude {
     pub use crate::context::StepContext;
     pub use crate::engine::{CancelResult, Engine};
     pub use crate::error::{StepError, StepErrorKind};
+    pub use crate::model::task::{StepStatus, TaskId, TaskInstance, TaskStatus};
     pub use crate::process::{
         ErrorAction, Failure, FailureKind, Message, ProcessContext, ProcessError, ProcessManager,
         TallyCompleted, TallyRef, TallyStatus,
     };
     pub use crate::reconcile::{ReconcileError, ReconcileReport};
     pub use crate::saga::{Cancellable, Saga};
-    pub use crate::task::{StepStatus, TaskId, TaskInstance, TaskStatus};
     pub use saga_macros::{
         cancellable, circuit_breaker, compensate, compensation_retry_policy, correlate, handles,
         on_error, process_manager, retry_policy, saga, saga_step, starts, timeout, Message,

@@ -65,8 +65,8 @@
 
 use crate::backend::Backend;
 use crate::error::StepErrorKind;
+use crate::model::task::TaskStatus;
 use crate::saga::state_machine::{Outcome, Phase};
-use crate::task::TaskStatus;
 
 #[cfg(feature = "metrics")]
 pub use metrics_exporter_prometheus::PrometheusHandle;
@@ -253,6 +253,16 @@ pub(crate) fn task_parked(saga: &str) {
         "status" => status_label(TaskStatus::DeadLettered)
     )
     .increment(1);
+}
+
+impl From<crate::circuit::Transition> for BreakerState {
+    fn from(change: crate::circuit::Transition) -> Self {
+        match change {
+            crate::circuit::Transition::Opened => BreakerState::Open,
+            crate::circuit::Transition::HalfOpened => BreakerState::HalfOpen,
+            crate::circuit::Transition::Closed => BreakerState::Closed,
+        }
+    }
 }
 
 /// A circuit breaker of a saga step changed state.

@@ -22,7 +22,7 @@
 //! OpenTelemetry collector over OTLP/HTTP, for applications that have no
 //! exporter set up yet (the README shows it wired into a subscriber).
 
-use crate::task::TaskInstance;
+use crate::model::task::TaskInstance;
 
 /// A tracer provider exporting spans as OTLP protobuf over HTTP to
 /// `endpoint` (a collector's `/v1/traces`; plain `http://`), batched on a

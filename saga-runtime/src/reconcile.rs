@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
 use crate::error::BoxError;
-use crate::task::{StepStatus, TaskStatus};
+use crate::model::task::{StepStatus, TaskStatus};
 
 /// The default interval between two scans: six hours.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(6 * 60 * 60);

@@ -24,9 +24,9 @@ use super::{
     ProcessStore, QueueMessage, QueueStats, Retention, Settle, Tallies, TaskCommit, TaskQuery,
     TaskStore, WorkItem, WorkQueue,
 };
-use crate::process::tally::{TallyProgress, COMPLETED_TALLY_KEEP};
-use crate::process::{Envelope, TallyCheck, TallyRef};
-use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
+use crate::model::envelope::Envelope;
+use crate::model::tally::{TallyCheck, TallyProgress, TallyRef, COMPLETED_TALLY_KEEP};
+use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
 /// The default visibility timeout: how long a delivered, unsettled message
 /// stays invisible before it is delivered again.

@@ -35,7 +35,6 @@ pub mod memory;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
-mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,13 +42,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::process::tally::TallyProgress;
-use crate::process::{Envelope, TallyCheck, TallyRef};
-use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+use crate::model::envelope::Envelope;
+use crate::model::tally::{TallyCheck, TallyProgress, TallyRef};
+use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 
-pub use wire::{QueueMessage, WorkItem};
+pub use crate::model::process::{
+    InstanceStatus, ProcessAudit, ProcessAuditAction, ProcessInstance,
+};
+pub use crate::model::tally::TallyOpen;
+pub use crate::model::wire::{QueueMessage, WorkItem};
 
 /// A held task lock: a lease, not a mutex. It expires after its TTL unless
 /// extended, and a newer lease makes this one's writes fail.
@@ -421,93 +423,6 @@ pub struct Housekept {
     pub relayed: usize,
 }
 
-/// What happened to a process-manager instance, in its audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind")]
-pub enum ProcessAuditAction {
-    /// The handler ran and its result was saved.
-    Handled,
-    /// The instance was completed by this message.
-    Completed,
-    /// The message arrived after completion (or stop) and was ignored.
-    Ignored {
-        /// Why.
-        reason: String,
-    },
-    /// `#[on_error]` said `Skip`.
-    Skipped {
-        /// The handler's error.
-        error: String,
-    },
-    /// `#[on_error]` said `Stop` (or the default policy gave up).
-    Stopped {
-        /// The handler's error.
-        error: String,
-    },
-}
-
-/// One line of an instance's audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessAudit {
-    /// When.
-    pub at: Timestamp,
-    /// The message's type.
-    pub message_type: String,
-    /// The message's id.
-    pub message_id: String,
-    /// What happened.
-    #[serde(flatten)]
-    pub action: ProcessAuditAction,
-}
-
-/// Where an instance is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum InstanceStatus {
-    /// Handling messages.
-    Active,
-    /// `ctx.mark_complete()`: later messages are ignored.
-    Completed,
-    /// Stopped by `#[on_error]`: later messages are ignored.
-    Stopped,
-}
-
-/// A stored process-manager instance.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProcessInstance {
-    /// The process manager's name.
-    pub process: String,
-    /// The instance's id (its correlation id when a correlation-id message
-    /// created it, else a UUID).
-    pub id: String,
-    /// Unique per creation: an instance deleted and created again under the
-    /// same id has another one, and the timeouts its predecessor requested
-    /// (which carry the predecessor's) are ignored. Empty in records
-    /// written before generations existed.
-    #[serde(default)]
-    pub generation: String,
-    /// The id of the message that created it: kept in its tombstone even
-    /// once `processed` has forgotten it, so that a late duplicate of it
-    /// never starts the process again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_by: Option<String>,
-    /// The state, as JSON.
-    pub state: Value,
-    /// Active, completed or stopped.
-    pub status: InstanceStatus,
-    /// Incremented by every write; writes compare it (0: not stored yet).
-    pub version: u64,
-    /// The correlation entries it owns: `(state field, value)`.
-    pub keys: Vec<(String, String)>,
-    /// Ids of the most recent messages it handled, to drop exact duplicates.
-    pub processed: Vec<String>,
-    /// The most recent events (bounded).
-    pub audit_log: Vec<ProcessAudit>,
-    /// When it was created.
-    pub created_at: Timestamp,
-    /// When it was last written.
-    pub updated_at: Timestamp,
-}
-
 /// One atomic write of the process-manager protocol: the instance (created,
 /// updated or deleted), its correlation entries, the messages its handler
 /// sent, published and scheduled, and the settlement of the message.
@@ -609,21 +524,6 @@ impl<'a> ProcessCommit<'a> {
             batched: Vec::new(),
         }
     }
-}
-
-/// A tally to create with a [`ProcessCommit`].
-#[derive(Debug, Clone)]
-pub struct TallyOpen {
-    /// Which tally.
-    pub tally: TallyRef,
-    /// Its items (duplicates count once).
-    pub items: Vec<String>,
-    /// How long its keys live if it does not complete.
-    pub keep_for: Duration,
-    /// What the check of its last item enqueues, before its deadline...
-    pub completion: Envelope,
-    /// ... and after it.
-    pub completion_late: Envelope,
 }
 
 /// The error type of backend failures that come from below (a dropped
@@ -1414,20 +1314,6 @@ pub trait Breakers: Send + Sync + 'static {
         threshold: u32,
         open_for: Duration,
     ) -> Result<Option<BreakerChange>, BackendError>;
-}
-
-impl ProcessInstance {
-    /// What a tombstone of this instance remembers: the message ids it
-    /// handled, and the one that created it.
-    pub fn handled(&self) -> Vec<String> {
-        let mut ids = self.processed.clone();
-        if let Some(first) = &self.started_by {
-            if !ids.contains(first) {
-                ids.push(first.clone());
-            }
-        }
-        ids
-    }
 }
 
 /// A complete backend: every concern above.

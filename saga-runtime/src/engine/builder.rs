@@ -12,8 +12,8 @@ use crate::backend::Backend;
 use crate::error::Error;
 use crate::policy::RetryPolicy;
 use crate::process::{ErasedProcess, ProcessManager};
-use crate::runtime::{Runtime, Settings};
 use crate::saga::{ErasedSaga, Saga, SagaRegistry};
+use crate::worker::runtime::{Runtime, Settings};
 
 /// Configures an [`Engine`].
 pub struct EngineBuilder {

@@ -13,9 +13,8 @@ use std::time::Duration;
 use super::{CancelResult, Engine};
 use crate::backend::{BackendError, Created, QueueMessage, TaskCursor, TaskQuery};
 use crate::error::Error;
-use crate::policy::Backoff;
+use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 use crate::saga::{Saga, SagaDefinition};
-use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 
 /// Which tasks [`Engine::tasks`] lists, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -148,38 +147,13 @@ impl Engine {
     pub(crate) async fn retrying<T, F, Fut>(
         &self,
         operation: &'static str,
-        mut call: F,
+        call: F,
     ) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, BackendError>>,
     {
-        let mut schedule = self.rt.settings.client_retry.schedule(0);
-        let mut attempts = 0u32;
-        loop {
-            // A dropped connection is only noticed when used, and the
-            // failure sets up a fresh one: each try gets one immediate
-            // second chance on it before we back off.
-            let mut last = None;
-            for _ in 0..2 {
-                attempts += 1;
-                match call().await {
-                    Ok(value) => return Ok(value),
-                    Err(error) if error.is_transient() => last = Some(error),
-                    Err(error) => return Err(error.into()),
-                }
-            }
-            let error = last.expect("both tries failed");
-            let Some(delay) = schedule.next_backoff() else {
-                return Err(Error::Unavailable {
-                    operation,
-                    attempts,
-                    source: error,
-                });
-            };
-            tracing::debug!(operation, %error, ?delay, "backend unavailable; retrying");
-            tokio::time::sleep(delay).await;
-        }
+        self.rt.retrying(operation, call).await
     }
 
     /// Starts a task of saga `S`; returns at once with its id.

@@ -5,7 +5,7 @@
 use super::{Engine, Intervention};
 use crate::backend::{DeadLetter, DeadLetterQuery, Settle};
 use crate::error::Error;
-use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus};
+use crate::model::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus};
 
 /// Which dead letters [`Engine::dead_letters`] lists, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

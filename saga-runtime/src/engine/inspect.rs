@@ -7,8 +7,8 @@ use serde::Serialize;
 use super::Engine;
 use crate::backend::ProcessInstance;
 use crate::error::Error;
+use crate::model::task::{TaskStatus, Timestamp};
 use crate::process::EnvelopeKind;
-use crate::task::{TaskStatus, Timestamp};
 
 /// How many retained tasks of one saga are in each status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

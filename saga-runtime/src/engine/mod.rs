@@ -13,6 +13,7 @@
 
 mod builder;
 mod client;
+mod consumer;
 mod dead_letters;
 mod inspect;
 mod lifecycle;
@@ -27,15 +28,16 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::runtime::Runtime;
+use crate::model::task::TaskId;
+use crate::model::task::TaskStatus;
 use crate::saga::{BoxFuture, Cancellable};
-use crate::task::TaskId;
-use crate::task::TaskStatus;
+use crate::worker::runtime::Runtime;
 
 pub use crate::backend::{DeadLetter, ProcessInstance};
-pub use crate::process::ProcessMetrics;
+pub use crate::worker::process::ProcessMetrics;
 pub use builder::EngineBuilder;
 pub use client::{TaskFilter, TaskPage};
+pub use consumer::Consumer;
 pub use dead_letters::{Bulk, DeadLetterFilter, DeadLetterPage, DeadLetterSelection};
 pub use inspect::{PendingTimeout, ProcessPage, SagaCounts};
 pub use lifecycle::shutdown_signal;

@@ -5,7 +5,7 @@
 use super::Engine;
 use crate::backend::{Locked, Next, QueueMessage, Settle, TaskCommit};
 use crate::error::Error;
-use crate::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
+use crate::model::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
 
 /// Who acted on a task by hand, and why: kept in its audit log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl Engine {
                             step.status = StepStatus::Compensating;
                             step.compensation_retry_base = step.compensation_attempts;
                             // Due now: not an attempt that never reported back.
-                            step.next_attempt_at = Some(crate::task::Timestamp::now());
+                            step.next_attempt_at = Some(crate::model::task::Timestamp::now());
                         }
                     }
                     task.error = None;

@@ -1,9 +1,10 @@
 //! Publishing to process managers and looking at their instances.
 
 use super::Engine;
+use super::ProcessMetrics;
 use crate::backend::{ProcessInstance, WorkItem};
 use crate::error::Error;
-use crate::process::{Envelope, EnvelopeKind, Message, ProcessManager, ProcessMetrics};
+use crate::process::{Envelope, EnvelopeKind, Message, ProcessManager};
 use crate::saga::BoxFuture;
 
 impl Engine {

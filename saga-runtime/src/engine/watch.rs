@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::Engine;
 use crate::error::Error;
-use crate::task::{
+use crate::model::task::{
     AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus, Timestamp,
 };
 

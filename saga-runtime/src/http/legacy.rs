@@ -13,7 +13,7 @@ use super::tasks::cancel_reply;
 use super::ApiState;
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::task::TaskInstance;
+use crate::model::task::TaskInstance;
 
 pub(super) fn routes(mut router: Router<ApiState>, engine: &Engine) -> Router<ApiState> {
     for def in engine.sagas() {

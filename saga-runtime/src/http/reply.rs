@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::backend::BackendError;
 use crate::error::Error;
-use crate::task::TaskId;
+use crate::model::task::TaskId;
 
 /// An error answer.
 #[derive(Debug)]

@@ -18,7 +18,7 @@ use super::reply::{task_id, ApiError};
 use super::ApiState;
 use crate::engine::{CancelResult, Intervention, TaskFilter};
 use crate::error::Error;
-use crate::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 
 /// `GET /api/sagas`: each saga's newest definition.
 pub(super) async fn sagas(State(state): State<ApiState>) -> Json<Value> {

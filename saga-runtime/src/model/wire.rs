@@ -8,8 +8,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::process::Envelope;
-use crate::task::TaskId;
+use crate::model::envelope::Envelope;
+use crate::model::task::TaskId;
 
 /// A saga message: "advance task `task_id` of saga `saga`".
 ///
@@ -92,7 +92,7 @@ impl From<Envelope> for WorkItem {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::process::EnvelopeKind;
+    use crate::model::envelope::EnvelopeKind;
 
     #[test]
     fn entries_round_trip_and_garbage_says_why() {

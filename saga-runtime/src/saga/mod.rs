@@ -6,9 +6,6 @@
 //! steps anyway. Type safety comes from the macro, which checks at compile time
 //! that step N's input is step N-1's output.
 
-use std::future::Future;
-use std::pin::Pin;
-
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -23,8 +20,7 @@ pub(crate) mod state_machine;
 
 pub(crate) use registry::SagaRegistry;
 
-/// A boxed, sendable future.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::util::BoxFuture;
 
 /// The static shape of a saga, produced by `#[saga]`.
 #[derive(Debug)]

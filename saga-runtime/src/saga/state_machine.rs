@@ -24,9 +24,11 @@ use serde_json::{json, Value};
 
 use crate::circuit::CircuitBreakerConfig;
 use crate::error::StepErrorKind;
+use crate::model::task::{
+    AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp,
+};
 use crate::policy::{Backoff, OnExhausted, RetryPolicy};
 use crate::saga::SagaDefinition;
-use crate::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp};
 
 /// Whether an attempt runs a step or its compensation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,11 +31,11 @@ use crate::backend::{
     QueueMessage, QueueStats, Retention, Settle, TakenLease, TallyOpen, TaskCommit, TaskCursor,
     TaskQuery, WorkItem,
 };
-use crate::process::tally::TallyProgress;
-use crate::process::{Envelope, EnvelopeKind, TallyCheck, TallyRef};
-use crate::task::{
+use crate::model::task::{
     AuditAction, AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
 };
+use crate::process::tally::TallyProgress;
+use crate::process::{Envelope, EnvelopeKind, TallyCheck, TallyRef};
 
 /// The visibility timeout the backend under test must be built with.
 pub const VISIBILITY: Duration = Duration::from_millis(400);

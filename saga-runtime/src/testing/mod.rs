@@ -53,9 +53,8 @@ use serde_json::Value;
 
 use crate::backend::memory::MemoryBackend;
 use crate::backend::{ProcessInstance, ProcessStore, Tallies, WorkItem, WorkQueue};
-use crate::process::{
-    dispatch, DispatchEnv, Dispatched, Envelope, EnvelopeKind, Message, ProcessManager,
-};
+use crate::process::{Dispatched, Envelope, EnvelopeKind, Message, ProcessManager};
+use crate::worker::process::dispatch::{dispatch, DispatchEnv};
 
 /// The virtual clock's origin (wall-clock ms), so scheduled times look real.
 const ORIGIN_MS: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
@@ -226,7 +225,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             dead_letter_unmatched: false,
             // Virtual time: a handler is never timed out here.
             handler_timeout: Duration::from_secs(365 * 24 * 60 * 60),
-            tombstone_ttl: crate::runtime::DEFAULT_PROCESS_TOMBSTONE_TTL,
+            tombstone_ttl: crate::worker::runtime::DEFAULT_PROCESS_TOMBSTONE_TTL,
             metrics: None,
             joiners: None,
         };

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use crate::runtime::Runtime;
+use crate::worker::runtime::Runtime;
 
 /// Runs until the engine shuts down.
 pub(crate) async fn run(rt: Arc<Runtime>) {

@@ -12,8 +12,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{BackendError, Delivery, Lease};
-use crate::runtime::Runtime;
-use crate::task::Timestamp;
+use crate::model::task::Timestamp;
+use crate::worker::runtime::Runtime;
 
 /// Releases the lock if processing stops before a commit released it (an
 /// error, or the future being dropped at shutdown), so the task is not

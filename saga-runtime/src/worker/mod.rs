@@ -8,11 +8,12 @@
 //! - `timers`: move due retries and timeouts onto the queue;
 //! - `housekeeping`: retention (expired tasks, dead letters, idle consumers).
 
+pub(crate) mod endpoint;
 mod housekeeping;
-pub(crate) mod instance_lock;
 mod lease;
 pub(crate) mod partitions;
-mod process;
+pub(crate) mod process;
+pub(crate) mod runtime;
 mod saga;
 mod timers;
 
@@ -30,7 +31,7 @@ pub(crate) use timers::run as timers;
 
 use crate::backend::{Delivery, Interest, TakenLease, WorkItem};
 use crate::metrics::DeadLetterKind;
-use crate::runtime::Runtime;
+use runtime::Runtime;
 
 /// How long a worker with free slots (but more than half busy) waits for
 /// more to free up before it reads.
@@ -272,21 +273,14 @@ async fn panicked(rt: &Arc<Runtime>, delivery: &Delivery, what: &str) {
     }
 }
 
-/// The text of a panic's payload.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_owned())
-}
+pub(crate) use crate::util::panic_message;
 
 /// Parks a message on the dead-letter queue, on its own.
 async fn dead_letter(
     rt: &Runtime,
     delivery: &Delivery,
     reason: String,
-    task: Option<crate::task::TaskId>,
+    task: Option<crate::model::task::TaskId>,
 ) {
     tracing::error!(message = %delivery.id, %reason, "dead-lettering message");
     match rt.backend.dead_letter(delivery, &reason, task).await {

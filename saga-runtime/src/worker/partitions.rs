@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use crate::runtime::Runtime;
+use crate::worker::runtime::Runtime;
 
 /// What this engine owns, as last granted.
 #[derive(Default)]

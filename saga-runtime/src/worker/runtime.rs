@@ -11,14 +11,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+
+use std::future::Future;
+
+use crate::backend::BackendError;
+use crate::error::Error;
+use crate::policy::Backoff;
 use tokio_util::task::TaskTracker;
 
+use super::process::ProcessMetrics;
 use crate::backend::{Backend, Retention};
 use crate::circuit::CircuitBreaker;
+use crate::model::task::{TaskId, TaskStatus};
 use crate::policy::{BackoffKind, RetryPolicy};
-use crate::process::{ErasedProcess, ProcessMetrics};
+use crate::process::ErasedProcess;
 use crate::saga::{SagaRegistry, StepDefinition};
-use crate::task::{TaskId, TaskStatus};
 
 /// Tunables shared by every worker of an engine; see the builder methods of
 /// [`EngineBuilder`](crate::engine::EngineBuilder) for what each one means.
@@ -126,9 +133,9 @@ pub(crate) struct Runtime {
     /// exit with a step half-way and a lease held.
     pub tasks: TaskTracker,
     /// One process-manager handler per instance at a time in this process.
-    pub instance_locks: crate::worker::instance_lock::InstanceLocks,
+    pub instance_locks: super::process::instance_lock::InstanceLocks,
     /// The process-manager partitions this engine's workers read.
-    pub partitions: crate::worker::partitions::Ownership,
+    pub partitions: super::partitions::Ownership,
 }
 
 impl Runtime {
@@ -192,9 +199,48 @@ impl Runtime {
         Some(
             breakers
                 .entry((saga, step.name))
-                .or_insert_with(|| Arc::new(CircuitBreaker::for_step(config, saga, step.name)))
+                .or_insert_with(|| Arc::new(CircuitBreaker::new(config)))
                 .clone(),
         )
+    }
+
+    /// Runs `call` until it succeeds, fails for good, or the backend stayed
+    /// unreachable for the whole client retry policy.
+    pub async fn retrying<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        mut call: F,
+    ) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, BackendError>>,
+    {
+        let mut schedule = self.settings.client_retry.schedule(0);
+        let mut attempts = 0u32;
+        loop {
+            // A dropped connection is only noticed when used, and the
+            // failure sets up a fresh one: each try gets one immediate
+            // second chance on it before we back off.
+            let mut last = None;
+            for _ in 0..2 {
+                attempts += 1;
+                match call().await {
+                    Ok(value) => return Ok(value),
+                    Err(error) if error.is_transient() => last = Some(error),
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            let error = last.expect("both tries failed");
+            let Some(delay) = schedule.next_backoff() else {
+                return Err(Error::Unavailable {
+                    operation,
+                    attempts,
+                    source: error,
+                });
+            };
+            tracing::debug!(operation, %error, ?delay, "backend unavailable; retrying");
+            tokio::time::sleep(delay).await;
+        }
     }
 
     /// Registers the token of a task that starts running here; the token is

@@ -31,14 +31,18 @@ use crate::circuit::{BreakerScope, CircuitBreaker, CircuitBreakerConfig, Circuit
 use crate::context::StepContext;
 use crate::error::{StepError, StepErrorKind};
 use crate::metrics::{self, BreakerState, DeadLetterKind};
-use crate::runtime::Runtime;
+use crate::model::task::{TaskInstance, TaskStatus};
 use crate::saga::state_machine::{self as sm, Call, Effects, NextMove, Outcome, Phase, Plan};
 use crate::saga::{ErasedSaga, SagaDefinition, StepDefinition};
-use crate::task::{TaskInstance, TaskStatus};
+use crate::worker::runtime::Runtime;
 
 /// Permission from a step's circuit breaker for one call.
 enum BreakerPermit<'b> {
-    Local(crate::circuit::Permit<'b>),
+    Local {
+        permit: crate::circuit::Permit<'b>,
+        /// The saga and step, for the transition metric.
+        step: (&'static str, &'static str),
+    },
     Shared {
         name: String,
         /// The saga and step, for the transition metric.
@@ -65,9 +69,16 @@ impl BreakerPermit<'_> {
     /// proved nothing (it did not run, or was cut short by cancellation).
     async fn report(self, rt: &Runtime, failed: Option<bool>) {
         match (self, failed) {
-            (BreakerPermit::Local(permit), Some(false)) => permit.success(),
-            (BreakerPermit::Local(permit), Some(true)) => permit.failure(),
-            (BreakerPermit::Local(permit), None) => drop(permit),
+            (BreakerPermit::Local { permit, step }, Some(failed)) => {
+                let change = match failed {
+                    false => permit.success(),
+                    true => permit.failure(),
+                };
+                if let Some(change) = change {
+                    metrics::breaker_transition(step.0, step.1, change.into());
+                }
+            }
+            (BreakerPermit::Local { permit, .. }, None) => drop(permit),
             (
                 BreakerPermit::Shared {
                     name,
@@ -446,7 +457,7 @@ enum Attempted {
     /// Going on with the task was refused: its cancellation was requested
     /// at `at`. `before` is the task as it was before the refused attempt.
     Cancelled {
-        at: crate::task::Timestamp,
+        at: crate::model::task::Timestamp,
         before: Box<TaskInstance>,
     },
 }
@@ -461,7 +472,7 @@ impl Run<'_> {
     async fn advance(
         &self,
         mut task: TaskInstance,
-        cancel: Option<crate::task::Timestamp>,
+        cancel: Option<crate::model::task::Timestamp>,
     ) -> Result<(), BackendError> {
         // The status stored under the task's current version.
         let mut stored = task.status;
@@ -679,7 +690,19 @@ impl Run<'_> {
         };
         match config.scope {
             BreakerScope::Process => match local.map(CircuitBreaker::try_acquire) {
-                Some(Ok(permit)) => Ok(Some(BreakerPermit::Local(permit))),
+                Some(Ok(permit)) => {
+                    if permit.is_probe() {
+                        metrics::breaker_transition(
+                            self.def.name,
+                            step.name,
+                            BreakerState::HalfOpen,
+                        );
+                    }
+                    Ok(Some(BreakerPermit::Local {
+                        permit,
+                        step: (self.def.name, step.name),
+                    }))
+                }
                 Some(Err(open)) => Err(refused(open.retry_after)),
                 None => Ok(None),
             },
@@ -960,7 +983,7 @@ impl Run<'_> {
     /// without retries would fail its task over a network hiccup.
     async fn persist<T, F, Fut>(
         &self,
-        id: crate::task::TaskId,
+        id: crate::model::task::TaskId,
         version: u64,
         mut write: F,
     ) -> Result<Result<T, u64>, BackendError>

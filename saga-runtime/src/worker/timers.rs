@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::runtime::Runtime;
-use crate::task::Timestamp;
+use crate::model::task::Timestamp;
+use crate::worker::runtime::Runtime;
 
 /// Entries moved per backend call.
 const BATCH: usize = 256;

@@ -11,7 +11,7 @@ use redis::Value;
 use super::entry::{self, entries};
 use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{truncate_payload, BackendError, DeadLetter, EndpointDelivery, Endpoints};
-use crate::task::Timestamp;
+use crate::model::task::Timestamp;
 
 /// The envelope of an entry: the `envelope` field (the `payload` field of
 /// entries written before it had that name).

@@ -19,7 +19,7 @@ use super::server::Server;
 use futures::StreamExt;
 use tokio::sync::broadcast;
 
-use crate::task::TaskId;
+use crate::model::task::TaskId;
 
 /// How many recently finished ids are remembered.
 const RECENT: usize = 4096;

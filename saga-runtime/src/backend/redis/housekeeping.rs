@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::{ms, scripts as s, RedisBackend};
 use crate::backend::{BackendError, Housekeeping, Housekept, Leases, Retention};
-use crate::task::{TaskId, TaskStatus};
+use crate::model::task::{TaskId, TaskStatus};
 
 /// Tasks purged per script call.
 const PURGE_BATCH: usize = 100;

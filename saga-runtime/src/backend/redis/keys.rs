@@ -15,8 +15,9 @@
 //! consecutive numbers would land wherever CRC16 puts them: with 16
 //! partitions on 3 shards, one shard could hold half of them).
 
-use crate::process::{Envelope, TallyRef};
-use crate::task::{TaskId, TaskStatus};
+use crate::model::envelope::Envelope;
+use crate::model::tally::TallyRef;
+use crate::model::task::{TaskId, TaskStatus};
 
 use super::KeyLayout;
 
@@ -321,7 +322,7 @@ impl Keys {
         self.task_key("cancel", id)
     }
     /// The audit log: a list of JSON entries, appended by each write and
-    /// capped ([`AUDIT_LOG_CAP`](crate::task::AUDIT_LOG_CAP)).
+    /// capped ([`AUDIT_LOG_CAP`](crate::model::task::AUDIT_LOG_CAP)).
     pub fn audit(&self, id: TaskId) -> String {
         self.task_key("audit", id)
     }
@@ -717,7 +718,7 @@ mod tests {
                     process: "fulfillment".into(),
                     message_type: "t".into(),
                     payload: serde_json::Value::Null,
-                    kind: crate::process::EnvelopeKind::Timeout,
+                    kind: crate::model::envelope::EnvelopeKind::Timeout,
                     instance_id: Some(id.clone()),
                     generation: None,
                     failures: 0,

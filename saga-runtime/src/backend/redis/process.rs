@@ -11,7 +11,7 @@ use crate::backend::{
     truncate_payload, BackendError, Page, ProcessCommit, ProcessInstance, ProcessStore, Settle,
     WorkItem,
 };
-use crate::process::Envelope;
+use crate::model::envelope::Envelope;
 
 /// How long a claim of a correlation entry in another slot than its
 /// instance's counts as in flight (see `CLAIM_ENTRY`): far longer than the

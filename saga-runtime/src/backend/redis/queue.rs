@@ -18,8 +18,8 @@ use crate::backend::{
     truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, ForwardTo, Interest,
     Lease, LoadedInstance, Locked, Page, QueueStats, TakenLease, TaskStore, WorkItem, WorkQueue,
 };
-use crate::process::Envelope;
-use crate::task::{TaskId, Timestamp};
+use crate::model::envelope::Envelope;
+use crate::model::task::{TaskId, Timestamp};
 
 /// Messages taken over per stream per claim. One: a message claimed but
 /// not yet started is not kept alive by anyone, and would be claimed again

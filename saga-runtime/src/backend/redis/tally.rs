@@ -12,8 +12,7 @@ use redis::Value;
 
 use super::{corrupt, entry, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{BackendError, Tallies};
-use crate::process::tally::{TallyProgress, COMPLETED_TALLY_KEEP};
-use crate::process::{TallyCheck, TallyRef};
+use crate::model::tally::{TallyCheck, TallyProgress, TallyRef, COMPLETED_TALLY_KEEP};
 
 /// Open tallies looked at per round trip by housekeeping.
 const SWEEP_BATCH: usize = 200;

@@ -13,7 +13,7 @@ use crate::backend::{
     truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
     QueueMessage, Settle, TaskCommit, TaskCursor, TaskQuery, TaskStore, WorkItem,
 };
-use crate::task::{StepRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
+use crate::model::task::{StepRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
 /// A stored cancellation flag (`<ms>|<token>`; plain `<ms>` is accepted).
 pub(super) fn cancel_time(stored: Option<String>) -> Option<Timestamp> {
@@ -752,7 +752,7 @@ impl TaskStore for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::{AuditAction, AuditEntry};
+    use crate::model::task::{AuditAction, AuditEntry};
 
     #[test]
     fn the_stored_record_is_the_task_without_its_audit_log() {

@@ -9,9 +9,9 @@
 use serde_json::json;
 
 use super::*;
+use crate::model::task::StepRecord;
 use crate::policy::BackoffKind;
 use crate::saga::{CompensationDefinition, StepDefinition};
-use crate::task::StepRecord;
 
 const W: &str = "w-1";
 const W2: &str = "w-2";

@@ -17,10 +17,10 @@ use tokio::sync::oneshot;
 
 use super::dispatch::DispatchEnv;
 use super::effects::{effects, run_handler, Effects};
-use super::{
+use crate::backend::{Batched, Delivery, InstanceStatus, ProcessInstance};
+use crate::process::{
     Correlation, Dispatched, Envelope, EnvelopeKind, ErasedProcess, HandlerKind, ProcessContext,
 };
-use crate::backend::{Batched, Delivery, InstanceStatus, ProcessInstance};
 
 /// Messages one write takes at most: a bound on the script's size and on
 /// how long the others wait for it.
@@ -155,7 +155,7 @@ async fn apply(
     }
     let mut next = instance.clone();
     // Its delays run from when it ran, not from when the first did.
-    let now_ms = env.now_ms.max(crate::task::Timestamp::now().0);
+    let now_ms = env.now_ms.max(crate::model::task::Timestamp::now().0);
     let fx = effects(def, env, now_ms, &mut next, envelope, &ctx, handled);
     // The same correlation values: the entries this write claims and
     // releases are the first message's (each save also re-joins shared

@@ -10,69 +10,21 @@ use serde_json::Value;
 
 use super::batch::{self, Joiners};
 use super::effects::{effects, run_handler};
-use super::tally;
-use super::{
-    Correlation, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure, FailureKind,
-    HandlerKind, ProcessContext,
-};
 use crate::backend::{
-    Backend, BackendError, Delivery, InstanceStatus, LoadedInstance, ProcessAudit,
-    ProcessAuditAction, ProcessCommit, ProcessInstance, Settle,
+    Backend, BackendError, Delivery, InstanceStatus, LoadedInstance, ProcessAuditAction,
+    ProcessCommit, ProcessInstance, Settle,
 };
-use crate::task::Timestamp;
+use crate::model::task::Timestamp;
+use crate::process::machine::{audit, due};
+use crate::process::tally;
+use crate::process::{
+    Correlation, Dispatched, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, Failure,
+    FailureKind, HandlerKind, ProcessContext,
+};
 
 /// How many times a handler is re-run after losing a concurrent write,
 /// before the message is handed back for redelivery.
 const CONFLICT_RETRIES: u32 = 64;
-/// Audit entries kept per instance.
-const AUDIT_MEMORY: usize = 64;
-
-/// What happened to a message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Dispatched {
-    /// The handler ran and its result was saved.
-    Handled {
-        /// The instance.
-        instance: String,
-        /// Whether this message created it.
-        created: bool,
-    },
-    /// The instance had already handled a message with this id.
-    Duplicate {
-        /// The instance.
-        instance: String,
-    },
-    /// The instance is complete or stopped (or, for a timeout, gone).
-    Ignored {
-        /// Why.
-        reason: String,
-    },
-    /// A continuing message found no instance: logged, counted and, if
-    /// configured, dead-lettered.
-    Unmatched {
-        /// The correlation value that matched nothing.
-        key: String,
-    },
-    /// The handler (or strict routing) failed; `#[on_error]` chose `action`.
-    Failed {
-        /// The action taken.
-        action: ErrorAction,
-        /// The error.
-        error: String,
-    },
-    /// A `#[handles(many)]` message was handed to each of the instances
-    /// sharing its value (each copy then has its own outcome).
-    FannedOut {
-        /// How many.
-        instances: usize,
-    },
-    /// The message cannot be handled at all (malformed payload, no
-    /// correlation id): parked on the dead-letter queue.
-    DeadLettered {
-        /// Why.
-        reason: String,
-    },
-}
 
 /// `(process, message type, payload) -> (key, key_field)`.
 pub(crate) type RoutingKey<'a> =
@@ -158,21 +110,6 @@ async fn tally_report(
             })
         }
     })
-}
-
-pub(super) fn audit(
-    instance: &mut ProcessInstance,
-    envelope: &Envelope,
-    action: ProcessAuditAction,
-) {
-    instance.audit_log.push(ProcessAudit {
-        at: Timestamp::now(),
-        message_type: envelope.message_type.clone(),
-        message_id: envelope.message_id.clone(),
-        action,
-    });
-    let excess = instance.audit_log.len().saturating_sub(AUDIT_MEMORY);
-    instance.audit_log.drain(..excess);
 }
 
 fn is_conflict(e: &BackendError) -> bool {
@@ -642,42 +579,6 @@ async fn fan_out(
         .collect();
     env.backend.process_commit(process, write).await?;
     Ok(Dispatched::FannedOut { instances })
-}
-
-/// When something `delay` from `now_ms` is due, saturating rather than
-/// overflowing for absurd delays.
-pub(crate) fn due(now_ms: u64, delay: std::time::Duration) -> u64 {
-    now_ms.saturating_add(delay.as_millis().min(u64::MAX as u128) as u64)
-}
-
-/// The id of a message a handler emits: derived from the message being
-/// handled, so a handler re-run after a write conflict (or a redelivery)
-/// emits the same ids, and receivers can drop the duplicates.
-pub(crate) fn derived_id(parent: &str, instance: &str, n: &str) -> String {
-    let name = format!("{parent}/{instance}/{n}");
-    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
-}
-
-/// The envelope of a message a handler sends (see [`crate::endpoint`]).
-pub(super) fn sent(
-    message_id: String,
-    from: &str,
-    instance: &str,
-    out: &super::Outgoing,
-    now_ms: u64,
-) -> String {
-    crate::endpoint::EndpointMessage {
-        v: crate::endpoint::ENVELOPE_VERSION,
-        message_id,
-        message_type: out.message_type.clone(),
-        from: from.to_owned(),
-        correlation_id: out.correlation_id.clone(),
-        headers: [("instance".to_owned(), instance.to_owned())].into(),
-        sent_at: now_ms,
-        payload: out.payload.clone(),
-        deliveries: 0,
-    }
-    .encode()
 }
 
 /// Asks `#[on_error]` and carries out its answer.

@@ -8,12 +8,13 @@ use std::panic::AssertUnwindSafe;
 use futures::FutureExt;
 use serde_json::Value;
 
-use super::dispatch::{audit, derived_id, due, sent, DispatchEnv};
-use super::{
+use super::dispatch::DispatchEnv;
+use crate::backend::{InstanceStatus, ProcessAuditAction, ProcessInstance, TallyOpen};
+use crate::process::machine::{audit, derived_id, due, sent};
+use crate::process::{
     tally, Envelope, EnvelopeKind, ErasedProcess, Handled, OnComplete, ProcessContext,
     ProcessDefinition, ProcessError, Target,
 };
-use crate::backend::{InstanceStatus, ProcessAuditAction, ProcessInstance, TallyOpen};
 
 /// Message ids remembered per instance to drop exact duplicates.
 const PROCESSED_MEMORY: usize = 128;
@@ -174,7 +175,7 @@ pub(super) fn effects(
                     });
                 }
                 endpoints.push((
-                    crate::endpoint::PUBLISHED.to_owned(),
+                    crate::model::endpoint::PUBLISHED.to_owned(),
                     sent(message_id, process, &instance.id, out, now_ms),
                 ));
             }

@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{oneshot, OwnedMutexGuard};
 
+use super::batch::{Joined, Joiners};
 use crate::backend::LoadedInstance;
-use crate::process::{Dispatched, Joined, Joiners};
+use crate::process::Dispatched;
 
 /// What a lock holder leaves the next one: the instance as it saved it,
 /// and (pessimistic mode) the instance's lease, still held, so the next

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Dispatched;
+use crate::process::Dispatched;
 
 /// Counters of process-manager outcomes in this engine (like metrics: per
 /// process, since start).

@@ -8,16 +8,26 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
-use super::instance_lock::{Cached, HeldLease, Locked};
+mod batch;
+pub(crate) mod dispatch;
+mod effects;
+pub(crate) mod instance_lock;
+mod metrics;
+
+use batch::{Joined, Joiners};
+use dispatch::{dispatch, DispatchEnv};
+use instance_lock::{Cached, HeldLease, Locked};
+pub use metrics::ProcessMetrics;
+
+use super::runtime::Runtime;
 use crate::backend::{Backend, BackendError, Delivery, ForwardTo};
 use crate::metrics::DeadLetterKind;
+use crate::model::task::Timestamp;
 use crate::process::{
-    dispatch, Concurrency, Correlation, DispatchEnv, Dispatched, Envelope, EnvelopeKind,
-    ErasedProcess, ErrorAction, HandlerKind, Joined, Joiners,
+    Concurrency, Correlation, Dispatched, Envelope, EnvelopeKind, ErasedProcess, ErrorAction,
+    HandlerKind,
 };
-use crate::runtime::Runtime;
 use crate::saga::state_machine::poison_reason;
-use crate::task::Timestamp;
 
 /// Handles one process-manager envelope.
 pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &Envelope) {
@@ -258,7 +268,7 @@ fn counted(rt: &Runtime, process: &'static str, envelope: &Envelope, outcome: &D
     if envelope.kind == EnvelopeKind::Timeout {
         let late = envelope
             .due_ms
-            .map(|due| crate::task::Timestamp::now().0.saturating_sub(due));
+            .map(|due| crate::model::task::Timestamp::now().0.saturating_sub(due));
         crate::metrics::timeout_fired(process, late.map(std::time::Duration::from_millis));
     }
     let parked = match outcome {
@@ -421,7 +431,7 @@ async fn target(
         if let (true, Some(id)) = (many, &envelope.instance_id) {
             return Ok(Target::Id(id.clone()));
         }
-        let ids = crate::process::holders(backend, process, field, &value).await?;
+        let ids = dispatch::holders(backend, process, field, &value).await?;
         return Ok(match ids.as_slice() {
             [id] => Target::Id(id.clone()),
             [] => Target::Value(value),
