@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use common::redis_server::TestRedis;
 use common::until;
 use saga_runtime::backend::{Interest, Leases, WorkItem, WorkQueue};
-use saga_runtime::prelude::*;
 use saga_runtime::engine::ProcessMetrics;
+use saga_runtime::prelude::*;
 use saga_runtime::process::{Envelope, EnvelopeKind};
 use serde::{Deserialize, Serialize};
 

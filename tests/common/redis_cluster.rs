@@ -66,6 +66,8 @@ fn cluster_port() -> u16 {
 }
 
 /// `redis-cli` with `args`, killed if it has not finished within `limit`.
+/// Its output is drained while it runs: a reshard prints more than a pipe
+/// holds, and a full pipe would stop it until the limit.
 fn redis_cli_within(args: &[String], limit: Duration) -> Result<String, String> {
     let mut child = Command::new("redis-cli")
         .args(args)
@@ -74,28 +76,38 @@ fn redis_cli_within(args: &[String], limit: Duration) -> Result<String, String> 
         .stderr(Stdio::piped())
         .spawn()
         .expect("redis-cli must be on PATH (it comes with redis-server)");
+    fn drain(mut pipe: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = pipe.read_to_end(&mut text);
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    }
+    let stdout = drain(child.stdout.take().expect("piped"));
+    let stderr = drain(child.stderr.take().expect("piped"));
     let deadline = Instant::now() + limit;
-    loop {
+    let status = loop {
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            let out = child.wait_with_output().map_err(|e| e.to_string())?;
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return match status.success() {
-                true => Ok(text),
-                false => Err(text),
-            };
+            break Some(status);
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!(
-                "redis-cli {args:?} did not finish within {limit:?}"
-            ));
+            break None;
         }
         std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = format!(
+        "{}{}",
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default()
+    );
+    match status {
+        Some(status) if status.success() => Ok(text),
+        Some(_) => Err(text),
+        None => Err(format!(
+            "redis-cli {args:?} did not finish within {limit:?}:\n{text}"
+        )),
     }
 }
 
