@@ -1,0 +1,293 @@
+//! Process-manager instances, correlation entries, tombstones and timeouts.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::tally::MemTally;
+use super::MemoryBackend;
+use crate::backend::{
+    BackendError, ProcessCommit, ProcessInstance, ProcessStore, Settle, WorkItem,
+};
+use crate::model::envelope::Envelope;
+use crate::model::task::Timestamp;
+
+/// Where a deleted instance's handled message ids are remembered: under its
+/// id, and under each correlation entry it released.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(super) enum Tombstone {
+    Instance(String, String),
+    Correlation(String, String, String),
+}
+
+#[async_trait]
+impl ProcessStore for MemoryBackend {
+    async fn process_load(
+        &self,
+        process: &str,
+        id: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError> {
+        Ok(self
+            .state()
+            .instances
+            .get(&(process.to_owned(), id.to_owned()))
+            .cloned())
+    }
+
+    async fn process_find(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError> {
+        let state = self.state();
+        let key = (process.to_owned(), field.to_owned(), value.to_owned());
+        Ok(state
+            .index
+            .get(&key)
+            .and_then(|id| state.instances.get(&(process.to_owned(), id.clone())))
+            .cloned())
+    }
+
+    async fn process_find_shared(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Vec<String>, BackendError> {
+        let key = (process.to_owned(), field.to_owned(), value.to_owned());
+        let mut ids: Vec<String> = self
+            .state()
+            .shared
+            .get(&key)
+            .map(|ids| ids.iter().cloned().collect())
+            .unwrap_or_default();
+        ids.sort();
+        Ok(ids)
+    }
+
+    async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
+        let state = self.state();
+        let mut list: Vec<_> = state
+            .instances
+            .values()
+            .filter(|i| i.process == process)
+            .cloned()
+            .collect();
+        list.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(list)
+    }
+
+    async fn process_commit(
+        &self,
+        process: &str,
+        commit: ProcessCommit<'_>,
+    ) -> Result<u64, BackendError> {
+        let version = {
+            let mut state = self.state();
+            let mut version = 0;
+            let now = Instant::now();
+            state.tallies.retain(|_, t| t.expires > now);
+            if let Some(instance) = commit.instance {
+                let key = (process.to_owned(), instance.id.clone());
+                let stored = state.instances.get(&key).map_or(0, |i| i.version);
+                let conflict = || BackendError::ProcessConflict {
+                    process: process.to_owned(),
+                    instance: instance.id.clone(),
+                };
+                // The same version of another generation: deleted and
+                // created again since it was read.
+                let regenerated = state.instances.get(&key).is_some_and(|i| {
+                    !i.generation.is_empty()
+                        && !instance.generation.is_empty()
+                        && i.generation != instance.generation
+                });
+                if stored != instance.version || regenerated {
+                    return Err(conflict());
+                }
+                // After the version: a handler that lost a race to the
+                // writer that opened the tally runs again instead.
+                if let Some(open) = commit
+                    .tallies
+                    .iter()
+                    .find(|o| state.tallies.contains_key(&o.tally))
+                {
+                    return Err(BackendError::TallyExists(open.tally.clone()));
+                }
+                for message in commit.handled_ids().filter(|_| !commit.delete) {
+                    let now = Instant::now();
+                    let remembers = |t: Tombstone| {
+                        state
+                            .tombstones
+                            .get(&t)
+                            .is_some_and(|(ids, until)| *until > now && ids.contains(message))
+                    };
+                    let by_id = Tombstone::Instance(process.to_owned(), instance.id.clone());
+                    if remembers(by_id)
+                        || commit.add_keys.iter().any(|(f, v)| {
+                            remembers(Tombstone::Correlation(
+                                process.to_owned(),
+                                f.clone(),
+                                v.clone(),
+                            ))
+                        })
+                    {
+                        return Err(BackendError::ProcessTombstoned {
+                            process: process.to_owned(),
+                            instance: instance.id.clone(),
+                        });
+                    }
+                }
+                for (field, value) in &commit.add_keys {
+                    let ikey = (process.to_owned(), field.clone(), value.clone());
+                    if matches!(state.index.get(&ikey), Some(owner) if *owner != instance.id) {
+                        return Err(conflict());
+                    }
+                }
+                for (field, value) in &commit.remove_keys {
+                    let ikey = (process.to_owned(), field.clone(), value.clone());
+                    if state.index.get(&ikey) == Some(&instance.id) {
+                        state.index.remove(&ikey);
+                    }
+                }
+                if commit.delete {
+                    let now = Instant::now();
+                    let until = now + commit.tombstone_ttl;
+                    state.tombstones.retain(|_, (_, until)| *until > now);
+                    let ids: HashSet<String> = instance.handled().into_iter().collect();
+                    let places = std::iter::once(Tombstone::Instance(
+                        process.to_owned(),
+                        instance.id.clone(),
+                    ))
+                    .chain(commit.remove_keys.iter().map(|(f, v)| {
+                        Tombstone::Correlation(process.to_owned(), f.clone(), v.clone())
+                    }));
+                    for place in places {
+                        let (known, expiry) = state
+                            .tombstones
+                            .entry(place)
+                            .or_insert_with(|| (HashSet::new(), until));
+                        known.extend(ids.iter().cloned());
+                        *expiry = until;
+                    }
+                    state.instances.remove(&key);
+                    let id = instance.id.clone();
+                    state
+                        .index
+                        .retain(|(p, _, _), owner| !(p == process && *owner == id));
+                    state.shared.retain(|(p, _, _), ids| {
+                        if p == process {
+                            ids.remove(&id);
+                        }
+                        !ids.is_empty()
+                    });
+                } else {
+                    for (field, value) in &commit.add_keys {
+                        state.index.insert(
+                            (process.to_owned(), field.clone(), value.clone()),
+                            instance.id.clone(),
+                        );
+                    }
+                    for (field, value) in &commit.add_shared {
+                        state
+                            .shared
+                            .entry((process.to_owned(), field.clone(), value.clone()))
+                            .or_default()
+                            .insert(instance.id.clone());
+                    }
+                    for (field, value) in &commit.remove_shared {
+                        let k = (process.to_owned(), field.clone(), value.clone());
+                        if let Some(ids) = state.shared.get_mut(&k) {
+                            ids.remove(&instance.id);
+                            if ids.is_empty() {
+                                state.shared.remove(&k);
+                            }
+                        }
+                    }
+                    let mut stored = instance.clone();
+                    stored.version += 1;
+                    stored.updated_at = Timestamp::now();
+                    version = stored.version;
+                    state.instances.insert(key, stored);
+                }
+            }
+            for envelope in &commit.enqueue {
+                state.push_item(&WorkItem::Process(envelope.clone()), Duration::ZERO);
+            }
+            for (endpoint, payload) in &commit.endpoints {
+                state
+                    .endpoints
+                    .entry(endpoint.clone())
+                    .or_default()
+                    .push(payload.clone());
+            }
+            state.scheduled.extend(commit.schedule.iter().cloned());
+            state.scheduled.sort_by_key(|(due, _)| *due);
+            for open in commit.tallies {
+                let complete = open.items.is_empty();
+                if complete {
+                    state.push_item(&WorkItem::Process(open.completion.clone()), Duration::ZERO);
+                }
+                state.tallies.insert(
+                    open.tally,
+                    MemTally {
+                        pending: open.items.into_iter().collect(),
+                        checked: HashSet::new(),
+                        complete,
+                        deadline_passed: false,
+                        completion: open.completion,
+                        completion_late: open.completion_late,
+                        expires: now + open.keep_for,
+                    },
+                );
+            }
+            state.settle(commit.settle, None, self.shared.payload_limit);
+            for batched in &commit.batched {
+                state.settle(
+                    Settle::Ack(batched.delivery),
+                    None,
+                    self.shared.payload_limit,
+                );
+            }
+            version
+        };
+        self.queue_changed();
+        Ok(version)
+    }
+
+    async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError> {
+        let moved = {
+            let mut state = self.state();
+            let due = state
+                .scheduled
+                .iter()
+                .take_while(|(at, _)| *at <= now_ms)
+                .count()
+                .min(limit);
+            let released: Vec<(u64, Envelope)> = state.scheduled.drain(..due).collect();
+            for (_, envelope) in released.iter() {
+                state.push_item(&WorkItem::Process(envelope.clone()), Duration::ZERO);
+            }
+            released.len()
+        };
+        if moved > 0 {
+            self.queue_changed();
+        }
+        Ok(moved)
+    }
+
+    async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError> {
+        Ok(self.state().scheduled.clone())
+    }
+
+    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
+        Ok(self
+            .state()
+            .endpoints
+            .get(endpoint)
+            .map(|e| e.entries.iter().map(|(_, m)| m.clone()).collect())
+            .unwrap_or_default())
+    }
+}

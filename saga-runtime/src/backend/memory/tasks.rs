@@ -1,0 +1,350 @@
+//! Task records, leases with fencing, attempt claims and commits.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::{BoxStream, StreamExt};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::{later, MemoryBackend, State};
+use crate::backend::{
+    BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
+    TaskCommit, TaskQuery, TaskStore, WorkItem,
+};
+use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
+
+impl State {
+    pub(super) fn check_write(
+        &self,
+        task: &TaskInstance,
+        lease: &Lease,
+    ) -> Result<(), BackendError> {
+        if lease.task_id != task.id || self.fences.get(&task.id).copied() != Some(lease.fence) {
+            return Err(BackendError::LockLost {
+                task: task.id,
+                fence: lease.fence,
+            });
+        }
+        let actual = self
+            .tasks
+            .get(&task.id)
+            .map(|t| t.version)
+            .ok_or(BackendError::NotFound(task.id))?;
+        if actual != task.version {
+            return Err(BackendError::Conflict {
+                task: task.id,
+                expected: task.version,
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes an attempt's record and claims its name; the claim may be
+    /// lost (taken before), the write happens regardless.
+    pub(super) fn record(&mut self, task: &TaskInstance, claim: &str) -> (u64, bool) {
+        let version = self.write(task);
+        let claimed = self
+            .claims
+            .entry(task.id)
+            .or_default()
+            .insert(claim.to_owned());
+        (version, claimed)
+    }
+
+    /// Stores `task`, appending its unstored audit entries to the stored
+    /// log (capped) as a backend that keeps the log apart must.
+    pub(super) fn write(&mut self, task: &TaskInstance) -> u64 {
+        let mut audit = self
+            .tasks
+            .remove(&task.id)
+            .map(|t| t.audit_log)
+            .unwrap_or_default();
+        audit.extend_from_slice(task.unstored_audit());
+        let excess = audit.len().saturating_sub(AUDIT_LOG_CAP);
+        audit.drain(..excess);
+        let mut stored = task.clone();
+        stored.audit_log = audit;
+        stored.audit_saved();
+        stored.version += 1;
+        stored.updated_at = Timestamp::now();
+        let version = stored.version;
+        self.tasks.insert(task.id, stored);
+        version
+    }
+
+    pub(super) fn lock_held_by(&self, lease: &Lease, now: Instant) -> bool {
+        matches!(self.locks.get(&lease.task_id), Some((token, exp)) if *token == lease.token && *exp > now)
+    }
+
+    pub(super) fn remove_task(&mut self, id: TaskId) {
+        self.tasks.remove(&id);
+        self.expiry.remove(&id);
+        self.locks.remove(&id);
+        self.fences.remove(&id);
+        self.claims.remove(&id);
+        self.cancels.remove(&id);
+    }
+}
+
+#[async_trait]
+impl TaskStore for MemoryBackend {
+    async fn create_task(
+        &self,
+        task: &TaskInstance,
+        first: &QueueMessage,
+    ) -> Result<Created, BackendError> {
+        {
+            let mut state = self.state();
+            if let Some(existing) = state.tasks.get(&task.id) {
+                return Ok(Created::Existing(Box::new(existing.clone())));
+            }
+            let mut stored = task.clone();
+            stored.version = 1;
+            stored.audit_saved();
+            state.tasks.insert(task.id, stored);
+            state.push_item(&WorkItem::Saga(first.clone()), Duration::ZERO);
+        }
+        self.queue_changed();
+        self.task_changed();
+        Ok(Created::New)
+    }
+
+    async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError> {
+        Ok(self.state().tasks.get(&id).cloned())
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError> {
+        let state = self.state();
+        let mut tasks: Vec<_> = state
+            .tasks
+            .values()
+            .filter(|t| query.matches(t))
+            .cloned()
+            .collect();
+        tasks.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
+        tasks.truncate(query.limit);
+        Ok(tasks)
+    }
+
+    async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
+        let state = self.state();
+        Ok(TaskStatus::ALL
+            .into_iter()
+            .map(|status| {
+                let n = state
+                    .tasks
+                    .values()
+                    .filter(|t| t.saga == saga && t.status == status)
+                    .count();
+                (status, n)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect())
+    }
+
+    async fn lock_and_load(
+        &self,
+        id: TaskId,
+        ttl: Duration,
+    ) -> Result<Option<Locked>, BackendError> {
+        let mut state = self.state();
+        let now = Instant::now();
+        let token = Uuid::new_v4().simple().to_string();
+        if !state.tasks.contains_key(&id) {
+            // No lease for a task that does not exist: a stray message
+            // leaves nothing behind.
+            return Ok(Some(Locked::missing(id)));
+        }
+        if matches!(state.locks.get(&id), Some((_, exp)) if *exp > now) {
+            return Ok(None);
+        }
+        let fence = {
+            let f = state.fences.entry(id).or_insert(0);
+            *f += 1;
+            *f
+        };
+        state.locks.insert(id, (token.clone(), now + ttl));
+        Ok(Some(Locked {
+            lease: Lease {
+                task_id: id,
+                token,
+                fence,
+            },
+            task: state.tasks.get(&id).cloned(),
+            cancel_requested: state.cancels.get(&id).map(|(at, _)| *at),
+        }))
+    }
+
+    async fn record_attempt(
+        &self,
+        task: &TaskInstance,
+        _stored_status: TaskStatus,
+        lease: &Lease,
+        claim: &str,
+    ) -> Result<(u64, bool), BackendError> {
+        let result = {
+            let mut state = self.state();
+            state.check_write(task, lease)?;
+            state.record(task, claim)
+        };
+        self.task_changed();
+        Ok(result)
+    }
+
+    async fn record_next_attempt(
+        &self,
+        next: NextAttempt<'_>,
+    ) -> Result<(u64, bool), BackendError> {
+        let result = {
+            let mut state = self.state();
+            let task = next.task;
+            state.check_write(task, next.lease)?;
+            if let Some((at, _)) = state
+                .cancels
+                .get(&task.id)
+                .filter(|_| next.unless_cancelled)
+            {
+                return Err(BackendError::CancelRequested {
+                    task: task.id,
+                    at: *at,
+                });
+            }
+            let recorded = state.record(task, next.claim);
+            if let Some(ttl) = next.renew {
+                let now = Instant::now();
+                state
+                    .locks
+                    .insert(task.id, (next.lease.token.clone(), now + ttl));
+                let visible_again = now + self.shared.visibility_timeout;
+                if let Some(entry) = state.in_flight.get_mut(&next.delivery.id) {
+                    entry.1 = visible_again;
+                }
+            }
+            recorded
+        };
+        self.task_changed();
+        Ok(result)
+    }
+
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError> {
+        let task = commit.task;
+        let version = {
+            let mut state = self.state();
+            state.check_write(task, commit.lease)?;
+            if let Some((at, _)) = state
+                .cancels
+                .get(&task.id)
+                .filter(|_| commit.unless_cancelled)
+            {
+                return Err(BackendError::CancelRequested {
+                    task: task.id,
+                    at: *at,
+                });
+            }
+            let version = state.write(task);
+            if let Some(next) = &commit.next {
+                // A cancelled task does not wait out a backoff.
+                let delay = match state.cancels.contains_key(&task.id) {
+                    true => Duration::ZERO,
+                    false => next.delay,
+                };
+                state.push_item(&WorkItem::Saga(next.message.clone()), delay);
+            }
+            state.settle(commit.settle, Some(task.id), self.shared.payload_limit);
+            if state.lock_held_by(commit.lease, Instant::now()) {
+                state.locks.remove(&task.id);
+            }
+            match commit.expire_after {
+                Some(after) => state.expiry.insert(task.id, later(after)),
+                None => state.expiry.remove(&task.id),
+            };
+            version
+        };
+        self.queue_changed();
+        self.task_changed();
+        Ok(version)
+    }
+
+    async fn heartbeat(
+        &self,
+        lease: &Lease,
+        delivery: &Delivery,
+        ttl: Duration,
+    ) -> Result<Heartbeat, BackendError> {
+        let mut state = self.state();
+        let now = Instant::now();
+        let lock_held = state.lock_held_by(lease, now);
+        if lock_held {
+            state
+                .locks
+                .insert(lease.task_id, (lease.token.clone(), now + ttl));
+        }
+        let visible_again = now + self.shared.visibility_timeout;
+        if let Some(entry) = state.in_flight.get_mut(&delivery.id) {
+            entry.1 = visible_again;
+        }
+        Ok(Heartbeat {
+            lock_held,
+            cancel_requested: state.cancels.get(&lease.task_id).map(|(at, _)| *at),
+        })
+    }
+
+    async fn unlock(&self, lease: &Lease) -> Result<bool, BackendError> {
+        let mut state = self.state();
+        if state.lock_held_by(lease, Instant::now()) {
+            state.locks.remove(&lease.task_id);
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    async fn request_cancel(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+    ) -> Result<Option<Timestamp>, BackendError> {
+        {
+            let mut state = self.state();
+            if let Some((at, by)) = state.cancels.get(&id) {
+                return Ok((by != token).then_some(*at));
+            }
+            if !state.tasks.contains_key(&id) {
+                return Ok(None);
+            }
+            state
+                .cancels
+                .insert(id, (Timestamp::now(), token.to_owned()));
+            state.push_item(&WorkItem::Saga(wake.clone()), Duration::ZERO);
+        }
+        let _ = self.shared.cancels.send(id);
+        self.queue_changed();
+        Ok(None)
+    }
+
+    async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
+        Ok(self.state().cancels.get(&id).map(|(at, _)| *at))
+    }
+
+    async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
+        let rx = self.shared.cancels.subscribe();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(id) => return Some((id, rx)),
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn wait_for_change(&self, _id: TaskId, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, self.shared.task_changed.notified()).await;
+    }
+}

@@ -1,0 +1,185 @@
+//! Process-manager instances, their correlation index, outbox and
+//! timeouts, written in one atomic commit.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{BackendError, Delivery, Page, ProcessInstance, Settle, TallyOpen};
+use crate::model::envelope::Envelope;
+
+/// One atomic write of the process-manager protocol: the instance (created,
+/// updated or deleted), its correlation entries, the messages its handler
+/// sent, published and scheduled, and the settlement of the message.
+#[derive(Debug, Clone)]
+pub struct ProcessCommit<'a> {
+    /// The instance to write (`version` is the one it was loaded with; 0 to
+    /// create), unless `None`.
+    pub instance: Option<&'a ProcessInstance>,
+    /// The id of the message this write handles. The write is refused with
+    /// [`BackendError::ProcessTombstoned`] if a deleted instance with this
+    /// id, or one that owned a correlation entry being claimed, handled
+    /// that message: a late duplicate must neither start the process again
+    /// nor reach the instance created after it.
+    pub handling: Option<&'a str>,
+    /// When deleting: how long the tombstone remembers the message ids the
+    /// instance handled (its `processed` list).
+    pub tombstone_ttl: Duration,
+    /// Delete the instance (and its correlation entries) instead of writing it.
+    pub delete: bool,
+    /// Correlation entries to claim for the instance: a value already owned
+    /// by another instance is a conflict. The instance lists every entry
+    /// it holds in its [`keys`](ProcessInstance::keys) (the engine keeps
+    /// them so): a store whose entries and instances live apart finds an
+    /// instance by an entry only if the instance lists it.
+    pub add_keys: Vec<(String, String)>,
+    /// Correlation entries to release.
+    pub remove_keys: Vec<(String, String)>,
+    /// Shared correlation entries (fields `#[handles(many)]` correlates
+    /// by: a set of instances per value) to join...
+    pub add_shared: Vec<(String, String)>,
+    /// ... and to leave.
+    pub remove_shared: Vec<(String, String)>,
+    /// Process-manager envelopes to enqueue.
+    pub enqueue: Vec<Envelope>,
+    /// Messages for endpoints: `(endpoint, payload)`.
+    pub endpoints: Vec<(String, String)>,
+    /// Envelopes to deliver later: `(due, wall-clock ms; envelope)`.
+    pub schedule: Vec<(u64, Envelope)>,
+    /// Tallies the handler opened. One that exists already refuses the
+    /// whole write ([`BackendError::TallyExists`]).
+    pub tallies: Vec<TallyOpen>,
+    /// What to do with the message being handled.
+    pub settle: Settle<'a>,
+    /// Further messages of the instance this write applies after the one
+    /// it handles (messages that waited for it in this process): each is
+    /// checked against tombstones like [`handling`](Self::handling) and
+    /// acknowledged with the write.
+    pub batched: Vec<Batched<'a>>,
+}
+
+/// A message a [`ProcessCommit`] applies besides the one it handles.
+#[derive(Debug, Clone, Copy)]
+pub struct Batched<'a> {
+    /// Its message id.
+    pub message_id: &'a str,
+    /// Its delivery, acknowledged by the write.
+    pub delivery: &'a Delivery,
+}
+
+impl ProcessCommit<'_> {
+    /// The ids of the messages the write handles: the tombstones must
+    /// remember none of them.
+    pub fn handled_ids(&self) -> impl Iterator<Item = &str> {
+        self.handling
+            .into_iter()
+            .chain(self.batched.iter().map(|b| b.message_id))
+    }
+}
+
+impl<'a> ProcessCommit<'a> {
+    /// A write of `instance` (or of nothing but effects, with `None`) that
+    /// settles the message as `settle`, with nothing else: fill in the rest.
+    pub fn new(instance: Option<&'a ProcessInstance>, settle: Settle<'a>) -> Self {
+        ProcessCommit {
+            instance,
+            handling: None,
+            tombstone_ttl: Duration::ZERO,
+            delete: false,
+            add_keys: Vec::new(),
+            remove_keys: Vec::new(),
+            add_shared: Vec::new(),
+            remove_shared: Vec::new(),
+            enqueue: Vec::new(),
+            endpoints: Vec::new(),
+            schedule: Vec::new(),
+            tallies: Vec::new(),
+            settle,
+            batched: Vec::new(),
+        }
+    }
+}
+
+/// Process-manager instances, their correlation index and timeouts.
+#[async_trait]
+pub trait ProcessStore: Send + Sync + 'static {
+    /// The instance `id` of process manager `process`.
+    async fn process_load(
+        &self,
+        process: &str,
+        id: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError>;
+
+    /// An id for a new instance of `process` found by correlation value
+    /// `near` (one it does not take its id from): random, and for a
+    /// backend whose partitions are apart, in the partition of `near`, so
+    /// that the instance and its correlation entry share one.
+    fn new_instance_id(&self, process: &str, near: &str) -> String {
+        let _ = (process, near);
+        uuid::Uuid::new_v4().to_string()
+    }
+
+    /// The instance owning the correlation entry `(field, value)`.
+    async fn process_find(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Option<ProcessInstance>, BackendError>;
+
+    /// The ids of the instances that share the value `value` of the state
+    /// field `field` (one `#[handles(many)]` correlates by).
+    async fn process_find_shared(
+        &self,
+        process: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<Vec<String>, BackendError>;
+
+    /// Every instance of a process manager (for operators and tests).
+    async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError>;
+
+    /// About `limit` instances of a process manager from where `after` (a
+    /// [`Page::next`] of this call) left off, in no promised order. The
+    /// default sorts [`process_list`](Self::process_list) by id; a backend
+    /// with a cursor over its set (Redis `SSCAN`) reads only one page.
+    async fn process_page(
+        &self,
+        process: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<ProcessInstance>, BackendError> {
+        let mut all = self.process_list(process).await?;
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        let rest: Vec<_> = all
+            .into_iter()
+            .filter(|i| after.is_none_or(|after| i.id.as_str() > after))
+            .collect();
+        let more = rest.len() > limit;
+        let items: Vec<_> = rest.into_iter().take(limit).collect();
+        let next = more.then(|| items.last().map(|i| i.id.clone())).flatten();
+        Ok(Page { items, next })
+    }
+
+    /// Writes a [`ProcessCommit`] atomically; returns the instance's new
+    /// version (0 when deleted or not written). A version mismatch, an
+    /// existing instance when creating, or a correlation entry owned by
+    /// another instance is a [`BackendError::ProcessConflict`].
+    async fn process_commit(
+        &self,
+        process: &str,
+        commit: ProcessCommit<'_>,
+    ) -> Result<u64, BackendError>;
+
+    /// Moves scheduled envelopes due at `now_ms` onto the queue, at most
+    /// `limit`, each exactly once (even with several pollers); returns how
+    /// many moved.
+    async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError>;
+
+    /// The scheduled envelopes: `(due ms, envelope)`, soonest first.
+    async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError>;
+
+    /// The messages sent to an endpoint, oldest first (for consumers that
+    /// read it, and tests).
+    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError>;
+}

@@ -1,0 +1,340 @@
+//! The work queue: deliveries with a visibility timeout, handed back,
+//! delayed or dead-lettered.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{BackendError, DeadLetter, DeadLetterQuery, Locked, Page, ProcessInstance, WorkItem};
+use crate::model::envelope::Envelope;
+use crate::model::task::TaskId;
+
+/// A message handed to a worker; settle it (commit, acknowledge,
+/// dead-letter) or release it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// Backend-assigned id (for Redis: partition and stream entry id).
+    pub id: String,
+    /// The decoded message, or why the entry could not be decoded.
+    pub item: Result<WorkItem, String>,
+    /// The entry as text (lossy for bytes that are not UTF-8), kept for the
+    /// dead-letter queue and logs.
+    pub raw: String,
+    /// Deliveries of this message that were not answered (neither settled
+    /// nor released by a live worker), this one included: 1 for a first
+    /// delivery. A worker that dies while handling it (a poison message that
+    /// aborts the process) leaves its delivery unanswered; the engine
+    /// dead-letters a message once this exceeds its cap.
+    pub deliveries: u32,
+    /// The consumer it was delivered to.
+    pub consumer: String,
+    /// The lease on the message's task, when the backend tried to take it
+    /// in the same round trip as the read (the Redis backend does, for a
+    /// saga message whose task exists). `None`: the worker takes it itself
+    /// with [`TaskStore::lock_and_load`]. A taken lease belongs to the
+    /// worker the message was delivered to: it releases it whatever it
+    /// does with the message.
+    pub lease: Option<TakenLease>,
+    /// The process-manager instance the message is for, when the backend
+    /// loaded it in the same round trip as the read (the Redis backend
+    /// does, for an envelope that names its instance or carries its
+    /// routing key). `None`: the worker loads it.
+    pub instance: Option<Box<LoadedInstance>>,
+}
+
+/// A process-manager instance loaded while delivering a message for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedInstance {
+    /// What it was looked up by: an instance id, or a value of `key_field`.
+    pub key: String,
+    /// The state property `key` is a value of; `None` for an instance id.
+    pub key_field: Option<String>,
+    /// The instance found, if any.
+    pub instance: Option<ProcessInstance>,
+}
+
+impl LoadedInstance {
+    /// The same record as found by `lookup` (an id, or a value of a field
+    /// it holds), if that lookup finds it; `None` if it cannot tell.
+    pub(crate) fn found_by(self, lookup: (String, Option<&str>)) -> Option<LoadedInstance> {
+        match lookup {
+            (key, None) if key == self.key && self.key_field.is_none() => Some(self),
+            (value, Some(field)) => {
+                let holds = self
+                    .instance
+                    .as_ref()?
+                    .keys
+                    .iter()
+                    .any(|(f, v)| f == field && *v == value);
+                holds.then(|| LoadedInstance {
+                    key: value,
+                    key_field: Some(field.to_owned()),
+                    instance: self.instance,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A task lease taken while delivering the task's message.
+#[derive(Debug, Clone)]
+pub enum TakenLease {
+    /// The lease is held, and the task loaded under it.
+    Held {
+        /// What [`TaskStore::lock_and_load`] would have returned.
+        locked: Box<Locked>,
+        /// When the read that took it was sent: the lease runs from then
+        /// at the latest.
+        requested_at: tokio::time::Instant,
+        /// How long it was taken for (the backend's visibility timeout,
+        /// which may differ from the engine's lease TTL).
+        ttl: Duration,
+    },
+    /// Another worker holds the task's lease.
+    Busy,
+}
+
+/// How a write settles the message being processed.
+#[derive(Debug, Clone, Copy)]
+pub enum Settle<'a> {
+    /// Nothing to settle (an operator action, not a delivery).
+    Nothing,
+    /// Acknowledge it: its effect is recorded.
+    Ack(&'a Delivery),
+    /// Acknowledge it and park a copy on the dead-letter queue.
+    DeadLetter(&'a Delivery, &'a str),
+    /// Remove this entry from the dead-letter queue: an operator requeued
+    /// its task, and the commit enqueues the task's next message.
+    ResolveDeadLetter(&'a str),
+}
+
+/// What a process-manager message is for, as the worker found it before
+/// handling it: where [`WorkQueue::forward`] sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardTo<'a> {
+    /// This instance.
+    Instance(&'a str),
+    /// No instance holds this correlation value (yet): the message may
+    /// create one.
+    Value(&'a str),
+}
+
+/// The kinds of work a worker takes: an engine that runs no process
+/// managers must not take (and dead-letter) their messages, nor one that
+/// runs no sagas saga messages, when deployments share a Redis. An entry
+/// that does not decode is for anyone (to dead-letter with the reason); on
+/// Redis, for the workers that read the stream it was written to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interest {
+    /// Saga task messages.
+    pub sagas: bool,
+    /// Process-manager messages and timeouts.
+    pub processes: bool,
+    /// Which process-manager partitions, a bit each, as
+    /// [`Leases::process_partitions`] handed them out (every one by
+    /// default). A backend that does not partition ignores it.
+    pub process_partitions: u64,
+}
+
+impl Interest {
+    /// Every kind.
+    pub const ALL: Interest = Interest {
+        sagas: true,
+        processes: true,
+        process_partitions: u64::MAX,
+    };
+
+    /// Whether a worker with this interest takes `item`.
+    pub fn takes(&self, item: &Result<WorkItem, String>) -> bool {
+        match item {
+            Ok(WorkItem::Process(_)) => self.processes,
+            Ok(WorkItem::Saga(_)) => self.sagas,
+            Err(_) => true,
+        }
+    }
+}
+
+/// The backlog of the work queue ([`WorkQueue::queue_stats`]), by kind of
+/// message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Saga task messages (and entries that decode as nothing).
+    pub sagas: QueueBacklog,
+    /// Process-manager messages and timeouts.
+    pub processes: QueueBacklog,
+}
+
+/// The backlog of one kind of message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueBacklog {
+    /// Messages on the queue and not yet settled: waiting to be taken, or
+    /// taken and being worked on. Delayed messages (retry backoffs,
+    /// timeouts) count once they are due and on the queue.
+    pub depth: u64,
+    /// How long the oldest of them has been on the queue (since it was
+    /// enqueued, or last handed back); `None` when there are none.
+    pub oldest: Option<Duration>,
+}
+
+/// The work queue: [`WorkItem`]s delivered to workers, redelivered when not
+/// settled within the visibility timeout, delayed, or dead-lettered.
+#[async_trait]
+pub trait WorkQueue: Send + Sync + 'static {
+    /// How long a delivered, unsettled message stays invisible before it is
+    /// delivered again. The engine sizes its task leases on it, so that a
+    /// dead worker's tasks resume on the order of this timeout.
+    fn visibility_timeout(&self) -> Duration;
+
+    /// Enqueues messages (publishing process-manager messages from outside
+    /// a handler).
+    async fn enqueue(&self, items: &[WorkItem]) -> Result<(), BackendError>;
+
+    /// Enqueues an entry as it is, without encoding: for bridges and for
+    /// tests of bad input. An entry that does not decode is delivered with
+    /// an error `item`.
+    async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError>;
+
+    /// The next message of a kind in `interest`, waiting up to `wait` for
+    /// one. Messages of other kinds stay for workers that take them.
+    async fn receive(
+        &self,
+        consumer: &str,
+        interest: Interest,
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BackendError>;
+
+    /// Up to `max` messages of kinds in `interest`, waiting up to `wait`
+    /// for any: the worker works on all of them at once, so a backend
+    /// hands out only what is to be started now. `in_flight` messages
+    /// delivered to `consumer` are still being worked on: a backend that
+    /// re-reads a consumer's own unsettled messages (after a read whose
+    /// reply was lost) must not hand those out again. The default receives
+    /// one; a network backend should read several in one round trip.
+    async fn receive_many(
+        &self,
+        consumer: &str,
+        interest: Interest,
+        wait: Duration,
+        max: usize,
+        in_flight: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
+        let _ = (max, in_flight);
+        Ok(self
+            .receive(consumer, interest, wait)
+            .await?
+            .into_iter()
+            .collect())
+    }
+
+    /// Keeps an in-flight message from being redelivered while it is worked
+    /// on.
+    async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError>;
+
+    /// Acknowledges a message: it will not be delivered again.
+    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError>;
+
+    /// Hands a message back unsettled, to be delivered again after `delay`
+    /// (promptly: not after the visibility timeout). The delivery counts as
+    /// answered.
+    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
+
+    /// Hands a message back like [`release`](Self::release), but its
+    /// delivery counts as unanswered: for a message this worker cannot
+    /// handle (its saga is not deployed here yet), so that one no worker
+    /// can handle still reaches the delivery cap.
+    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
+
+    /// Moves a process-manager message off a partition this worker's engine
+    /// owns (see [`Leases::process_partitions`]) onto the stream every
+    /// engine reads: for a message of a process manager the owner does not
+    /// run, which an engine that runs it must get. `false`: the message was
+    /// on that stream already, or this backend does not partition; the
+    /// caller then hands it back as usual.
+    async fn share(&self, delivery: &Delivery) -> Result<bool, BackendError> {
+        let _ = delivery;
+        Ok(false)
+    }
+
+    /// Moves a process-manager message to the partition of what it is for
+    /// (`to`: the instance the worker found, or the correlation value it
+    /// may create one under), if that is another than the one it was read
+    /// from: a backend whose partitions are apart (Redis Cluster) commits
+    /// an instance only together with a message of the instance's own
+    /// partition. `false`: it is where it belongs (always, for a backend
+    /// that keeps every partition together); the caller handles it.
+    /// `true`: it was moved (naming the instance from then on, and as a
+    /// delivery that was not answered, so that a message that moves for
+    /// ever still reaches the delivery cap), and this delivery is settled.
+    async fn forward(
+        &self,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        to: ForwardTo<'_>,
+    ) -> Result<bool, BackendError> {
+        let _ = (delivery, envelope, to);
+        Ok(false)
+    }
+
+    /// `consumer` is leaving (a graceful shutdown): hands back what was
+    /// delivered to it and not handed out yet, so that nothing waits out
+    /// the visibility timeout.
+    async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
+        let _ = consumer;
+        Ok(())
+    }
+
+    /// Acknowledges a message and parks a copy on the dead-letter queue.
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &str,
+        task_id: Option<TaskId>,
+    ) -> Result<(), BackendError>;
+
+    /// Moves delayed messages that fell due onto the queue, at most `limit`;
+    /// returns how many moved. Backends that promote them on `receive` may
+    /// return 0.
+    async fn release_due(&self, limit: usize) -> Result<usize, BackendError>;
+
+    /// A page of parked messages, newest first.
+    async fn dead_letters(&self, query: &DeadLetterQuery)
+        -> Result<Page<DeadLetter>, BackendError>;
+
+    /// One parked message.
+    async fn dead_letter_by_id(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
+
+    /// Moves a parked message back onto the work queue, atomically; returns
+    /// it, or `None` if there is no such entry.
+    async fn requeue_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
+
+    /// Removes a parked message for good; whether it was there.
+    async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError>;
+
+    /// How many messages are parked. The default pages through
+    /// [`dead_letters`](Self::dead_letters); a backend that knows its
+    /// queue's length answers at once.
+    async fn dead_letter_count(&self) -> Result<usize, BackendError> {
+        let mut query = DeadLetterQuery {
+            after: None,
+            limit: 1000,
+        };
+        let mut count = 0;
+        loop {
+            let page = self.dead_letters(&query).await?;
+            count += page.items.len();
+            match page.next {
+                Some(next) => query.after = Some(next),
+                None => return Ok(count),
+            }
+        }
+    }
+
+    /// The queue's backlog, for the `saga_queue_*` metrics: every engine
+    /// running workers asks once per housekeeping interval, so it must be
+    /// cheap (one round trip, no scan of the messages). `None`, the
+    /// default: this backend cannot tell.
+    async fn queue_stats(&self) -> Result<Option<QueueStats>, BackendError> {
+        Ok(None)
+    }
+}
