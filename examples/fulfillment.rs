@@ -193,7 +193,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     for endpoint in ["inventory", "payments", "orders"] {
-        for sent in engine.backend().endpoint_messages(endpoint).await? {
+        for sent in engine.process_store()?.endpoint_messages(endpoint).await? {
             println!("sent to {endpoint:<9} {sent}");
         }
     }

@@ -161,7 +161,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .unmatched
             .load(std::sync::atomic::Ordering::Relaxed)
     );
-    for command in engine.backend().endpoint_messages("accounts").await? {
+    for command in engine
+        .process_store()?
+        .endpoint_messages("accounts")
+        .await?
+    {
         println!("sent to accounts: {command}");
     }
     Ok(())

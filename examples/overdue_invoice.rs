@@ -163,7 +163,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("    {:<14} {:?}", entry.message_type, entry.action);
         }
     }
-    let overdue = engine.backend().endpoint_messages("published").await?;
+    let overdue = engine
+        .process_store()?
+        .endpoint_messages("published")
+        .await?;
     println!("published: {overdue:?}");
     Ok(())
 }

@@ -577,7 +577,8 @@ async fn process_manager_timeouts_fire_whoever_holds_the_timer_lease() {
     // The timeout was due 200 ms after the start.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let instances = pms.process_instances::<pm::Reminder>().await.unwrap();
-    let scheduled = pms.backend().process_scheduled().await.unwrap();
+    let store = pms.backend().clone().processes().expect("a process store");
+    let scheduled = store.process_scheduled().await.unwrap();
     let expired = instances
         .iter()
         .filter(|i| i.state["expired"] == serde_json::json!(true))

@@ -167,7 +167,8 @@ async fn submit_orders(engine: &Engine, n: usize) {
     }
     until("every order asked for its inventory", async || {
         engine
-            .backend()
+            .process_store()
+            .unwrap()
             .endpoint_messages("inventory")
             .await
             .unwrap()
@@ -245,7 +246,8 @@ async fn messages_reach_instances_across_partitions_once_each() {
         assert_eq!(audit.seen, 1, "{id}: published once, delivered once");
     }
     let sent = engine
-        .backend()
+        .process_store()
+        .unwrap()
         .endpoint_messages("inventory")
         .await
         .unwrap();

@@ -828,7 +828,12 @@ async fn shop_under(cluster: &mut TestCluster, fault: impl AsyncFnOnce(&mut Test
             .unwrap();
         assert_eq!((state.submitted, state.reserved), (1, 1), "o-{i}");
     }
-    let sent = engine.backend().endpoint_messages("stock").await.unwrap();
+    let sent = engine
+        .process_store()
+        .unwrap()
+        .endpoint_messages("stock")
+        .await
+        .unwrap();
     let mut numbers: Vec<String> = sent
         .iter()
         .map(|e| {

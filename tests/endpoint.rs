@@ -72,12 +72,13 @@ async fn engine(backend: Arc<dyn Backend>, workers: usize) -> Engine {
 
 /// Writes `raw` to the endpoint `invoicing` as a process manager's commit
 /// would.
-async fn send_raw(backend: &dyn Backend, raw: &str) {
+async fn send_raw(backend: &Arc<dyn Backend>, raw: &str) {
     let commit = ProcessCommit {
         endpoints: vec![("invoicing".into(), raw.into())],
         ..ProcessCommit::new(None, Settle::Nothing)
     };
-    backend.process_commit("shop", commit).await.unwrap();
+    let store = backend.clone().processes().expect("a process store");
+    store.process_commit("shop", commit).await.unwrap();
 }
 
 fn invoice(order: &str) -> String {
@@ -95,8 +96,9 @@ fn invoice(order: &str) -> String {
     .encode()
 }
 
-async fn dead_letters(backend: &dyn Backend) -> Vec<String> {
-    backend
+async fn dead_letters(backend: &Arc<dyn Backend>) -> Vec<String> {
+    let store = backend.clone().processes().expect("a process store");
+    store
         .endpoint_dead_letters("invoicing")
         .await
         .unwrap()
@@ -151,13 +153,16 @@ async fn sent_messages_reach_the_consumer_once_in_the_documented_envelope_and_ar
     assert!(envelope.sent_at > 0);
     until("trimmed once consumed", async || {
         backend
+            .clone()
+            .processes()
+            .unwrap()
             .endpoint_messages("invoicing")
             .await
             .unwrap()
             .is_empty()
     })
     .await;
-    assert!(dead_letters(&*backend).await.is_empty());
+    assert!(dead_letters(&backend).await.is_empty());
     engine.shutdown().await;
 }
 
@@ -172,9 +177,9 @@ async fn transient_failures_retry_on_the_backoff_schedule_then_dead_letter() {
         log.lock().unwrap().push(start.elapsed());
         async { Err(StepError::transient("the ledger is down")) }
     });
-    send_raw(&*backend, &invoice("a")).await;
+    send_raw(&backend, &invoice("a")).await;
     until("dead-lettered", async || {
-        !dead_letters(&*backend).await.is_empty()
+        !dead_letters(&backend).await.is_empty()
     })
     .await;
     let calls = calls.lock().unwrap().clone();
@@ -185,7 +190,7 @@ async fn transient_failures_retry_on_the_backoff_schedule_then_dead_letter() {
         "3 retries, exponential from 200 ms"
     );
     assert_eq!(
-        dead_letters(&*backend).await,
+        dead_letters(&backend).await,
         ["failed 4 times; last: the ledger is down"]
     );
     engine.shutdown().await;
@@ -204,18 +209,18 @@ async fn permanent_errors_and_garbage_are_dead_lettered_at_once() {
             Ok(())
         }
     });
-    send_raw(&*backend, &invoice("a")).await;
-    send_raw(&*backend, "{not json").await;
+    send_raw(&backend, &invoice("a")).await;
+    send_raw(&backend, "{not json").await;
     send_raw(
-        &*backend,
+        &backend,
         r#"{"v": 9, "message_id": "x", "message_type": "T", "from": "f", "payload": 1}"#,
     )
     .await;
     until("three dead letters", async || {
-        dead_letters(&*backend).await.len() == 3
+        dead_letters(&backend).await.len() == 3
     })
     .await;
-    let reasons = dead_letters(&*backend).await;
+    let reasons = dead_letters(&backend).await;
     assert!(
         reasons[0].starts_with("permanent error: `SendInvoice` is not a `OrderPlaced`"),
         "{reasons:?}"
@@ -236,11 +241,14 @@ async fn permanent_errors_and_garbage_are_dead_lettered_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_message_that_keeps_killing_its_consumer_is_dead_lettered_after_the_cap() {
     let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
-    send_raw(&*backend, &invoice("poison")).await;
+    send_raw(&backend, &invoice("poison")).await;
     // Five consumers take it and die before settling it.
     let visibility = Duration::from_secs(1);
     for n in 0..5 {
         let taken = backend
+            .clone()
+            .processes()
+            .unwrap()
             .endpoint_receive(
                 "invoicing",
                 "consumers",
@@ -265,11 +273,11 @@ async fn a_message_that_keeps_killing_its_consumer_is_dead_lettered_after_the_ca
             async { Ok(()) }
         });
     until("dead-lettered", async || {
-        !dead_letters(&*backend).await.is_empty()
+        !dead_letters(&backend).await.is_empty()
     })
     .await;
     assert_eq!(calls.load(Ordering::SeqCst), 0);
-    assert!(dead_letters(&*backend).await[0].starts_with("delivered 6 times without being settled"));
+    assert!(dead_letters(&backend).await[0].starts_with("delivered 6 times without being settled"));
     engine.shutdown().await;
 }
 
@@ -307,10 +315,10 @@ async fn a_hung_handler_is_timed_out_and_keeps_its_message_meanwhile() {
                 Ok(())
             }
         });
-    send_raw(&*backend, &invoice("slow")).await;
+    send_raw(&backend, &invoice("slow")).await;
     let start = Instant::now();
     until("dead-lettered", async || {
-        !dead_letters(&*backend).await.is_empty()
+        !dead_letters(&backend).await.is_empty()
     })
     .await;
     assert_eq!(
@@ -324,7 +332,7 @@ async fn a_hung_handler_is_timed_out_and_keeps_its_message_meanwhile() {
         "the other consumer never took it over"
     );
     assert_eq!(
-        dead_letters(&*backend).await,
+        dead_letters(&backend).await,
         ["failed 2 times; last: handler timed out after 5s"]
     );
     engine.shutdown().await;
@@ -376,7 +384,7 @@ async fn shutdown_lets_a_running_handler_finish_within_the_grace_then_leaves_its
             s.fetch_add(1, Ordering::SeqCst);
             std::future::pending()
         });
-    send_raw(&*backend, &invoice("slow")).await;
+    send_raw(&backend, &invoice("slow")).await;
     until("started", async || started.load(Ordering::SeqCst) == 1).await;
     let stopping = Instant::now();
     engine.shutdown().await;
@@ -388,6 +396,9 @@ async fn shutdown_lets_a_running_handler_finish_within_the_grace_then_leaves_its
 
     // Unsettled: another consumer takes it once it is no longer touched.
     let taken = backend
+        .clone()
+        .processes()
+        .unwrap()
         .endpoint_receive(
             "invoicing",
             "consumers",
@@ -399,5 +410,5 @@ async fn shutdown_lets_a_running_handler_finish_within_the_grace_then_leaves_its
         .unwrap()
         .expect("the message comes back");
     assert_eq!(taken.deliveries, 2);
-    assert!(dead_letters(&*backend).await.is_empty());
+    assert!(dead_letters(&backend).await.is_empty());
 }

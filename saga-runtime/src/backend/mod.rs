@@ -58,6 +58,8 @@ pub use queue::{
     WorkQueue,
 };
 pub use tally::Tallies;
+
+use std::sync::Arc;
 pub use tasks::{
     Created, Heartbeat, Lease, Locked, Next, NextAttempt, TaskCommit, TaskCursor, TaskQuery,
     TaskStore,
@@ -78,23 +80,57 @@ pub struct Page<T> {
     pub next: Option<String>,
 }
 
-/// A complete backend: every concern above.
-pub trait Backend:
-    TaskStore + WorkQueue + ProcessStore + Tallies + Endpoints + Leases + Housekeeping + Breakers
-{
+/// What an engine needs of its store to run sagas: task records, the work
+/// queue with its dead letters, and retention. This is the whole of what a
+/// saga-only backend implements.
+///
+/// The rest of the seam is offered through the accessors, each `None` by
+/// default: what process managers need ([`ProcessBackend`]: instances,
+/// tallies, endpoints), required only once a process manager is
+/// registered (the engine refuses to build without it); and coordination
+/// between the engines of a deployment ([`Leases`], [`Breakers`]), with
+/// in-process defaults that are right for one process and merely
+/// redundant for several (two timer pollers move each due message once;
+/// a `scope = shared` breaker becomes one per process).
+///
+/// The accessors take the backend by `Arc` and hand back an `Arc`, so the
+/// engine resolves them once and keeps what they return. A backend that
+/// offers a part returns itself:
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use saga_runtime::backend::{Backend, Breakers, Leases, ProcessBackend};
+/// # use saga_runtime::backend::memory::MemoryBackend;
+/// let backend = Arc::new(MemoryBackend::new());
+/// assert!(backend.clone().processes().is_some());
+/// assert!(backend.clone().leases().is_some() && backend.breakers().is_some());
+/// ```
+pub trait Backend: TaskStore + WorkQueue + Housekeeping {
+    /// The process-manager store, if this backend has one.
+    fn processes(self: Arc<Self>) -> Option<Arc<dyn ProcessBackend>> {
+        None
+    }
+
+    /// Named leases shared by every engine on this backend; `None`: each
+    /// engine holds its leases in its own process.
+    fn leases(self: Arc<Self>) -> Option<Arc<dyn Leases>> {
+        None
+    }
+
+    /// Circuit breakers shared by every engine on this backend; `None`:
+    /// `scope = shared` breakers are kept per process.
+    fn breakers(self: Arc<Self>) -> Option<Arc<dyn Breakers>> {
+        None
+    }
 }
 
-impl<T> Backend for T where
-    T: TaskStore
-        + WorkQueue
-        + ProcessStore
-        + Tallies
-        + Endpoints
-        + Leases
-        + Housekeeping
-        + Breakers
-{
-}
+/// What process managers need of a store: instances with their
+/// correlation entries, outbox and timeouts ([`ProcessStore`]), tallies
+/// ([`Tallies`]) and endpoints ([`Endpoints`]). Implemented for every type
+/// that implements the three; hand it out from [`Backend::processes`].
+pub trait ProcessBackend: ProcessStore + Tallies + Endpoints {}
+
+impl<T: ProcessStore + Tallies + Endpoints> ProcessBackend for T {}
 
 /// Cuts a dead-lettered payload to `limit` bytes (on a character
 /// boundary); returns the kept prefix and the original size when cut.

@@ -269,6 +269,14 @@ impl EngineBuilder {
         let backend = self
             .backend
             .unwrap_or_else(|| Arc::new(MemoryBackend::new()));
+        if !processes.is_empty() && backend.clone().processes().is_none() {
+            return Err(Error::Config(
+                "a process manager is registered, but the backend stores no process managers \
+                 (`Backend::processes` is `None`): use a backend that does, such as the \
+                 in-memory or the Redis backend"
+                    .to_owned(),
+            ));
+        }
         let rt = Arc::new(Runtime::new(
             backend,
             sagas,

@@ -116,7 +116,7 @@ impl Consumer {
     {
         crate::name::check("endpoint name", &self.spec.endpoint).map_err(Error::Config)?;
         crate::name::check("consumer group", &self.spec.group).map_err(Error::Config)?;
-        crate::worker::endpoint::run(self.engine.rt.clone(), self.spec, handler).await;
+        crate::worker::endpoint::run(self.engine.rt.clone(), self.spec, handler).await?;
         Ok(())
     }
 

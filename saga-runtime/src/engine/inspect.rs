@@ -75,9 +75,10 @@ impl Engine {
     ) -> Result<ProcessPage, Error> {
         self.known_process(process)?;
         let limit = super::page_size(limit);
+        let processes = self.rt.processes()?;
         let page = self
             .retrying("process_instances", || {
-                self.rt.backend.process_page(process, cursor, limit)
+                processes.process_page(process, cursor, limit)
             })
             .await?;
         Ok(ProcessPage {
@@ -93,10 +94,9 @@ impl Engine {
         id: &str,
     ) -> Result<Option<ProcessInstance>, Error> {
         self.known_process(process)?;
-        self.retrying("process_instance", || {
-            self.rt.backend.process_load(process, id)
-        })
-        .await
+        let processes = self.rt.processes()?;
+        self.retrying("process_instance", || processes.process_load(process, id))
+            .await
     }
 
     /// The timeouts and tally reports pending for the process manager
@@ -110,8 +110,9 @@ impl Engine {
         limit: usize,
     ) -> Result<Vec<PendingTimeout>, Error> {
         self.known_process(process)?;
+        let processes = self.rt.processes()?;
         let scheduled = self
-            .retrying("process_timeouts", || self.rt.backend.process_scheduled())
+            .retrying("process_timeouts", || processes.process_scheduled())
             .await?;
         let mut pending: Vec<PendingTimeout> = scheduled
             .into_iter()

@@ -128,6 +128,12 @@ impl Engine {
         &self.rt.backend
     }
 
+    /// The backend's process-manager store (instances, tallies, endpoints),
+    /// for operators and tests; an error for a backend that has none.
+    pub fn process_store(&self) -> Result<&dyn crate::backend::ProcessBackend, Error> {
+        Ok(self.rt.processes()?)
+    }
+
     /// Requests cancellation of a task of a `#[cancellable]` saga.
     ///
     /// Returns once the request is recorded: the running step's

@@ -80,10 +80,9 @@ impl Engine {
         &self,
         id: &str,
     ) -> Result<Option<ProcessInstance>, Error> {
-        self.retrying("process_instance", || {
-            self.rt.backend.process_load(P::NAME, id)
-        })
-        .await
+        let processes = self.rt.processes()?;
+        self.retrying("process_instance", || processes.process_load(P::NAME, id))
+            .await
     }
 
     /// The instance of `P` whose correlated state field `field` is `value`.
@@ -92,8 +91,9 @@ impl Engine {
         field: &str,
         value: &str,
     ) -> Result<Option<ProcessInstance>, Error> {
+        let processes = self.rt.processes()?;
         self.retrying("find_process", || {
-            self.rt.backend.process_find(P::NAME, field, value)
+            processes.process_find(P::NAME, field, value)
         })
         .await
     }
@@ -120,10 +120,9 @@ impl Engine {
     pub async fn process_instances<P: ProcessManager>(
         &self,
     ) -> Result<Vec<ProcessInstance>, Error> {
-        self.retrying("process_instances", || {
-            self.rt.backend.process_list(P::NAME)
-        })
-        .await
+        let processes = self.rt.processes()?;
+        self.retrying("process_instances", || processes.process_list(P::NAME))
+            .await
     }
 
     /// Process-manager counters of this engine.

@@ -68,8 +68,12 @@ impl Tally {
         let item = item.as_ref();
         let checked = self
             .engine
-            .retrying("tally check", || {
-                self.engine.rt.backend.tally_check(&self.tally, item)
+            .retrying("tally check", || async move {
+                self.engine
+                    .rt
+                    .processes()?
+                    .tally_check(&self.tally, item)
+                    .await
             })
             .await?;
         match checked {
@@ -88,11 +92,11 @@ impl Tally {
     pub async fn status(&self) -> Result<TallyStatus, Error> {
         let progress = self
             .engine
-            .retrying("tally status", || {
-                self.engine
-                    .rt
-                    .backend
+            .retrying("tally status", || async move {
+                let processes = self.engine.rt.processes()?;
+                processes
                     .tally_progress(&self.tally, MISSING_LISTED, false)
+                    .await
             })
             .await?
             .ok_or_else(|| Error::TallyNotFound(self.tally.clone()))?;

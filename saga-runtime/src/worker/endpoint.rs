@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::FutureExt;
 
 use super::runtime::Runtime;
-use crate::backend::{EndpointDelivery, Endpoints};
+use crate::backend::{BackendError, EndpointDelivery, Endpoints, ProcessBackend};
 use crate::error::{Error, StepError};
 use crate::model::endpoint::EndpointMessage;
 use crate::policy::{Backoff, RetryPolicy};
@@ -39,17 +39,27 @@ pub(crate) struct ConsumerSpec {
 #[derive(Clone)]
 pub(crate) struct EndpointConsumer {
     rt: Arc<Runtime>,
+    endpoints: Arc<dyn ProcessBackend>,
     spec: ConsumerSpec,
 }
 
 /// Runs `spec.concurrency` consumers until the engine shuts down; each
 /// leaves the group when it stops.
-pub(crate) async fn run<F, Fut>(rt: Arc<Runtime>, spec: ConsumerSpec, handler: F)
+pub(crate) async fn run<F, Fut>(
+    rt: Arc<Runtime>,
+    spec: ConsumerSpec,
+    handler: F,
+) -> Result<(), BackendError>
 where
     F: Fn(EndpointMessage) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<(), StepError>> + Send + 'static,
 {
-    let this = EndpointConsumer { rt, spec };
+    let endpoints = rt.process_store()?;
+    let this = EndpointConsumer {
+        rt,
+        endpoints,
+        spec,
+    };
     let loops = (0..this.spec.concurrency).map(|n| {
         let (this, handler) = (this.clone(), handler.clone());
         let name = format!("{}-{n}", this.rt.instance);
@@ -67,11 +77,12 @@ where
         })
     });
     futures::future::join_all(loops).await;
+    Ok(())
 }
 
 impl EndpointConsumer {
     fn backend(&self) -> &dyn Endpoints {
-        &*self.rt.backend
+        &*self.endpoints
     }
 
     async fn consume<F, Fut>(&self, consumer: &str, handler: F)

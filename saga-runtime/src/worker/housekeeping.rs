@@ -24,7 +24,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
         }
         crate::metrics::sample_queue(rt.backend.as_ref()).await;
         match rt
-            .backend
+            .leases()
             .named_lease("housekeeping", &token, lease_ttl)
             .await
         {
@@ -59,5 +59,8 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
             }
         }
     }
-    let _ = rt.backend.release_named_lease("housekeeping", &token).await;
+    let _ = rt
+        .leases()
+        .release_named_lease("housekeeping", &token)
+        .await;
 }

@@ -20,7 +20,8 @@ use crate::policy::Backoff;
 use tokio_util::task::TaskTracker;
 
 use super::process::ProcessMetrics;
-use crate::backend::{Backend, Retention};
+use crate::backend::memory::MemoryBackend;
+use crate::backend::{Backend, Breakers, Leases, ProcessBackend, Retention};
 use crate::circuit::CircuitBreaker;
 use crate::model::task::{TaskId, TaskStatus};
 use crate::policy::{BackoffKind, RetryPolicy};
@@ -136,6 +137,14 @@ pub(crate) struct Runtime {
     pub instance_locks: super::process::instance_lock::InstanceLocks,
     /// The process-manager partitions this engine's workers read.
     pub partitions: super::partitions::Ownership,
+    /// The backend's process-manager store, if it has one.
+    process_store: Option<Arc<dyn ProcessBackend>>,
+    /// Named leases: the backend's, shared by the deployment, or this
+    /// process's own.
+    leases: Arc<dyn Leases>,
+    /// `scope = shared` circuit breakers: the backend's, or this
+    /// process's own.
+    shared_breakers: Arc<dyn Breakers>,
 }
 
 impl Runtime {
@@ -146,9 +155,14 @@ impl Runtime {
         routes: HashMap<&'static str, Vec<&'static str>>,
         settings: Settings,
     ) -> Self {
+        // Leases and breakers held in this process, for a backend that
+        // shares none between engines: one process has no one else to
+        // coordinate with.
+        let local_leases = || Arc::new(MemoryBackend::new()) as Arc<dyn Leases>;
+        let local_breakers = || Arc::new(MemoryBackend::new()) as Arc<dyn Breakers>;
         let random = uuid::Uuid::new_v4().simple().to_string();
         Runtime {
-            backend,
+            backend: backend.clone(),
             sagas,
             processes,
             routes,
@@ -161,7 +175,34 @@ impl Runtime {
             tasks: TaskTracker::new(),
             instance_locks: Default::default(),
             partitions: Default::default(),
+            process_store: backend.clone().processes(),
+            leases: backend.clone().leases().unwrap_or_else(local_leases),
+            shared_breakers: backend.clone().breakers().unwrap_or_else(local_breakers),
         }
+    }
+
+    /// The backend's process-manager store. A backend without one is
+    /// refused when the engine is built with a process manager, so this
+    /// fails only for an operator call (a tally, an instance) on an
+    /// engine that runs none.
+    pub fn processes(&self) -> Result<&dyn ProcessBackend, BackendError> {
+        self.process_store.as_deref().ok_or_else(no_process_store)
+    }
+
+    /// The same, to keep.
+    pub fn process_store(&self) -> Result<Arc<dyn ProcessBackend>, BackendError> {
+        self.process_store.clone().ok_or_else(no_process_store)
+    }
+
+    /// Named leases (the backend's, or this process's own).
+    pub fn leases(&self) -> &dyn Leases {
+        &*self.leases
+    }
+
+    /// `scope = shared` circuit breakers (the backend's, or this
+    /// process's own).
+    pub fn shared_breakers(&self) -> &dyn Breakers {
+        &*self.shared_breakers
     }
 
     /// The task lease's TTL: short, renewed by the heartbeat, so that a
@@ -269,6 +310,12 @@ impl Runtime {
             token.cancel();
         }
     }
+}
+
+fn no_process_store() -> BackendError {
+    BackendError::Misconfigured(
+        "this backend stores no process managers (`Backend::processes` is `None`)".to_owned(),
+    )
 }
 
 /// A task running in this process: its cancellation token, registered for

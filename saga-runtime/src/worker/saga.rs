@@ -100,7 +100,7 @@ impl BreakerPermit<'_> {
                     return;
                 }
                 let reported = rt
-                    .backend
+                    .shared_breakers()
                     .breaker_report(
                         &name,
                         probe.as_deref(),
@@ -716,7 +716,7 @@ impl Run<'_> {
                 let token = uuid::Uuid::new_v4().simple().to_string();
                 match self
                     .rt
-                    .backend
+                    .shared_breakers()
                     .breaker_acquire(&name, probe_ttl, &token)
                     .await
                 {

@@ -32,7 +32,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
             _ = rt.shutdown.cancelled() => break,
             _ = tokio::time::sleep(wait) => {}
         }
-        holder = match rt.backend.named_lease("timers", &token, lease_ttl).await {
+        holder = match rt.leases().named_lease("timers", &token, lease_ttl).await {
             Ok(held) => held,
             Err(error) => {
                 tracing::warn!(%error, "timer lease failed; will retry");
@@ -43,7 +43,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
             move_due(&rt).await;
         }
     }
-    let _ = rt.backend.release_named_lease("timers", &token).await;
+    let _ = rt.leases().release_named_lease("timers", &token).await;
 }
 
 async fn move_due(rt: &Runtime) {
@@ -60,10 +60,13 @@ async fn move_due(rt: &Runtime) {
     }
     // Process-manager timeouts too, whether or not this engine runs any
     // process managers: the lease holder moves every timer of the
-    // deployment, and may well be a process that runs only sagas.
+    // deployment, and may well be a process that runs only sagas. A
+    // backend without a process store has none.
+    let Ok(processes) = rt.processes() else {
+        return;
+    };
     loop {
-        match rt
-            .backend
+        match processes
             .process_release_due(Timestamp::now().0, BATCH)
             .await
         {

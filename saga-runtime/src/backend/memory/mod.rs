@@ -23,7 +23,9 @@ use std::time::Duration;
 use tokio::sync::{broadcast, Notify};
 use tokio::time::Instant;
 
-use super::{BackendError, DeadLetter, Delivery, ProcessInstance};
+use super::{
+    Backend, BackendError, Breakers, DeadLetter, Delivery, Leases, ProcessBackend, ProcessInstance,
+};
 use crate::model::envelope::Envelope;
 use crate::model::tally::TallyRef;
 use crate::model::task::{TaskId, TaskInstance, Timestamp};
@@ -81,6 +83,21 @@ struct State {
     tombstones: HashMap<Tombstone, (HashSet<String>, Instant)>,
     breakers: HashMap<String, SharedBreaker>,
     tallies: HashMap<TallyRef, MemTally>,
+}
+
+/// Everything: one process has nothing to coordinate with but itself.
+impl Backend for MemoryBackend {
+    fn processes(self: Arc<Self>) -> Option<Arc<dyn ProcessBackend>> {
+        Some(self)
+    }
+
+    fn leases(self: Arc<Self>) -> Option<Arc<dyn Leases>> {
+        Some(self)
+    }
+
+    fn breakers(self: Arc<Self>) -> Option<Arc<dyn Breakers>> {
+        Some(self)
+    }
 }
 
 impl Default for MemoryBackend {

@@ -703,6 +703,21 @@ impl RedisBackend {
     }
 }
 
+/// Everything, shared by every engine on the deployment.
+impl crate::backend::Backend for RedisBackend {
+    fn processes(self: Arc<Self>) -> Option<Arc<dyn crate::backend::ProcessBackend>> {
+        Some(self)
+    }
+
+    fn leases(self: Arc<Self>) -> Option<Arc<dyn crate::backend::Leases>> {
+        Some(self)
+    }
+
+    fn breakers(self: Arc<Self>) -> Option<Arc<dyn crate::backend::Breakers>> {
+        Some(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::batch::{self, Joiners};
 use super::effects::{effects, run_handler};
 use crate::backend::{
-    Backend, BackendError, Delivery, InstanceStatus, LoadedInstance, ProcessAuditAction,
+    BackendError, Delivery, InstanceStatus, LoadedInstance, ProcessAuditAction, ProcessBackend,
     ProcessCommit, ProcessInstance, Settle,
 };
 use crate::model::task::Timestamp;
@@ -33,7 +33,7 @@ pub(crate) type RoutingKey<'a> =
 /// Where dispatch runs: the store, the routing table for `publish`, the
 /// clock, and the delivery to settle (none in the test kit).
 pub(crate) struct DispatchEnv<'a> {
-    pub backend: &'a dyn Backend,
+    pub backend: &'a dyn ProcessBackend,
     pub subscribers: &'a (dyn Fn(&str) -> Vec<&'static str> + Send + Sync),
     /// The routing key of a message for a process manager (see
     /// [`routing_key`](super::routing_key)), for the envelopes a handler
@@ -541,7 +541,7 @@ fn saved_as(
 /// its set, and one saved before the field was shared, found by its old
 /// exclusive entry (it joins the set on its next save).
 pub(crate) async fn holders(
-    backend: &dyn Backend,
+    backend: &dyn ProcessBackend,
     process: &str,
     field: &str,
     value: &str,

@@ -20,7 +20,7 @@ use instance_lock::{Cached, HeldLease, Locked};
 pub use metrics::ProcessMetrics;
 
 use super::runtime::Runtime;
-use crate::backend::{Backend, BackendError, Delivery, ForwardTo};
+use crate::backend::{BackendError, Delivery, ForwardTo, ProcessBackend};
 use crate::metrics::DeadLetterKind;
 use crate::model::task::Timestamp;
 use crate::process::{
@@ -41,9 +41,13 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         return super::dead_letter(rt, delivery, reason, None).await;
     }
     let backend = &rt.backend;
+    let processes = match rt.processes() {
+        Ok(processes) => processes,
+        Err(error) => return super::dead_letter(rt, delivery, error.to_string(), None).await,
+    };
     // One handler per instance at a time in this process; the next one
     // starts from the instance as the previous one saved it.
-    let target = match target(pm.as_ref(), backend.as_ref(), delivery, envelope).await {
+    let target = match target(pm.as_ref(), processes, delivery, envelope).await {
         Ok(target) => target,
         Err(error) => {
             tracing::warn!(%error, "resolving the instance failed; message handed back");
@@ -126,7 +130,10 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         // stay held for its TTL.
         let handed = match handed {
             Some(other) if other.name != name => {
-                let _ = backend.release_named_lease(&other.name, &other.token).await;
+                let _ = rt
+                    .leases()
+                    .release_named_lease(&other.name, &other.token)
+                    .await;
                 None
             }
             handed => handed,
@@ -143,14 +150,14 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
         let held = fresh
             || matches!(
-                backend.named_lease(&name, &token, rt.lease_ttl()).await,
+                rt.leases().named_lease(&name, &token, rt.lease_ttl()).await,
                 Ok(true)
             );
         if !held {
             if was_handed {
                 // Not renewed (the store failed to answer): let it go
                 // rather than leave it held for its TTL.
-                let _ = backend.release_named_lease(&name, &token).await;
+                let _ = rt.leases().release_named_lease(&name, &token).await;
             }
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
@@ -176,7 +183,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         None => (None, None),
     };
     let env = DispatchEnv {
-        backend: backend.as_ref(),
+        backend: processes,
         subscribers: &subscribers,
         routing_key: &routing_key,
         now_ms: Timestamp::now().0,
@@ -208,7 +215,8 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             tokio::time::sleep(rt.heartbeat_every()).await;
             let _ = backend.touch(delivery).await;
             if let Some(lease) = &lease {
-                let _ = backend
+                let _ = rt
+                    .leases()
                     .named_lease(&lease.name, &lease.token, rt.lease_ttl())
                     .await;
             }
@@ -239,7 +247,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             // Release inline; the guard's spawned release is for abnormal
             // exits.
             false => {
-                let _ = backend.release_named_lease(&name, &token).await;
+                let _ = rt.leases().release_named_lease(&name, &token).await;
             }
         }
     }
@@ -318,7 +326,7 @@ async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
     // counted toward the cap), for that engine to take. Only with none
     // alive (a rolling deploy that adds it) does it wait with growing
     // delays.
-    match rt.backend.process_runner_alive(&envelope.process).await {
+    match rt.leases().process_runner_alive(&envelope.process).await {
         Ok(true) => {
             tracing::debug!(process = %envelope.process, "run by another engine; handed back");
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
@@ -401,7 +409,7 @@ impl Target {
 /// the read that came with the message, else by a lookup of the value.
 async fn target(
     pm: &dyn ErasedProcess,
-    backend: &dyn Backend,
+    backend: &dyn ProcessBackend,
     delivery: &Delivery,
     envelope: &Envelope,
 ) -> Result<Target, BackendError> {
@@ -471,13 +479,13 @@ impl Drop for NamedLeaseGuard {
             return; // released already
         }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let backend = self.rt.backend.clone();
+            let rt = self.rt.clone();
             let (name, token) = (
                 std::mem::take(&mut self.name),
                 std::mem::take(&mut self.token),
             );
             let release = async move {
-                let _ = backend.release_named_lease(&name, &token).await;
+                let _ = rt.leases().release_named_lease(&name, &token).await;
             };
             self.rt.tasks.spawn_on(release, &handle);
         }

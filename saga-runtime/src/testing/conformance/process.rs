@@ -1,0 +1,164 @@
+//! [`ProcessStore`](crate::backend::ProcessStore): instances, correlation entries, tombstones, outbox and timeouts (needs [`Backend::processes`](crate::backend::Backend::processes)).
+
+use super::*;
+
+/// Instances: optimistic versions, exclusive correlation entries, delete.
+pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backend>) {
+    let p = process_part(&b);
+    let mut a = instance("a");
+    // An instance lists the entries it holds (the engine keeps them so);
+    // a store may find an instance by an entry only if it does.
+    a.keys = vec![("order".into(), "42".into())];
+    assert_eq!(
+        p.process_commit("pm", write(&a, &[("order", "42")]))
+            .await
+            .unwrap(),
+        1
+    );
+    // Creating it again (version 0) conflicts: two racing starters make one instance.
+    let again = p.process_commit("pm", write(&instance("a"), &[])).await;
+    assert!(
+        matches!(again, Err(BackendError::ProcessConflict { .. })),
+        "{again:?}"
+    );
+    // Another instance cannot claim a correlation value that "a" owns.
+    let mut thief = instance("b");
+    thief.keys = vec![("order".into(), "42".into())];
+    let stolen = p
+        .process_commit("pm", write(&thief, &[("order", "42")]))
+        .await;
+    assert!(
+        matches!(stolen, Err(BackendError::ProcessConflict { .. })),
+        "{stolen:?}"
+    );
+    assert!(
+        p.process_load("pm", "b").await.unwrap().is_none(),
+        "a refused commit writes nothing"
+    );
+
+    let found = p.process_find("pm", "order", "42").await.unwrap().unwrap();
+    assert_eq!((found.id.as_str(), found.version), ("a", 1));
+    a.version = 1;
+    a.state = json!({"n": 1});
+    assert_eq!(p.process_commit("pm", write(&a, &[])).await.unwrap(), 2);
+    let stale = p.process_commit("pm", write(&a, &[])).await;
+    assert!(
+        matches!(stale, Err(BackendError::ProcessConflict { .. })),
+        "stale version: {stale:?}"
+    );
+
+    // Deleting releases the correlation entries.
+    a.version = 2;
+    let mut delete = write(&a, &[]);
+    delete.delete = true;
+    delete.remove_keys = vec![("order".into(), "42".into())];
+    p.process_commit("pm", delete).await.unwrap();
+    assert!(p.process_load("pm", "a").await.unwrap().is_none());
+    assert!(p.process_find("pm", "order", "42").await.unwrap().is_none());
+    assert!(p.process_list("pm").await.unwrap().is_empty());
+}
+
+/// A deleted instance leaves a tombstone of the message ids it handled,
+/// under its id and under the correlation entries it released: creating an
+/// instance there again with one of those messages, or handling one in the
+/// instance created since, is refused (a late duplicate); another message
+/// is not; the tombstone expires.
+pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
+    let p = process_part(&b);
+    let mut a = instance("t");
+    // `processed` is bounded: the creating message may have left it.
+    a.processed = vec!["m-1".into(), "m-2".into()];
+    a.started_by = Some("m-0".into());
+    let mut create = write(&a, &[("order", "7")]);
+    create.handling = Some("m-1");
+    p.process_commit("pm", create).await.unwrap();
+    a.version = 1;
+    let mut delete = write(&a, &[]);
+    delete.delete = true;
+    delete.remove_keys = vec![("order".into(), "7".into())];
+    delete.tombstone_ttl = Duration::from_millis(400);
+    p.process_commit("pm", delete).await.unwrap();
+
+    // Under the same id.
+    let again = instance("t");
+    let mut late = write(&again, &[]);
+    late.handling = Some("m-2");
+    let refused = p.process_commit("pm", late).await;
+    assert!(
+        matches!(&refused, Err(BackendError::ProcessTombstoned { instance, .. }) if instance == "t"),
+        "a late duplicate recreated the instance: {refused:?}"
+    );
+    assert!(p.process_load("pm", "t").await.unwrap().is_none());
+    // Under another id that claims the released correlation entry.
+    let other = instance("u");
+    let mut late = write(&other, &[("order", "7")]);
+    late.handling = Some("m-1");
+    assert!(matches!(
+        p.process_commit("pm", late).await,
+        Err(BackendError::ProcessTombstoned { .. })
+    ));
+    let mut late = write(&again, &[]);
+    late.handling = Some("m-0");
+    assert!(
+        matches!(
+            p.process_commit("pm", late).await,
+            Err(BackendError::ProcessTombstoned { .. })
+        ),
+        "the creating message is remembered even once `processed` forgot it"
+    );
+    // A new message may start it again.
+    let mut fresh = write(&again, &[]);
+    fresh.handling = Some("m-3");
+    assert_eq!(p.process_commit("pm", fresh).await.unwrap(), 1);
+    // ... and a late duplicate of what its predecessor handled does not
+    // reach the new instance either.
+    let mut recreated = instance("t");
+    recreated.version = 1;
+    let mut late = write(&recreated, &[]);
+    late.handling = Some("m-2");
+    assert!(
+        matches!(
+            p.process_commit("pm", late).await,
+            Err(BackendError::ProcessTombstoned { .. })
+        ),
+        "the recreated instance handled its predecessor's message"
+    );
+    let mut next = write(&recreated, &[]);
+    next.handling = Some("m-4");
+    assert_eq!(p.process_commit("pm", next).await.unwrap(), 2);
+
+    // Past the TTL the tombstone is gone.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut late = write(&other, &[("order", "7")]);
+    late.handling = Some("m-1");
+    assert_eq!(p.process_commit("pm", late).await.unwrap(), 1);
+}
+
+/// The outbox and scheduled timeouts moved exactly once.
+pub async fn process_outbox_schedule_and_single_delivery_of_due_entries(b: Arc<dyn Backend>) {
+    let p = process_part(&b);
+    let i = instance("x");
+    let mut c = write(&i, &[]);
+    c.endpoints = vec![("billing".into(), "invoice-1".into())];
+    c.schedule = vec![(1_000, envelope(1)), (5_000, envelope(2))];
+    c.enqueue = vec![envelope(0)];
+    p.process_commit("pm", c).await.unwrap();
+    assert_eq!(p.endpoint_messages("billing").await.unwrap(), ["invoice-1"]);
+    assert_eq!(
+        receive(&*b, "c").await.item,
+        Ok(WorkItem::Process(envelope(0)))
+    );
+    assert_eq!(p.process_scheduled().await.unwrap().len(), 2);
+
+    // Two pollers racing at t=2000: the due entry moves exactly once.
+    let (m1, m2) = tokio::join!(
+        p.process_release_due(2_000, 10),
+        p.process_release_due(2_000, 10)
+    );
+    assert_eq!(m1.unwrap() + m2.unwrap(), 1);
+    assert_eq!(
+        receive(&*b, "c").await.item,
+        Ok(WorkItem::Process(envelope(1)))
+    );
+    assert_eq!(p.process_scheduled().await.unwrap(), [(5_000, envelope(2))]);
+}
