@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::tally::MemTally;
-use super::MemoryBackend;
+use super::{MemoryBackend, State};
 use crate::backend::{
     BackendError, ProcessCommit, ProcessInstance, ProcessStore, Settle, WorkItem,
 };
@@ -87,170 +87,19 @@ impl ProcessStore for MemoryBackend {
     ) -> Result<u64, BackendError> {
         let version = {
             let mut state = self.state();
-            let mut version = 0;
             let now = Instant::now();
             state.tallies.retain(|_, t| t.expires > now);
+            let mut version = 0;
             if let Some(instance) = commit.instance {
-                let key = (process.to_owned(), instance.id.clone());
-                let stored = state.instances.get(&key).map_or(0, |i| i.version);
-                let conflict = || BackendError::ProcessConflict {
-                    process: process.to_owned(),
-                    instance: instance.id.clone(),
-                };
-                // The same version of another generation: deleted and
-                // created again since it was read.
-                let regenerated = state.instances.get(&key).is_some_and(|i| {
-                    !i.generation.is_empty()
-                        && !instance.generation.is_empty()
-                        && i.generation != instance.generation
-                });
-                if stored != instance.version || regenerated {
-                    return Err(conflict());
-                }
-                // After the version: a handler that lost a race to the
-                // writer that opened the tally runs again instead.
-                if let Some(open) = commit
-                    .tallies
-                    .iter()
-                    .find(|o| state.tallies.contains_key(&o.tally))
-                {
-                    return Err(BackendError::TallyExists(open.tally.clone()));
-                }
-                for message in commit.handled_ids().filter(|_| !commit.delete) {
-                    let now = Instant::now();
-                    let remembers = |t: Tombstone| {
-                        state
-                            .tombstones
-                            .get(&t)
-                            .is_some_and(|(ids, until)| *until > now && ids.contains(message))
-                    };
-                    let by_id = Tombstone::Instance(process.to_owned(), instance.id.clone());
-                    if remembers(by_id)
-                        || commit.add_keys.iter().any(|(f, v)| {
-                            remembers(Tombstone::Correlation(
-                                process.to_owned(),
-                                f.clone(),
-                                v.clone(),
-                            ))
-                        })
-                    {
-                        return Err(BackendError::ProcessTombstoned {
-                            process: process.to_owned(),
-                            instance: instance.id.clone(),
-                        });
-                    }
-                }
-                for (field, value) in &commit.add_keys {
-                    let ikey = (process.to_owned(), field.clone(), value.clone());
-                    if matches!(state.index.get(&ikey), Some(owner) if *owner != instance.id) {
-                        return Err(conflict());
-                    }
-                }
-                for (field, value) in &commit.remove_keys {
-                    let ikey = (process.to_owned(), field.clone(), value.clone());
-                    if state.index.get(&ikey) == Some(&instance.id) {
-                        state.index.remove(&ikey);
-                    }
-                }
-                if commit.delete {
-                    let now = Instant::now();
-                    let until = now + commit.tombstone_ttl;
-                    state.tombstones.retain(|_, (_, until)| *until > now);
-                    let ids: HashSet<String> = instance.handled().into_iter().collect();
-                    let places = std::iter::once(Tombstone::Instance(
-                        process.to_owned(),
-                        instance.id.clone(),
-                    ))
-                    .chain(commit.remove_keys.iter().map(|(f, v)| {
-                        Tombstone::Correlation(process.to_owned(), f.clone(), v.clone())
-                    }));
-                    for place in places {
-                        let (known, expiry) = state
-                            .tombstones
-                            .entry(place)
-                            .or_insert_with(|| (HashSet::new(), until));
-                        known.extend(ids.iter().cloned());
-                        *expiry = until;
-                    }
-                    state.instances.remove(&key);
-                    let id = instance.id.clone();
-                    state
-                        .index
-                        .retain(|(p, _, _), owner| !(p == process && *owner == id));
-                    state.shared.retain(|(p, _, _), ids| {
-                        if p == process {
-                            ids.remove(&id);
-                        }
-                        !ids.is_empty()
-                    });
-                } else {
-                    for (field, value) in &commit.add_keys {
-                        state.index.insert(
-                            (process.to_owned(), field.clone(), value.clone()),
-                            instance.id.clone(),
-                        );
-                    }
-                    for (field, value) in &commit.add_shared {
-                        state
-                            .shared
-                            .entry((process.to_owned(), field.clone(), value.clone()))
-                            .or_default()
-                            .insert(instance.id.clone());
-                    }
-                    for (field, value) in &commit.remove_shared {
-                        let k = (process.to_owned(), field.clone(), value.clone());
-                        if let Some(ids) = state.shared.get_mut(&k) {
-                            ids.remove(&instance.id);
-                            if ids.is_empty() {
-                                state.shared.remove(&k);
-                            }
-                        }
-                    }
-                    let mut stored = instance.clone();
-                    stored.version += 1;
-                    stored.updated_at = Timestamp::now();
-                    version = stored.version;
-                    state.instances.insert(key, stored);
+                // Every check before the first write, as a script would.
+                state.refusal(process, instance, &commit)?;
+                state.release_keys(process, instance, &commit.remove_keys);
+                match commit.delete {
+                    true => state.delete_instance(process, instance, &commit, now),
+                    false => version = state.save_instance(process, instance, &commit),
                 }
             }
-            for envelope in &commit.enqueue {
-                state.push_item(&WorkItem::Process(envelope.clone()), Duration::ZERO);
-            }
-            for (endpoint, payload) in &commit.endpoints {
-                state
-                    .endpoints
-                    .entry(endpoint.clone())
-                    .or_default()
-                    .push(payload.clone());
-            }
-            state.scheduled.extend(commit.schedule.iter().cloned());
-            state.scheduled.sort_by_key(|(due, _)| *due);
-            for open in commit.tallies {
-                let complete = open.items.is_empty();
-                if complete {
-                    state.push_item(&WorkItem::Process(open.completion.clone()), Duration::ZERO);
-                }
-                state.tallies.insert(
-                    open.tally,
-                    MemTally {
-                        pending: open.items.into_iter().collect(),
-                        checked: HashSet::new(),
-                        complete,
-                        deadline_passed: false,
-                        completion: open.completion,
-                        completion_late: open.completion_late,
-                        expires: now + open.keep_for,
-                    },
-                );
-            }
-            state.settle(commit.settle, None, self.shared.payload_limit);
-            for batched in &commit.batched {
-                state.settle(
-                    Settle::Ack(batched.delivery),
-                    None,
-                    self.shared.payload_limit,
-                );
-            }
+            state.apply_effects(commit, now, self.shared.payload_limit);
             version
         };
         self.queue_changed();
@@ -289,5 +138,219 @@ impl ProcessStore for MemoryBackend {
             .get(endpoint)
             .map(|e| e.entries.iter().map(|(_, m)| m.clone()).collect())
             .unwrap_or_default())
+    }
+}
+
+/// The steps of a process-manager commit, each on the store's state under
+/// its lock: the checks that refuse it, then the writes.
+impl State {
+    /// Why the write of `instance` must be refused, if it must: another
+    /// version or generation stored, a tally it opens exists, a message it
+    /// handles is remembered by a tombstone, or an entry it claims is
+    /// owned by another instance.
+    fn refusal(
+        &self,
+        process: &str,
+        instance: &ProcessInstance,
+        commit: &ProcessCommit<'_>,
+    ) -> Result<(), BackendError> {
+        let key = (process.to_owned(), instance.id.clone());
+        let stored = self.instances.get(&key).map_or(0, |i| i.version);
+        let conflict = || BackendError::ProcessConflict {
+            process: process.to_owned(),
+            instance: instance.id.clone(),
+        };
+        // The same version of another generation: deleted and created
+        // again since it was read.
+        let regenerated = self.instances.get(&key).is_some_and(|i| {
+            !i.generation.is_empty()
+                && !instance.generation.is_empty()
+                && i.generation != instance.generation
+        });
+        if stored != instance.version || regenerated {
+            return Err(conflict());
+        }
+        // After the version: a handler that lost a race to the writer that
+        // opened the tally runs again instead.
+        if let Some(open) = commit
+            .tallies
+            .iter()
+            .find(|o| self.tallies.contains_key(&o.tally))
+        {
+            return Err(BackendError::TallyExists(open.tally.clone()));
+        }
+        if !commit.delete && self.tombstoned(process, instance, commit) {
+            return Err(BackendError::ProcessTombstoned {
+                process: process.to_owned(),
+                instance: instance.id.clone(),
+            });
+        }
+        for (field, value) in &commit.add_keys {
+            let ikey = (process.to_owned(), field.clone(), value.clone());
+            if matches!(self.index.get(&ikey), Some(owner) if *owner != instance.id) {
+                return Err(conflict());
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a tombstone of the instance's id, or of an entry it claims,
+    /// remembers a message the write handles: a late duplicate.
+    fn tombstoned(
+        &self,
+        process: &str,
+        instance: &ProcessInstance,
+        commit: &ProcessCommit<'_>,
+    ) -> bool {
+        let now = Instant::now();
+        commit.handled_ids().any(|message| {
+            let remembers = |t: Tombstone| {
+                self.tombstones
+                    .get(&t)
+                    .is_some_and(|(ids, until)| *until > now && ids.contains(message))
+            };
+            remembers(Tombstone::Instance(process.to_owned(), instance.id.clone()))
+                || commit.add_keys.iter().any(|(f, v)| {
+                    remembers(Tombstone::Correlation(
+                        process.to_owned(),
+                        f.clone(),
+                        v.clone(),
+                    ))
+                })
+        })
+    }
+
+    /// Releases the correlation entries the instance still owns.
+    fn release_keys(
+        &mut self,
+        process: &str,
+        instance: &ProcessInstance,
+        remove: &[(String, String)],
+    ) {
+        for (field, value) in remove {
+            let ikey = (process.to_owned(), field.clone(), value.clone());
+            if self.index.get(&ikey) == Some(&instance.id) {
+                self.index.remove(&ikey);
+            }
+        }
+    }
+
+    /// Deletes the instance and every entry it owns, leaving tombstones
+    /// under its id and its released entries that remember what it
+    /// handled.
+    fn delete_instance(
+        &mut self,
+        process: &str,
+        instance: &ProcessInstance,
+        commit: &ProcessCommit<'_>,
+        now: Instant,
+    ) {
+        let until = now + commit.tombstone_ttl;
+        self.tombstones.retain(|_, (_, until)| *until > now);
+        let ids: HashSet<String> = instance.handled().into_iter().collect();
+        let places = std::iter::once(Tombstone::Instance(process.to_owned(), instance.id.clone()))
+            .chain(
+                commit
+                    .remove_keys
+                    .iter()
+                    .map(|(f, v)| Tombstone::Correlation(process.to_owned(), f.clone(), v.clone())),
+            );
+        for place in places {
+            let (known, expiry) = self
+                .tombstones
+                .entry(place)
+                .or_insert_with(|| (HashSet::new(), until));
+            known.extend(ids.iter().cloned());
+            *expiry = until;
+        }
+        self.instances
+            .remove(&(process.to_owned(), instance.id.clone()));
+        let id = &instance.id;
+        self.index
+            .retain(|(p, _, _), owner| !(p == process && owner == id));
+        self.shared.retain(|(p, _, _), ids| {
+            if p == process {
+                ids.remove(id);
+            }
+            !ids.is_empty()
+        });
+    }
+
+    /// Stores the instance under the next version with the entries it
+    /// claims and the shared entries it joins or leaves; returns the
+    /// version.
+    fn save_instance(
+        &mut self,
+        process: &str,
+        instance: &ProcessInstance,
+        commit: &ProcessCommit<'_>,
+    ) -> u64 {
+        for (field, value) in &commit.add_keys {
+            self.index.insert(
+                (process.to_owned(), field.clone(), value.clone()),
+                instance.id.clone(),
+            );
+        }
+        for (field, value) in &commit.add_shared {
+            self.shared
+                .entry((process.to_owned(), field.clone(), value.clone()))
+                .or_default()
+                .insert(instance.id.clone());
+        }
+        for (field, value) in &commit.remove_shared {
+            let k = (process.to_owned(), field.clone(), value.clone());
+            if let Some(ids) = self.shared.get_mut(&k) {
+                ids.remove(&instance.id);
+                if ids.is_empty() {
+                    self.shared.remove(&k);
+                }
+            }
+        }
+        let mut stored = instance.clone();
+        stored.version += 1;
+        stored.updated_at = Timestamp::now();
+        let version = stored.version;
+        self.instances
+            .insert((process.to_owned(), instance.id.clone()), stored);
+        version
+    }
+
+    /// What the write sends and settles: messages enqueued, scheduled and
+    /// sent to endpoints, tallies opened, the message handled and those
+    /// batched with it acknowledged.
+    fn apply_effects(&mut self, commit: ProcessCommit<'_>, now: Instant, payload_limit: usize) {
+        for envelope in &commit.enqueue {
+            self.push_item(&WorkItem::Process(envelope.clone()), Duration::ZERO);
+        }
+        for (endpoint, payload) in &commit.endpoints {
+            self.endpoints
+                .entry(endpoint.clone())
+                .or_default()
+                .push(payload.clone());
+        }
+        self.scheduled.extend(commit.schedule.iter().cloned());
+        self.scheduled.sort_by_key(|(due, _)| *due);
+        for open in commit.tallies {
+            let complete = open.items.is_empty();
+            if complete {
+                self.push_item(&WorkItem::Process(open.completion.clone()), Duration::ZERO);
+            }
+            self.tallies.insert(
+                open.tally,
+                MemTally {
+                    pending: open.items.into_iter().collect(),
+                    checked: HashSet::new(),
+                    complete,
+                    deadline_passed: false,
+                    completion: open.completion,
+                    completion_late: open.completion_late,
+                    expires: now + open.keep_for,
+                },
+            );
+        }
+        self.settle(commit.settle, None, payload_limit);
+        for batched in &commit.batched {
+            self.settle(Settle::Ack(batched.delivery), None, payload_limit);
+        }
     }
 }
