@@ -1,5 +1,9 @@
-//! `#[process_manager]`: parse -> model -> check -> expand, and the
-//! standalone entry points of its helper attributes.
+//! `#[process_manager]`, in the same four stages as `#[saga]`, one file
+//! each: `parse.rs` (attributes and handler signatures -> typed structs,
+//! the settings' words in `vocab.rs`), `lower.rs` (-> the IR of
+//! `model.rs`), `check.rs` (rules across handlers), `expand.rs` (IR ->
+//! tokens); and here, the standalone entry points of its helper
+//! attributes, which run only when misplaced, to say so.
 
 mod check;
 mod expand;

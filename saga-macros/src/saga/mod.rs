@@ -1,4 +1,14 @@
-//! `#[saga]`: parse -> model -> check -> expand.
+//! `#[saga]`, in four stages, one file each:
+//!
+//! 1. `parse.rs`: attributes and signatures -> typed structs (what one
+//!    attribute or one method can tell), with the settings' words in
+//!    `vocab.rs`;
+//! 2. `lower.rs`: the parsed structs -> the IR of `model.rs` (`SagaDef`,
+//!    `StepDef`, `PolicyDef`, ...);
+//! 3. `check.rs`: the rules that relate several methods, on the IR;
+//! 4. `expand.rs`: the IR -> tokens.
+//!
+//! Errors gather in one `Ctxt` (`crate::ctxt`) across the stages.
 
 pub(crate) mod check;
 mod expand;
