@@ -336,6 +336,7 @@ macro_rules! backend_conformance {
             process_instances_versions_and_correlation_entries,
             process_tombstones_refuse_late_duplicates,
             tallies_count_each_item_once_and_complete_once,
+            tallies_without_items_complete_at_once_and_expire,
             endpoints_deliver_to_groups_claim_settle_and_trim,
             endpoints_claim_an_idle_message_behind_busy_ones,
             process_outbox_schedule_and_single_delivery_of_due_entries,

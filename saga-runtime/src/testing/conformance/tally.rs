@@ -2,30 +2,40 @@
 
 use super::*;
 
-/// Tallies: opened with a commit (not twice), each item counted once,
-/// exactly one completion enqueued by the check of the last item (the late
-/// one once the deadline is marked), progress readable, and expiry.
-pub async fn tallies_count_each_item_once_and_complete_once(b: Arc<dyn Backend>) {
-    let p = process_part(&b);
-    let tally = |name: &str| TallyRef {
+/// The tally of instance `i:1` named `name`.
+fn tally(name: &str) -> TallyRef {
+    TallyRef {
         process: "pm".into(),
         instance: "i:1".into(),
         generation: "g1".into(),
         name: name.into(),
-    };
-    let done = |name: &str, late: bool| {
-        let mut e = envelope(if late { 91 } else { 90 });
-        e.message_id = format!("{name}-done");
-        e.payload = json!({"late": late});
-        e
-    };
-    let open = |name: &str, items: &[&str], keep: Duration| TallyOpen {
+    }
+}
+
+/// The completion a tally `name` sends (`late`: after its deadline).
+fn done(name: &str, late: bool) -> Envelope {
+    let mut e = envelope(if late { 91 } else { 90 });
+    e.message_id = format!("{name}-done");
+    e.payload = json!({"late": late});
+    e
+}
+
+/// Opens the tally `name` with `items`, kept for `keep`.
+fn open(name: &str, items: &[&str], keep: Duration) -> TallyOpen {
+    TallyOpen {
         tally: tally(name),
         items: items.iter().map(|s| s.to_string()).collect(),
         keep_for: keep,
         completion: done(name, false),
         completion_late: done(name, true),
-    };
+    }
+}
+
+/// Tallies: opened with a commit (not twice), each item counted once,
+/// exactly one completion enqueued by the check of the last item (the late
+/// one once the deadline is marked), progress readable.
+pub async fn tallies_count_each_item_once_and_complete_once(b: Arc<dyn Backend>) {
+    let p = process_part(&b);
     let i = instance("i:1");
     let mut c = write(&i, &[]);
     c.tallies = vec![open(
@@ -138,14 +148,19 @@ pub async fn tallies_count_each_item_once_and_complete_once(b: Arc<dyn Backend>)
         .unwrap()
         .unwrap();
     assert!(after.complete && after.checked == 3 && after.missing.is_empty());
+}
 
-    // No items: complete at once. A short life: gone after it.
-    let mut c = write(&again, &[]);
+/// A tally with no items completes at once; one that outlives its life
+/// is gone.
+pub async fn tallies_without_items_complete_at_once_and_expire(b: Arc<dyn Backend>) {
+    let p = process_part(&b);
+    let i = instance("i:1");
+    let mut c = write(&i, &[]);
     c.tallies = vec![
         open("empty", &[], Duration::from_secs(60)),
         open("short", &["x"], Duration::from_millis(300)),
     ];
-    assert_eq!(p.process_commit("pm", c).await.unwrap(), 2);
+    assert_eq!(p.process_commit("pm", c).await.unwrap(), 1);
     assert_eq!(
         receive(&*b, "c").await.item,
         Ok(WorkItem::Process(done("empty", false)))
