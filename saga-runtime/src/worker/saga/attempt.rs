@@ -1,0 +1,213 @@
+//! Going on with a task attempt after attempt under one lease and message.
+
+use super::{Attempted, BreakerPermit, Run};
+use crate::backend::{BackendError, NextAttempt};
+use crate::error::StepErrorKind;
+use crate::metrics;
+use crate::model::task::{TaskInstance, TaskStatus};
+use crate::saga::state_machine as sm;
+use crate::saga::state_machine::{Call, Effects, NextMove, Outcome, Phase, Plan};
+
+impl Run<'_> {
+    /// Advances the task as far as this delivery may: an attempt whose
+    /// outcome calls for another one at once (the next step, the next
+    /// compensation) is followed by it here, under the same lease and the
+    /// same message, its start recorded together with the last outcome in
+    /// one write. Only what needs a new message (a backoff, the end, a
+    /// guarded transition, a shutdown) is committed.
+    pub(super) async fn advance(
+        &self,
+        mut task: TaskInstance,
+        cancel: Option<crate::model::task::Timestamp>,
+    ) -> Result<(), BackendError> {
+        // The status stored under the task's current version.
+        let mut stored = task.status;
+        if self.delivery.deliveries > self.rt.settings.max_deliveries {
+            let effects = sm::poisoned(&mut task, self.def, self.delivery.deliveries - 1);
+            return self.commit(task, stored, effects).await;
+        }
+        let mut plan = sm::plan(&mut task, self.def, cancel, self.worker);
+        let mut continuing = false;
+        loop {
+            let effects = match plan {
+                Plan::Nothing if continuing => Effects::stop(),
+                Plan::Nothing => {
+                    self.rt.backend.ack(self.delivery).await?;
+                    return Ok(());
+                }
+                Plan::Commit(effects) => effects,
+                Plan::Call(call) => {
+                    match self
+                        .attempt(&mut task, &mut stored, call, continuing)
+                        .await?
+                    {
+                        Attempted::Effects { effects, wrote }
+                            if wrote && self.goes_on(&task, &effects) =>
+                        {
+                            continuing = true;
+                            plan = sm::plan(&mut task, self.def, None, self.worker);
+                            continue;
+                        }
+                        Attempted::Effects { effects, .. } => effects,
+                        Attempted::Cancelled { at, before } => {
+                            task = *before;
+                            plan = sm::plan(&mut task, self.def, Some(at), self.worker);
+                            continue;
+                        }
+                    }
+                }
+            };
+            return self.commit(task, stored, effects).await;
+        }
+    }
+
+    /// Whether the worker goes on with the task after an attempt rather
+    /// than commit: the next attempt is due now, nothing needs the
+    /// guarded commit or the dead-letter queue, the engine is not shutting
+    /// down, and this is the message's first delivery. A redelivered
+    /// message (its worker died) commits once its task made progress, so
+    /// that the next step starts on a fresh message: a message's count of
+    /// unanswered deliveries is its poison cap, and it must not add up the
+    /// crashes of several steps that each went on to complete.
+    pub(super) fn goes_on(&self, task: &TaskInstance, effects: &Effects) -> bool {
+        self.delivery.deliveries <= 1
+            && effects.next == NextMove::Now
+            && effects.dead_letter.is_none()
+            && effects.guard.is_none()
+            && !task.status.is_terminal()
+            && !self.rt.shutdown.is_cancelled()
+    }
+
+    /// Makes one attempt: asks the breaker, records the attempt and claims
+    /// it, calls under a timeout and a heartbeat, and turns the result into
+    /// the task's next state.
+    pub(super) async fn attempt(
+        &self,
+        task: &mut TaskInstance,
+        stored: &mut TaskStatus,
+        call: Call,
+        continuing: bool,
+    ) -> Result<Attempted, BackendError> {
+        let step = &self.def.steps[call.idx];
+        let local = match call.phase {
+            Phase::Step => self.rt.breaker(self.def.name, step),
+            Phase::Compensation => None,
+        };
+        let permit = match self
+            .breaker_permit(step, call.phase, local.as_deref())
+            .await
+        {
+            Ok(permit) => permit,
+            Err(outcome) => {
+                let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
+                return Ok(Attempted::Effects {
+                    effects,
+                    wrote: false,
+                });
+            }
+        };
+        // Going on with a running task is refused once its cancellation
+        // is requested (a task already being cancelled or compensated
+        // goes on regardless).
+        let unless_cancelled = continuing
+            && task.cancelled_at.is_none()
+            && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
+        let before = unless_cancelled.then(|| Box::new(task.clone()));
+        let attempt = sm::record_attempt(task, self.def, call);
+        let sent = tokio::time::Instant::now();
+        // Renewed with the write when a heartbeat would have renewed it by
+        // now; a chain of quick steps renews nothing.
+        let leased_at = *self.leased_at.lock().unwrap_or_else(|p| p.into_inner());
+        let renew = (continuing && sent - leased_at >= self.rt.heartbeat_every())
+            .then(|| self.rt.lease_ttl());
+        let written = self
+            .persist(task.id, task.version, || async {
+                match continuing {
+                    false => {
+                        self.rt
+                            .backend
+                            .record_attempt(task, *stored, self.lease, &attempt.claim)
+                            .await
+                    }
+                    true => {
+                        self.rt
+                            .backend
+                            .record_next_attempt(NextAttempt {
+                                task,
+                                stored_status: *stored,
+                                lease: self.lease,
+                                claim: &attempt.claim,
+                                delivery: self.delivery,
+                                renew,
+                                unless_cancelled,
+                            })
+                            .await
+                    }
+                }
+            })
+            .await;
+        let (version, claimed) = match written {
+            Err(BackendError::CancelRequested { at, .. }) if before.is_some() => {
+                BreakerPermit::abandon(permit, self.rt).await;
+                let before = before.expect("checked");
+                return Ok(Attempted::Cancelled { at, before });
+            }
+            Err(error) => {
+                BreakerPermit::abandon(permit, self.rt).await;
+                return Err(error);
+            }
+            // Our write landed but its reply was lost: whether the claim
+            // was won is unknown, so count it as not won. A step then
+            // skips to the next attempt number without spending its
+            // budget; one attempt number never runs twice.
+            Ok(written) => written.unwrap_or_else(|version| (version, false)),
+        };
+        if renew.is_some() {
+            *self.leased_at.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+        }
+        task.version = version;
+        task.audit_saved();
+        *stored = task.status;
+        if !claimed {
+            BreakerPermit::abandon(permit, self.rt).await;
+            let outcome = Outcome::AlreadyClaimed;
+            let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
+            return Ok(Attempted::Effects {
+                effects,
+                wrote: true,
+            });
+        }
+        let rec = &task.steps[call.idx];
+        let retry = match call.phase {
+            Phase::Step => attempt.number.saturating_sub(rec.retry_base) > 1,
+            Phase::Compensation => attempt.number.saturating_sub(rec.compensation_retry_base) > 1,
+        };
+        let watch = metrics::attempt_started(self.def.name, step.name, call.phase, retry);
+        let outcome = match self.call(task, call, attempt.number).await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                BreakerPermit::abandon(permit, self.rt).await;
+                return Err(error);
+            }
+        };
+        metrics::attempt_ended(self.def.name, step.name, call.phase, &outcome, watch);
+        if let Some(permit) = permit {
+            let failed = match &outcome {
+                Outcome::Succeeded(_) => Some(false),
+                // A permanent error proves the endpoint answered.
+                Outcome::Failed {
+                    kind: StepErrorKind::Permanent | StepErrorKind::InvalidPayload,
+                    ..
+                } => Some(false),
+                Outcome::Failed { .. } | Outcome::TimedOut { .. } => Some(true),
+                _ => None,
+            };
+            permit.report(self.rt, failed).await;
+        }
+        let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
+        Ok(Attempted::Effects {
+            effects,
+            wrote: true,
+        })
+    }
+}

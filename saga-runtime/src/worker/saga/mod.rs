@@ -1,0 +1,257 @@
+//! Advancing one saga task as far as one delivery may.
+//!
+//! A message says "advance task T". The worker takes the task's lease (or
+//! hands the message back for later: it never waits; the read may have
+//! taken it already), loads the task, asks the state machine what the task
+//! needs, and makes the attempt (a step or a compensation, with its
+//! timeout, under a heartbeat). While an outcome calls for another attempt
+//! at once, it goes on under the same lease and message, recording each
+//! outcome with the next attempt's start in one write. What needs a new
+//! message (a backoff, the end, a guarded transition) is committed with the
+//! acknowledgement in one atomic write. A crash anywhere before that write
+//! leaves the message unacknowledged, so it is delivered again and the task
+//! resumes from what was persisted: attempt counts are written before every
+//! call, and a step whose completion was recorded is never run again.
+
+mod attempt;
+mod breaker;
+mod call;
+mod commit;
+mod versions;
+
+use breaker::BreakerPermit;
+pub(in crate::worker) use versions::park;
+use versions::{another_version, incompatible, known_sagas};
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::lease::LeaseGuard;
+use crate::backend::{BackendError, Delivery, Lease, Locked, QueueMessage, TakenLease};
+use crate::model::task::{TaskInstance, TaskStatus};
+use crate::saga::state_machine::Effects;
+use crate::saga::{ErasedSaga, SagaDefinition};
+use crate::worker::runtime::Runtime;
+
+/// Handles one saga message.
+pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &QueueMessage) {
+    // A lease the backend took with the delivery is guarded from here on:
+    // every way out of this function releases it.
+    let taken = Taken::from_delivery(rt, delivery, message).await;
+    if !rt.sagas.contains(&message.saga) {
+        if let Some(Taken::Held { guard, .. }) = taken {
+            guard.release().await;
+        }
+        let why = format!(
+            "unknown saga `{}` (this worker runs [{}])",
+            message.saga,
+            known_sagas(rt)
+        );
+        return another_version(rt, delivery, message, why).await;
+    }
+    let taken = match taken {
+        Some(taken) => Ok(taken),
+        None => Taken::lock(rt, message).await,
+    };
+    let (locked, leased_at, guard) = match taken {
+        Ok(Taken::Held {
+            locked,
+            leased_at,
+            guard,
+        }) => (*locked, leased_at, guard),
+        Ok(Taken::Busy) => {
+            tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
+            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+        // A record this worker cannot parse: written by a newer version
+        // (during a rolling deploy), or damaged. Handing it back as
+        // answered would loop for ever.
+        Err(BackendError::Corrupt(error)) => {
+            let why = format!(
+                "this worker cannot read the record of task {} ({error}); a newer version may have written it",
+                message.task_id
+            );
+            return another_version(rt, delivery, message, why).await;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "locking failed; message handed back");
+            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+    };
+    let lease = locked.lease;
+    let Some(task) = locked.task else {
+        let reason = format!("task {} does not exist", message.task_id);
+        super::dead_letter(rt, delivery, reason, Some(message.task_id)).await;
+        return guard.release().await;
+    };
+    if task.saga != message.saga {
+        let reason = format!(
+            "message names saga `{}` but task {} belongs to `{}`",
+            message.saga, task.id, task.saga
+        );
+        super::dead_letter(rt, delivery, reason, Some(task.id)).await;
+        return guard.release().await;
+    }
+    // A cancellation not applied yet makes any message of the task current:
+    // the wake-up `cancel` enqueues carries the sequence number it read
+    // before its request landed, and a failed attempt may have committed
+    // its delayed retry in between. Under the lease, nobody else is
+    // advancing the task.
+    let cancel_pending = locked.cancel_requested.is_some()
+        && task.cancelled_at.is_none()
+        && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
+    if (task.seq != message.seq && !cancel_pending) || task.status.is_terminal() {
+        tracing::debug!(task_id = %task.id, "stale duplicate message acknowledged");
+        if let Err(error) = rt.backend.ack(delivery).await {
+            tracing::debug!(%error, "acknowledging a stale message failed; it comes back and is dropped again");
+        }
+        return guard.release().await;
+    }
+    let saga = match rt.sagas.get(&task.saga, task.saga_version) {
+        Some(saga) => saga.clone(),
+        None => {
+            let why = format!(
+                "task {} runs on version {} of saga `{}`, which this worker does not have (it runs [{}])",
+                task.id,
+                task.saga_version,
+                task.saga,
+                known_sagas(rt)
+            );
+            guard.release().await;
+            return another_version(rt, delivery, message, why).await;
+        }
+    };
+    if let Some(why) = incompatible(&task, saga.definition()) {
+        guard.release().await;
+        return another_version(rt, delivery, message, why).await;
+    }
+    let run = Run {
+        rt,
+        saga: saga.as_ref(),
+        def: saga.definition(),
+        lease: &lease,
+        leased_at: Mutex::new(leased_at),
+        delivery,
+        worker: &delivery.consumer,
+    };
+    let id = task.id;
+    let result = run.advance(task, locked.cancel_requested).await;
+    match result {
+        Ok(()) => {
+            let mut guard = guard;
+            guard.disarm();
+        }
+        // The store refused the write itself (not a lost connection, not
+        // a lost lease): handing the message back would loop. Park it with
+        // the reason, on its own.
+        Err(error @ (BackendError::Rejected(_) | BackendError::Corrupt(_))) => {
+            let reason = format!(
+                "saga `{}` task {id}: the store refused the write: {error}",
+                message.saga
+            );
+            super::dead_letter(rt, delivery, reason, Some(id)).await;
+            guard.release().await;
+        }
+        Err(error) => {
+            tracing::warn!(task_id = %id, %error, "could not record the outcome; the message will be redelivered");
+            super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+            guard.release().await;
+        }
+    }
+}
+
+/// The task's lease: taken with the delivery, or by the worker.
+enum Taken {
+    Held {
+        locked: Box<Locked>,
+        /// When the lease runs from, at the latest.
+        leased_at: tokio::time::Instant,
+        guard: LeaseGuard,
+    },
+    Busy,
+}
+
+impl Taken {
+    /// Takes the lease now (the delivery came without one).
+    async fn lock(rt: &Arc<Runtime>, message: &QueueMessage) -> Result<Taken, BackendError> {
+        let leased_at = tokio::time::Instant::now();
+        let locked = rt
+            .backend
+            .lock_and_load(message.task_id, rt.lease_ttl())
+            .await?;
+        Ok(match locked {
+            Some(locked) => Taken::Held {
+                guard: LeaseGuard::new(rt, &locked.lease),
+                locked: Box::new(locked),
+                leased_at,
+            },
+            None => Taken::Busy,
+        })
+    }
+
+    /// The lease the delivery came with, if it can be used.
+    async fn from_delivery(
+        rt: &Arc<Runtime>,
+        delivery: &Delivery,
+        message: &QueueMessage,
+    ) -> Option<Taken> {
+        match delivery.lease.clone()? {
+            TakenLease::Busy => Some(Taken::Busy),
+            TakenLease::Held {
+                locked,
+                requested_at,
+                ttl,
+            } => {
+                let guard = LeaseGuard::new(rt, &locked.lease);
+                if locked.lease.task_id != message.task_id {
+                    guard.release().await;
+                    return None;
+                }
+                // The heartbeat counts the lease as lasting the engine's
+                // TTL: one taken for less runs out correspondingly sooner.
+                let shortfall = rt.lease_ttl().saturating_sub(ttl);
+                let leased_at = requested_at.checked_sub(shortfall).unwrap_or(requested_at);
+                Some(Taken::Held {
+                    locked,
+                    leased_at,
+                    guard,
+                })
+            }
+        }
+    }
+}
+
+/// One delivery's work on one task, under its lease.
+struct Run<'a> {
+    rt: &'a Arc<Runtime>,
+    saga: &'a dyn ErasedSaga,
+    def: &'static SagaDefinition,
+    lease: &'a Lease,
+    /// When the lease runs from, at the latest: when it was taken, then
+    /// when the last write that renewed it was sent.
+    leased_at: Mutex<tokio::time::Instant>,
+    delivery: &'a Delivery,
+    worker: &'a str,
+}
+
+/// What [`Run::attempt`] came to.
+enum Attempted {
+    /// The attempt's effects on the task; `wrote` when its start was
+    /// recorded (the task made progress in the store).
+    Effects { effects: Effects, wrote: bool },
+    /// Going on with the task was refused: its cancellation was requested
+    /// at `at`. `before` is the task as it was before the refused attempt.
+    Cancelled {
+        at: crate::model::task::Timestamp,
+        before: Box<TaskInstance>,
+    },
+}
+
+/// `tokio::time::sleep` that saturates instead of panicking on a timeout too
+/// large to add to the clock.
+async fn sleep(duration: Duration) {
+    match tokio::time::Instant::now().checked_add(duration) {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,132 @@
+//! What a worker does with a message for a saga version it does not run:
+//! hand it to an engine that runs it, or park the task with a true reason.
+
+use crate::backend::{BackendError, Delivery, QueueMessage, Settle, TaskCommit};
+use crate::metrics;
+use crate::metrics::DeadLetterKind;
+use crate::model::task::TaskInstance;
+use crate::saga::state_machine as sm;
+use crate::saga::SagaDefinition;
+use crate::worker::lease::LeaseGuard;
+use crate::worker::runtime::Runtime;
+use std::sync::Arc;
+
+pub(super) fn known_sagas(rt: &Runtime) -> String {
+    rt.sagas.describe()
+}
+
+/// Why a task cannot be advanced by this worker's definition of its saga
+/// version: it was started on a definition with other steps (a deploy
+/// changed the saga without bumping its version while the task was in
+/// flight). Advancing it would run the wrong steps, or index past the ones
+/// this definition has.
+pub(super) fn incompatible(task: &TaskInstance, def: &SagaDefinition) -> Option<String> {
+    let recorded: Vec<&str> = task.steps.iter().map(|s| s.name.as_str()).collect();
+    let defined: Vec<&str> = def.steps.iter().map(|s| s.name).collect();
+    let fingerprint = def.fingerprint_hex();
+    // Records from before fingerprints can only be compared by step names.
+    let same = match &task.fingerprint {
+        Some(recorded) => *recorded == fingerprint,
+        None => recorded == defined,
+    };
+    (!same).then(|| {
+        format!(
+            "task {} was started with steps [{}] (version {} of saga `{}`, fingerprint {}); this \
+             worker's version {} has [{}] (fingerprint {fingerprint}): the steps changed without \
+             a version bump (give the new definition `#[saga(version = {})]` and keep the old \
+             one registered until its tasks have finished)",
+            task.id,
+            recorded.join(", "),
+            task.saga_version,
+            def.name,
+            task.fingerprint.as_deref().unwrap_or("not recorded"),
+            def.version,
+            defined.join(", "),
+            def.version + 1
+        )
+    })
+}
+
+/// A message this worker cannot handle but another version may: a saga
+/// it does not run (a rolling deploy that adds one), a task started with
+/// other steps, a record it cannot parse. It goes back with growing delays
+/// (1 s, 2 s, 4 s, ... up to 5 minutes) for a worker that can; each such
+/// hand-back counts as an unanswered delivery, so a message no worker ever
+/// handles is, at the delivery cap, dead-lettered and its task parked
+/// `DeadLettered` (waitable, listable, and requeueable once a compatible
+/// version is deployed).
+pub(super) async fn another_version(
+    rt: &Arc<Runtime>,
+    delivery: &Delivery,
+    message: &QueueMessage,
+    why: String,
+) {
+    if delivery.deliveries <= rt.settings.max_deliveries {
+        let delay = crate::worker::another_version_delay(delivery.deliveries);
+        tracing::warn!(task_id = %message.task_id, ?delay, "{why}; handed back for a worker that can handle it");
+        if let Err(error) = rt.backend.defer(delivery, delay).await {
+            tracing::debug!(%error, "handing the message back failed; it is redelivered after the visibility timeout");
+        }
+        return;
+    }
+    let reason = format!(
+        "{why}; no worker able to handle it took the message in {} deliveries: requeue it once a compatible version is deployed",
+        delivery.deliveries - 1,
+    );
+    match park(rt, delivery, message, &reason).await {
+        Ok(true) => {}
+        // No task to park, or one this worker cannot even read: the
+        // message goes to the dead-letter queue on its own.
+        Ok(false) | Err(BackendError::Corrupt(_)) => {
+            crate::worker::dead_letter(rt, delivery, reason, Some(message.task_id)).await
+        }
+        Err(error) => {
+            tracing::warn!(%error, "parking the task failed; the message comes back");
+            crate::worker::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+    }
+}
+
+/// Parks the task `message` is for as `DeadLettered` with `reason`, and the
+/// message with it, in one commit. `Ok(false)` when there is nothing to
+/// park (no such task, ended, or the message is stale).
+pub(in crate::worker) async fn park(
+    rt: &Arc<Runtime>,
+    delivery: &Delivery,
+    message: &QueueMessage,
+    reason: &str,
+) -> Result<bool, BackendError> {
+    let Some(locked) = rt
+        .backend
+        .lock_and_load(message.task_id, rt.lease_ttl())
+        .await?
+    else {
+        return Ok(false);
+    };
+    let guard = LeaseGuard::new(rt, &locked.lease);
+    let Some(mut task) = locked
+        .task
+        .filter(|t| t.seq == message.seq && !t.status.is_terminal())
+    else {
+        guard.release().await;
+        return Ok(false);
+    };
+    let stored = task.status;
+    sm::park(&mut task, reason);
+    let mut guard = guard;
+    rt.backend
+        .commit(TaskCommit {
+            task: &task,
+            stored_status: stored,
+            lease: &locked.lease,
+            next: None,
+            settle: Settle::DeadLetter(delivery, reason),
+            unless_cancelled: false,
+            expire_after: rt.settings.retention_for(task.status),
+        })
+        .await?;
+    guard.disarm();
+    metrics::dead_lettered(DeadLetterKind::Saga);
+    metrics::task_parked(&task.saga);
+    Ok(true)
+}
