@@ -64,6 +64,15 @@
 //! - `metrics` (feature `metrics`): Prometheus metrics, and with `http` the
 //!   `GET /metrics` route.
 //!
+//! The modules stand on floors, and each refers only to those below it, so
+//! that each can be read and changed knowing what it may touch (the
+//! repository's `tests/architecture.rs` keeps it so). Lowest first: `model`
+//! (the persisted records); `util`, `name`, `policy`, `context`, `otel` and
+//! `circuit`; `backend` (storage); `error`; the state machines `saga` and
+//! `process`; `metrics`; `worker` (what runs them); `engine`; then
+//! `endpoint`, `reconcile`, `http` and `testing` on top. Data flows down the
+//! same way: engine -> worker -> state machines -> backend -> model.
+//!
 //! Users depend on this crate (it re-exports the macros), on `serde` (step
 //! types derive `Serialize`/`Deserialize`) and on `tokio`;
 //! `use saga_runtime::prelude::*;` brings in the attributes and the types a
