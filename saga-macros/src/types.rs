@@ -82,9 +82,10 @@ impl VisitMut for StripQualifiers {
 
     fn visit_type_path_mut(&mut self, ty: &mut syn::TypePath) {
         if ty.qself.is_none() && ty.path.segments.len() > 1 {
-            let last = ty.path.segments.pop().expect("more than one segment");
-            ty.path.segments.clear();
-            ty.path.segments.push(last);
+            if let Some(last) = ty.path.segments.pop() {
+                ty.path.segments.clear();
+                ty.path.segments.push(last);
+            }
         }
         ty.path.leading_colon = None;
         syn::visit_mut::visit_type_path_mut(self, ty);

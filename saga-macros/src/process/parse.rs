@@ -1087,11 +1087,14 @@ fn field_access(cx: &Ctxt, expr: &Expr) -> Option<(Ident, Member)> {
         );
         return None;
     };
+    let base = match &*field.base {
+        Expr::Path(p) if p.qself.is_none() => p.path.get_ident(),
+        _ => None,
+    };
+    if let Some(base) = base {
+        return Some((base.clone(), field.member.clone()));
+    }
     match &*field.base {
-        Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => Some((
-            p.path.get_ident().cloned().expect("checked"),
-            field.member.clone(),
-        )),
         Expr::Field(_) => {
             report(
                 expr,

@@ -177,14 +177,17 @@ impl ProcessContext {
                 "tally `{name}` has an empty item; items are non-empty strings"
             ));
         }
+        let index = self.tallies.len();
         self.tallies.push(TallyOpening {
             name: name.to_owned(),
             items,
             deadline: None,
             keep_for: tally::DEFAULT_TALLY_KEEP,
         });
-        let opening = self.tallies.last_mut().expect("just pushed");
-        OpenTally { opening, reference }
+        OpenTally {
+            opening: &mut self.tallies[index],
+            reference,
+        }
     }
 
     /// The reference of this instance's tally `name` (opened by this

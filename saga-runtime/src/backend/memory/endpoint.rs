@@ -63,14 +63,12 @@ impl MemEndpoint {
         g.pending.retain(|id, _| exists(*id).is_some());
         let stale = g
             .pending
-            .iter()
-            .find(|(_, (_, _, since))| *since + claim_idle <= now)
-            .map(|(id, _)| *id);
+            .iter_mut()
+            .find(|(_, (_, _, since))| *since + claim_idle <= now);
         let taken = match stale {
-            Some(id) => {
-                let p = g.pending.get_mut(&id).expect("just found");
+            Some((id, p)) => {
                 *p = (consumer.to_owned(), p.1 + 1, now);
-                Some((id, p.1))
+                Some((*id, p.1))
             }
             None => entries
                 .iter()
