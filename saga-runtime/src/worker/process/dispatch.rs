@@ -96,20 +96,7 @@ async fn tally_report(
         .backend
         .tally_progress(&tally, tally::MISSING_LISTED, request.deadline)
         .await?;
-    Ok(match progress {
-        None => Err(format!("{tally} no longer exists")),
-        Some(p) if request.deadline && p.complete => {
-            Err(format!("{tally} completed before its deadline"))
-        }
-        Some(p) => {
-            let status = tally::status_of(&tally, p, request.deadline);
-            Ok(Envelope {
-                kind: EnvelopeKind::Message,
-                payload: serde_json::to_value(status).unwrap_or(Value::Null),
-                ..envelope.clone()
-            })
-        }
-    })
+    Ok(tally::report(envelope, &tally, request.deadline, progress))
 }
 
 fn is_conflict(e: &BackendError) -> bool {

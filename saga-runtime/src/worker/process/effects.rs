@@ -208,7 +208,8 @@ pub(super) fn effects(
             (envelope.due_ms.unwrap_or_default(), envelope)
         })
         .collect::<Vec<_>>();
-    let (tallies, reports) = tally::commit_parts(ctx, envelope, now_ms);
+    let traceparent = crate::otel::current();
+    let (tallies, reports) = tally::commit_parts(ctx, envelope, now_ms, traceparent.as_deref());
     schedule.extend(reports);
     Effects {
         delete,
