@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 mod batch;
 pub(crate) mod dispatch;
-mod effects;
+mod handler;
 pub(crate) mod instance_lock;
 mod metrics;
 
