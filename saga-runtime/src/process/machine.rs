@@ -414,3 +414,6 @@ pub(crate) fn audit(
     let excess = instance.audit_log.len().saturating_sub(AUDIT_MEMORY);
     instance.audit_log.drain(..excess);
 }
+
+#[cfg(test)]
+mod tests;
