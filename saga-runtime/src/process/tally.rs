@@ -81,7 +81,12 @@ pub(crate) struct ReportRequest {
 
 /// The envelope that will carry a tally's report to its instance, filled
 /// in when it is due ([`EnvelopeKind::TallyReport`]).
-pub(crate) fn report_envelope(tally: &TallyRef, message_id: String, deadline: bool) -> Envelope {
+pub(crate) fn report_envelope(
+    tally: &TallyRef,
+    message_id: String,
+    deadline: bool,
+    traceparent: Option<&str>,
+) -> Envelope {
     let request = ReportRequest {
         tally: tally.name.clone(),
         deadline,
@@ -89,7 +94,7 @@ pub(crate) fn report_envelope(tally: &TallyRef, message_id: String, deadline: bo
     Envelope {
         kind: EnvelopeKind::TallyReport,
         payload: serde_json::to_value(request).unwrap_or(Value::Null),
-        ..addressed(tally, message_id, TallyStatus::TYPE)
+        ..addressed(tally, message_id, TallyStatus::TYPE, traceparent)
     }
 }
 
@@ -100,6 +105,7 @@ pub(crate) fn completion_envelope(
     message_id: String,
     total: u64,
     late: bool,
+    traceparent: Option<&str>,
 ) -> Envelope {
     let done = TallyCompleted {
         tally: tally.name.clone(),
@@ -109,16 +115,22 @@ pub(crate) fn completion_envelope(
     };
     Envelope {
         payload: serde_json::to_value(done).unwrap_or(Value::Null),
-        ..addressed(tally, message_id, TallyCompleted::TYPE)
+        ..addressed(tally, message_id, TallyCompleted::TYPE, traceparent)
     }
 }
 
 /// A message for the instance that opened `tally`, and only its
 /// generation: found by id (`key`) by a `#[handles]` handler, by
-/// `instance_id` by a `#[timeout]` one.
-fn addressed(tally: &TallyRef, message_id: String, message_type: &str) -> Envelope {
+/// `instance_id` by a `#[timeout]` one. `traceparent`: the handling that
+/// opened the tally (passed in: the machine reads no span).
+fn addressed(
+    tally: &TallyRef,
+    message_id: String,
+    message_type: &str,
+    traceparent: Option<&str>,
+) -> Envelope {
     Envelope {
-        traceparent: crate::otel::current(),
+        traceparent: traceparent.map(str::to_owned),
         due_ms: None,
         hops: 0,
         message_id,
@@ -158,6 +170,7 @@ pub(crate) fn commit_parts(
     ctx: &super::ProcessContext,
     handled: &Envelope,
     now_ms: u64,
+    traceparent: Option<&str>,
 ) -> (Vec<TallyOpen>, Vec<(u64, Envelope)>) {
     let id = |what: &str, name: &str| {
         derived_id(
@@ -177,14 +190,15 @@ pub(crate) fn commit_parts(
             unique.dedup();
             let total = unique.len() as u64;
             if let Some(after) = opening.deadline {
-                let report = report_envelope(&tally, id("deadline", &opening.name), true);
+                let report_id = id("deadline", &opening.name);
+                let report = report_envelope(&tally, report_id, true, traceparent);
                 reports.push((due(now_ms, after), report));
             }
             // One id for both: only one of them is ever sent.
             let done = id("completed", &opening.name);
             TallyOpen {
-                completion: completion_envelope(&tally, done.clone(), total, false),
-                completion_late: completion_envelope(&tally, done, total, true),
+                completion: completion_envelope(&tally, done.clone(), total, false, traceparent),
+                completion_late: completion_envelope(&tally, done, total, true, traceparent),
                 items: unique,
                 keep_for: opening.keep_for,
                 tally,
@@ -192,7 +206,8 @@ pub(crate) fn commit_parts(
         })
         .collect();
     for (n, (delay, name)) in ctx.polls.iter().enumerate() {
-        let report = report_envelope(&ctx.tally(name), id(&format!("poll{n}"), name), false);
+        let report_id = id(&format!("poll{n}"), name);
+        let report = report_envelope(&ctx.tally(name), report_id, false, traceparent);
         reports.push((due(now_ms, *delay), report));
     }
     (opens, reports)
@@ -208,4 +223,27 @@ pub(crate) fn report_target(envelope: &Envelope) -> Option<(TallyRef, ReportRequ
         name: request.tally.clone(),
     };
     Some((tally, request))
+}
+
+/// The due report `envelope` filled in from its tally's `progress`, read
+/// now; `Err(reason)` when there is nothing to report (the tally is gone,
+/// or its deadline came after it completed).
+pub(crate) fn report(
+    envelope: &Envelope,
+    tally: &TallyRef,
+    deadline: bool,
+    progress: Option<TallyProgress>,
+) -> Result<Envelope, String> {
+    match progress {
+        None => Err(format!("{tally} no longer exists")),
+        Some(p) if deadline && p.complete => Err(format!("{tally} completed before its deadline")),
+        Some(p) => {
+            let status = status_of(tally, p, deadline);
+            Ok(Envelope {
+                kind: EnvelopeKind::Message,
+                payload: serde_json::to_value(status).unwrap_or(Value::Null),
+                ..envelope.clone()
+            })
+        }
+    }
 }

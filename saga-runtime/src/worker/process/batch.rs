@@ -16,11 +16,11 @@
 use tokio::sync::oneshot;
 
 use super::dispatch::DispatchEnv;
-use super::effects::{effects, run_handler, Effects};
-use crate::backend::{Batched, Delivery, InstanceStatus, ProcessInstance};
-use crate::process::{
-    Correlation, Dispatched, Envelope, EnvelopeKind, ErasedProcess, HandlerKind, ProcessContext,
-};
+use super::handler::run_handler;
+use crate::backend::{Batched, Delivery};
+use crate::model::task::Timestamp;
+use crate::process::machine::{joins, Given, Save};
+use crate::process::{Dispatched, Envelope, ErasedProcess, ProcessContext};
 
 /// Messages one write takes at most: a bound on the script's size and on
 /// how long the others wait for it.
@@ -69,78 +69,46 @@ pub(crate) trait Joiners: Send + Sync {
     fn next(&self) -> Option<Joined>;
 }
 
-/// Applies waiting messages to `instance` and adds their effects to `fx`
-/// until one cannot be batched or none waits; returns those applied.
+/// Handles waiting messages in `save`'s write, each on the state the
+/// previous one left, until one cannot be batched or none waits; returns
+/// those handled.
 pub(super) async fn absorb(
     pm: &dyn ErasedProcess,
     env: &DispatchEnv<'_>,
     joiners: &dyn Joiners,
-    instance: &mut ProcessInstance,
-    fx: &mut Effects,
+    save: &mut Save,
 ) -> Vec<Joined> {
     let mut batch = Vec::new();
     while batch.len() < BATCH_MAX {
         let Some(joined) = joiners.next() else { break };
-        match apply(pm, env, instance, &joined.envelope).await {
-            Some(more) => {
-                fx.enqueue.extend(more.enqueue);
-                fx.endpoints.extend(more.endpoints);
-                fx.schedule.extend(more.schedule);
-                for entry in more.add_shared {
-                    if !fx.add_shared.contains(&entry) {
-                        fx.add_shared.push(entry);
-                    }
-                }
-                batch.push(joined);
-            }
+        if !apply(pm, env, save, &joined.envelope).await {
             // Dropped: it goes on alone, after this write.
-            None => break,
+            break;
         }
+        batch.push(joined);
     }
     batch
 }
 
-/// Handles `envelope` on `instance` if the outcome is a plain save that
-/// keeps the instance's correlation entries; `None` (and `instance`
-/// untouched) otherwise.
+/// Runs `envelope`'s handler on the instance as `save` leaves it, if the
+/// machine lets it join the write, and joins it if its outcome allows.
 async fn apply(
     pm: &dyn ErasedProcess,
     env: &DispatchEnv<'_>,
-    instance: &mut ProcessInstance,
+    save: &mut Save,
     envelope: &Envelope,
-) -> Option<Effects> {
+) -> bool {
     let def = pm.definition();
-    let fresh = envelope.kind != EnvelopeKind::TallyReport
-        && instance.status == InstanceStatus::Active
-        && !instance.processed.contains(&envelope.message_id)
-        && envelope
-            .generation
-            .as_ref()
-            .is_none_or(|g| instance.generation.is_empty() || instance.generation == *g);
-    let handler = def.handler(&envelope.message_type).filter(|_| fresh)?;
-    if matches!(handler.kind, HandlerKind::Starts { strict: true }) {
-        return None;
-    }
+    let Some(instance) = save.instance() else {
+        return false;
+    };
     let key = || {
         pm.message_key(&envelope.message_type, &envelope.payload)
             .ok()
             .flatten()
     };
-    let ours = match handler.correlation {
-        Correlation::Instance => envelope.instance_id.as_deref() == Some(instance.id.as_str()),
-        Correlation::Id => key().is_some_and(|k| k == instance.id),
-        Correlation::Field { state_field, .. } => {
-            !def.is_shared(state_field)
-                && key().is_some_and(|k| {
-                    instance
-                        .keys
-                        .iter()
-                        .any(|(f, v)| f == state_field && *v == k)
-                })
-        }
-    };
-    if !ours {
-        return None;
+    if !joins(def, instance, envelope, key) {
+        return false;
     }
     let mut ctx = ProcessContext::new(
         def.name,
@@ -149,21 +117,13 @@ async fn apply(
         envelope.message_id.clone(),
     );
     let state = Some(instance.state.clone());
-    let handled = run_handler(pm, env, envelope, state, &mut ctx).await.ok()?;
-    if !ctx.tallies.is_empty() {
-        return None;
-    }
-    let mut next = instance.clone();
+    let Ok(handled) = run_handler(pm, env, envelope, state, &mut ctx).await else {
+        return false;
+    };
     // Its delays run from when it ran, not from when the first did.
-    let now_ms = env.now_ms.max(crate::model::task::Timestamp::now().0);
-    let fx = effects(def, env, now_ms, &mut next, envelope, &ctx, handled);
-    // The same correlation values: the entries this write claims and
-    // releases are the first message's (each save also re-joins shared
-    // sets and drops legacy entries, the same for every message).
-    let plain = !fx.delete && next.keys == instance.keys && fx.remove_shared.is_empty();
-    if !plain {
-        return None;
-    }
-    *instance = next;
-    Some(fx)
+    let given = Given {
+        now_ms: env.now_ms.max(Timestamp::now().0),
+        ..env.given()
+    };
+    save.join(def, envelope, &ctx, handled, &given)
 }

@@ -1,7 +1,7 @@
 //! Delivering one message to a process manager: the routing, correlation
-//! and atomic save are `process::dispatch`'s; this adds what a worker owns:
-//! the pessimistic instance lease, keeping the message alive while the
-//! handler runs, and metrics.
+//! and atomic save are `dispatch`'s (the driver of `process::machine`);
+//! this adds what a worker owns: the pessimistic instance lease, keeping
+//! the message alive while the handler runs, and metrics.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,17 +10,17 @@ use tracing::Instrument;
 
 mod batch;
 pub(crate) mod dispatch;
-mod effects;
+mod handler;
 pub(crate) mod instance_lock;
 mod metrics;
 
 use batch::{Joined, Joiners};
 use dispatch::{dispatch, DispatchEnv};
-use instance_lock::{Cached, HeldLease, Locked};
+use instance_lock::{Cached, HeldLease, InstanceGuard, Locked};
 pub use metrics::ProcessMetrics;
 
 use super::runtime::Runtime;
-use crate::backend::{BackendError, Delivery, ForwardTo, ProcessBackend};
+use crate::backend::{BackendError, Delivery, ForwardTo, LoadedInstance, ProcessBackend};
 use crate::metrics::DeadLetterKind;
 use crate::model::task::Timestamp;
 use crate::process::{
@@ -40,83 +40,28 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         let reason = poison_reason(delivery.deliveries - 1);
         return super::dead_letter(rt, delivery, reason, None).await;
     }
-    let backend = &rt.backend;
-    let processes = match rt.processes() {
-        Ok(processes) => processes,
-        Err(error) => return super::dead_letter(rt, delivery, error.to_string(), None).await,
-    };
     // One handler per instance at a time in this process; the next one
     // starts from the instance as the previous one saved it.
-    let target = match target(pm.as_ref(), processes, delivery, envelope).await {
-        Ok(target) => target,
-        Err(error) => {
-            tracing::warn!(%error, "resolving the instance failed; message handed back");
-            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
-        }
+    let Some(target) = placed(rt, pm.as_ref(), delivery, envelope).await else {
+        return;
     };
-    // Handled where its instance's keys are (a cluster keeps partitions
-    // apart): a message read from another partition moves there first.
-    match forward(rt, delivery, envelope, &target).await {
-        Ok(true) => {
-            rt.metrics.count_forwarded(process);
-            return;
-        }
-        Ok(false) => {}
-        Err(error) => {
-            tracing::warn!(%error, "moving the message to its instance's partition failed; handed back");
-            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
-        }
-    }
     let pessimistic = pm.definition().concurrency == Concurrency::Pessimistic;
-    let mut local = match target.local_name(&envelope.process) {
-        // Waiting behind other handlers may take a while: keep the
-        // message meanwhile, and (optimistic mode: see `process::batch`)
-        // offer it to the handler ahead to handle in its write.
-        Some(name) if pessimistic => {
-            Some(touching(rt, delivery, rt.instance_locks.lock(name)).await)
+    let mut local = match lock_local(rt, delivery, envelope, &target, pessimistic).await {
+        Ok(local) => local,
+        Err(outcome) => {
+            rt.metrics.count_batched(process);
+            return counted(rt, process, envelope, &outcome);
         }
-        Some(name) => {
-            let offer = || Joined::new(envelope.clone(), delivery.clone());
-            match touching(rt, delivery, rt.instance_locks.lock_or_join(name, offer)).await {
-                Locked::Held(guard) => Some(guard),
-                Locked::Handled(outcome) => {
-                    rt.metrics.count_batched(process);
-                    return counted(rt, process, envelope, &outcome);
-                }
-            }
-        }
-        None => None,
     };
     let Cached {
         instance: cached,
         lease: handed,
     } = local.as_mut().map(|l| l.take_cached()).unwrap_or_default();
-    // As the message looks the instance up (by id, or by a value it holds).
-    let mut cached = cached
-        .and_then(|c| crate::process::lookup(pm.as_ref(), envelope).and_then(|l| c.found_by(l)));
-    // Found with the lock free, what this process remembers of the
-    // instance may be older than the read taken with the message (another
-    // process wrote it since, or deleted and created it again): used only
-    // if it is that instance, that generation, and not older.
-    if !local.as_ref().is_some_and(|l| l.waited) {
-        let remembered = cached.as_ref().and_then(|c| c.instance.as_ref());
-        let read = delivery
-            .instance
-            .as_deref()
-            .and_then(|r| r.instance.as_ref());
-        let current = match (remembered, read) {
-            (Some(c), Some(r)) => {
-                c.id == r.id && c.generation == r.generation && c.version >= r.version
-            }
-            _ => false,
-        };
-        if !current {
-            cached = None;
-        }
-    }
+    let waited = local.as_ref().is_some_and(|l| l.waited);
+    let mut cached = remembered(pm.as_ref(), delivery, envelope, cached, waited);
     // The backend read the instance with the message; if another handler
     // of it ran meanwhile, that read is stale.
-    let mut stale_read = local.as_ref().is_some_and(|l| l.waited);
+    let mut stale_read = waited;
     // Pessimistic mode: one handler per instance at a time, across
     // processes too, and its decisions are made on what it reads under
     // the lease: not the read that came with the message, and the
@@ -124,52 +69,10 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     let lease = if pessimistic {
         stale_read = true;
         let name = target.lease_name(&envelope.process);
-        // A lease left by the previous handler under another name (the
-        // starter of a new instance held its correlation value's; this
-        // message finds the instance by its id) is released, or it would
-        // stay held for its TTL.
-        let handed = match handed {
-            Some(other) if other.name != name => {
-                let _ = rt
-                    .leases()
-                    .release_named_lease(&other.name, &other.token)
-                    .await;
-                None
-            }
-            handed => handed,
-        };
-        if handed.is_none() {
-            cached = None;
+        match leased(rt, name, handed, &mut cached).await {
+            Some(lease) => Some(lease),
+            None => return super::release(rt, delivery, rt.settings.lock_retry_delay).await,
         }
-        // A handed lease fresh enough is used as it is.
-        let since = handed.as_ref().map(|l| l.since);
-        let fresh = since.is_some_and(|at| at.elapsed() < rt.lease_ttl() / 2);
-        let was_handed = handed.is_some();
-        let token = handed
-            .map(|l| l.token)
-            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-        let held = fresh
-            || matches!(
-                rt.leases().named_lease(&name, &token, rt.lease_ttl()).await,
-                Ok(true)
-            );
-        if !held {
-            if was_handed {
-                // Not renewed (the store failed to answer): let it go
-                // rather than leave it held for its TTL.
-                let _ = rt.leases().release_named_lease(&name, &token).await;
-            }
-            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
-        }
-        Some(NamedLeaseGuard {
-            rt: rt.clone(),
-            name,
-            token,
-            since: match (fresh, since) {
-                (true, Some(at)) => at,
-                _ => tokio::time::Instant::now(),
-            },
-        })
     } else {
         None
     };
@@ -182,8 +85,13 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         Some(pm) => crate::process::routing_key(pm.as_ref(), message_type, payload),
         None => (None, None),
     };
+    let Ok(backend) = rt.processes() else {
+        // Not reached: an engine with a process manager is built only on a
+        // backend with a process store.
+        return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+    };
     let env = DispatchEnv {
-        backend: processes,
+        backend,
         subscribers: &subscribers,
         routing_key: &routing_key,
         now_ms: Timestamp::now().0,
@@ -207,14 +115,181 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         message_id = %envelope.message_id,
     );
     crate::otel::continue_trace(&span, envelope.traceparent.as_deref(), None);
-    // Keep the message (and the pessimistic lease) alive while the handler
-    // and its conflict re-runs take their time, so no other worker takes
-    // the message over meanwhile.
+    let work = dispatch(pm.as_ref(), &env, envelope).instrument(span);
+    let result = kept_alive(rt, delivery, lease.as_ref(), work).await;
+    let saved = saved.into_inner().unwrap_or_else(|p| p.into_inner());
+    hand_over(rt, local.as_mut(), lease, saved, result.is_ok()).await;
+    drop(local);
+    match result {
+        Ok(outcome) => counted(rt, process, envelope, &outcome),
+        Err(error) => {
+            tracing::warn!(%error, "process message not recorded; it will be redelivered");
+            super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+    }
+}
+
+/// Which instance the message is for, once it is where that instance's
+/// keys are (a cluster keeps partitions apart: a message read from
+/// another partition moves there first). `None`: it was moved, or handed
+/// back.
+async fn placed(
+    rt: &Runtime,
+    pm: &dyn ErasedProcess,
+    delivery: &Delivery,
+    envelope: &Envelope,
+) -> Option<Target> {
+    let target = match async { target(pm, rt.processes()?, delivery, envelope).await }.await {
+        Ok(target) => target,
+        Err(error) => {
+            tracing::warn!(%error, "resolving the instance failed; message handed back");
+            super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+            return None;
+        }
+    };
+    match forward(rt, delivery, envelope, &target).await {
+        Ok(true) => {
+            rt.metrics.count_forwarded(pm.definition().name);
+            None
+        }
+        Ok(false) => Some(target),
+        Err(error) => {
+            tracing::warn!(%error, "moving the message to its instance's partition failed; handed back");
+            super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+            None
+        }
+    }
+}
+
+/// Takes this process's lock of the message's instance, if it has one.
+/// Waiting behind other handlers may take a while: the message is kept
+/// meanwhile, and (optimistic mode: see `process::batch`) offered to the
+/// handler ahead to handle in its write: `Err` with its outcome if it
+/// did.
+async fn lock_local<'r>(
+    rt: &'r Runtime,
+    delivery: &Delivery,
+    envelope: &Envelope,
+    target: &Target,
+    pessimistic: bool,
+) -> Result<Option<InstanceGuard<'r>>, Dispatched> {
+    Ok(match target.local_name(&envelope.process) {
+        Some(name) if pessimistic => {
+            Some(touching(rt, delivery, rt.instance_locks.lock(name)).await)
+        }
+        Some(name) => {
+            let offer = || Joined::new(envelope.clone(), delivery.clone());
+            match touching(rt, delivery, rt.instance_locks.lock_or_join(name, offer)).await {
+                Locked::Held(guard) => Some(guard),
+                Locked::Handled(outcome) => return Err(outcome),
+            }
+        }
+        None => None,
+    })
+}
+
+/// What this process remembers of the instance, as the message looks it
+/// up (by id, or by a value it holds). Found with the lock free (not
+/// `waited`), that may be older than the read taken with the message
+/// (another process wrote it since, or deleted and created it again):
+/// used only if it is that instance, that generation, and not older.
+fn remembered(
+    pm: &dyn ErasedProcess,
+    delivery: &Delivery,
+    envelope: &Envelope,
+    cached: Option<LoadedInstance>,
+    waited: bool,
+) -> Option<LoadedInstance> {
+    let cached =
+        cached.and_then(|c| crate::process::lookup(pm, envelope).and_then(|l| c.found_by(l)));
+    if waited {
+        return cached;
+    }
+    let remembered = cached.as_ref().and_then(|c| c.instance.as_ref());
+    let read = delivery
+        .instance
+        .as_deref()
+        .and_then(|r| r.instance.as_ref());
+    let current = match (remembered, read) {
+        (Some(c), Some(r)) => {
+            c.id == r.id && c.generation == r.generation && c.version >= r.version
+        }
+        _ => false,
+    };
+    cached.filter(|_| current)
+}
+
+/// Takes the pessimistic lease `name` (or goes on under the one the
+/// previous handler here handed over, if fresh enough); `None` if it is
+/// held elsewhere or the store did not answer. Without a handed lease,
+/// what the previous handler saved (`cached`) may predate another
+/// process's write: it is dropped.
+async fn leased(
+    rt: &Arc<Runtime>,
+    name: String,
+    handed: Option<HeldLease>,
+    cached: &mut Option<LoadedInstance>,
+) -> Option<NamedLeaseGuard> {
+    let backend = rt.leases();
+    // A lease left by the previous handler under another name (the
+    // starter of a new instance held its correlation value's; this
+    // message finds the instance by its id) is released, or it would
+    // stay held for its TTL.
+    let handed = match handed {
+        Some(other) if other.name != name => {
+            let _ = backend.release_named_lease(&other.name, &other.token).await;
+            None
+        }
+        handed => handed,
+    };
+    if handed.is_none() {
+        *cached = None;
+    }
+    // A handed lease fresh enough is used as it is.
+    let since = handed.as_ref().map(|l| l.since);
+    let fresh = since.is_some_and(|at| at.elapsed() < rt.lease_ttl() / 2);
+    let was_handed = handed.is_some();
+    let token = handed
+        .map(|l| l.token)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    let held = fresh
+        || matches!(
+            backend.named_lease(&name, &token, rt.lease_ttl()).await,
+            Ok(true)
+        );
+    if !held {
+        if was_handed {
+            // Not renewed (the store failed to answer): let it go
+            // rather than leave it held for its TTL.
+            let _ = backend.release_named_lease(&name, &token).await;
+        }
+        return None;
+    }
+    Some(NamedLeaseGuard {
+        rt: rt.clone(),
+        name,
+        token,
+        since: match (fresh, since) {
+            (true, Some(at)) => at,
+            _ => tokio::time::Instant::now(),
+        },
+    })
+}
+
+/// Runs `work` (the dispatch), keeping the message (and the pessimistic
+/// lease) alive while the handler and its conflict re-runs take their
+/// time, so no other worker takes the message over meanwhile.
+async fn kept_alive<T>(
+    rt: &Runtime,
+    delivery: &Delivery,
+    lease: Option<&NamedLeaseGuard>,
+    work: impl Future<Output = T>,
+) -> T {
     let keep_alive = async {
         loop {
             tokio::time::sleep(rt.heartbeat_every()).await;
-            let _ = backend.touch(delivery).await;
-            if let Some(lease) = &lease {
+            let _ = rt.backend.touch(delivery).await;
+            if let Some(lease) = lease {
                 let _ = rt
                     .leases()
                     .named_lease(&lease.name, &lease.token, rt.lease_ttl())
@@ -222,12 +297,24 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             }
         }
     };
-    let result = tokio::select! {
-        result = dispatch(pm.as_ref(), &env, envelope).instrument(span) => result,
+    tokio::select! {
+        done = work => done,
         never = keep_alive => never,
-    };
+    }
+}
+
+/// Leaves the next handler of the instance in this process what it starts
+/// from: the instance as this one `saved` it and, if one waits and this
+/// one went well, the pessimistic lease (released otherwise).
+async fn hand_over(
+    rt: &Runtime,
+    local: Option<&mut InstanceGuard<'_>>,
+    lease: Option<NamedLeaseGuard>,
+    saved: Option<LoadedInstance>,
+    ok: bool,
+) {
     let mut handover = Cached {
-        instance: saved.into_inner().unwrap_or_else(|p| p.into_inner()),
+        instance: saved,
         lease: None,
     };
     if let Some(mut lease) = lease {
@@ -235,7 +322,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             std::mem::take(&mut lease.name),
             std::mem::take(&mut lease.token),
         );
-        match local.as_ref().is_some_and(|l| l.has_waiters()) && result.is_ok() {
+        match local.as_ref().is_some_and(|l| l.has_waiters()) && ok {
             // The next handler of the instance here goes on under it.
             true => {
                 handover.lease = Some(HeldLease {
@@ -251,16 +338,8 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
             }
         }
     }
-    if let Some(local) = local.as_mut() {
+    if let Some(local) = local {
         local.set_cached(handover);
-    }
-    drop(local);
-    match result {
-        Ok(outcome) => counted(rt, process, envelope, &outcome),
-        Err(error) => {
-            tracing::warn!(%error, "process message not recorded; it will be redelivered");
-            super::release(rt, delivery, rt.settings.lock_retry_delay).await;
-        }
     }
 }
 
