@@ -16,19 +16,8 @@ const PURGE_BATCH: usize = 100;
 fn parse_member(member: &str) -> Option<(TaskId, TaskStatus, &str)> {
     let mut parts = member.splitn(3, '|');
     let id = parts.next()?.parse().ok()?;
-    let status = match parts.next()? {
-        "Completed" => TaskStatus::Completed,
-        "Compensated" => TaskStatus::Compensated,
-        "Failed" => TaskStatus::Failed,
-        "Cancelled" => TaskStatus::Cancelled,
-        "CompensationFailed" => TaskStatus::CompensationFailed,
-        "DeadLettered" => TaskStatus::DeadLettered,
-        "Resolved" => TaskStatus::Resolved,
-        "Pending" => TaskStatus::Pending,
-        "Running" => TaskStatus::Running,
-        "Compensating" => TaskStatus::Compensating,
-        _ => return None,
-    };
+    let name = parts.next()?;
+    let status = TaskStatus::ALL.into_iter().find(|s| s.as_str() == name)?;
     Some((id, status, parts.next()?))
 }
 
@@ -71,7 +60,7 @@ impl RedisBackend {
                     .key(k.audit(id))
                     .arg(member)
                     .arg(id.to_string())
-                    .arg(format!("{status:?}"));
+                    .arg(status.as_str());
             }
             if any {
                 let n: usize = self.run(&invocation).await?;
@@ -140,7 +129,8 @@ impl RedisBackend {
                 .collect::<Result<_, _>>()?;
             let mut doomed = Vec::new();
             for (((id, _), task), status) in entries.iter().zip(&tasks).zip(statuses) {
-                let parked = task.is_some() && status.as_deref() == Some("DeadLettered");
+                let parked =
+                    task.is_some() && status.as_deref() == Some(TaskStatus::DeadLettered.as_str());
                 if !parked && doomed.len() < excess {
                     doomed.push(id.clone());
                 }

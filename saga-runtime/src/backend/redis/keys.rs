@@ -335,7 +335,7 @@ impl Keys {
     /// all of them or those in one status.
     pub fn index(&self, partition: u16, saga: &str, status: Option<TaskStatus>) -> String {
         match status {
-            Some(status) => format!("{}:idx:{saga}:{status:?}", self.tag(partition)),
+            Some(status) => format!("{}:idx:{saga}:{}", self.tag(partition), status.as_str()),
             None => format!("{}:idx:{saga}", self.tag(partition)),
         }
     }
@@ -348,7 +348,7 @@ impl Keys {
     /// A task's entry in [`expiring`](Self::expiring): enough to find its
     /// index entries once its record is gone.
     pub fn expiring_member(id: TaskId, status: TaskStatus, saga: &str) -> String {
-        format!("{id}|{status:?}|{saga}")
+        format!("{id}|{}|{saga}", status.as_str())
     }
 
     /// A stream's delayed messages (retry backoffs, hand-backs with a
@@ -830,5 +830,22 @@ mod tests {
         ] {
             assert_eq!(tag(&key), pm, "{key}");
         }
+    }
+
+    /// Index keys and expiring members carry a status's stored name: a
+    /// running deployment's keys must read the same after an upgrade.
+    #[test]
+    fn status_keys_are_the_stored_names() {
+        let keys = Keys::new("saga", 1, PROCESS_PARTITIONS, false);
+        let id: TaskId = "00000000-0000-0000-0000-000000000007".parse().unwrap();
+        assert_eq!(
+            keys.index(0, "orders", Some(TaskStatus::CompensationFailed)),
+            "saga:{saga:0}:idx:orders:CompensationFailed"
+        );
+        assert_eq!(keys.index(0, "orders", None), "saga:{saga:0}:idx:orders");
+        assert_eq!(
+            Keys::expiring_member(id, TaskStatus::DeadLettered, "orders"),
+            "00000000-0000-0000-0000-000000000007|DeadLettered|orders"
+        );
     }
 }

@@ -477,7 +477,7 @@ impl TaskStore for RedisBackend {
                     .arg(task.version)
                     .arg(written(task)?)
                     .arg(claim)
-                    .arg(format!("{:?}", task.status))
+                    .arg(task.status.as_str())
                     .arg(task.id.to_string())
                     .arg(task.created_at.0)
                     .arg(AUDIT_LOG_CAP)
@@ -515,7 +515,7 @@ impl TaskStore for RedisBackend {
                     .arg(task.version)
                     .arg(written(task)?)
                     .arg(next.claim)
-                    .arg(format!("{:?}", task.status))
+                    .arg(task.status.as_str())
                     .arg(task.id.to_string())
                     .arg(task.created_at.0)
                     .arg(&next.lease.token)
@@ -598,7 +598,7 @@ impl TaskStore for RedisBackend {
                     .arg(reason)
                     .arg(task.id.to_string())
                     .arg(if commit.unless_cancelled { "1" } else { "0" })
-                    .arg(format!("{:?}", task.status))
+                    .arg(task.status.as_str())
                     .arg(
                         commit
                             .expire_after
