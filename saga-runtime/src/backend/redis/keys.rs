@@ -605,30 +605,12 @@ pub const PROCESS_PARTITIONS: u16 = 16;
 pub const MAX_PROCESS_PARTITIONS: u16 = 64;
 
 /// The routing hash of process-manager messages, computed alike here and
-/// in scripts ([`ROUTE_HASH_LUA`]): a polynomial hash modulo a prime below
+/// in scripts (`lua/lib/route.lua`): a polynomial hash modulo a prime below
 /// 2^31, which Lua's doubles compute exactly.
 pub fn route_hash(text: &str) -> u32 {
     text.bytes()
         .fold(0u64, |h, b| (h * 31 + u64::from(b)) % 2_147_483_647) as u32
 }
-
-/// [`route_hash`] in Lua, and `route(prefix, m)`: the queue key of decoded
-/// envelope `m` (`ARGV`-independent, for scripts that move envelopes).
-pub const ROUTE_HASH_LUA: &str = r"
-local function route_hash(s)
-  local h = 0
-  for i = 1, #s do h = (h * 31 + string.byte(s, i)) % 2147483647 end
-  return h
-end
-local function route(pm_prefix, partitions, m)
-  local target = m.instance_id
-  if type(target) ~= 'string' then target = m.key end
-  if type(target) ~= 'string' then target = '' end
-  local process = m.process
-  if type(process) ~= 'string' then return pm_prefix .. ':queue' end
-  return pm_prefix .. ':queue:' .. (route_hash(process .. ':' .. target) % partitions)
-end
-";
 
 #[cfg(test)]
 mod tests {
