@@ -19,11 +19,88 @@
 //! function` under `lua/lib/`, which takes its inputs as arguments and
 //! returns its results (no fragment leaves globals for its includer); a
 //! script is its libraries' text followed by its own, concatenated at
-//! compile time. Refusals have named codes (`lua/lib/refusals.lua`).
+//! compile time. Refusals have named codes (`lua/lib/refusals.lua`), the
+//! same table as [`Refusal`].
+//!
+//! On the Rust side each script has one typed call (a struct per script,
+//! see [`Call`]): callers fill named fields, the order of the keys and
+//! arguments lives in the call's `fill` alone, next to the script's header,
+//! and the reply is decoded in the call's `decode`. Refusals come back as
+//! values ([`Refused`]); each caller maps them to the errors it returns in
+//! one small function.
+
+mod refusal;
+mod task;
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{FromRedisValue, Script, ScriptInvocation, Value};
+
+use super::{unavailable, RedisBackend};
+use crate::backend::BackendError;
+pub(super) use refusal::Refusal;
+pub(super) use task::*;
+
+/// One call of a script: its keys and arguments as named fields, and its
+/// reply decoded.
+pub(super) trait Call {
+    /// The reply, decoded.
+    type Reply;
+
+    /// The script called.
+    fn script() -> &'static Script;
+
+    /// Adds the keys and the arguments, in the order the script's header
+    /// gives them: the one place that order is written down in Rust.
+    fn fill(&self, invocation: &mut ScriptInvocation<'_>);
+
+    /// Reads the script's reply.
+    fn decode(reply: Value) -> Result<Self::Reply, BackendError>;
+
+    /// The invocation, ready to run.
+    fn invocation(&self) -> ScriptInvocation<'static> {
+        let mut invocation = Self::script().prepare_invoke();
+        self.fill(&mut invocation);
+        invocation
+    }
+}
+
+impl RedisBackend {
+    /// Runs a script call (recreating lost consumer groups, as
+    /// [`run`](RedisBackend::run) does) and decodes its reply.
+    pub(super) async fn call<C: Call>(&self, call: &C) -> Result<C::Reply, BackendError> {
+        let reply: Value = self.run(&call.invocation()).await?;
+        C::decode(reply)
+    }
+}
+
+/// A refused write: why, and what came with the refusal (the stored fence,
+/// version or cancellation flag, the owner of an entry, a tally's number),
+/// as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Refused {
+    pub refusal: Refusal,
+    pub detail: Option<String>,
+}
+
+/// A reply read as `T`, failing as a typed invocation fails (a reply of
+/// another shape is the same error as before the calls were typed).
+fn typed<T: FromRedisValue>(reply: Value) -> Result<T, BackendError> {
+    redis::from_redis_value(reply).map_err(|e| unavailable(e.into()))
+}
+
+/// A flag argument: `'1'` or `'0'`.
+fn flag(on: bool) -> &'static str {
+    match on {
+        true => "1",
+        false => "0",
+    }
+}
+
+/// An optional argument: its text, or `''` for none.
+fn or_empty<T: ToString>(value: Option<T>) -> String {
+    value.map(|v| v.to_string()).unwrap_or_default()
+}
 
 /// A script: the text of the libraries it names (`lua/lib/<name>.lua`, in
 /// that order: a library comes after those it uses), then its own

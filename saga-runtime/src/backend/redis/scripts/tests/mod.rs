@@ -3,12 +3,61 @@
 //! redis-server.
 
 mod server;
+mod task;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use super::ALL;
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+
+use super::{Call, ALL};
+use crate::backend::redis::keys::{Keys, PROCESS_PARTITIONS};
+use crate::backend::redis::unavailable;
+use crate::backend::BackendError;
 use server::TestServer;
+
+/// A private server, a connection to it, and the key layout of a
+/// single-server deployment (prefix `saga`, one partition).
+struct Fixture {
+    _server: TestServer,
+    conn: MultiplexedConnection,
+    keys: Keys,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let server = TestServer::start();
+        let conn = server.conn().await;
+        Fixture {
+            _server: server,
+            conn,
+            keys: Keys::new("saga", 1, PROCESS_PARTITIONS, false),
+        }
+    }
+
+    /// Runs a call as the backend does (without its retry on a lost
+    /// consumer group).
+    async fn call<C: Call>(&mut self, call: &C) -> Result<C::Reply, BackendError> {
+        let reply: Value = call
+            .invocation()
+            .invoke_async(&mut self.conn)
+            .await
+            .map_err(unavailable)?;
+        C::decode(reply)
+    }
+
+    /// A plain command, for setting up and looking at the data.
+    async fn cmd<T: redis::FromRedisValue>(&mut self, args: &[&str]) -> T {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query_async(&mut self.conn)
+            .await
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+}
 
 fn lua_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/backend/redis/lua")
