@@ -8,7 +8,7 @@ use redis::Value;
 use uuid::Uuid;
 
 use super::keys::Keys;
-use super::scripts::{self as s, Locking, Refusal, Refused, TaskSettle};
+use super::scripts::{self as s, Locking, Refusal, Refused, Settling};
 use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
@@ -531,13 +531,13 @@ impl TaskStore for RedisBackend {
         let p = k.partition_of(task.id);
         let limit = self.shared.config.dead_letter_payload_limit;
         let settle = match commit.settle {
-            Settle::Nothing => TaskSettle::Keep,
-            Settle::Ack(d) => TaskSettle::Ack {
+            Settle::Nothing => Settling::Keep,
+            Settle::Ack(d) => Settling::Ack {
                 entry: self.entry_of(d, p)?,
             },
             Settle::DeadLetter(d, reason) => {
                 let (payload, size) = truncate_payload(&d.raw, limit);
-                TaskSettle::Dead {
+                Settling::Dead {
                     entry: self.entry_of(d, p)?,
                     payload,
                     reason,
@@ -554,7 +554,7 @@ impl TaskStore for RedisBackend {
                         task.id
                     )));
                 }
-                TaskSettle::Resolve {
+                Settling::Resolve {
                     entry: entry.to_owned(),
                 }
             }

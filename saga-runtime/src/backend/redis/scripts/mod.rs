@@ -29,6 +29,7 @@
 //! values ([`Refused`]); each caller maps them to the errors it returns in
 //! one small function.
 
+mod queue;
 mod refusal;
 mod task;
 
@@ -38,6 +39,7 @@ use redis::{FromRedisValue, Script, ScriptInvocation, Value};
 
 use super::{unavailable, RedisBackend};
 use crate::backend::BackendError;
+pub(super) use queue::*;
 pub(super) use refusal::Refusal;
 pub(super) use task::*;
 

@@ -268,9 +268,10 @@ impl Call for RecordNext<'_> {
     }
 }
 
-/// What a commit does with the message it handled.
+/// What a commit (a task's or a process manager's) does with the message
+/// it handled.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TaskSettle<'a> {
+pub(crate) enum Settling<'a> {
     /// Nothing.
     Keep,
     /// Acknowledge entry `entry`.
@@ -307,7 +308,7 @@ pub(crate) struct Commit<'a> {
     pub token: &'a str,
     /// The next message's payload and delay (ms).
     pub next: Option<(String, u64)>,
-    pub settle: TaskSettle<'a>,
+    pub settle: Settling<'a>,
     pub group: &'a str,
     pub id: String,
     pub unless_cancelled: bool,
@@ -339,15 +340,15 @@ impl Call for Commit<'_> {
             None => ("", 0),
         };
         let (kind, entry, payload, reason, size) = match &self.settle {
-            TaskSettle::Keep => ("none", "", "", "", None),
-            TaskSettle::Ack { entry } => ("ack", entry.as_str(), "", "", None),
-            TaskSettle::Dead {
+            Settling::Keep => ("none", "", "", "", None),
+            Settling::Ack { entry } => ("ack", entry.as_str(), "", "", None),
+            Settling::Dead {
                 entry,
                 payload,
                 reason,
                 size,
             } => ("dead", entry.as_str(), *payload, *reason, *size),
-            TaskSettle::Resolve { entry } => ("resolve", entry.as_str(), "", "", None),
+            Settling::Resolve { entry } => ("resolve", entry.as_str(), "", "", None),
         };
         call.key(&self.fence)
             .key(&self.task)

@@ -6,7 +6,7 @@ use redis::Value;
 
 use super::Fixture;
 use crate::backend::redis::scripts::{
-    self as s, Beat, Locking, Refusal, Refused, TaskSettle, Written,
+    self as s, Beat, Locking, Refusal, Refused, Settling, Written,
 };
 use crate::backend::BackendError;
 use crate::model::task::{TaskId, TaskStatus};
@@ -129,7 +129,7 @@ impl Fixture {
             doc: format!(r#"{{"v":{version}}}"#),
             token: "t1",
             next: None,
-            settle: TaskSettle::Keep,
+            settle: Settling::Keep,
             group: GROUP,
             id: id().to_string(),
             unless_cancelled: false,
@@ -382,7 +382,7 @@ async fn commit_refuses_before_writing() {
         let mut commit = f.commit(fence, version);
         commit.unless_cancelled = unless_cancelled;
         commit.next = Some(("next".to_owned(), 0));
-        commit.settle = TaskSettle::Ack {
+        commit.settle = Settling::Ack {
             entry: entry.clone(),
         };
         assert_eq!(f.call(&commit).await.unwrap(), Err(expected), "{case}");
@@ -418,7 +418,7 @@ async fn commit_writes_settles_and_releases() {
     let entry = f.delivered("m").await;
     let mut commit = f.commit(1, 1);
     commit.next = Some(("next".to_owned(), 0));
-    commit.settle = TaskSettle::Ack { entry };
+    commit.settle = Settling::Ack { entry };
     assert_eq!(f.call(&commit).await.unwrap(), Ok(written(2, false)));
     let holder: Option<String> = f.cmd(&["GET", &k.lock(id())]).await;
     assert_eq!(holder, None, "the lease released");
@@ -451,7 +451,7 @@ async fn commit_writes_settles_and_releases() {
     commit.new_member = format!("{}|DeadLettered|orders", id());
     commit.expire_after_ms = Some(60_000);
     commit.publish = Some(k.finished_channel());
-    commit.settle = TaskSettle::Dead {
+    commit.settle = Settling::Dead {
         entry,
         payload: "pois",
         reason: "bad",
