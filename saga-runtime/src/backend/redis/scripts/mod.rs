@@ -29,6 +29,7 @@
 //! values ([`Refused`]); each caller maps them to the errors it returns in
 //! one small function.
 
+mod process;
 mod queue;
 mod refusal;
 mod task;
@@ -39,6 +40,7 @@ use redis::{FromRedisValue, Script, ScriptInvocation, Value};
 
 use super::{unavailable, RedisBackend};
 use crate::backend::BackendError;
+pub(super) use process::*;
 pub(super) use queue::*;
 pub(super) use refusal::Refusal;
 pub(super) use task::*;

@@ -52,6 +52,17 @@ impl Refusal {
         Refusal::CancelRequested,
     ];
 
+    /// What `process_commit.lua` answers.
+    pub const PROCESS_COMMIT: &'static [Refusal] = &[
+        Refusal::Conflict,
+        Refusal::Taken,
+        Refusal::Tombstoned,
+        Refusal::TallyExists,
+    ];
+
+    /// What `claim_entry.lua` answers.
+    pub const CLAIM_ENTRY: &'static [Refusal] = &[Refusal::Taken, Refusal::Tombstoned];
+
     /// Its code on the wire.
     pub fn code(self) -> i64 {
         Self::TABLE
@@ -115,7 +126,11 @@ mod tests {
 
     #[test]
     fn no_code_repeats_among_what_one_script_answers() {
-        for among in [Refusal::TASK_WRITE] {
+        for among in [
+            Refusal::TASK_WRITE,
+            Refusal::PROCESS_COMMIT,
+            Refusal::CLAIM_ENTRY,
+        ] {
             for refusal in among {
                 assert_eq!(
                     Refusal::from_code(refusal.code(), among),

@@ -2,6 +2,7 @@
 //! keys and arguments named at the top), and each loaded into a real
 //! redis-server.
 
+mod process;
 mod queue;
 mod server;
 mod task;
@@ -13,6 +14,8 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use super::{Call, ALL};
+
+const GROUP: &str = "workers";
 use crate::backend::redis::keys::{Keys, PROCESS_PARTITIONS};
 use crate::backend::redis::unavailable;
 use crate::backend::BackendError;
@@ -46,6 +49,35 @@ impl Fixture {
             .await
             .map_err(unavailable)?;
         C::decode(reply)
+    }
+
+    async fn group(&mut self, queue: &str) {
+        let _: () = self
+            .cmd(&["XGROUP", "CREATE", queue, GROUP, "0", "MKSTREAM"])
+            .await;
+    }
+
+    async fn add(&mut self, queue: &str, payload: &str) -> String {
+        self.cmd(&["XADD", queue, "*", "payload", payload]).await
+    }
+
+    /// Reads every new message of `queue` for `consumer`.
+    async fn read(&mut self, queue: &str, consumer: &str) {
+        let _: Value = self
+            .cmd(&[
+                "XREADGROUP",
+                "GROUP",
+                GROUP,
+                consumer,
+                "STREAMS",
+                queue,
+                ">",
+            ])
+            .await;
+    }
+
+    async fn entries(&mut self, stream: &str) -> Vec<(String, Vec<String>)> {
+        self.cmd(&["XRANGE", stream, "-", "+"]).await
     }
 
     /// A plain command, for setting up and looking at the data.

@@ -27,35 +27,6 @@ fn saga_message(task: TaskId) -> String {
 }
 
 impl Fixture {
-    async fn group(&mut self, queue: &str) {
-        let _: () = self
-            .cmd(&["XGROUP", "CREATE", queue, GROUP, "0", "MKSTREAM"])
-            .await;
-    }
-
-    async fn add(&mut self, queue: &str, payload: &str) -> String {
-        self.cmd(&["XADD", queue, "*", "payload", payload]).await
-    }
-
-    /// Reads every new message of `queue` for `consumer`.
-    async fn read(&mut self, queue: &str, consumer: &str) {
-        let _: Value = self
-            .cmd(&[
-                "XREADGROUP",
-                "GROUP",
-                GROUP,
-                consumer,
-                "STREAMS",
-                queue,
-                ">",
-            ])
-            .await;
-    }
-
-    async fn entries(&mut self, stream: &str) -> Vec<(String, Vec<String>)> {
-        self.cmd(&["XRANGE", stream, "-", "+"]).await
-    }
-
     fn take<'a>(&self, own: bool, token: &'a str, prefixes: &[String]) -> s::Take<'a> {
         s::Take {
             streams: prefixes
