@@ -164,14 +164,12 @@ impl Endpoints for RedisBackend {
         group: &str,
         consumer: &str,
     ) -> Result<(), BackendError> {
-        let _: i64 = self
-            .run(
-                s::LEAVE_GROUP
-                    .key(self.keys().endpoint(endpoint))
-                    .arg(group)
-                    .arg(consumer),
-            )
-            .await?;
+        self.call(&s::LeaveGroup {
+            stream: self.keys().endpoint(endpoint),
+            group,
+            consumer,
+        })
+        .await?;
         self.shared
             .readers
             .lock()
@@ -211,14 +209,12 @@ impl Endpoints for RedisBackend {
             let (Some(name), Some(last)) = (field(b"name"), field(b"last-delivered-id")) else {
                 return Err(corrupt("XINFO GROUPS answered a group without a name"));
             };
-            let _: usize = self
-                .run(
-                    s::REAP_CONSUMERS
-                        .key(&key)
-                        .arg(&name)
-                        .arg(ms(idle_consumers)),
-                )
-                .await?;
+            self.call(&s::ReapConsumers {
+                stream: key.clone(),
+                group: &name,
+                idle_ms: ms(idle_consumers),
+            })
+            .await?;
             let pending: u64 = field(b"pending").and_then(|p| p.parse().ok()).unwrap_or(0);
             let needs = if pending > 0 {
                 let oldest: Value = redis::cmd("XPENDING")

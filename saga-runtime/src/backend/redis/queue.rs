@@ -557,20 +557,19 @@ impl RedisBackend {
             watch.joined(consumer);
             let (mut place, due) = watch.place();
             if due {
-                let renewed: Result<Vec<u16>, BackendError> = self
-                    .run(
-                        s::READERS
-                            .key(k.saga_readers())
-                            .arg(&watch.member)
-                            .arg(ms(super::watch::MEMBERSHIP_TTL)),
-                    )
+                let renewed = self
+                    .call(&s::Readers {
+                        readers: k.saga_readers(),
+                        member: &watch.member,
+                        ttl_ms: Some(ms(super::watch::MEMBERSHIP_TTL)),
+                    })
                     .await;
-                match renewed.as_deref() {
-                    Ok(&[rank, size]) => {
+                match renewed {
+                    Ok(Some((rank, size))) => {
                         watch.set_place(rank, size);
                         place = watch.place().0;
                     }
-                    Ok(_) => {}
+                    Ok(None) => {}
                     Err(error) => {
                         tracing::debug!(%error, "renewing this backend's place among the saga readers failed")
                     }
@@ -863,14 +862,12 @@ impl WorkQueue for RedisBackend {
         // The last saga reader of this backend gives up its place among the
         // readers, so that the others watch its partitions at once.
         if self.shared.watch.left(consumer) {
-            let _: Vec<u16> = self
-                .run(
-                    s::READERS
-                        .key(self.keys().saga_readers())
-                        .arg(&self.shared.watch.member)
-                        .arg(""),
-                )
-                .await?;
+            self.call(&s::Readers {
+                readers: self.keys().saga_readers(),
+                member: &self.shared.watch.member,
+                ttl_ms: None,
+            })
+            .await?;
         }
         Ok(())
     }

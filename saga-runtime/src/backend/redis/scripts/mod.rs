@@ -29,6 +29,8 @@
 //! values ([`Refused`]); each caller maps them to the errors it returns in
 //! one small function.
 
+mod coordination;
+mod housekeeping;
 mod process;
 mod queue;
 mod refusal;
@@ -40,6 +42,8 @@ use redis::{FromRedisValue, Script, ScriptInvocation, Value};
 
 use super::{unavailable, RedisBackend};
 use crate::backend::BackendError;
+pub(super) use coordination::*;
+pub(super) use housekeeping::*;
 pub(super) use process::*;
 pub(super) use queue::*;
 pub(super) use refusal::Refusal;
@@ -125,13 +129,13 @@ macro_rules! scripts {
     ($($name:ident = $file:literal $(with $($lib:literal),+)?;)*) => {
         $(
             #[doc = concat!("`lua/", $file, ".lua`.")]
-            pub static $name: LazyLock<Script> =
+            static $name: LazyLock<Script> =
                 LazyLock::new(|| Script::new(lua!($file $($(, $lib)+)?)));
         )*
 
         /// Every script, by file name, with the libraries it is built from.
         #[cfg_attr(not(test), allow(dead_code))]
-        pub(super) static ALL: &[(&str, &[&str], &LazyLock<Script>)] = &[
+        static ALL: &[(&str, &[&str], &LazyLock<Script>)] = &[
             $(($file, &[$($($lib),+)?], &$name),)*
         ];
     };

@@ -2,6 +2,7 @@
 //! keys and arguments named at the top), and each loaded into a real
 //! redis-server.
 
+mod coordination;
 mod process;
 mod queue;
 mod server;
