@@ -115,6 +115,25 @@ impl TaskStatus {
         TaskStatus::Resolved,
     ];
 
+    /// The status's name as stored: in index keys, expiring members and the
+    /// `status` field of task records. Spelled out rather than taken from
+    /// `Debug`, so that renaming a variant cannot silently move a running
+    /// deployment's keys (a test pins every name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "Pending",
+            TaskStatus::Running => "Running",
+            TaskStatus::Completed => "Completed",
+            TaskStatus::Compensating => "Compensating",
+            TaskStatus::Compensated => "Compensated",
+            TaskStatus::Failed => "Failed",
+            TaskStatus::Cancelled => "Cancelled",
+            TaskStatus::CompensationFailed => "CompensationFailed",
+            TaskStatus::DeadLettered => "DeadLettered",
+            TaskStatus::Resolved => "Resolved",
+        }
+    }
+
     /// Whether the engine will never change this status on its own.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -599,6 +618,35 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// The stored names of every status: data written by a running
+    /// deployment is read by the next version, so none may change.
+    #[test]
+    fn stored_status_names_never_change() {
+        let names: Vec<&str> = TaskStatus::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "Pending",
+                "Running",
+                "Compensating",
+                "Completed",
+                "Compensated",
+                "Failed",
+                "Cancelled",
+                "CompensationFailed",
+                "DeadLettered",
+                "Resolved",
+            ]
+        );
+        for status in TaskStatus::ALL {
+            // The record's JSON stores the same name.
+            assert_eq!(
+                serde_json::to_string(&status).unwrap(),
+                format!("\"{}\"", status.as_str())
+            );
+        }
     }
 
     #[test]

@@ -15,24 +15,12 @@ impl Breakers for RedisBackend {
         probe_ttl: Duration,
         token: &str,
     ) -> Result<BreakerDecision, BackendError> {
-        let reply: Vec<u64> = self
-            .run(
-                s::BREAKER_ACQUIRE
-                    .key(self.keys().breaker(name))
-                    .arg(ms(probe_ttl))
-                    .arg(token),
-            )
-            .await?;
-        Ok(match reply.as_slice() {
-            [1, probe, counting] => BreakerDecision::Call {
-                probe: *probe == 1,
-                counting: *counting == 1,
-            },
-            [0, ms] => BreakerDecision::Open {
-                retry_after: Duration::from_millis(*ms),
-            },
-            _ => return Err(super::corrupt("unexpected reply from the breaker script")),
+        self.call(&s::BreakerAcquire {
+            breaker: self.keys().breaker(name),
+            probe_ttl_ms: ms(probe_ttl),
+            token,
         })
+        .await
     }
 
     async fn breaker_report(
@@ -45,25 +33,14 @@ impl Breakers for RedisBackend {
     ) -> Result<Option<BreakerChange>, BackendError> {
         // Kept for a day past the break without calls, then forgotten.
         let keep = open_for + Duration::from_secs(24 * 60 * 60);
-        let changed: i64 = self
-            .run(
-                s::BREAKER_REPORT
-                    .key(self.keys().breaker(name))
-                    .arg(probe.unwrap_or_default())
-                    .arg(match failed {
-                        None => "-",
-                        Some(true) => "1",
-                        Some(false) => "0",
-                    })
-                    .arg(threshold)
-                    .arg(ms(open_for))
-                    .arg(ms(keep)),
-            )
-            .await?;
-        Ok(match changed {
-            1 => Some(BreakerChange::Opened),
-            2 => Some(BreakerChange::Closed),
-            _ => None,
+        self.call(&s::BreakerReport {
+            breaker: self.keys().breaker(name),
+            probe,
+            failed,
+            threshold,
+            open_ms: ms(open_for),
+            keep_ms: ms(keep),
         })
+        .await
     }
 }

@@ -56,20 +56,19 @@ impl Endpoints for RedisBackend {
         block: Duration,
     ) -> Result<Option<EndpointDelivery>, BackendError> {
         let key = self.keys().endpoint(endpoint);
-        let reply: Vec<Value> = self
-            .run(
-                s::ENDPOINT_TAKE
-                    .key(&key)
-                    .arg(group)
-                    .arg(consumer)
-                    .arg(ms(claim_idle)),
-            )
+        let taken = self
+            .call(&s::EndpointTake {
+                stream: key.clone(),
+                group,
+                consumer,
+                claim_idle_ms: ms(claim_idle),
+            })
             .await?;
-        if let [id, fields, count] = reply.as_slice() {
+        if let Some(taken) = taken {
             return Ok(Some(EndpointDelivery {
-                id: entry::text(id),
-                raw: envelope(fields),
-                deliveries: entry::text(count).parse().unwrap_or(1),
+                id: taken.id,
+                raw: envelope(&taken.fields),
+                deliveries: taken.deliveries,
             }));
         }
         // Nothing waiting: block for a new one on this consumer's own
@@ -144,20 +143,18 @@ impl Endpoints for RedisBackend {
         let k = self.keys();
         let limit = self.shared.config.dead_letter_payload_limit;
         let (payload, size) = truncate_payload(&delivery.raw, limit);
-        let _: i64 = self
-            .run(
-                s::ENDPOINT_SETTLE
-                    .key(k.endpoint(endpoint))
-                    .key(k.endpoint_dead(endpoint))
-                    .arg(group)
-                    .arg(&delivery.id)
-                    .arg(if dead.is_some() { "1" } else { "0" })
-                    .arg(payload)
-                    .arg(dead.unwrap_or_default())
-                    .arg(size.map(|s| s.to_string()).unwrap_or_default())
-                    .arg(self.dead_letters_ceiling()),
-            )
-            .await?;
+        self.call(&s::EndpointSettle {
+            stream: k.endpoint(endpoint),
+            dead: k.endpoint_dead(endpoint),
+            group,
+            entry: &delivery.id,
+            park: dead.is_some(),
+            payload,
+            reason: dead.unwrap_or_default(),
+            size,
+            dead_cap: self.dead_letters_ceiling(),
+        })
+        .await?;
         Ok(())
     }
 
@@ -167,14 +164,12 @@ impl Endpoints for RedisBackend {
         group: &str,
         consumer: &str,
     ) -> Result<(), BackendError> {
-        let _: i64 = self
-            .run(
-                s::LEAVE_GROUP
-                    .key(self.keys().endpoint(endpoint))
-                    .arg(group)
-                    .arg(consumer),
-            )
-            .await?;
+        self.call(&s::LeaveGroup {
+            stream: self.keys().endpoint(endpoint),
+            group,
+            consumer,
+        })
+        .await?;
         self.shared
             .readers
             .lock()
@@ -214,14 +209,12 @@ impl Endpoints for RedisBackend {
             let (Some(name), Some(last)) = (field(b"name"), field(b"last-delivered-id")) else {
                 return Err(corrupt("XINFO GROUPS answered a group without a name"));
             };
-            let _: usize = self
-                .run(
-                    s::REAP_CONSUMERS
-                        .key(&key)
-                        .arg(&name)
-                        .arg(ms(idle_consumers)),
-                )
-                .await?;
+            self.call(&s::ReapConsumers {
+                stream: key.clone(),
+                group: &name,
+                idle_ms: ms(idle_consumers),
+            })
+            .await?;
             let pending: u64 = field(b"pending").and_then(|p| p.parse().ok()).unwrap_or(0);
             let needs = if pending > 0 {
                 let oldest: Value = redis::cmd("XPENDING")

@@ -16,19 +16,8 @@ const PURGE_BATCH: usize = 100;
 fn parse_member(member: &str) -> Option<(TaskId, TaskStatus, &str)> {
     let mut parts = member.splitn(3, '|');
     let id = parts.next()?.parse().ok()?;
-    let status = match parts.next()? {
-        "Completed" => TaskStatus::Completed,
-        "Compensated" => TaskStatus::Compensated,
-        "Failed" => TaskStatus::Failed,
-        "Cancelled" => TaskStatus::Cancelled,
-        "CompensationFailed" => TaskStatus::CompensationFailed,
-        "DeadLettered" => TaskStatus::DeadLettered,
-        "Resolved" => TaskStatus::Resolved,
-        "Pending" => TaskStatus::Pending,
-        "Running" => TaskStatus::Running,
-        "Compensating" => TaskStatus::Compensating,
-        _ => return None,
-    };
+    let name = parts.next()?;
+    let status = TaskStatus::ALL.into_iter().find(|s| s.as_str() == name)?;
     Some((id, status, parts.next()?))
 }
 
@@ -36,18 +25,18 @@ impl RedisBackend {
     /// Removes the expired tasks of one partition; returns how many.
     async fn purge(&self, partition: u16, limit: usize) -> Result<usize, BackendError> {
         let k = self.keys();
-        let members: Vec<String> = self
-            .run(
-                s::EXPIRED
-                    .key(k.expiring(partition))
-                    .arg(limit.min(PURGE_BATCH * 10)),
-            )
+        let members = self
+            .call(&s::Expired {
+                expiring: k.expiring(partition),
+                limit: limit.min(PURGE_BATCH * 10),
+            })
             .await?;
         let mut purged = 0;
         for chunk in members.chunks(PURGE_BATCH) {
-            let mut invocation = s::PURGE.prepare_invoke();
-            invocation.key(k.expiring(partition));
-            let mut any = false;
+            let mut purge = s::Purge {
+                expiring: k.expiring(partition),
+                tasks: Vec::new(),
+            };
             for member in chunk {
                 let Some((id, status, saga)) = parse_member(member) else {
                     // Not ours to read: drop it so it does not come back.
@@ -59,23 +48,22 @@ impl RedisBackend {
                         .map_err(super::unavailable)?;
                     continue;
                 };
-                any = true;
-                invocation
-                    .key(k.task(id))
-                    .key(k.fence(id))
-                    .key(k.cancel(id))
-                    .key(k.claims(id))
-                    .key(k.lock(id))
-                    .key(k.index(partition, saga, None))
-                    .key(k.index(partition, saga, Some(status)))
-                    .key(k.audit(id))
-                    .arg(member)
-                    .arg(id.to_string())
-                    .arg(format!("{status:?}"));
+                purge.tasks.push(s::PurgedTask {
+                    task: k.task(id),
+                    fence: k.fence(id),
+                    cancel: k.cancel(id),
+                    claims: k.claims(id),
+                    lock: k.lock(id),
+                    index_all: k.index(partition, saga, None),
+                    index_status: k.index(partition, saga, Some(status)),
+                    audit: k.audit(id),
+                    member: member.clone(),
+                    id: id.to_string(),
+                    status,
+                });
             }
-            if any {
-                let n: usize = self.run(&invocation).await?;
-                purged += n;
+            if !purge.tasks.is_empty() {
+                purged += self.call(&purge).await?;
             }
         }
         Ok(purged)
@@ -140,7 +128,8 @@ impl RedisBackend {
                 .collect::<Result<_, _>>()?;
             let mut doomed = Vec::new();
             for (((id, _), task), status) in entries.iter().zip(&tasks).zip(statuses) {
-                let parked = task.is_some() && status.as_deref() == Some("DeadLettered");
+                let parked =
+                    task.is_some() && status.as_deref() == Some(TaskStatus::DeadLettered.as_str());
                 if !parked && doomed.len() < excess {
                     doomed.push(id.clone());
                 }
@@ -241,22 +230,20 @@ impl Leases for RedisBackend {
         token: &str,
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        let held: i64 = self
-            .run(
-                s::NAMED_LEASE
-                    .key(self.keys().lease(name))
-                    .arg(token)
-                    .arg(ms(ttl)),
-            )
-            .await?;
-        Ok(held == 1)
+        self.call(&s::NamedLease {
+            lease: self.keys().lease(name),
+            token,
+            ttl_ms: ms(ttl),
+        })
+        .await
     }
 
     async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError> {
-        let released: i64 = self
-            .run(s::UNLOCK.key(self.keys().lease(name)).arg(token))
-            .await?;
-        Ok(released == 1)
+        self.call(&s::Unlock {
+            lock: self.keys().lease(name),
+            token,
+        })
+        .await
     }
 
     async fn process_partitions(
@@ -280,19 +267,22 @@ impl Leases for RedisBackend {
         if names.is_empty() {
             return Ok(());
         }
-        let mut call = s::ANNOUNCE.prepare_invoke();
-        for name in names {
-            call.key(self.keys().process_runners(name));
-        }
-        call.arg(member)
-            .arg(ttl.map(|t| ms(t).to_string()).unwrap_or_default());
-        let _: i64 = self.run(&call).await?;
-        Ok(())
+        self.call(&s::Announce {
+            runner_sets: names
+                .iter()
+                .map(|name| self.keys().process_runners(name))
+                .collect(),
+            member,
+            ttl_ms: ttl.map(ms),
+        })
+        .await
     }
 
     async fn process_runner_alive(&self, name: &str) -> Result<bool, BackendError> {
-        let runners: i64 = self
-            .run(&s::RUNNERS.key(self.keys().process_runners(name)))
+        let runners = self
+            .call(&s::Runners {
+                runners: self.keys().process_runners(name),
+            })
             .await?;
         Ok(runners > 0)
     }
@@ -313,28 +303,22 @@ impl Housekeeping for RedisBackend {
                 .await?;
         }
         for stream in 0..k.streams() {
-            let trimmed: usize = self
-                .run(
-                    s::TRIM_DEAD.key(k.dead(stream)).arg(
-                        retention
-                            .dead_letters
-                            .map(ms)
-                            .map(|m| m.to_string())
-                            .unwrap_or_default(),
-                    ),
-                )
+            let trimmed = self
+                .call(&s::TrimDead {
+                    dead: k.dead(stream),
+                    keep_ms: retention.dead_letters.map(ms),
+                })
                 .await?;
             done.dead_letters += trimmed;
             done.dead_letters += self
                 .cap_dead_letters(stream, retention.dead_letters_max)
                 .await?;
-            let reaped: usize = self
-                .run(
-                    s::REAP_CONSUMERS
-                        .key(k.queue(stream))
-                        .arg(self.group())
-                        .arg(ms(retention.idle_consumers)),
-                )
+            let reaped = self
+                .call(&s::ReapConsumers {
+                    stream: k.queue(stream),
+                    group: self.group(),
+                    idle_ms: ms(retention.idle_consumers),
+                })
                 .await?;
             done.consumers += reaped;
         }

@@ -335,7 +335,7 @@ impl Keys {
     /// all of them or those in one status.
     pub fn index(&self, partition: u16, saga: &str, status: Option<TaskStatus>) -> String {
         match status {
-            Some(status) => format!("{}:idx:{saga}:{status:?}", self.tag(partition)),
+            Some(status) => format!("{}:idx:{saga}:{}", self.tag(partition), status.as_str()),
             None => format!("{}:idx:{saga}", self.tag(partition)),
         }
     }
@@ -348,7 +348,7 @@ impl Keys {
     /// A task's entry in [`expiring`](Self::expiring): enough to find its
     /// index entries once its record is gone.
     pub fn expiring_member(id: TaskId, status: TaskStatus, saga: &str) -> String {
-        format!("{id}|{status:?}|{saga}")
+        format!("{id}|{}|{saga}", status.as_str())
     }
 
     /// A stream's delayed messages (retry backoffs, hand-backs with a
@@ -605,30 +605,12 @@ pub const PROCESS_PARTITIONS: u16 = 16;
 pub const MAX_PROCESS_PARTITIONS: u16 = 64;
 
 /// The routing hash of process-manager messages, computed alike here and
-/// in scripts ([`ROUTE_HASH_LUA`]): a polynomial hash modulo a prime below
+/// in scripts (`lua/lib/route.lua`): a polynomial hash modulo a prime below
 /// 2^31, which Lua's doubles compute exactly.
 pub fn route_hash(text: &str) -> u32 {
     text.bytes()
         .fold(0u64, |h, b| (h * 31 + u64::from(b)) % 2_147_483_647) as u32
 }
-
-/// [`route_hash`] in Lua, and `route(prefix, m)`: the queue key of decoded
-/// envelope `m` (`ARGV`-independent, for scripts that move envelopes).
-pub const ROUTE_HASH_LUA: &str = r"
-local function route_hash(s)
-  local h = 0
-  for i = 1, #s do h = (h * 31 + string.byte(s, i)) % 2147483647 end
-  return h
-end
-local function route(pm_prefix, partitions, m)
-  local target = m.instance_id
-  if type(target) ~= 'string' then target = m.key end
-  if type(target) ~= 'string' then target = '' end
-  local process = m.process
-  if type(process) ~= 'string' then return pm_prefix .. ':queue' end
-  return pm_prefix .. ':queue:' .. (route_hash(process .. ':' .. target) % partitions)
-end
-";
 
 #[cfg(test)]
 mod tests {
@@ -830,5 +812,22 @@ mod tests {
         ] {
             assert_eq!(tag(&key), pm, "{key}");
         }
+    }
+
+    /// Index keys and expiring members carry a status's stored name: a
+    /// running deployment's keys must read the same after an upgrade.
+    #[test]
+    fn status_keys_are_the_stored_names() {
+        let keys = Keys::new("saga", 1, PROCESS_PARTITIONS, false);
+        let id: TaskId = "00000000-0000-0000-0000-000000000007".parse().unwrap();
+        assert_eq!(
+            keys.index(0, "orders", Some(TaskStatus::CompensationFailed)),
+            "saga:{saga:0}:idx:orders:CompensationFailed"
+        );
+        assert_eq!(keys.index(0, "orders", None), "saga:{saga:0}:idx:orders");
+        assert_eq!(
+            Keys::expiring_member(id, TaskStatus::DeadLettered, "orders"),
+            "00000000-0000-0000-0000-000000000007|DeadLettered|orders"
+        );
     }
 }

@@ -38,7 +38,8 @@
 //!   it was routed elsewhere).
 //!
 //! Files: `server` (where commands go: a server, Sentinel, a cluster),
-//! `keys` (layout), `scripts` (Lua), `entry` (decoding stream entries),
+//! `keys` (layout), `lua/` (the scripts, one file each) and `scripts` (one
+//! typed call per script), `entry` (decoding stream entries),
 //! then one file per concern: `tasks`, `queue`, `watch` (idle readers'
 //! wake-ups on a cluster), `process`, `housekeeping`, `finished`
 //! (end-of-task notifications).

@@ -25,20 +25,16 @@ impl RedisBackend {
         leaving: bool,
     ) -> Result<u64, BackendError> {
         let k = self.keys();
-        let owned: Vec<u16> = self
-            .run(
-                s::BALANCE
-                    .key(k.partition_members())
-                    .arg(k.partition_owner_prefix())
-                    .arg(member)
-                    .arg(ms(ttl).max(1))
-                    .arg(k.pm_count())
-                    .arg(if leaving { "1" } else { "0" })
-                    .arg(match k.spread() {
-                        true => String::new(),
-                        false => k.process_prefix(k.process_stream()),
-                    }),
-            )
+        let owned = self
+            .call(&s::Balance {
+                members: k.partition_members(),
+                owner_prefix: k.partition_owner_prefix(),
+                member,
+                ttl_ms: ms(ttl).max(1),
+                partitions: k.pm_count(),
+                leaving,
+                pm_prefix: (!k.spread()).then(|| k.process_prefix(k.process_stream())),
+            })
             .await?;
         Ok(owned
             .into_iter()

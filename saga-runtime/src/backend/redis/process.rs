@@ -6,12 +6,14 @@ use async_trait::async_trait;
 use redis::Value;
 
 use super::keys::slot;
-use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
+use super::scripts::{self as s, EntryClaim, Refusal, Refused, Settling};
+use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, Page, ProcessCommit, ProcessInstance, ProcessStore, Settle,
     WorkItem,
 };
 use crate::model::envelope::Envelope;
+use crate::model::tally::TallyOpen;
 
 /// How long a claim of a correlation entry in another slot than its
 /// instance's counts as in flight (see `CLAIM_ENTRY`): far longer than the
@@ -61,6 +63,33 @@ fn owned_by(
             found.id, found.process
         ))),
         other => Ok(other),
+    }
+}
+
+/// A refused process-manager commit as the error the engine handles (one
+/// place, so that refusals can become return values).
+fn commit_refused(
+    refused: Refused,
+    process: &str,
+    instance: &str,
+    tallies: &[TallyOpen],
+) -> BackendError {
+    match refused.refusal {
+        Refusal::TallyExists => {
+            let n = refused.detail.and_then(|n| n.parse::<usize>().ok());
+            tallies.get(n.unwrap_or(1).saturating_sub(1)).map_or_else(
+                || corrupt("the process commit script named no tally"),
+                |o| BackendError::TallyExists(o.tally.clone()),
+            )
+        }
+        Refusal::Tombstoned => BackendError::ProcessTombstoned {
+            process: process.to_owned(),
+            instance: instance.to_owned(),
+        },
+        _ => BackendError::ProcessConflict {
+            process: process.to_owned(),
+            instance: instance.to_owned(),
+        },
     }
 }
 
@@ -136,15 +165,14 @@ impl RedisBackend {
         if in_flight || self.holds(process, owner, field, value).await? {
             return Ok(false);
         }
-        let swapped: i64 = self
-            .run(
-                s::SWAP_ENTRY
-                    .key(k.correlation(process, field, value))
-                    .arg(owner)
-                    .arg(""),
-            )
+        let swapped = self
+            .call(&s::SwapEntry {
+                entry: k.correlation(process, field, value),
+                expected: owner,
+                owner: None,
+            })
             .await?;
-        if swapped == 1 {
+        if swapped {
             tracing::warn!(
                 process,
                 field,
@@ -153,7 +181,7 @@ impl RedisBackend {
                 "correlation entry whose instance does not hold it cleared"
             );
         }
-        Ok(swapped == 1)
+        Ok(swapped)
     }
 
     /// Where `commit` lives (see [`Placement`]); refuses one whose message
@@ -220,45 +248,43 @@ impl RedisBackend {
             process: process.to_owned(),
             instance: id.to_owned(),
         };
-        let handled =
-            serde_json::to_string(&commit.handled_ids().collect::<Vec<_>>()).map_err(corrupt)?;
+        let handled: Vec<&str> = commit.handled_ids().collect();
         if !commit.delete {
             for (field, value) in &commit.add_keys {
                 if placement.local(&k.correlation(process, field, value)) {
                     continue;
                 }
+                let claim = s::ClaimEntry {
+                    entry: k.correlation(process, field, value),
+                    tombstone: k.correlation_tombstone(process, field, value),
+                    marker: k.correlation_claim(process, field, value),
+                    id,
+                    handled: &handled,
+                    in_flight_ms: ms(CLAIM_IN_FLIGHT),
+                };
                 let mut claimed = false;
                 for _ in 0..2 {
-                    let reply: Vec<Value> = self
-                        .run(
-                            s::CLAIM_ENTRY
-                                .key(k.correlation(process, field, value))
-                                .key(k.correlation_tombstone(process, field, value))
-                                .key(k.correlation_claim(process, field, value))
-                                .arg(id)
-                                .arg(&handled)
-                                .arg(ms(CLAIM_IN_FLIGHT)),
-                        )
-                        .await?;
-                    match reply.as_slice() {
-                        [Value::Int(1)] => {
+                    match self.call(&claim).await? {
+                        Ok(EntryClaim::Claimed) => {
                             newly.push((field.clone(), value.clone()));
                             claimed = true;
                             break;
                         }
-                        [Value::Int(2)] => {
+                        Ok(EntryClaim::Held) => {
                             claimed = true;
                             break;
                         }
-                        [Value::Int(-5)] => {
+                        Err(refused) if refused.refusal == Refusal::Tombstoned => {
                             self.unclaim(process, commit, &newly).await;
                             return Err(BackendError::ProcessTombstoned {
                                 process: process.to_owned(),
                                 instance: id.to_owned(),
                             });
                         }
-                        [Value::Int(-4), owner, ..] => {
-                            let owner = super::entry::text(owner);
+                        // Taken by another instance: unless its owner no
+                        // longer holds it (then cleared, and claimed again).
+                        Err(refused) => {
+                            let owner = refused.detail.unwrap_or_default();
                             if !self
                                 .clear_stale_entry(process, field, value, &owner)
                                 .await?
@@ -267,7 +293,6 @@ impl RedisBackend {
                                 return Err(conflict());
                             }
                         }
-                        _ => return Err(corrupt("unexpected reply from the entry claim")),
                     }
                 }
                 if !claimed {
@@ -292,14 +317,12 @@ impl RedisBackend {
                     if placement.local(&tomb) {
                         continue;
                     }
-                    let _: i64 = self
-                        .run(
-                            s::REMEMBER
-                                .key(tomb)
-                                .arg(ms(commit.tombstone_ttl))
-                                .arg(&handled),
-                        )
-                        .await?;
+                    self.call(&s::Remember {
+                        set: tomb,
+                        ttl_ms: ms(commit.tombstone_ttl),
+                        members: &handled,
+                    })
+                    .await?;
                 }
             }
         }
@@ -319,13 +342,12 @@ impl RedisBackend {
             return;
         };
         for (field, value) in claimed {
-            let released: Result<i64, _> = self
-                .run(
-                    s::SWAP_ENTRY
-                        .key(k.correlation(process, field, value))
-                        .arg(&instance.id)
-                        .arg(""),
-                )
+            let released = self
+                .call(&s::SwapEntry {
+                    entry: k.correlation(process, field, value),
+                    expected: &instance.id,
+                    owner: None,
+                })
                 .await;
             let cleared: Result<i64, _> = redis::cmd("DEL")
                 .arg(k.correlation_claim(process, field, value))
@@ -363,7 +385,13 @@ impl RedisBackend {
             if !commit.delete && self.holds(process, id, field, value).await.unwrap_or(true) {
                 continue;
             }
-            let released: Result<i64, _> = self.run(s::SWAP_ENTRY.key(key).arg(id).arg("")).await;
+            let released = self
+                .call(&s::SwapEntry {
+                    entry: key,
+                    expected: id,
+                    owner: None,
+                })
+                .await;
             if let Err(error) = released {
                 tracing::warn!(%error, process, field, value, "releasing a correlation entry failed; lookups see it is stale");
             }
@@ -412,28 +440,61 @@ impl RedisBackend {
     }
 
     /// The commit's script: everything in the slot of its partition (in
-    /// the compact layout, everything).
+    /// the compact layout, everything). Messages for endpoints in other
+    /// slots are relayed right after it.
     async fn commit_here(
         &self,
         process: &str,
         commit: &ProcessCommit<'_>,
         placement: &Placement,
     ) -> Result<u64, BackendError> {
+        let call = self.commit_call(process, commit, placement)?;
+        let committed = self
+            .call(&call)
+            .await?
+            .map_err(|refused| commit_refused(refused, process, &call.id, &commit.tallies))?;
+        // Messages for endpoints in other slots: relayed now, so that they
+        // are there when the commit returns; the entries left on the
+        // partition's relay stream are the fallback should this process
+        // die first (housekeeping relays them).
+        let relay_stream = self.keys().relays(placement.home);
+        let relayed = call
+            .endpoints
+            .iter()
+            .filter_map(|e| e.relay_to.as_ref().map(|to| (to, &e.payload)));
+        for ((endpoint, payload), entry) in relayed.zip(&committed.relayed) {
+            self.relay_now(&relay_stream, endpoint, payload, entry)
+                .await;
+        }
+        Ok(committed.version)
+    }
+
+    /// The call of [`commit_here`](Self::commit_here).
+    fn commit_call<'a>(
+        &'a self,
+        process: &str,
+        commit: &ProcessCommit<'a>,
+        placement: &Placement,
+    ) -> Result<s::ProcessCommit<'a>, BackendError> {
         let k = self.keys();
         let home = placement.home;
         let limit = self.shared.config.dead_letter_payload_limit;
-        let (kind, (pm, entry), payload, reason, size) = match commit.settle {
-            Settle::Nothing => (
-                "none",
-                (k.process_partition(home), String::new()),
-                "",
-                "",
-                None,
-            ),
-            Settle::Ack(d) => ("ack", self.process_entry_of(d)?, "", "", None),
+        let (pm, settle) = match commit.settle {
+            Settle::Nothing => (k.process_partition(home), Settling::Keep),
+            Settle::Ack(d) => {
+                let (pm, entry) = self.process_entry_of(d)?;
+                (pm, Settling::Ack { entry })
+            }
             Settle::DeadLetter(d, reason) => {
                 let (payload, size) = truncate_payload(&d.raw, limit);
-                ("dead", self.process_entry_of(d)?, payload, reason, size)
+                let (pm, entry) = self.process_entry_of(d)?;
+                let dead = Settling::Dead {
+                    entry,
+                    payload,
+                    reason,
+                    size,
+                };
+                (pm, dead)
             }
             Settle::ResolveDeadLetter(_) => {
                 return Err(corrupt("process commits do not resolve dead letters"))
@@ -457,14 +518,21 @@ impl RedisBackend {
         };
         let entry_key = |f: &str, v: &str| k.correlation(process, f, v);
         let shared_key = |f: &str, v: &str| k.shared_correlation(process, f, v);
-        let (add_keys, remove_keys) = (
-            here(&commit.add_keys, &entry_key),
-            here(&commit.remove_keys, &entry_key),
-        );
-        let (add_shared, remove_shared) = (
-            here(&commit.add_shared, &shared_key),
-            here(&commit.remove_shared, &shared_key),
-        );
+        let correlations = |keys: &[(String, String)]| {
+            here(keys, &entry_key)
+                .iter()
+                .map(|(field, value)| s::Correlation {
+                    entry: k.correlation(process, field, value),
+                    tombstone: k.correlation_tombstone(process, field, value),
+                })
+                .collect()
+        };
+        let shared = |keys: &[(String, String)]| {
+            here(keys, &shared_key)
+                .iter()
+                .map(|(field, value)| k.shared_correlation(process, field, value))
+                .collect()
+        };
         // Keys a settle-only write does not touch, named in its slot all
         // the same (a cluster routes a script by its first key, and refuses
         // one whose keys span slots).
@@ -473,169 +541,121 @@ impl RedisBackend {
             None => (k.pm_unused(home, "inst"), k.pm_unused(home, "tomb")),
         };
         // The home partition's queue, where a message for another slot
-        // goes to be forwarded (spread layout), and its relay stream,
-        // where messages for endpoints in other slots wait to be relayed.
+        // goes to be forwarded (spread layout).
         let home_queue = k.queue(k.process_partition(home));
-        let relay_stream = k.relays(home);
-        let mut invocation = s::PROCESS_COMMIT.prepare_invoke();
-        invocation
-            .key(instance_key)
-            .key(k.instances(process, home))
-            .key(k.queue(pm))
-            .key(k.scheduled(home))
-            .key(k.dead(pm));
-        for (field, value) in add_keys.iter().chain(&remove_keys) {
-            invocation.key(k.correlation(process, field, value));
-        }
-        let mut relays = Vec::new();
-        for (endpoint, _) in &commit.endpoints {
-            let stream = k.endpoint(endpoint);
-            match placement.local(&stream) {
-                true => invocation.key(stream),
-                false => {
-                    relays.push(stream);
-                    invocation.key(&relay_stream)
-                }
-            };
-        }
-        // Tombstones: the instance's, then those of the entries claimed
-        // (checked when creating) and released (written when deleting).
-        invocation.key(tombstone_key);
-        for (field, value) in add_keys.iter().chain(&remove_keys) {
-            invocation.key(k.correlation_tombstone(process, field, value));
-        }
-        for open in &commit.tallies {
-            invocation
-                .key(k.tally(&open.tally, ""))
-                .key(k.tally(&open.tally, ":pending"))
-                .key(k.tally(&open.tally, ":checked"));
-        }
-        invocation.key(k.open_tallies(home));
-        for (field, value) in add_shared.iter().chain(&remove_shared) {
-            invocation.key(k.shared_correlation(process, field, value));
-        }
-        if !k.spread() {
-            invocation.key(k.partition_members());
-        }
-        let handled = match (commit.delete, commit.instance) {
-            (true, Some(i)) => serde_json::to_string(&i.handled()).map_err(corrupt)?,
-            _ => "[]".to_owned(),
+        let in_slot = |queue: String| match placement.local(&queue) {
+            true => queue,
+            false => home_queue.clone(),
         };
-        invocation
-            .arg(if commit.instance.is_some() { "1" } else { "0" })
-            .arg(version)
-            .arg(doc)
-            .arg(&id)
-            .arg(if commit.delete { "1" } else { "0" })
-            .arg(add_keys.len())
-            .arg(remove_keys.len())
-            .arg(commit.endpoints.len())
-            .arg(commit.enqueue.len())
-            .arg(commit.schedule.len())
-            .arg(kind)
-            .arg(entry)
-            .arg(self.group())
-            .arg(payload)
-            .arg(reason)
-            .arg(size.map(|s| s.to_string()).unwrap_or_default())
-            .arg(self.dead_letters_ceiling())
-            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
-            .arg(commit.handling.unwrap_or_default())
-            .arg(super::ms(commit.tombstone_ttl))
-            .arg(handled)
-            .arg(commit.tallies.len())
-            .arg(add_shared.len())
-            .arg(remove_shared.len());
-        let mut batched_ids = Vec::new();
-        let mut batched_acks = Vec::new();
-        for batched in &commit.batched {
-            let (p, entry) = self.process_entry_of(batched.delivery)?;
-            batched_ids.push(batched.message_id);
-            batched_acks.push([k.queue(p), entry]);
+        let mut batched = Vec::new();
+        for b in &commit.batched {
+            let (p, entry) = self.process_entry_of(b.delivery)?;
+            batched.push(s::BatchedMessage {
+                message_id: b.message_id.to_owned(),
+                queue: k.queue(p),
+                entry,
+            });
         }
-        invocation
-            .arg(serde_json::to_string(&batched_ids).map_err(corrupt)?)
-            .arg(serde_json::to_string(&batched_acks).map_err(corrupt)?)
-            .arg(commit.instance.map_or("", |i| i.generation.as_str()))
-            .arg(serde_json::to_string(&relays).map_err(corrupt)?);
-        for envelope in &commit.enqueue {
-            let queue = k.queue(k.envelope_stream(envelope));
-            invocation
-                .arg(match placement.local(&queue) {
-                    true => queue,
-                    false => home_queue.clone(),
+        Ok(s::ProcessCommit {
+            instance: instance_key,
+            instances: k.instances(process, home),
+            queue: k.queue(pm),
+            dead: k.dead(pm),
+            schedule: k.scheduled(home),
+            claim: correlations(&commit.add_keys),
+            release: correlations(&commit.remove_keys),
+            endpoints: self.endpoint_messages(commit, placement),
+            tombstone: tombstone_key,
+            tallies: self.opened_tallies(commit, &in_slot)?,
+            open_tallies: k.open_tallies(home),
+            join_shared: shared(&commit.add_shared),
+            leave_shared: shared(&commit.remove_shared),
+            members: (!k.spread()).then(|| k.partition_members()),
+            has_instance: commit.instance.is_some(),
+            version,
+            doc,
+            id,
+            delete: commit.delete,
+            generation: commit.instance.map_or("", |i| i.generation.as_str()),
+            settle,
+            group: self.group(),
+            dead_cap: self.dead_letters_ceiling(),
+            endpoint_cap: (self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT),
+            handling: commit.handling,
+            tombstone_ttl_ms: ms(commit.tombstone_ttl),
+            deleted_handled: match (commit.delete, commit.instance) {
+                (true, Some(i)) => i.handled(),
+                _ => Vec::new(),
+            },
+            batched,
+            enqueue: commit
+                .enqueue
+                .iter()
+                .map(|e| {
+                    let queue = in_slot(k.queue(k.envelope_stream(e)));
+                    (queue, WorkItem::Process(e.clone()).encode())
                 })
-                .arg(WorkItem::Process(envelope.clone()).encode());
-        }
-        for (_, payload) in &commit.endpoints {
-            invocation.arg(payload);
-        }
-        for (due, envelope) in &commit.schedule {
-            invocation
-                .arg(*due)
-                .arg(WorkItem::Process(envelope.clone()).encode());
-        }
-        for open in &commit.tallies {
-            invocation
-                .arg(open.items.len())
-                .arg(super::ms(open.keep_for).max(1))
-                .arg(WorkItem::Process(open.completion.clone()).encode())
-                .arg(WorkItem::Process(open.completion_late.clone()).encode())
-                .arg({
-                    let queue = k.queue(k.envelope_stream(&open.completion));
-                    match placement.local(&queue) {
-                        true => queue,
-                        false => home_queue.clone(),
-                    }
-                });
-            for item in &open.items {
-                invocation.arg(item);
-            }
-            invocation.arg(super::tally::member(&open.tally)?);
-        }
-        let reply: Vec<Value> = self.run(&invocation).await?;
-        match reply.first() {
-            Some(Value::Int(v)) if *v >= 0 => {
-                // Messages for endpoints in other slots: relayed now, so
-                // that they are there when the commit returns; the entries
-                // left on the partition's relay stream are the fallback
-                // should this process die first (housekeeping relays them).
-                let relayed = commit
-                    .endpoints
-                    .iter()
-                    .filter(|(e, _)| !placement.local(&k.endpoint(e)));
-                for ((endpoint, payload), entry) in relayed.zip(&reply[1..]) {
-                    self.relay_now(
-                        &relay_stream,
-                        &k.endpoint(endpoint),
-                        payload,
-                        &super::entry::text(entry),
-                    )
-                    .await;
-                }
-                Ok(*v as u64)
-            }
-            Some(Value::Int(-6)) => {
-                let n = match reply.get(1) {
-                    Some(Value::Int(n)) => *n as usize,
-                    _ => 1,
+                .collect(),
+            timeouts: commit
+                .schedule
+                .iter()
+                .map(|(due, e)| (*due, WorkItem::Process(e.clone()).encode()))
+                .collect(),
+        })
+    }
+
+    /// The messages of a commit for endpoints: written to the endpoint's
+    /// stream when it is in the commit's slot, else to the partition's
+    /// relay stream, to be relayed.
+    fn endpoint_messages(
+        &self,
+        commit: &ProcessCommit<'_>,
+        placement: &Placement,
+    ) -> Vec<s::EndpointMessage> {
+        let k = self.keys();
+        commit
+            .endpoints
+            .iter()
+            .map(|(endpoint, payload)| {
+                let stream = k.endpoint(endpoint);
+                let (stream, relay_to) = match placement.local(&stream) {
+                    true => (stream, None),
+                    false => (k.relays(placement.home), Some(stream)),
                 };
-                let open = commit.tallies.get(n.saturating_sub(1));
-                Err(open.map_or_else(
-                    || corrupt("the process commit script named no tally"),
-                    |o| BackendError::TallyExists(o.tally.clone()),
-                ))
-            }
-            Some(Value::Int(-5)) => Err(BackendError::ProcessTombstoned {
-                process: process.to_owned(),
-                instance: id,
-            }),
-            Some(Value::Int(_)) => Err(BackendError::ProcessConflict {
-                process: process.to_owned(),
-                instance: id,
-            }),
-            _ => Err(corrupt("unexpected reply from the process commit script")),
-        }
+                s::EndpointMessage {
+                    stream,
+                    relay_to,
+                    payload: payload.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// The tallies a commit opens; `in_slot` is the queue a completion
+    /// goes to, in the commit's slot.
+    fn opened_tallies(
+        &self,
+        commit: &ProcessCommit<'_>,
+        in_slot: &dyn Fn(String) -> String,
+    ) -> Result<Vec<s::OpenTally>, BackendError> {
+        let k = self.keys();
+        commit
+            .tallies
+            .iter()
+            .map(|open| {
+                Ok(s::OpenTally {
+                    hash: k.tally(&open.tally, ""),
+                    pending: k.tally(&open.tally, ":pending"),
+                    checked: k.tally(&open.tally, ":checked"),
+                    keep_ms: ms(open.keep_for).max(1),
+                    completion: WorkItem::Process(open.completion.clone()).encode(),
+                    completion_late: WorkItem::Process(open.completion_late.clone()).encode(),
+                    completion_queue: in_slot(k.queue(k.envelope_stream(&open.completion))),
+                    items: open.items.clone(),
+                    member: super::tally::member(&open.tally)?,
+                })
+            })
+            .collect()
     }
 
     /// A random instance id in partition `k`.
@@ -820,31 +840,30 @@ impl ProcessStore for RedisBackend {
         let k = self.keys();
         if !k.spread() {
             return self
-                .run(
-                    s::RELEASE_DUE
-                        .key(k.scheduled(0))
-                        .key(k.queue(k.process_stream()))
-                        .key(k.partition_members())
-                        .arg(now_ms)
-                        .arg(limit)
-                        .arg(k.process_prefix(k.process_stream()))
-                        .arg(k.pm_count()),
-                )
+                .call(&s::ReleaseDue {
+                    schedule: k.scheduled(0),
+                    queue: k.queue(k.process_stream()),
+                    members: Some(k.partition_members()),
+                    due_by_ms: now_ms,
+                    limit,
+                    pm_prefix: k.process_prefix(k.process_stream()),
+                    partitions: k.pm_count(),
+                })
                 .await;
         }
         // A schedule per partition, moved onto the partition's queue.
         let mut most = 0;
         for part in k.pm_parts() {
-            let moved: usize = self
-                .run(
-                    s::RELEASE_DUE
-                        .key(k.scheduled(part))
-                        .key(k.queue(k.process_partition(part)))
-                        .arg(now_ms)
-                        .arg(limit)
-                        .arg("")
-                        .arg(k.pm_count()),
-                )
+            let moved = self
+                .call(&s::ReleaseDue {
+                    schedule: k.scheduled(part),
+                    queue: k.queue(k.process_partition(part)),
+                    members: None,
+                    due_by_ms: now_ms,
+                    limit,
+                    pm_prefix: String::new(),
+                    partitions: k.pm_count(),
+                })
                 .await?;
             most = most.max(moved);
         }

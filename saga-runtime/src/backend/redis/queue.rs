@@ -11,9 +11,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::entry::{self, delivery, entries};
+use super::scripts::{self as s, Loaded};
 use super::server::Conn;
 use super::watch::Marks;
-use super::{ms, scripts as s, unavailable, RedisBackend};
+use super::{ms, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, ForwardTo, Interest,
     Lease, LoadedInstance, Locked, Page, QueueStats, TakenLease, TaskStore, WorkItem, WorkQueue,
@@ -56,18 +57,20 @@ fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
 /// The process-manager instance `TAKE` loaded with a delivery, if that is
 /// what it loaded. One whose record does not parse is left for the worker
 /// to load (and meet the problem) the ordinary way.
-fn loaded_instance(reply: &Value) -> Option<LoadedInstance> {
-    let items = entry::items(reply);
-    let text = |i: usize| entry::text_at(&items, i);
-    if text(0).as_deref() != Some("pm") {
-        return None;
-    }
-    let key = text(1)?;
-    let key_field = text(2).filter(|f| !f.is_empty());
-    let instance = super::process::parse_instance(text(3), text(4)).ok()?;
-    Some(LoadedInstance {
+fn loaded_instance(loaded: &Loaded) -> Option<LoadedInstance> {
+    let Loaded::Instance {
         key,
         key_field,
+        doc,
+        version,
+    } = loaded
+    else {
+        return None;
+    };
+    let instance = super::process::parse_instance(doc.clone(), version.clone()).ok()?;
+    Some(LoadedInstance {
+        key: key.clone(),
+        key_field: key_field.clone(),
         instance,
     })
 }
@@ -128,31 +131,21 @@ impl RedisBackend {
         for i in 0..n {
             let slot = (first + i) % n;
             let group = &groups[slot];
-            let mut claim = s::CLAIM.prepare_invoke();
-            for p in group {
-                claim.key(k.queue(*p));
-            }
-            claim
-                .arg(self.group())
-                .arg(consumer)
-                .arg(ms(self.shared.config.visibility_timeout))
-                .arg(CLAIM_BATCH);
-            let reply: Value = self.run(&claim).await?;
-            if let Some(item) = entry::items(&reply).first() {
-                if let [stream, id, count, fields] = entry::items(item).as_slice() {
-                    let Some(&p) = entry::text(stream)
-                        .parse::<usize>()
-                        .ok()
-                        .and_then(|s| group.get(s))
-                    else {
-                        return Err(BackendError::Corrupt("CLAIM answered a bad stream".into()));
-                    };
-                    let id = entry::text(id);
-                    let count = entry::text(count).parse().unwrap_or(1);
-                    self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
-                    tracing::info!(message = %id, consumer, deliveries = count, "took over a message whose worker stopped");
-                    return Ok(Some(delivery(p, &id, fields, count, consumer)));
-                }
+            let claim = s::Claim {
+                queues: group.iter().map(|p| k.queue(*p)).collect(),
+                group: self.group(),
+                consumer,
+                min_idle_ms: ms(self.shared.config.visibility_timeout),
+                count: CLAIM_BATCH,
+            };
+            if let Some(claimed) = self.call(&claim).await? {
+                let Some(&p) = group.get(claimed.queue) else {
+                    return Err(BackendError::Corrupt("CLAIM answered a bad stream".into()));
+                };
+                let (id, count) = (claimed.id, claimed.deliveries);
+                self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
+                tracing::info!(message = %id, consumer, deliveries = count, "took over a message whose worker stopped");
+                return Ok(Some(delivery(p, &id, &claimed.fields, count, consumer)));
             }
         }
         Ok(None)
@@ -170,50 +163,45 @@ impl RedisBackend {
         let first = usize::from(self.reader(consumer, |r| r.next_stream)) % streams.len();
         let token = Uuid::new_v4().simple().to_string();
         let ttl = self.shared.config.visibility_timeout;
-        let mut take = s::TAKE.prepare_invoke();
-        for p in streams {
-            take.key(self.keys().queue(*p));
-        }
-        take.arg(self.group())
-            .arg(consumer)
-            .arg(first)
-            .arg(if own { "0" } else { ">" })
-            .arg(&token)
-            .arg(ms(ttl))
-            .arg(max.max(1));
         let k = self.keys();
-        for p in streams {
-            match (k.is_process(*p), k.pm_partition_of(*p)) {
-                (true, Some(part)) if k.spread() => take.arg(format!(
-                    "pm|{}|{part}|{}",
-                    k.process_prefix(*p),
-                    k.pm_count()
-                )),
-                (true, _) => take.arg(format!("pm|{}", k.process_prefix(*p))),
-                (false, _) => take.arg(k.task_prefix(*p)),
-            };
-        }
+        let take = s::Take {
+            streams: streams
+                .iter()
+                .map(|p| s::TakeFrom {
+                    queue: k.queue(*p),
+                    prefix: match (k.is_process(*p), k.pm_partition_of(*p)) {
+                        (true, Some(part)) if k.spread() => {
+                            format!("pm|{}|{part}|{}", k.process_prefix(*p), k.pm_count())
+                        }
+                        (true, _) => format!("pm|{}", k.process_prefix(*p)),
+                        (false, _) => k.task_prefix(*p),
+                    },
+                })
+                .collect(),
+            group: self.group(),
+            consumer,
+            first,
+            own,
+            token: &token,
+            ttl_ms: ms(ttl),
+            max: max.max(1),
+        };
         let requested_at = Instant::now();
-        let reply: Value = self.run(&take).await?;
         let mut deliveries = Vec::new();
-        for taken in entry::items(&reply) {
-            let [slot, id, fields, count, lease] = entry::items(taken)[..] else {
-                return Err(BackendError::Corrupt("TAKE answered a short entry".into()));
-            };
-            let slot: usize = entry::text(slot).parse().unwrap_or(0);
+        for taken in self.call(&take).await? {
+            let slot = taken.stream;
             let Some(&p) = streams.get(slot) else {
                 return Err(BackendError::Corrupt(format!(
                     "TAKE answered stream {slot}"
                 )));
             };
-            let count = entry::text(count).parse().unwrap_or(1);
             self.reader(consumer, |r| r.next_stream = (slot + 1) as u16);
-            let mut delivery = delivery(p, &entry::text(id), fields, count, consumer);
-            match loaded_instance(lease) {
+            let mut delivery = delivery(p, &taken.id, &taken.fields, taken.deliveries, consumer);
+            match loaded_instance(&taken.loaded) {
                 Some(instance) => delivery.instance = Some(Box::new(instance)),
                 None => {
                     delivery.lease = self
-                        .taken_lease(&delivery, lease, &token, requested_at, ttl)
+                        .taken_lease(&delivery, &taken.loaded, &token, requested_at, ttl)
                         .await
                 }
             }
@@ -267,30 +255,34 @@ impl RedisBackend {
     async fn taken_lease(
         &self,
         delivery: &Delivery,
-        reply: &Value,
+        loaded: &Loaded,
         token: &str,
         requested_at: Instant,
         ttl: Duration,
     ) -> Option<TakenLease> {
-        let items = entry::items(reply);
-        let text = |i: usize| entry::text_at(&items, i);
-        let fence: u64 = text(0)?.parse().ok()?;
-        let id: TaskId = text(1)?.parse().ok()?;
-        let is_for = matches!(&delivery.item, Ok(WorkItem::Saga(m)) if m.task_id == id);
-        if fence == 0 {
-            return is_for.then_some(TakenLease::Busy);
-        }
+        let is_for = |id| matches!(&delivery.item, Ok(WorkItem::Saga(m)) if m.task_id == id);
+        let (fence, id, doc, version, cancel) = match loaded {
+            Loaded::Busy { task } => return is_for(*task).then_some(TakenLease::Busy),
+            Loaded::Lease {
+                fence,
+                task,
+                doc,
+                version,
+                cancel,
+            } => (*fence, *task, doc, version, cancel),
+            _ => return None,
+        };
         let lease = Lease {
             task_id: id,
             token: token.to_owned(),
             fence,
         };
-        match super::tasks::parse_doc(text(2), text(3)) {
-            Ok(Some(task)) if is_for => Some(TakenLease::Held {
+        match super::tasks::parse_doc(doc.clone(), version.clone()) {
+            Ok(Some(task)) if is_for(id) => Some(TakenLease::Held {
                 locked: Box::new(Locked {
                     lease,
                     task: Some(task),
-                    cancel_requested: super::tasks::cancel_time(text(4)),
+                    cancel_requested: super::tasks::cancel_time(cancel.clone()),
                 }),
                 requested_at,
                 ttl,
@@ -565,20 +557,19 @@ impl RedisBackend {
             watch.joined(consumer);
             let (mut place, due) = watch.place();
             if due {
-                let renewed: Result<Vec<u16>, BackendError> = self
-                    .run(
-                        s::READERS
-                            .key(k.saga_readers())
-                            .arg(&watch.member)
-                            .arg(ms(super::watch::MEMBERSHIP_TTL)),
-                    )
+                let renewed = self
+                    .call(&s::Readers {
+                        readers: k.saga_readers(),
+                        member: &watch.member,
+                        ttl_ms: Some(ms(super::watch::MEMBERSHIP_TTL)),
+                    })
                     .await;
-                match renewed.as_deref() {
-                    Ok(&[rank, size]) => {
+                match renewed {
+                    Ok(Some((rank, size))) => {
                         watch.set_place(rank, size);
                         place = watch.place().0;
                     }
-                    Ok(_) => {}
+                    Ok(None) => {}
                     Err(error) => {
                         tracing::debug!(%error, "renewing this backend's place among the saga readers failed")
                     }
@@ -609,18 +600,16 @@ impl RedisBackend {
         answered: bool,
     ) -> Result<(), BackendError> {
         let (p, entry) = self.locate(delivery)?;
-        let _: i64 = self
-            .run(
-                s::RELEASE
-                    .key(self.keys().queue(p))
-                    .key(self.keys().delayed(p))
-                    .arg(self.group())
-                    .arg(&delivery.consumer)
-                    .arg(entry)
-                    .arg(delay.as_millis().min(1 << 40) as u64)
-                    .arg(if answered { "1" } else { "0" }),
-            )
-            .await?;
+        self.call(&s::Release {
+            queue: self.keys().queue(p),
+            delayed: self.keys().delayed(p),
+            group: self.group(),
+            consumer: &delivery.consumer,
+            entry,
+            delay_ms: delay.as_millis().min(1 << 40) as u64,
+            answered,
+        })
+        .await?;
         Ok(())
     }
 
@@ -694,17 +683,14 @@ impl WorkQueue for RedisBackend {
                 }
             }
             for (_, items) in calls {
-                let mut enqueue = s::ENQUEUE_PM.prepare_invoke();
-                for item in &items {
-                    enqueue.key(self.queue_of(item));
-                }
-                if !self.keys().spread() {
-                    enqueue.key(self.keys().partition_members());
-                }
-                for item in &items {
-                    enqueue.arg(item.encode());
-                }
-                let _: i64 = self.run(&enqueue).await?;
+                let enqueue = s::EnqueuePm {
+                    messages: items
+                        .iter()
+                        .map(|item| (self.queue_of(item), item.encode()))
+                        .collect(),
+                    members: (!self.keys().spread()).then(|| self.keys().partition_members()),
+                };
+                self.call(&enqueue).await?;
             }
         }
         Ok(())
@@ -777,14 +763,12 @@ impl WorkQueue for RedisBackend {
 
     async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
         let (p, entry) = self.locate(delivery)?;
-        let _: i64 = self
-            .run(
-                s::ACK
-                    .key(self.keys().queue(p))
-                    .arg(self.group())
-                    .arg(entry),
-            )
-            .await?;
+        self.call(&s::Ack {
+            queue: self.keys().queue(p),
+            group: self.group(),
+            entry,
+        })
+        .await?;
         Ok(())
     }
 
@@ -802,16 +786,14 @@ impl WorkQueue for RedisBackend {
         if !k.is_process(p) || p == k.shared_stream(p) {
             return Ok(false);
         }
-        let _: i64 = self
-            .run(
-                s::SHARE
-                    .key(k.queue(p))
-                    .key(k.queue(k.shared_stream(p)))
-                    .arg(self.group())
-                    .arg(entry)
-                    .arg(&delivery.consumer),
-            )
-            .await?;
+        self.call(&s::Share {
+            from: k.queue(p),
+            to: k.queue(k.shared_stream(p)),
+            group: self.group(),
+            entry,
+            consumer: &delivery.consumer,
+        })
+        .await?;
         Ok(true)
     }
 
@@ -860,9 +842,12 @@ impl WorkQueue for RedisBackend {
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        let _: i64 = self
-            .run(s::ACK.key(k.queue(p)).arg(self.group()).arg(entry))
-            .await?;
+        self.call(&s::Ack {
+            queue: k.queue(p),
+            group: self.group(),
+            entry,
+        })
+        .await?;
         Ok(true)
     }
 
@@ -877,14 +862,12 @@ impl WorkQueue for RedisBackend {
         // The last saga reader of this backend gives up its place among the
         // readers, so that the others watch its partitions at once.
         if self.shared.watch.left(consumer) {
-            let _: Vec<u16> = self
-                .run(
-                    s::READERS
-                        .key(self.keys().saga_readers())
-                        .arg(&self.shared.watch.member)
-                        .arg(""),
-                )
-                .await?;
+            self.call(&s::Readers {
+                readers: self.keys().saga_readers(),
+                member: &self.shared.watch.member,
+                ttl_ms: None,
+            })
+            .await?;
         }
         Ok(())
     }
@@ -898,20 +881,18 @@ impl WorkQueue for RedisBackend {
         let (p, entry) = self.locate(delivery)?;
         let (payload, size) =
             truncate_payload(&delivery.raw, self.shared.config.dead_letter_payload_limit);
-        let _: String = self
-            .run(
-                s::DEAD_LETTER
-                    .key(self.keys().queue(p))
-                    .key(self.keys().dead(p))
-                    .arg(self.group())
-                    .arg(entry)
-                    .arg(payload)
-                    .arg(reason)
-                    .arg(task_id.map(|t| t.to_string()).unwrap_or_default())
-                    .arg(size.map(|s| s.to_string()).unwrap_or_default())
-                    .arg(self.dead_letters_ceiling()),
-            )
-            .await?;
+        self.call(&s::DeadLetter {
+            queue: self.keys().queue(p),
+            dead: self.keys().dead(p),
+            group: self.group(),
+            entry,
+            payload,
+            reason,
+            task: task_id,
+            size,
+            dead_cap: self.dead_letters_ceiling(),
+        })
+        .await?;
         Ok(())
     }
 
@@ -923,12 +904,11 @@ impl WorkQueue for RedisBackend {
         // spread one has its own.
         let all: Vec<u16> = (0..k.streams()).collect();
         for group in self.slot_groups(&all) {
-            let mut release = s::RELEASE_DELAYED.prepare_invoke();
-            for p in group {
-                release.key(k.delayed(p)).key(k.queue(p));
-            }
-            let n: usize = self.run(release.arg(limit)).await?;
-            moved += n;
+            let release = s::ReleaseDelayed {
+                pairs: group.iter().map(|p| (k.delayed(*p), k.queue(*p))).collect(),
+                limit,
+            };
+            moved += self.call(&release).await?;
         }
         Ok(moved)
     }
@@ -999,18 +979,14 @@ impl WorkQueue for RedisBackend {
         let Some((p, entry)) = self.keys().split_id(id) else {
             return Ok(None);
         };
-        let fields: Value = self
-            .run(
-                s::REQUEUE
-                    .key(self.keys().dead(p))
-                    .key(self.keys().queue(p))
-                    .arg(entry),
-            )
+        let fields = self
+            .call(&s::Requeue {
+                dead: self.keys().dead(p),
+                queue: self.keys().queue(p),
+                entry: entry.to_owned(),
+            })
             .await?;
-        Ok(match fields {
-            Value::Nil => None,
-            fields => Some(dead_letter(p, entry, &fields)),
-        })
+        Ok(fields.map(|fields| dead_letter(p, entry, &fields)))
     }
 
     /// The dead streams' lengths, in one pipelined round trip.

@@ -8,21 +8,14 @@
 //! next check of any item, or housekeeping, sends it.
 
 use async_trait::async_trait;
-use redis::Value;
 
-use super::{corrupt, entry, ms, scripts as s, unavailable, RedisBackend};
+use super::scripts::{self as s, TallyFinished};
+use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{BackendError, Tallies};
 use crate::model::tally::{TallyCheck, TallyProgress, TallyRef, COMPLETED_TALLY_KEEP};
 
 /// Open tallies looked at per round trip by housekeeping.
 const SWEEP_BATCH: usize = 200;
-
-fn int(value: Option<&Value>) -> Result<i64, BackendError> {
-    match value {
-        Some(Value::Int(n)) => Ok(*n),
-        other => Err(corrupt(format!("a tally script answered {other:?}"))),
-    }
-}
 
 /// A tally's member of the open tallies.
 pub(super) fn member(tally: &TallyRef) -> Result<String, BackendError> {
@@ -34,25 +27,20 @@ impl RedisBackend {
     /// by this call.
     async fn finish(&self, tally: &TallyRef, mover: bool) -> Result<bool, BackendError> {
         let k = self.keys();
-        let mut finish = s::TALLY_FINISH.prepare_invoke();
-        finish
-            .key(k.tally(tally, ""))
-            .key(k.tally(tally, ":pending"))
-            .key(k.tally(tally, ":checked"))
-            .key(k.queue(k.process_route(&tally.process, &tally.instance)))
-            .key(k.open_tallies(k.pm_k(&tally.process, &tally.instance)));
-        if !k.spread() {
-            finish.key(k.partition_members());
-        }
-        let sent: i64 = self
-            .run(
-                finish
-                    .arg(ms(COMPLETED_TALLY_KEEP))
-                    .arg(member(tally)?)
-                    .arg(if mover { "mover" } else { "repair" }),
-            )
+        let finished = self
+            .call(&s::TallyFinish {
+                tally: k.tally(tally, ""),
+                pending: k.tally(tally, ":pending"),
+                checked: k.tally(tally, ":checked"),
+                queue: k.queue(k.process_route(&tally.process, &tally.instance)),
+                open_tallies: k.open_tallies(k.pm_k(&tally.process, &tally.instance)),
+                members: (!k.spread()).then(|| k.partition_members()),
+                keep_ms: ms(COMPLETED_TALLY_KEEP),
+                member: member(tally)?,
+                mover,
+            })
             .await?;
-        Ok(sent == 1)
+        Ok(finished == TallyFinished::Sent)
     }
 
     /// Sends the completions whose checker died before sending them, and
@@ -184,28 +172,12 @@ impl Tallies for RedisBackend {
         mark_deadline: bool,
     ) -> Result<Option<TallyProgress>, BackendError> {
         let k = self.keys();
-        let reply: Vec<Value> = self
-            .run(
-                s::TALLY_PROGRESS
-                    .key(k.tally(tally, ""))
-                    .key(k.tally(tally, ":pending"))
-                    .arg(missing)
-                    .arg(if mark_deadline { "1" } else { "0" }),
-            )
-            .await?;
-        let total = int(reply.first())?;
-        if total < 0 {
-            return Ok(None);
-        }
-        Ok(Some(TallyProgress {
-            total: total as u64,
-            checked: int(reply.get(1))?.max(0) as u64,
-            complete: int(reply.get(2))? == 1,
-            deadline_passed: int(reply.get(3))? == 1,
-            missing: reply
-                .get(4)
-                .map(|m| entry::items(m).into_iter().map(entry::text).collect())
-                .unwrap_or_default(),
-        }))
+        self.call(&s::TallyProgress {
+            tally: k.tally(tally, ""),
+            pending: k.tally(tally, ":pending"),
+            missing,
+            mark_deadline,
+        })
+        .await
     }
 }

@@ -8,7 +8,8 @@ use redis::Value;
 use uuid::Uuid;
 
 use super::keys::Keys;
-use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
+use super::scripts::{self as s, Locking, Refusal, Refused, Settling};
+use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
     QueueMessage, Settle, TaskCommit, TaskCursor, TaskQuery, TaskStore, WorkItem,
@@ -149,38 +150,29 @@ fn audit_entries(task: &TaskInstance) -> Result<Vec<String>, BackendError> {
         .collect()
 }
 
-impl RedisBackend {
-    /// Reads a write script's `{code, stored}` reply.
-    fn check_write(
-        reply: &[Value],
-        task: &TaskInstance,
-        lease: &Lease,
-    ) -> Result<u64, BackendError> {
-        let code = match reply.first() {
-            Some(Value::Int(code)) => *code,
-            _ => return Err(corrupt("unexpected reply from a write script")),
-        };
-        let stored = reply.get(1).map(super::entry::text);
-        match code {
-            v if v > 0 => Ok(v as u64),
-            -1 => Err(BackendError::LockLost {
-                task: task.id,
-                fence: lease.fence,
-            }),
-            -2 => Err(BackendError::Conflict {
-                task: task.id,
-                expected: task.version,
-                actual: stored.and_then(|s| s.parse().ok()).unwrap_or(0),
-            }),
-            -3 => Err(BackendError::NotFound(task.id)),
-            -5 => Err(BackendError::CancelRequested {
-                task: task.id,
-                at: cancel_time(stored).unwrap_or_else(Timestamp::now),
-            }),
-            _ => Err(corrupt("unexpected reply from a write script")),
-        }
+/// A refused task write as the error the engine handles (one place, so
+/// that refusals can become return values).
+fn write_refused(refused: Refused, task: &TaskInstance, lease: &Lease) -> BackendError {
+    match refused.refusal {
+        Refusal::LockLost => BackendError::LockLost {
+            task: task.id,
+            fence: lease.fence,
+        },
+        Refusal::Conflict => BackendError::Conflict {
+            task: task.id,
+            expected: task.version,
+            actual: refused.detail.and_then(|s| s.parse().ok()).unwrap_or(0),
+        },
+        Refusal::Missing => BackendError::NotFound(task.id),
+        Refusal::CancelRequested => BackendError::CancelRequested {
+            task: task.id,
+            at: cancel_time(refused.detail).unwrap_or_else(Timestamp::now),
+        },
+        _ => corrupt("unexpected reply from a write script"),
     }
+}
 
+impl RedisBackend {
     /// One partition's page of a saga's tasks, newest first. Index entries
     /// whose task just expired (the janitor has not removed them yet) are
     /// skipped, and reading goes on past them: a short page would read as
@@ -327,21 +319,20 @@ impl TaskStore for RedisBackend {
     ) -> Result<Created, BackendError> {
         let k = self.keys();
         let p = k.partition_of(task.id);
-        let existing: Option<String> = self
-            .run(
-                s::CREATE
-                    .key(k.task(task.id))
-                    .key(k.index(p, &task.saga, None))
-                    .key(k.index(p, &task.saga, Some(TaskStatus::Pending)))
-                    .key(k.queue(p))
-                    .key(k.audit(task.id))
-                    .arg(doc(task)?)
-                    .arg(task.id.to_string())
-                    .arg(WorkItem::Saga(first.clone()).encode())
-                    .arg(task.created_at.0)
-                    .arg(AUDIT_LOG_CAP)
-                    .arg(audit_entries(task)?),
-            )
+        let existing = self
+            .call(&s::Create {
+                task: k.task(task.id),
+                index_all: k.index(p, &task.saga, None),
+                index_pending: k.index(p, &task.saga, Some(TaskStatus::Pending)),
+                queue: k.queue(p),
+                audit: k.audit(task.id),
+                doc: doc(task)?,
+                id: task.id.to_string(),
+                payload: WorkItem::Saga(first.clone()).encode(),
+                created_ms: task.created_at.0,
+                audit_cap: AUDIT_LOG_CAP,
+                audit_entries: audit_entries(task)?,
+            })
             .await?;
         match existing {
             None => Ok(Created::New),
@@ -416,31 +407,36 @@ impl TaskStore for RedisBackend {
     ) -> Result<Option<Locked>, BackendError> {
         let k = self.keys();
         let token = Uuid::new_v4().simple().to_string();
-        let reply: Option<Vec<Value>> = self
-            .run(
-                s::LOCK
-                    .key(k.lock(id))
-                    .key(k.fence(id))
-                    .key(k.task(id))
-                    .key(k.cancel(id))
-                    .arg(&token)
-                    .arg(ms(ttl)),
-            )
+        let locking = self
+            .call(&s::Lock {
+                lock: k.lock(id),
+                fence: k.fence(id),
+                task: k.task(id),
+                cancel: k.cancel(id),
+                token: &token,
+                ttl_ms: ms(ttl),
+            })
             .await?;
-        let Some(reply) = reply else {
-            return Ok(None);
+        let (fence, doc, version, cancel) = match locking {
+            Locking::Busy => return Ok(None),
+            Locking::Missing => return Ok(Some(Locked::missing(id))),
+            Locking::Taken {
+                fence,
+                doc,
+                version,
+                cancel,
+            } => (fence, doc, version, cancel),
         };
-        let text = |i: usize| super::entry::text_at(&reply, i);
-        let fence: u64 = text(0).and_then(|f| f.parse().ok()).unwrap_or(0);
-        if fence == 0 {
-            return Ok(Some(Locked::missing(id)));
-        }
-        let task = match parse_doc(text(1), text(2)) {
+        let task = match parse_doc(doc, version) {
             Ok(task) => task,
             Err(error) => {
                 // The lock is ours but no lease goes back to the caller:
                 // free it now, or the task stays locked for a whole TTL.
-                let _: Result<i64, _> = self.run(s::UNLOCK.key(k.lock(id)).arg(&token)).await;
+                let unlock = s::Unlock {
+                    lock: k.lock(id),
+                    token: &token,
+                };
+                let _: Result<bool, _> = self.call(&unlock).await;
                 return Err(error);
             }
         };
@@ -451,7 +447,7 @@ impl TaskStore for RedisBackend {
                 fence,
             },
             task,
-            cancel_requested: cancel_time(text(3)),
+            cancel_requested: cancel_time(cancel),
         }))
     }
 
@@ -464,28 +460,27 @@ impl TaskStore for RedisBackend {
     ) -> Result<(u64, bool), BackendError> {
         let k = self.keys();
         let p = k.partition_of(task.id);
-        let reply: Vec<Value> = self
-            .run(
-                s::RECORD_ATTEMPT
-                    .key(k.fence(task.id))
-                    .key(k.task(task.id))
-                    .key(k.claims(task.id))
-                    .key(k.index(p, &task.saga, Some(stored_status)))
-                    .key(k.index(p, &task.saga, Some(task.status)))
-                    .key(k.audit(task.id))
-                    .arg(lease.fence)
-                    .arg(task.version)
-                    .arg(written(task)?)
-                    .arg(claim)
-                    .arg(format!("{:?}", task.status))
-                    .arg(task.id.to_string())
-                    .arg(task.created_at.0)
-                    .arg(AUDIT_LOG_CAP)
-                    .arg(audit_entries(task)?),
-            )
-            .await?;
-        let version = Self::check_write(&reply, task, lease)?;
-        Ok((version, matches!(reply.get(1), Some(Value::Int(1)))))
+        let written = self
+            .call(&s::RecordAttempt {
+                fence: k.fence(task.id),
+                task: k.task(task.id),
+                claims: k.claims(task.id),
+                index_from: k.index(p, &task.saga, Some(stored_status)),
+                index_to: k.index(p, &task.saga, Some(task.status)),
+                audit: k.audit(task.id),
+                lease_fence: lease.fence,
+                version: task.version,
+                doc: written(task)?,
+                claim,
+                status: task.status,
+                id: task.id.to_string(),
+                created_ms: task.created_at.0,
+                audit_cap: AUDIT_LOG_CAP,
+                audit_entries: audit_entries(task)?,
+            })
+            .await?
+            .map_err(|refused| write_refused(refused, task, lease))?;
+        Ok((written.version, written.claimed))
     }
 
     async fn record_next_attempt(
@@ -495,41 +490,39 @@ impl TaskStore for RedisBackend {
         let k = self.keys();
         let task = next.task;
         let p = k.partition_of(task.id);
-        let (ttl, entry) = match next.renew {
-            Some(ttl) => (ms(ttl).to_string(), self.entry_of(next.delivery, p)?),
-            None => (String::new(), String::new()),
+        let renew = match next.renew {
+            Some(ttl) => Some((ms(ttl), self.entry_of(next.delivery, p)?)),
+            None => None,
         };
-        let reply: Vec<Value> = self
-            .run(
-                s::RECORD_NEXT
-                    .key(k.fence(task.id))
-                    .key(k.task(task.id))
-                    .key(k.claims(task.id))
-                    .key(k.index(p, &task.saga, Some(next.stored_status)))
-                    .key(k.index(p, &task.saga, Some(task.status)))
-                    .key(k.lock(task.id))
-                    .key(k.queue(p))
-                    .key(k.cancel(task.id))
-                    .key(k.audit(task.id))
-                    .arg(next.lease.fence)
-                    .arg(task.version)
-                    .arg(written(task)?)
-                    .arg(next.claim)
-                    .arg(format!("{:?}", task.status))
-                    .arg(task.id.to_string())
-                    .arg(task.created_at.0)
-                    .arg(&next.lease.token)
-                    .arg(ttl)
-                    .arg(self.group())
-                    .arg(&next.delivery.consumer)
-                    .arg(entry)
-                    .arg(if next.unless_cancelled { "1" } else { "0" })
-                    .arg(AUDIT_LOG_CAP)
-                    .arg(audit_entries(task)?),
-            )
-            .await?;
-        let version = Self::check_write(&reply, task, next.lease)?;
-        Ok((version, matches!(reply.get(1), Some(Value::Int(1)))))
+        let written = self
+            .call(&s::RecordNext {
+                fence: k.fence(task.id),
+                task: k.task(task.id),
+                claims: k.claims(task.id),
+                index_from: k.index(p, &task.saga, Some(next.stored_status)),
+                index_to: k.index(p, &task.saga, Some(task.status)),
+                lock: k.lock(task.id),
+                queue: k.queue(p),
+                cancel: k.cancel(task.id),
+                audit: k.audit(task.id),
+                lease_fence: next.lease.fence,
+                version: task.version,
+                doc: written(task)?,
+                claim: next.claim,
+                status: task.status,
+                id: task.id.to_string(),
+                created_ms: task.created_at.0,
+                token: &next.lease.token,
+                renew,
+                group: self.group(),
+                consumer: &next.delivery.consumer,
+                unless_cancelled: next.unless_cancelled,
+                audit_cap: AUDIT_LOG_CAP,
+                audit_entries: audit_entries(task)?,
+            })
+            .await?
+            .map_err(|refused| write_refused(refused, task, next.lease))?;
+        Ok((written.version, written.claimed))
     }
 
     async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError> {
@@ -537,12 +530,19 @@ impl TaskStore for RedisBackend {
         let task = commit.task;
         let p = k.partition_of(task.id);
         let limit = self.shared.config.dead_letter_payload_limit;
-        let (kind, entry, payload, reason, size) = match commit.settle {
-            Settle::Nothing => ("none", String::new(), "", "", None),
-            Settle::Ack(d) => ("ack", self.entry_of(d, p)?, "", "", None),
+        let settle = match commit.settle {
+            Settle::Nothing => Settling::Keep,
+            Settle::Ack(d) => Settling::Ack {
+                entry: self.entry_of(d, p)?,
+            },
             Settle::DeadLetter(d, reason) => {
                 let (payload, size) = truncate_payload(&d.raw, limit);
-                ("dead", self.entry_of(d, p)?, payload, reason, size)
+                Settling::Dead {
+                    entry: self.entry_of(d, p)?,
+                    payload,
+                    reason,
+                    size,
+                }
             }
             Settle::ResolveDeadLetter(id) => {
                 let (lp, entry) = k
@@ -554,72 +554,58 @@ impl TaskStore for RedisBackend {
                         task.id
                     )));
                 }
-                ("resolve", entry.to_owned(), "", "", None)
+                Settling::Resolve {
+                    entry: entry.to_owned(),
+                }
             }
         };
-        let (next, delay) = match &commit.next {
-            Some(next) => (
+        let next = commit.next.as_ref().map(|next| {
+            (
                 WorkItem::Saga(next.message.clone()).encode(),
                 next.delay.as_millis().min(1_000_000_000_000) as u64,
-            ),
-            None => (String::new(), 0),
-        };
-        // A task leaving a terminal status (a requeue) leaves the expiry set.
-        let stored_member = if commit.stored_status.is_terminal() {
-            Keys::expiring_member(task.id, commit.stored_status, &task.saga)
-        } else {
-            String::new()
-        };
-        let reply: Vec<Value> = self
-            .run(
-                s::COMMIT
-                    .key(k.fence(task.id))
-                    .key(k.task(task.id))
-                    .key(k.lock(task.id))
-                    .key(k.queue(p))
-                    .key(k.dead(p))
-                    .key(k.cancel(task.id))
-                    .key(k.delayed(p))
-                    .key(k.index(p, &task.saga, Some(commit.stored_status)))
-                    .key(k.index(p, &task.saga, Some(task.status)))
-                    .key(k.expiring(p))
-                    .key(k.claims(task.id))
-                    .key(k.audit(task.id))
-                    .arg(commit.lease.fence)
-                    .arg(task.version)
-                    .arg(written(task)?)
-                    .arg(&commit.lease.token)
-                    .arg(next)
-                    .arg(delay)
-                    .arg(kind)
-                    .arg(entry)
-                    .arg(self.group())
-                    .arg(payload)
-                    .arg(reason)
-                    .arg(task.id.to_string())
-                    .arg(if commit.unless_cancelled { "1" } else { "0" })
-                    .arg(format!("{:?}", task.status))
-                    .arg(
-                        commit
-                            .expire_after
-                            .map(ms)
-                            .map(|m| m.to_string())
-                            .unwrap_or_default(),
-                    )
-                    .arg(task.created_at.0)
-                    .arg(stored_member)
-                    .arg(Keys::expiring_member(task.id, task.status, &task.saga))
-                    .arg(size.map(|s| s.to_string()).unwrap_or_default())
-                    .arg(self.dead_letters_ceiling())
-                    .arg(match task.status.is_terminal() {
-                        true => k.finished_channel(),
-                        false => String::new(),
-                    })
-                    .arg(AUDIT_LOG_CAP)
-                    .arg(audit_entries(task)?),
             )
-            .await?;
-        Self::check_write(&reply, task, commit.lease)
+        });
+        let written = self
+            .call(&s::Commit {
+                fence: k.fence(task.id),
+                task: k.task(task.id),
+                lock: k.lock(task.id),
+                queue: k.queue(p),
+                dead: k.dead(p),
+                cancel: k.cancel(task.id),
+                delayed: k.delayed(p),
+                index_from: k.index(p, &task.saga, Some(commit.stored_status)),
+                index_to: k.index(p, &task.saga, Some(task.status)),
+                expiring: k.expiring(p),
+                claims: k.claims(task.id),
+                audit: k.audit(task.id),
+                lease_fence: commit.lease.fence,
+                version: task.version,
+                doc: written(task)?,
+                token: &commit.lease.token,
+                next,
+                settle,
+                group: self.group(),
+                id: task.id.to_string(),
+                unless_cancelled: commit.unless_cancelled,
+                status: task.status,
+                expire_after_ms: commit.expire_after.map(ms),
+                created_ms: task.created_at.0,
+                // A task leaving a terminal status (a requeue) leaves the
+                // expiry set.
+                stored_member: commit
+                    .stored_status
+                    .is_terminal()
+                    .then(|| Keys::expiring_member(task.id, commit.stored_status, &task.saga)),
+                new_member: Keys::expiring_member(task.id, task.status, &task.saga),
+                dead_cap: self.dead_letters_ceiling(),
+                publish: task.status.is_terminal().then(|| k.finished_channel()),
+                audit_cap: AUDIT_LOG_CAP,
+                audit_entries: audit_entries(task)?,
+            })
+            .await?
+            .map_err(|refused| write_refused(refused, task, commit.lease))?;
+        Ok(written.version)
     }
 
     async fn heartbeat(
@@ -631,34 +617,30 @@ impl TaskStore for RedisBackend {
         let k = self.keys();
         let p = k.partition_of(lease.task_id);
         let entry = self.entry_of(delivery, p)?;
-        let (held, cancel): (i64, Option<String>) = self
-            .run(
-                s::HEARTBEAT
-                    .key(k.lock(lease.task_id))
-                    .key(k.queue(p))
-                    .key(k.cancel(lease.task_id))
-                    .arg(&lease.token)
-                    .arg(ms(ttl))
-                    .arg(self.group())
-                    .arg(&delivery.consumer)
-                    .arg(entry),
-            )
+        let beat = self
+            .call(&s::Heartbeat {
+                lock: k.lock(lease.task_id),
+                queue: k.queue(p),
+                cancel: k.cancel(lease.task_id),
+                token: &lease.token,
+                ttl_ms: ms(ttl),
+                group: self.group(),
+                consumer: &delivery.consumer,
+                entry,
+            })
             .await?;
         Ok(Heartbeat {
-            lock_held: held == 1,
-            cancel_requested: cancel_time(cancel),
+            lock_held: beat.held,
+            cancel_requested: cancel_time(beat.cancel),
         })
     }
 
     async fn unlock(&self, lease: &Lease) -> Result<bool, BackendError> {
-        let released: i64 = self
-            .run(
-                s::UNLOCK
-                    .key(self.keys().lock(lease.task_id))
-                    .arg(&lease.token),
-            )
-            .await?;
-        Ok(released == 1)
+        self.call(&s::Unlock {
+            lock: self.keys().lock(lease.task_id),
+            token: &lease.token,
+        })
+        .await
     }
 
     async fn request_cancel(
@@ -668,18 +650,17 @@ impl TaskStore for RedisBackend {
         wake: &QueueMessage,
     ) -> Result<Option<Timestamp>, BackendError> {
         let k = self.keys();
-        let previous: Option<String> = self
-            .run(
-                s::CANCEL
-                    .key(k.cancel(id))
-                    .key(k.task(id))
-                    .key(k.queue(k.partition_of(id)))
-                    .arg(Timestamp::now().0)
-                    .arg(token)
-                    .arg(k.cancel_channel())
-                    .arg(id.to_string())
-                    .arg(WorkItem::Saga(wake.clone()).encode()),
-            )
+        let previous = self
+            .call(&s::Cancel {
+                cancel: k.cancel(id),
+                task: k.task(id),
+                queue: k.queue(k.partition_of(id)),
+                at_ms: Timestamp::now().0,
+                token,
+                channel: k.cancel_channel(),
+                id: id.to_string(),
+                wake: WorkItem::Saga(wake.clone()).encode(),
+            })
             .await?;
         Ok(cancel_time(previous))
     }

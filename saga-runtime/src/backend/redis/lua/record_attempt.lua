@@ -1,0 +1,46 @@
+-- Records that an attempt starts: the task's new record (its status moved
+-- between the indexes if it changed) and the attempt's claim, after the
+-- fence and version checks (check.lua).
+--
+-- KEYS[1]: the task's fence counter
+-- KEYS[2]: the task's record
+-- KEYS[3]: the task's claimed attempts (a hash)
+-- KEYS[4]: the saga's index of the stored status
+-- KEYS[5]: the saga's index of the new status
+-- KEYS[6]: the task's audit log
+-- ARGV[1]: the fence of the writer's lease
+-- ARGV[2]: the version the writer read
+-- ARGV[3]: the new record (JSON)
+-- ARGV[4]: the attempt's claim (a field of KEYS[3])
+-- ARGV[5]: the new status (`TaskStatus::as_str`)
+-- ARGV[6]: the task id
+-- ARGV[7]: when the task was created (ms)
+-- ARGV[8]: how many audit entries the log keeps
+-- ARGV[9..]: the audit entries to append
+-- Returns: {new version, 1 if the claim is new else 0}, or a refusal:
+-- {LOCK_LOST, fence}, {MISSING}, {CONFLICT, stored version}.
+local fence_key = KEYS[1]
+local task_key = KEYS[2]
+local claims_key = KEYS[3]
+local index_from = KEYS[4]
+local index_to = KEYS[5]
+local audit_key = KEYS[6]
+local fence = ARGV[1]
+local version = ARGV[2]
+local doc = ARGV[3]
+local claim = ARGV[4]
+local status = ARGV[5]
+local id = ARGV[6]
+local created = ARGV[7]
+local audit_cap = ARGV[8]
+local AUDIT_FROM = 9
+
+local refused, nv = check_write(fence_key, fence, task_key, version)
+if refused then return refused end
+audit(audit_key, audit_cap, ARGV, AUDIT_FROM)
+redis.call('HSET', task_key, 'doc', doc, 'version', nv, 'status', status)
+if index_from ~= index_to then
+  redis.call('ZREM', index_from, id)
+  redis.call('ZADD', index_to, created, id)
+end
+return {nv, redis.call('HSETNX', claims_key, claim, 1)}

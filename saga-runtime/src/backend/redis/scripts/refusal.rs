@@ -1,0 +1,145 @@
+//! How a script says no: one table of refusal codes for Lua and Rust.
+//!
+//! A refused write answers `{code, detail}` (a negative code) and has
+//! written nothing. The Lua side names the codes in
+//! `lua/lib/refusals.lua`; a test checks that file against
+//! [`Refusal::TABLE`], so a code cannot change on one side only (the codes
+//! are on the wire: a script and the Rust reading it must agree, and an
+//! upgrade in place runs old and new side by side).
+
+/// Why a script refused a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The write's fence is not the task's latest: its lease was lost.
+    LockLost,
+    /// The stored version (or generation) is not the one the writer read.
+    Conflict,
+    /// The task does not exist.
+    Missing,
+    /// A correlation entry is held by another instance.
+    Taken,
+    /// The task's cancellation was requested (and the write asked to be
+    /// refused then).
+    CancelRequested,
+    /// A tombstone remembers a message being handled: a late duplicate for
+    /// an instance that was deleted.
+    Tombstoned,
+    /// A tally the commit opens exists already.
+    TallyExists,
+}
+
+impl Refusal {
+    /// Every refusal, with its name in `lua/lib/refusals.lua` and its code
+    /// on the wire. Codes repeat across families (a task write's `-5` is a
+    /// cancellation, a process-manager write's a tombstone), never within
+    /// the set one script answers (see [`from_code`](Self::from_code)).
+    pub const TABLE: [(Refusal, &'static str, i64); 7] = [
+        (Refusal::LockLost, "LOCK_LOST", -1),
+        (Refusal::Conflict, "CONFLICT", -2),
+        (Refusal::Missing, "MISSING", -3),
+        (Refusal::Taken, "TAKEN", -4),
+        (Refusal::CancelRequested, "CANCEL_REQUESTED", -5),
+        (Refusal::Tombstoned, "TOMBSTONED", -5),
+        (Refusal::TallyExists, "TALLY_EXISTS", -6),
+    ];
+
+    /// What the task writes answer (`record_attempt.lua`,
+    /// `record_next.lua`, `commit.lua`).
+    pub const TASK_WRITE: &'static [Refusal] = &[
+        Refusal::LockLost,
+        Refusal::Conflict,
+        Refusal::Missing,
+        Refusal::CancelRequested,
+    ];
+
+    /// What `process_commit.lua` answers.
+    pub const PROCESS_COMMIT: &'static [Refusal] = &[
+        Refusal::Conflict,
+        Refusal::Taken,
+        Refusal::Tombstoned,
+        Refusal::TallyExists,
+    ];
+
+    /// What `claim_entry.lua` answers.
+    pub const CLAIM_ENTRY: &'static [Refusal] = &[Refusal::Taken, Refusal::Tombstoned];
+
+    /// Its code on the wire.
+    pub fn code(self) -> i64 {
+        Self::TABLE
+            .iter()
+            .find(|(r, _, _)| *r == self)
+            .map_or(0, |(_, _, code)| *code)
+    }
+
+    /// The refusal of `among` (what one script answers) that `code` names.
+    pub fn from_code(code: i64, among: &[Refusal]) -> Option<Refusal> {
+        among.iter().copied().find(|r| r.code() == code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `local NAME = CODE` lines of `lua/lib/refusals.lua`, in order.
+    fn lua_table() -> Vec<(String, i64)> {
+        include_str!("../lua/lib/refusals.lua")
+            .lines()
+            .filter_map(|line| line.strip_prefix("local "))
+            .map(|rest| {
+                let (name, code) = rest.split_once(" = ").expect("`local NAME = CODE`");
+                (
+                    name.to_owned(),
+                    code.trim().parse().expect("an integer code"),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_lua_constants_are_the_rust_table() {
+        let rust: Vec<(String, i64)> = Refusal::TABLE
+            .iter()
+            .map(|(_, name, code)| ((*name).to_owned(), *code))
+            .collect();
+        assert_eq!(lua_table(), rust);
+    }
+
+    #[test]
+    fn every_refusal_is_in_the_table_once_with_todays_code() {
+        // A new variant must be added here, and so to the table.
+        let code = |r: Refusal| match r {
+            Refusal::LockLost => -1,
+            Refusal::Conflict => -2,
+            Refusal::Missing => -3,
+            Refusal::Taken => -4,
+            Refusal::CancelRequested | Refusal::Tombstoned => -5,
+            Refusal::TallyExists => -6,
+        };
+        for (refusal, _, wire) in Refusal::TABLE {
+            assert_eq!(code(refusal), wire, "{refusal:?}");
+            assert_eq!(refusal.code(), wire, "{refusal:?}");
+            let listed = Refusal::TABLE.iter().filter(|(r, _, _)| *r == refusal);
+            assert_eq!(listed.count(), 1, "{refusal:?}");
+        }
+    }
+
+    #[test]
+    fn no_code_repeats_among_what_one_script_answers() {
+        for among in [
+            Refusal::TASK_WRITE,
+            Refusal::PROCESS_COMMIT,
+            Refusal::CLAIM_ENTRY,
+        ] {
+            for refusal in among {
+                assert_eq!(
+                    Refusal::from_code(refusal.code(), among),
+                    Some(*refusal),
+                    "{among:?}"
+                );
+            }
+            assert_eq!(Refusal::from_code(0, among), None);
+            assert_eq!(Refusal::from_code(7, among), None);
+        }
+    }
+}
