@@ -151,7 +151,10 @@ async fn housekeeping_relays_what_a_dead_process_left_for_an_endpoint() {
     };
     let mut commit = ProcessCommit::new(Some(&instance), Settle::Nothing);
     commit.endpoints = vec![("billing".into(), "first".into())];
-    b.process_commit("pm", commit).await.unwrap();
+    b.process_commit("pm", commit)
+        .await
+        .unwrap()
+        .expect("written");
     assert_eq!(b.endpoint_messages("billing").await.unwrap(), ["first"]);
     // What a commit whose process died at once leaves: an entry on the
     // partition's relay stream, relayed by nobody.
@@ -355,7 +358,7 @@ async fn a_leaving_engine_hands_its_partitions_to_watch_over_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_write_gives_up_the_entries_it_claimed() {
     use saga_runtime::backend::{
-        BackendError, InstanceStatus, ProcessCommit, ProcessInstance, ProcessStore, Settle,
+        InstanceStatus, ProcessCommit, ProcessInstance, ProcessRefusal, ProcessStore, Settle,
     };
     let cluster = TestCluster::start_with(3, 0);
     let b = backend(&cluster, config("claims")).await;
@@ -379,7 +382,8 @@ async fn a_failed_write_gives_up_the_entries_it_claimed() {
     let a = instance("a", vec![], 0);
     b.process_commit("pm", ProcessCommit::new(Some(&a), Settle::Nothing))
         .await
-        .unwrap();
+        .unwrap()
+        .expect("written");
     // Sixteen values: most live in other slots than "a".
     for n in 0..16 {
         let value = format!("v-{n}");
@@ -389,7 +393,7 @@ async fn a_failed_write_gives_up_the_entries_it_claimed() {
         write.add_keys = key.clone();
         let refused = b.process_commit("pm", write).await;
         assert!(
-            matches!(refused, Err(BackendError::ProcessConflict { .. })),
+            matches!(refused, Ok(Err(ProcessRefusal::Conflict))),
             "{refused:?}"
         );
         let other = instance(&format!("b-{n}"), key.clone(), 0);
@@ -397,6 +401,7 @@ async fn a_failed_write_gives_up_the_entries_it_claimed() {
         write.add_keys = key;
         b.process_commit("pm", write)
             .await
+            .unwrap()
             .unwrap_or_else(|e| panic!("{value} still held by the failed write: {e}"));
         let found = b.process_find("pm", "ref", &value).await.unwrap().unwrap();
         assert_eq!(found.id, format!("b-{n}"));

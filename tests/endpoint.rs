@@ -78,7 +78,11 @@ async fn send_raw(backend: &Arc<dyn Backend>, raw: &str) {
         ..ProcessCommit::new(None, Settle::Nothing)
     };
     let store = backend.clone().processes().expect("a process store");
-    store.process_commit("shop", commit).await.unwrap();
+    store
+        .process_commit("shop", commit)
+        .await
+        .unwrap()
+        .expect("written");
 }
 
 fn invoice(order: &str) -> String {

@@ -14,7 +14,7 @@ use common::redis_server::TestRedis;
 use saga_runtime::backend::memory::MemoryBackend;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::backend::{
-    BackendError, InstanceStatus, ProcessCommit, ProcessInstance, ProcessStore, Settle, TallyOpen,
+    InstanceStatus, ProcessCommit, ProcessInstance, ProcessRefusal, ProcessStore, Settle, TallyOpen,
 };
 use saga_runtime::prelude::*;
 use saga_runtime::process::{Envelope, EnvelopeKind, TallyRef};
@@ -98,7 +98,7 @@ fn envelope(id: &str) -> Envelope {
 /// before the version check (-2). A handler that ran on a stale instance
 /// (it lost the race to another writer that opened the same tally) gets
 /// `TallyExists`, which dispatch hands to `#[on_error]` as a handler
-/// failure (dispatch.rs, `Err(BackendError::TallyExists(..)) => fail(..)`),
+/// failure (dispatch.rs, a refused `TallyExists` write => `fail(..)`),
 /// instead of a conflict that re-runs it on the fresh state (where it would
 /// see the tally opened and not open it again).
 #[tokio::test]
@@ -110,7 +110,7 @@ async fn a_stale_commit_that_opens_a_tally_is_a_conflict_not_tally_exists() {
         b.process_commit("pm", ProcessCommit::new(Some(&i), Settle::Nothing))
             .await
             .unwrap(),
-        1
+        Ok(1)
     );
     let tally = TallyRef {
         process: "pm".into(),
@@ -130,12 +130,12 @@ async fn a_stale_commit_that_opens_a_tally_is_a_conflict_not_tally_exists() {
     v1.version = 1;
     let mut first = ProcessCommit::new(Some(&v1), Settle::Nothing);
     first.tallies = vec![open()];
-    assert_eq!(b.process_commit("pm", first).await.unwrap(), 2);
+    assert_eq!(b.process_commit("pm", first).await.unwrap(), Ok(2));
     let mut second = ProcessCommit::new(Some(&v1), Settle::Nothing);
     second.tallies = vec![open()];
     let lost = b.process_commit("pm", second).await;
     assert!(
-        matches!(lost, Err(BackendError::ProcessConflict { .. })),
+        matches!(lost, Ok(Err(ProcessRefusal::Conflict))),
         "the loser of a version race must be told it is stale, got {lost:?}"
     );
 }

@@ -420,7 +420,11 @@ async fn a_load_refuses_a_record_that_belongs_to_another_process_manager() {
         updated_at: Timestamp::now(),
     };
     let commit = ProcessCommit::new(Some(&instance), Settle::Nothing);
-    backend.process_commit("acct", commit).await.unwrap();
+    backend
+        .process_commit("acct", commit)
+        .await
+        .unwrap()
+        .expect("written");
 
     let own = backend.process_load("acct", "x:1").await.unwrap().unwrap();
     assert_eq!(own.state["balance"], 100);

@@ -208,7 +208,8 @@ async fn an_already_claimed_attempt_is_counted_not_rerun_and_the_task_still_fini
     let (_, claimed) = backend
         .record_attempt(&task, task.status, &locked.lease, "first:1")
         .await
-        .unwrap();
+        .unwrap()
+        .expect("written");
     assert!(claimed);
     backend.unlock(&locked.lease).await.unwrap();
 

@@ -16,7 +16,7 @@ use saga_runtime::backend::memory::MemoryBackend;
 use saga_runtime::backend::{
     Backend, BackendError, Created, DeadLetter, DeadLetterQuery, Delivery, Heartbeat, Housekeeping,
     Housekept, Interest, Lease, Locked, Page, QueueMessage, Retention, TaskCommit, TaskQuery,
-    TaskStore, WorkItem, WorkQueue,
+    TaskStore, TaskWrite, WorkItem, WorkQueue,
 };
 use saga_runtime::prelude::*;
 use saga_runtime::task::Timestamp;
@@ -54,12 +54,12 @@ impl TaskStore for SagaOnly {
         stored_status: TaskStatus,
         lease: &Lease,
         claim: &str,
-    ) -> Result<(u64, bool), BackendError> {
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
         self.0
             .record_attempt(task, stored_status, lease, claim)
             .await
     }
-    async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError> {
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
         self.0.commit(commit).await
     }
     async fn heartbeat(

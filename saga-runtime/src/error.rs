@@ -255,6 +255,16 @@ pub enum Error {
     /// dead-lettered again.
     #[error("task {0} of this dead letter no longer exists (its retention ran out): requeueing would only dead-letter it again; discard the letter")]
     TaskGone(crate::model::task::TaskId),
+    /// An operator's change to a task was not written: another write came
+    /// first (the task moved on meanwhile) or its lease was taken over.
+    /// Nothing changed; read the task again and decide.
+    #[error("task {task}: the change was not written ({reason}); read the task again")]
+    WriteRefused {
+        /// The task.
+        task: crate::model::task::TaskId,
+        /// Why the store refused it.
+        reason: crate::backend::TaskRefusal,
+    },
     /// A dead letter kept only a prefix of its (huge) payload, so it cannot
     /// be put back on the queue.
     #[error(

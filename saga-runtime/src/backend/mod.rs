@@ -49,10 +49,10 @@ mod tasks;
 pub use breakers::{BreakerChange, BreakerDecision, Breakers};
 pub use dead_letters::{DeadLetter, DeadLetterQuery};
 pub use endpoint::{EndpointDelivery, Endpoints};
-pub use error::{BackendError, SourceError};
+pub use error::{BackendError, BackendErrorKind, SourceError};
 pub use housekeeping::{Housekeeping, Housekept, Retention};
 pub use leases::Leases;
-pub use process::{Batched, ProcessCommit, ProcessStore};
+pub use process::{Batched, ProcessCommit, ProcessRefusal, ProcessStore, ProcessWrite};
 pub use queue::{
     Delivery, ForwardTo, Interest, LoadedInstance, QueueBacklog, QueueStats, Settle, TakenLease,
     WorkQueue,
@@ -62,7 +62,7 @@ pub use tally::Tallies;
 use std::sync::Arc;
 pub use tasks::{
     Created, Heartbeat, Lease, Locked, Next, NextAttempt, TaskCommit, TaskCursor, TaskQuery,
-    TaskStore,
+    TaskRefusal, TaskStore, TaskWrite,
 };
 
 pub use crate::model::process::{

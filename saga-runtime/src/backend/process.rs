@@ -7,6 +7,41 @@ use async_trait::async_trait;
 
 use super::{BackendError, Delivery, Page, ProcessInstance, Settle, TallyOpen};
 use crate::model::envelope::Envelope;
+use crate::model::tally::TallyRef;
+
+/// Why a process-manager write was refused: what the protocol expects to
+/// happen when writers race or messages come late, not a failure of the
+/// store. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProcessRefusal {
+    /// Another write to the instance (or to a correlation entry it claims)
+    /// came first: run the handler again on the fresh state.
+    #[error("a concurrent write came first")]
+    Conflict,
+    /// A deleted instance with this id (or one that owned a correlation
+    /// entry being claimed) handled this message: a late duplicate.
+    #[error("instance `{instance}` was deleted after handling this message")]
+    Tombstoned {
+        /// The instance.
+        instance: String,
+    },
+    /// A tally the handler opens was opened by its instance before.
+    #[error("{0} is already open: give each tally of an instance its own name")]
+    TallyExists(TallyRef),
+    /// The message the write settles is in another partition than the
+    /// instance it writes (a backend that keeps partitions apart, like
+    /// Redis Cluster, cannot write both at once): the worker hands it back,
+    /// and forwards it to the instance's partition on its next delivery.
+    #[error("the message is in another partition than instance `{instance}`")]
+    Elsewhere {
+        /// The instance.
+        instance: String,
+    },
+}
+
+/// A process-manager write's answer: the instance's new version (`Ok`), or
+/// why it was refused (`Err`).
+pub type ProcessWrite = Result<u64, ProcessRefusal>;
 
 /// One atomic write of the process-manager protocol: the instance (created,
 /// updated or deleted), its correlation entries, the messages its handler
@@ -17,7 +52,7 @@ pub struct ProcessCommit<'a> {
     /// create), unless `None`.
     pub instance: Option<&'a ProcessInstance>,
     /// The id of the message this write handles. The write is refused with
-    /// [`BackendError::ProcessTombstoned`] if a deleted instance with this
+    /// [`ProcessRefusal::Tombstoned`] if a deleted instance with this
     /// id, or one that owned a correlation entry being claimed, handled
     /// that message: a late duplicate must neither start the process again
     /// nor reach the instance created after it.
@@ -47,7 +82,7 @@ pub struct ProcessCommit<'a> {
     /// Envelopes to deliver later: `(due, wall-clock ms; envelope)`.
     pub schedule: Vec<(u64, Envelope)>,
     /// Tallies the handler opened. One that exists already refuses the
-    /// whole write ([`BackendError::TallyExists`]).
+    /// whole write ([`ProcessRefusal::TallyExists`]).
     pub tallies: Vec<TallyOpen>,
     /// What to do with the message being handled.
     pub settle: Settle<'a>,
@@ -164,12 +199,13 @@ pub trait ProcessStore: Send + Sync + 'static {
     /// Writes a [`ProcessCommit`] atomically; returns the instance's new
     /// version (0 when deleted or not written). A version mismatch, an
     /// existing instance when creating, or a correlation entry owned by
-    /// another instance is a [`BackendError::ProcessConflict`].
+    /// another instance is refused ([`ProcessRefusal::Conflict`]), and so
+    /// are a late duplicate and a tally opened twice.
     async fn process_commit(
         &self,
         process: &str,
         commit: ProcessCommit<'_>,
-    ) -> Result<u64, BackendError>;
+    ) -> Result<ProcessWrite, BackendError>;
 
     /// Moves scheduled envelopes due at `now_ms` onto the queue, at most
     /// `limit`, each exactly once (even with several pollers); returns how

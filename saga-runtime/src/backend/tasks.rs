@@ -57,7 +57,7 @@ pub struct TaskCommit<'a> {
     pub next: Option<Next>,
     /// What to do with the message being handled.
     pub settle: Settle<'a>,
-    /// Refuse the write with [`BackendError::CancelRequested`] if
+    /// Refuse the write ([`TaskRefusal::CancelRequested`]) if
     /// cancellation of the task was requested: a worker passes it when it
     /// ends a running task another way (completed, failed), so that an
     /// accepted cancellation is never overtaken.
@@ -92,7 +92,7 @@ pub struct NextAttempt<'a> {
     /// delivered again, as a heartbeat does; `None` when the last renewal
     /// is recent (a chain of quick steps needs none).
     pub renew: Option<Duration>,
-    /// Refuse the write with [`BackendError::CancelRequested`] if
+    /// Refuse the write ([`TaskRefusal::CancelRequested`]) if
     /// cancellation of the task was requested: the worker then applies the
     /// cancellation instead of starting another step.
     pub unless_cancelled: bool,
@@ -206,6 +206,42 @@ impl TaskQuery {
     }
 }
 
+/// Why a task write was refused: what the protocol expects to happen
+/// (another worker took the task over, a write raced ours, the task was
+/// cancelled or removed), not a failure of the store. Nothing was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TaskRefusal {
+    /// The write's fencing token is not the task's latest: another worker
+    /// took the lease after it expired.
+    #[error("the lease was lost (fencing token {fence} is stale)")]
+    LockLost {
+        /// The stale fencing token.
+        fence: u64,
+    },
+    /// The stored version is not the one the write was based on.
+    #[error("version conflict (expected {expected}, found {actual})")]
+    Conflict {
+        /// The version the write was based on.
+        expected: u64,
+        /// The stored version.
+        actual: u64,
+    },
+    /// The task does not exist (it expired, or was never created).
+    #[error("the task does not exist")]
+    Missing,
+    /// The write asked to be refused once cancellation was requested, and
+    /// it was.
+    #[error("cancellation was requested")]
+    CancelRequested {
+        /// When cancellation was requested.
+        at: Timestamp,
+    },
+}
+
+/// A task write's answer: written (`Ok`, with what the write returns) or
+/// refused (`Err`), the backend having answered either way.
+pub type TaskWrite<T> = Result<T, TaskRefusal>;
+
 /// Task records, their leases and their cancellation flags.
 #[async_trait]
 pub trait TaskStore: Send + Sync + 'static {
@@ -279,7 +315,7 @@ pub trait TaskStore: Send + Sync + 'static {
         stored_status: TaskStatus,
         lease: &Lease,
         claim: &str,
-    ) -> Result<(u64, bool), BackendError>;
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError>;
 
     /// Records the next attempt of a task the worker goes on with (see
     /// [`NextAttempt`]): like [`record_attempt`](Self::record_attempt),
@@ -293,19 +329,16 @@ pub trait TaskStore: Send + Sync + 'static {
     async fn record_next_attempt(
         &self,
         next: NextAttempt<'_>,
-    ) -> Result<(u64, bool), BackendError> {
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
         if next.unless_cancelled {
             if let Some(at) = self.cancel_requested(next.task.id).await? {
-                return Err(BackendError::CancelRequested {
-                    task: next.task.id,
-                    at,
-                });
+                return Ok(Err(TaskRefusal::CancelRequested { at }));
             }
         }
         let recorded = self
             .record_attempt(next.task, next.stored_status, next.lease, next.claim)
             .await?;
-        if let Some(ttl) = next.renew {
+        if let (Ok(_), Some(ttl)) = (&recorded, next.renew) {
             let _ = self.heartbeat(next.lease, next.delivery, ttl).await?;
         }
         Ok(recorded)
@@ -313,7 +346,7 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// Writes a [`TaskCommit`] atomically and releases its lease; returns
     /// the new version.
-    async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError>;
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError>;
 
     /// Called about once a second while a step runs: extends the lease by
     /// `ttl`, keeps the message from being redelivered and reports a

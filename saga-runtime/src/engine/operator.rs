@@ -3,7 +3,7 @@
 //! failed compensation again. Every action is audited with who and why.
 
 use super::Engine;
-use crate::backend::{Locked, Next, QueueMessage, Settle, TaskCommit};
+use crate::backend::{Locked, Next, QueueMessage, Settle, TaskCommit, TaskRefusal};
 use crate::error::Error;
 use crate::model::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
 
@@ -184,11 +184,14 @@ impl Engine {
                 },
             })
             .await;
-        if committed.is_err() {
+        if !matches!(committed, Ok(Ok(_))) {
             unlock().await;
         }
-        committed?;
-        Ok(task)
+        match committed? {
+            Ok(_) => Ok(task),
+            Err(TaskRefusal::Missing) => Err(Error::TaskNotFound(id)),
+            Err(reason) => Err(Error::WriteRefused { task: id, reason }),
+        }
     }
 
     /// Takes the lease of a task no worker should be running (parked or

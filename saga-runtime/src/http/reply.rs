@@ -71,6 +71,7 @@ impl From<Error> for ApiError {
             Error::NotResolvable { .. }
             | Error::ResolvedTask(_)
             | Error::TaskGone(_)
+            | Error::WriteRefused { .. }
             | Error::DeadLetterTruncated { .. }
             | Error::KeyReused { .. } => ApiError::conflict(message),
             Error::InvalidInput { .. } => ApiError::invalid(message),

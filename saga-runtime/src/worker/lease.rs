@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{BackendError, Delivery, Lease};
+use crate::backend::{Delivery, Lease, TaskRefusal};
 use crate::model::task::Timestamp;
 use crate::worker::runtime::Runtime;
 
@@ -81,7 +81,7 @@ impl Heartbeat<'_> {
     /// (a partition that drops packets rather than connections). Another
     /// worker can take the task only after the lease expired, so two never
     /// run it at once.
-    pub async fn beat(&self) -> BackendError {
+    pub async fn beat(&self) -> TaskRefusal {
         let ttl = self.rt.lease_ttl();
         let tick = self.rt.heartbeat_every();
         let mut renewed = self.leased_at;
@@ -107,7 +107,7 @@ impl Heartbeat<'_> {
         }
     }
 
-    fn given_up(&self, renewed: Instant) -> BackendError {
+    fn given_up(&self, renewed: Instant) -> TaskRefusal {
         tracing::warn!(
             task_id = %self.lease.task_id, since = ?renewed.elapsed(),
             "the lease could not be renewed and is about to expire; abandoning the step"
@@ -115,9 +115,8 @@ impl Heartbeat<'_> {
         self.lost()
     }
 
-    fn lost(&self) -> BackendError {
-        BackendError::LockLost {
-            task: self.lease.task_id,
+    fn lost(&self) -> TaskRefusal {
+        TaskRefusal::LockLost {
             fence: self.lease.fence,
         }
     }

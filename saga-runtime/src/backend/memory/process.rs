@@ -9,7 +9,8 @@ use tokio::time::Instant;
 use super::tally::MemTally;
 use super::{MemoryBackend, State};
 use crate::backend::{
-    BackendError, ProcessCommit, ProcessInstance, ProcessStore, Settle, WorkItem,
+    BackendError, ProcessCommit, ProcessInstance, ProcessRefusal, ProcessStore, ProcessWrite,
+    Settle, WorkItem,
 };
 use crate::model::envelope::Envelope;
 use crate::model::task::Timestamp;
@@ -84,7 +85,7 @@ impl ProcessStore for MemoryBackend {
         &self,
         process: &str,
         commit: ProcessCommit<'_>,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<ProcessWrite, BackendError> {
         let version = {
             let mut state = self.state();
             let now = Instant::now();
@@ -92,7 +93,9 @@ impl ProcessStore for MemoryBackend {
             let mut version = 0;
             if let Some(instance) = commit.instance {
                 // Every check before the first write, as a script would.
-                state.refusal(process, instance, &commit)?;
+                if let Err(refused) = state.refusal(process, instance, &commit) {
+                    return Ok(Err(refused));
+                }
                 state.release_keys(process, instance, &commit.remove_keys);
                 match commit.delete {
                     true => state.delete_instance(process, instance, &commit, now),
@@ -103,7 +106,7 @@ impl ProcessStore for MemoryBackend {
             version
         };
         self.queue_changed();
-        Ok(version)
+        Ok(Ok(version))
     }
 
     async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError> {
@@ -153,13 +156,10 @@ impl State {
         process: &str,
         instance: &ProcessInstance,
         commit: &ProcessCommit<'_>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), ProcessRefusal> {
         let key = (process.to_owned(), instance.id.clone());
         let stored = self.instances.get(&key).map_or(0, |i| i.version);
-        let conflict = || BackendError::ProcessConflict {
-            process: process.to_owned(),
-            instance: instance.id.clone(),
-        };
+        let conflict = || ProcessRefusal::Conflict;
         // The same version of another generation: deleted and created
         // again since it was read.
         let regenerated = self.instances.get(&key).is_some_and(|i| {
@@ -177,11 +177,10 @@ impl State {
             .iter()
             .find(|o| self.tallies.contains_key(&o.tally))
         {
-            return Err(BackendError::TallyExists(open.tally.clone()));
+            return Err(ProcessRefusal::TallyExists(open.tally.clone()));
         }
         if !commit.delete && self.tombstoned(process, instance, commit) {
-            return Err(BackendError::ProcessTombstoned {
-                process: process.to_owned(),
+            return Err(ProcessRefusal::Tombstoned {
                 instance: instance.id.clone(),
             });
         }

@@ -11,35 +11,38 @@ use uuid::Uuid;
 use super::{later, MemoryBackend, State};
 use crate::backend::{
     BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
-    TaskCommit, TaskQuery, TaskStore, WorkItem,
+    TaskCommit, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
 };
 use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
 impl State {
-    pub(super) fn check_write(
-        &self,
-        task: &TaskInstance,
-        lease: &Lease,
-    ) -> Result<(), BackendError> {
+    /// Why a write of `task` under `lease` must be refused, if it must:
+    /// checked before anything is written.
+    pub(super) fn check_write(&self, task: &TaskInstance, lease: &Lease) -> TaskWrite<()> {
         if lease.task_id != task.id || self.fences.get(&task.id).copied() != Some(lease.fence) {
-            return Err(BackendError::LockLost {
-                task: task.id,
-                fence: lease.fence,
-            });
+            return Err(TaskRefusal::LockLost { fence: lease.fence });
         }
         let actual = self
             .tasks
             .get(&task.id)
             .map(|t| t.version)
-            .ok_or(BackendError::NotFound(task.id))?;
+            .ok_or(TaskRefusal::Missing)?;
         if actual != task.version {
-            return Err(BackendError::Conflict {
-                task: task.id,
+            return Err(TaskRefusal::Conflict {
                 expected: task.version,
                 actual,
             });
         }
         Ok(())
+    }
+
+    /// The write refused because cancellation was requested, if `guarded`
+    /// and it was.
+    fn cancelled(&self, id: TaskId, guarded: bool) -> TaskWrite<()> {
+        match self.cancels.get(&id).filter(|_| guarded) {
+            Some((at, _)) => Err(TaskRefusal::CancelRequested { at: *at }),
+            None => Ok(()),
+        }
     }
 
     /// Writes an attempt's record and claims its name; the claim may be
@@ -184,33 +187,30 @@ impl TaskStore for MemoryBackend {
         _stored_status: TaskStatus,
         lease: &Lease,
         claim: &str,
-    ) -> Result<(u64, bool), BackendError> {
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
         let result = {
             let mut state = self.state();
-            state.check_write(task, lease)?;
+            if let Err(refused) = state.check_write(task, lease) {
+                return Ok(Err(refused));
+            }
             state.record(task, claim)
         };
         self.task_changed();
-        Ok(result)
+        Ok(Ok(result))
     }
 
     async fn record_next_attempt(
         &self,
         next: NextAttempt<'_>,
-    ) -> Result<(u64, bool), BackendError> {
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
         let result = {
             let mut state = self.state();
             let task = next.task;
-            state.check_write(task, next.lease)?;
-            if let Some((at, _)) = state
-                .cancels
-                .get(&task.id)
-                .filter(|_| next.unless_cancelled)
-            {
-                return Err(BackendError::CancelRequested {
-                    task: task.id,
-                    at: *at,
-                });
+            let refused = state
+                .check_write(task, next.lease)
+                .and_then(|()| state.cancelled(task.id, next.unless_cancelled));
+            if let Err(refused) = refused {
+                return Ok(Err(refused));
             }
             let recorded = state.record(task, next.claim);
             if let Some(ttl) = next.renew {
@@ -226,23 +226,18 @@ impl TaskStore for MemoryBackend {
             recorded
         };
         self.task_changed();
-        Ok(result)
+        Ok(Ok(result))
     }
 
-    async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError> {
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
         let task = commit.task;
         let version = {
             let mut state = self.state();
-            state.check_write(task, commit.lease)?;
-            if let Some((at, _)) = state
-                .cancels
-                .get(&task.id)
-                .filter(|_| commit.unless_cancelled)
-            {
-                return Err(BackendError::CancelRequested {
-                    task: task.id,
-                    at: *at,
-                });
+            let refused = state
+                .check_write(task, commit.lease)
+                .and_then(|()| state.cancelled(task.id, commit.unless_cancelled));
+            if let Err(refused) = refused {
+                return Ok(Err(refused));
             }
             let version = state.write(task);
             if let Some(next) = &commit.next {
@@ -265,7 +260,7 @@ impl TaskStore for MemoryBackend {
         };
         self.queue_changed();
         self.task_changed();
-        Ok(version)
+        Ok(Ok(version))
     }
 
     async fn heartbeat(

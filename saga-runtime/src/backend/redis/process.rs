@@ -9,8 +9,8 @@ use super::keys::slot;
 use super::scripts::{self as s, EntryClaim, Refusal, Refused, Settling};
 use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Page, ProcessCommit, ProcessInstance, ProcessStore, Settle,
-    WorkItem,
+    truncate_payload, BackendError, Page, ProcessCommit, ProcessInstance, ProcessRefusal,
+    ProcessStore, ProcessWrite, Settle, WorkItem,
 };
 use crate::model::envelope::Envelope;
 use crate::model::tally::TallyOpen;
@@ -66,31 +66,25 @@ fn owned_by(
     }
 }
 
-/// A refused process-manager commit as the error the engine handles (one
-/// place, so that refusals can become return values).
+/// The process commit script's refusal as the write's answer.
 fn commit_refused(
     refused: Refused,
-    process: &str,
     instance: &str,
     tallies: &[TallyOpen],
-) -> BackendError {
-    match refused.refusal {
+) -> Result<ProcessRefusal, BackendError> {
+    Ok(match refused.refusal {
         Refusal::TallyExists => {
             let n = refused.detail.and_then(|n| n.parse::<usize>().ok());
-            tallies.get(n.unwrap_or(1).saturating_sub(1)).map_or_else(
-                || corrupt("the process commit script named no tally"),
-                |o| BackendError::TallyExists(o.tally.clone()),
-            )
+            match tallies.get(n.unwrap_or(1).saturating_sub(1)) {
+                Some(open) => ProcessRefusal::TallyExists(open.tally.clone()),
+                None => return Err(corrupt("the process commit script named no tally")),
+            }
         }
-        Refusal::Tombstoned => BackendError::ProcessTombstoned {
-            process: process.to_owned(),
+        Refusal::Tombstoned => ProcessRefusal::Tombstoned {
             instance: instance.to_owned(),
         },
-        _ => BackendError::ProcessConflict {
-            process: process.to_owned(),
-            instance: instance.to_owned(),
-        },
-    }
+        _ => ProcessRefusal::Conflict,
+    })
 }
 
 impl RedisBackend {
@@ -192,7 +186,7 @@ impl RedisBackend {
         &self,
         process: &str,
         commit: &ProcessCommit<'_>,
-    ) -> Result<Placement, BackendError> {
+    ) -> Result<Result<Placement, ProcessRefusal>, BackendError> {
         let k = self.keys();
         let settled = match commit.settle {
             Settle::Ack(d) | Settle::DeadLetter(d, _) => Some(self.process_entry_of(d)?.0),
@@ -219,13 +213,12 @@ impl RedisBackend {
         );
         for p in deliveries {
             if !placement.local(&k.queue(p)) {
-                return Err(BackendError::ProcessElsewhere {
-                    process: process.to_owned(),
+                return Ok(Err(ProcessRefusal::Elsewhere {
                     instance: commit.instance.map(|i| i.id.clone()).unwrap_or_default(),
-                });
+                }));
             }
         }
-        Ok(placement)
+        Ok(Ok(placement))
     }
 
     /// Before the commit (spread layout): claims the correlation entries,
@@ -237,17 +230,14 @@ impl RedisBackend {
         process: &str,
         commit: &ProcessCommit<'_>,
         placement: &Placement,
-    ) -> Result<Vec<(String, String)>, BackendError> {
+    ) -> Result<Result<Vec<(String, String)>, ProcessRefusal>, BackendError> {
         let k = self.keys();
         let mut newly = Vec::new();
         let Some(instance) = commit.instance else {
-            return Ok(newly);
+            return Ok(Ok(newly));
         };
         let id = instance.id.as_str();
-        let conflict = || BackendError::ProcessConflict {
-            process: process.to_owned(),
-            instance: id.to_owned(),
-        };
+        let conflict = || Ok(Err(ProcessRefusal::Conflict));
         let handled: Vec<&str> = commit.handled_ids().collect();
         if !commit.delete {
             for (field, value) in &commit.add_keys {
@@ -276,10 +266,9 @@ impl RedisBackend {
                         }
                         Err(refused) if refused.refusal == Refusal::Tombstoned => {
                             self.unclaim(process, commit, &newly).await;
-                            return Err(BackendError::ProcessTombstoned {
-                                process: process.to_owned(),
+                            return Ok(Err(ProcessRefusal::Tombstoned {
                                 instance: id.to_owned(),
-                            });
+                            }));
                         }
                         // Taken by another instance: unless its owner no
                         // longer holds it (then cleared, and claimed again).
@@ -290,14 +279,14 @@ impl RedisBackend {
                                 .await?
                             {
                                 self.unclaim(process, commit, &newly).await;
-                                return Err(conflict());
+                                return conflict();
                             }
                         }
                     }
                 }
                 if !claimed {
                     self.unclaim(process, commit, &newly).await;
-                    return Err(conflict());
+                    return conflict();
                 }
             }
         }
@@ -326,7 +315,7 @@ impl RedisBackend {
                 }
             }
         }
-        Ok(newly)
+        Ok(Ok(newly))
     }
 
     /// Gives up correlation entries a write claimed before its commit,
@@ -447,12 +436,12 @@ impl RedisBackend {
         process: &str,
         commit: &ProcessCommit<'_>,
         placement: &Placement,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<ProcessWrite, BackendError> {
         let call = self.commit_call(process, commit, placement)?;
-        let committed = self
-            .call(&call)
-            .await?
-            .map_err(|refused| commit_refused(refused, process, &call.id, &commit.tallies))?;
+        let committed = match self.call(&call).await? {
+            Ok(committed) => committed,
+            Err(refused) => return Ok(Err(commit_refused(refused, &call.id, &commit.tallies)?)),
+        };
         // Messages for endpoints in other slots: relayed now, so that they
         // are there when the commit returns; the entries left on the
         // partition's relay stream are the fallback should this process
@@ -466,7 +455,7 @@ impl RedisBackend {
             self.relay_now(&relay_stream, endpoint, payload, entry)
                 .await;
         }
-        Ok(committed.version)
+        Ok(Ok(committed.version))
     }
 
     /// The call of [`commit_here`](Self::commit_here).
@@ -809,24 +798,30 @@ impl ProcessStore for RedisBackend {
         &self,
         process: &str,
         commit: ProcessCommit<'_>,
-    ) -> Result<u64, BackendError> {
-        let placement = self.placement(process, &commit)?;
+    ) -> Result<ProcessWrite, BackendError> {
+        let placement = match self.placement(process, &commit)? {
+            Ok(placement) => placement,
+            Err(refused) => return Ok(Err(refused)),
+        };
         let spread = self.keys().spread();
         let claimed = match spread {
-            true => {
-                self.commit_remote_first(process, &commit, &placement)
-                    .await?
-            }
+            true => match self
+                .commit_remote_first(process, &commit, &placement)
+                .await?
+            {
+                Ok(claimed) => claimed,
+                Err(refused) => return Ok(Err(refused)),
+            },
             false => Vec::new(),
         };
         let committed = self.commit_here(process, &commit, &placement).await;
         match &committed {
-            Ok(_) if spread => self.commit_remote_after(process, &commit, &placement).await,
-            Err(_) if spread => {
+            Ok(Ok(_)) if spread => self.commit_remote_after(process, &commit, &placement).await,
+            Ok(Err(_)) | Err(_) if spread => {
                 // The claims this write made go with it (else they would
                 // keep the values from others until taken for stale).
                 self.unclaim(process, &commit, &claimed).await;
-                if matches!(committed, Err(BackendError::ProcessConflict { .. })) {
+                if matches!(committed, Ok(Err(ProcessRefusal::Conflict))) {
                     self.clear_stale_local_claims(process, &commit, &placement)
                         .await?;
                 }

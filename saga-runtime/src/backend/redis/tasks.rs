@@ -12,7 +12,8 @@ use super::scripts::{self as s, Locking, Refusal, Refused, Settling};
 use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
-    QueueMessage, Settle, TaskCommit, TaskCursor, TaskQuery, TaskStore, WorkItem,
+    QueueMessage, Settle, TaskCommit, TaskCursor, TaskQuery, TaskRefusal, TaskStore, TaskWrite,
+    WorkItem,
 };
 use crate::model::task::{StepRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
@@ -150,26 +151,25 @@ fn audit_entries(task: &TaskInstance) -> Result<Vec<String>, BackendError> {
         .collect()
 }
 
-/// A refused task write as the error the engine handles (one place, so
-/// that refusals can become return values).
-fn write_refused(refused: Refused, task: &TaskInstance, lease: &Lease) -> BackendError {
-    match refused.refusal {
-        Refusal::LockLost => BackendError::LockLost {
-            task: task.id,
-            fence: lease.fence,
-        },
-        Refusal::Conflict => BackendError::Conflict {
-            task: task.id,
+/// A task write script's refusal as the write's answer; a code no task
+/// write answers is a corrupt reply.
+fn write_refused(
+    refused: Refused,
+    task: &TaskInstance,
+    lease: &Lease,
+) -> Result<TaskRefusal, BackendError> {
+    Ok(match refused.refusal {
+        Refusal::LockLost => TaskRefusal::LockLost { fence: lease.fence },
+        Refusal::Conflict => TaskRefusal::Conflict {
             expected: task.version,
             actual: refused.detail.and_then(|s| s.parse().ok()).unwrap_or(0),
         },
-        Refusal::Missing => BackendError::NotFound(task.id),
-        Refusal::CancelRequested => BackendError::CancelRequested {
-            task: task.id,
+        Refusal::Missing => TaskRefusal::Missing,
+        Refusal::CancelRequested => TaskRefusal::CancelRequested {
             at: cancel_time(refused.detail).unwrap_or_else(Timestamp::now),
         },
-        _ => corrupt("unexpected reply from a write script"),
-    }
+        _ => return Err(corrupt("unexpected reply from a write script")),
+    })
 }
 
 impl RedisBackend {
@@ -457,7 +457,7 @@ impl TaskStore for RedisBackend {
         stored_status: TaskStatus,
         lease: &Lease,
         claim: &str,
-    ) -> Result<(u64, bool), BackendError> {
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
         let k = self.keys();
         let p = k.partition_of(task.id);
         let written = self
@@ -478,15 +478,17 @@ impl TaskStore for RedisBackend {
                 audit_cap: AUDIT_LOG_CAP,
                 audit_entries: audit_entries(task)?,
             })
-            .await?
-            .map_err(|refused| write_refused(refused, task, lease))?;
-        Ok((written.version, written.claimed))
+            .await?;
+        Ok(match written {
+            Ok(written) => Ok((written.version, written.claimed)),
+            Err(refused) => Err(write_refused(refused, task, lease)?),
+        })
     }
 
     async fn record_next_attempt(
         &self,
         next: NextAttempt<'_>,
-    ) -> Result<(u64, bool), BackendError> {
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
         let k = self.keys();
         let task = next.task;
         let p = k.partition_of(task.id);
@@ -520,12 +522,14 @@ impl TaskStore for RedisBackend {
                 audit_cap: AUDIT_LOG_CAP,
                 audit_entries: audit_entries(task)?,
             })
-            .await?
-            .map_err(|refused| write_refused(refused, task, next.lease))?;
-        Ok((written.version, written.claimed))
+            .await?;
+        Ok(match written {
+            Ok(written) => Ok((written.version, written.claimed)),
+            Err(refused) => Err(write_refused(refused, task, next.lease)?),
+        })
     }
 
-    async fn commit(&self, commit: TaskCommit<'_>) -> Result<u64, BackendError> {
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
         let k = self.keys();
         let task = commit.task;
         let p = k.partition_of(task.id);
@@ -603,9 +607,11 @@ impl TaskStore for RedisBackend {
                 audit_cap: AUDIT_LOG_CAP,
                 audit_entries: audit_entries(task)?,
             })
-            .await?
-            .map_err(|refused| write_refused(refused, task, commit.lease))?;
-        Ok(written.version)
+            .await?;
+        Ok(match written {
+            Ok(written) => Ok(written.version),
+            Err(refused) => Err(write_refused(refused, task, commit.lease)?),
+        })
     }
 
     async fn heartbeat(

@@ -79,12 +79,13 @@ pub async fn dead_lettering_paging_and_requeue(b: Arc<dyn Backend>) {
     cur.status = TaskStatus::DeadLettered;
     let mut c = commit(&cur, &lease, Settle::DeadLetter(&d, "exhausted"));
     c.stored_status = TaskStatus::Pending;
-    cur.version = b.commit(c).await.unwrap();
+    cur.version = b.commit(c).await.unwrap().unwrap();
     let parked = b.dead_letters(&all).await.unwrap().items.remove(0);
     assert_eq!(parked.task_id, Some(t.id));
     let lease = lock(&*b, t.id).await;
     b.commit(commit(&cur, &lease, Settle::ResolveDeadLetter(&parked.id)))
         .await
+        .unwrap()
         .unwrap();
     assert!(b.dead_letter_by_id(&parked.id).await.unwrap().is_none());
 }

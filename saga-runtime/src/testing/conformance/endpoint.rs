@@ -16,7 +16,7 @@ pub async fn endpoints_deliver_to_groups_claim_settle_and_trim(b: Arc<dyn Backen
         ("billing".into(), "env-1".into()),
         ("billing".into(), "env-2".into()),
     ];
-    p.process_commit("pm", c).await.unwrap();
+    p.process_commit("pm", c).await.unwrap().unwrap();
     let take = |group: &'static str, consumer: &'static str| {
         let p = p.clone();
         async move {
@@ -85,7 +85,7 @@ pub async fn endpoints_deliver_to_groups_claim_settle_and_trim(b: Arc<dyn Backen
     let mut c = write(&i, &[]);
     c.instance = None;
     c.endpoints = vec![("billing".into(), "env-3".into())];
-    p.process_commit("pm", c).await.unwrap();
+    p.process_commit("pm", c).await.unwrap().unwrap();
     assert_eq!(take("g1", "c1").await.unwrap().raw, "env-3");
     let third = take("g2", "c9").await.unwrap();
     p.endpoint_settle("billing", "g2", &third, None)
@@ -105,7 +105,7 @@ pub async fn endpoints_deliver_to_groups_claim_settle_and_trim(b: Arc<dyn Backen
     c.instance = None;
     c.endpoints = vec![("billing".into(), "env-4".into())];
     let started = tokio::time::Instant::now();
-    p.process_commit("pm", c).await.unwrap();
+    p.process_commit("pm", c).await.unwrap().unwrap();
     assert_eq!(waiting.await.unwrap().unwrap().raw, "env-4");
     assert!(started.elapsed() < Duration::from_secs(2));
 }
@@ -120,7 +120,7 @@ pub async fn endpoints_claim_an_idle_message_behind_busy_ones(b: Arc<dyn Backend
     c.endpoints = (0..16)
         .map(|n| ("jobs".to_owned(), format!("m-{n}")))
         .collect();
-    p.process_commit("pm", c).await.unwrap();
+    p.process_commit("pm", c).await.unwrap().unwrap();
     let mut held = Vec::new();
     for _ in 0..15 {
         let d = p.endpoint_receive("jobs", "g", "busy", IDLE, Duration::ZERO);

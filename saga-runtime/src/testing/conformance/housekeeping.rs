@@ -27,7 +27,7 @@ pub async fn retention_removes_finished_tasks(b: Arc<dyn Backend>) {
         let mut c = commit(&cur, &lease, Settle::Nothing);
         c.stored_status = TaskStatus::Pending;
         c.expire_after = Some(Duration::from_millis(200));
-        b.commit(c).await.unwrap();
+        b.commit(c).await.unwrap().unwrap();
     }
     // `keep` is requeued before it expires: it stays.
     let lease = lock(&*b, keep.id).await;
@@ -35,7 +35,7 @@ pub async fn retention_removes_finished_tasks(b: Arc<dyn Backend>) {
     cur.status = TaskStatus::Running;
     let mut c = commit(&cur, &lease, Settle::Nothing);
     c.stored_status = TaskStatus::DeadLettered;
-    b.commit(c).await.unwrap();
+    b.commit(c).await.unwrap().unwrap();
 
     tokio::time::sleep(Duration::from_millis(400)).await;
     let mut purged = 0;

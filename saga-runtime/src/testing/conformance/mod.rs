@@ -51,10 +51,10 @@ use futures::StreamExt;
 use serde_json::json;
 
 use crate::backend::{
-    Backend, BackendError, BreakerChange, BreakerDecision, Breakers, Created, DeadLetterQuery,
-    Delivery, InstanceStatus, Interest, Lease, Leases, Next, NextAttempt, ProcessBackend,
-    ProcessCommit, ProcessInstance, QueueMessage, QueueStats, Retention, Settle, TakenLease,
-    TallyOpen, TaskCommit, TaskCursor, TaskQuery, WorkItem,
+    Backend, BreakerChange, BreakerDecision, Breakers, Created, DeadLetterQuery, Delivery,
+    InstanceStatus, Interest, Lease, Leases, Next, NextAttempt, ProcessBackend, ProcessCommit,
+    ProcessInstance, ProcessRefusal, QueueMessage, QueueStats, Retention, Settle, TakenLease,
+    TallyOpen, TaskCommit, TaskCursor, TaskQuery, TaskRefusal, WorkItem,
 };
 use crate::model::task::{
     AuditAction, AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,

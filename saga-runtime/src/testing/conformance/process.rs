@@ -12,13 +12,14 @@ pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backe
     assert_eq!(
         p.process_commit("pm", write(&a, &[("order", "42")]))
             .await
+            .unwrap()
             .unwrap(),
         1
     );
     // Creating it again (version 0) conflicts: two racing starters make one instance.
     let again = p.process_commit("pm", write(&instance("a"), &[])).await;
     assert!(
-        matches!(again, Err(BackendError::ProcessConflict { .. })),
+        matches!(again, Ok(Err(ProcessRefusal::Conflict))),
         "{again:?}"
     );
     // Another instance cannot claim a correlation value that "a" owns.
@@ -28,7 +29,7 @@ pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backe
         .process_commit("pm", write(&thief, &[("order", "42")]))
         .await;
     assert!(
-        matches!(stolen, Err(BackendError::ProcessConflict { .. })),
+        matches!(stolen, Ok(Err(ProcessRefusal::Conflict))),
         "{stolen:?}"
     );
     assert!(
@@ -40,10 +41,16 @@ pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backe
     assert_eq!((found.id.as_str(), found.version), ("a", 1));
     a.version = 1;
     a.state = json!({"n": 1});
-    assert_eq!(p.process_commit("pm", write(&a, &[])).await.unwrap(), 2);
+    assert_eq!(
+        p.process_commit("pm", write(&a, &[]))
+            .await
+            .unwrap()
+            .unwrap(),
+        2
+    );
     let stale = p.process_commit("pm", write(&a, &[])).await;
     assert!(
-        matches!(stale, Err(BackendError::ProcessConflict { .. })),
+        matches!(stale, Ok(Err(ProcessRefusal::Conflict))),
         "stale version: {stale:?}"
     );
 
@@ -52,7 +59,7 @@ pub async fn process_instances_versions_and_correlation_entries(b: Arc<dyn Backe
     let mut delete = write(&a, &[]);
     delete.delete = true;
     delete.remove_keys = vec![("order".into(), "42".into())];
-    p.process_commit("pm", delete).await.unwrap();
+    p.process_commit("pm", delete).await.unwrap().unwrap();
     assert!(p.process_load("pm", "a").await.unwrap().is_none());
     assert!(p.process_find("pm", "order", "42").await.unwrap().is_none());
     assert!(p.process_list("pm").await.unwrap().is_empty());
@@ -71,13 +78,13 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     a.started_by = Some("m-0".into());
     let mut create = write(&a, &[("order", "7")]);
     create.handling = Some("m-1");
-    p.process_commit("pm", create).await.unwrap();
+    p.process_commit("pm", create).await.unwrap().unwrap();
     a.version = 1;
     let mut delete = write(&a, &[]);
     delete.delete = true;
     delete.remove_keys = vec![("order".into(), "7".into())];
     delete.tombstone_ttl = Duration::from_millis(400);
-    p.process_commit("pm", delete).await.unwrap();
+    p.process_commit("pm", delete).await.unwrap().unwrap();
 
     // Under the same id.
     let again = instance("t");
@@ -85,7 +92,7 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     late.handling = Some("m-2");
     let refused = p.process_commit("pm", late).await;
     assert!(
-        matches!(&refused, Err(BackendError::ProcessTombstoned { instance, .. }) if instance == "t"),
+        matches!(&refused, Ok(Err(ProcessRefusal::Tombstoned { instance })) if instance == "t"),
         "a late duplicate recreated the instance: {refused:?}"
     );
     assert!(p.process_load("pm", "t").await.unwrap().is_none());
@@ -95,21 +102,21 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     late.handling = Some("m-1");
     assert!(matches!(
         p.process_commit("pm", late).await,
-        Err(BackendError::ProcessTombstoned { .. })
+        Ok(Err(ProcessRefusal::Tombstoned { .. }))
     ));
     let mut late = write(&again, &[]);
     late.handling = Some("m-0");
     assert!(
         matches!(
             p.process_commit("pm", late).await,
-            Err(BackendError::ProcessTombstoned { .. })
+            Ok(Err(ProcessRefusal::Tombstoned { .. }))
         ),
         "the creating message is remembered even once `processed` forgot it"
     );
     // A new message may start it again.
     let mut fresh = write(&again, &[]);
     fresh.handling = Some("m-3");
-    assert_eq!(p.process_commit("pm", fresh).await.unwrap(), 1);
+    assert_eq!(p.process_commit("pm", fresh).await.unwrap().unwrap(), 1);
     // ... and a late duplicate of what its predecessor handled does not
     // reach the new instance either.
     let mut recreated = instance("t");
@@ -119,19 +126,19 @@ pub async fn process_tombstones_refuse_late_duplicates(b: Arc<dyn Backend>) {
     assert!(
         matches!(
             p.process_commit("pm", late).await,
-            Err(BackendError::ProcessTombstoned { .. })
+            Ok(Err(ProcessRefusal::Tombstoned { .. }))
         ),
         "the recreated instance handled its predecessor's message"
     );
     let mut next = write(&recreated, &[]);
     next.handling = Some("m-4");
-    assert_eq!(p.process_commit("pm", next).await.unwrap(), 2);
+    assert_eq!(p.process_commit("pm", next).await.unwrap().unwrap(), 2);
 
     // Past the TTL the tombstone is gone.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let mut late = write(&other, &[("order", "7")]);
     late.handling = Some("m-1");
-    assert_eq!(p.process_commit("pm", late).await.unwrap(), 1);
+    assert_eq!(p.process_commit("pm", late).await.unwrap().unwrap(), 1);
 }
 
 /// The outbox and scheduled timeouts moved exactly once.
@@ -142,7 +149,7 @@ pub async fn process_outbox_schedule_and_single_delivery_of_due_entries(b: Arc<d
     c.endpoints = vec![("billing".into(), "invoice-1".into())];
     c.schedule = vec![(1_000, envelope(1)), (5_000, envelope(2))];
     c.enqueue = vec![envelope(0)];
-    p.process_commit("pm", c).await.unwrap();
+    p.process_commit("pm", c).await.unwrap().unwrap();
     assert_eq!(p.endpoint_messages("billing").await.unwrap(), ["invoice-1"]);
     assert_eq!(
         receive(&*b, "c").await.item,

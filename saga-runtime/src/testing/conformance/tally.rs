@@ -43,7 +43,7 @@ pub async fn tallies_count_each_item_once_and_complete_once(b: Arc<dyn Backend>)
         &["a", "b", "c", "a"],
         Duration::from_secs(60),
     )];
-    assert_eq!(p.process_commit("pm", c).await.unwrap(), 1);
+    assert_eq!(p.process_commit("pm", c).await.unwrap().unwrap(), 1);
     assert_eq!(
         p.tally_check(&tally("nope"), "a").await.unwrap(),
         TallyCheck::NoTally
@@ -61,7 +61,7 @@ pub async fn tallies_count_each_item_once_and_complete_once(b: Arc<dyn Backend>)
     c.tallies = vec![open("items", &["z"], Duration::from_secs(60))];
     let refused = p.process_commit("pm", c).await;
     assert!(
-        matches!(&refused, Err(BackendError::TallyExists(t)) if *t == tally("items")),
+        matches!(&refused, Ok(Err(ProcessRefusal::TallyExists(t))) if *t == tally("items")),
         "{refused:?}"
     );
     assert_eq!(
@@ -160,7 +160,7 @@ pub async fn tallies_without_items_complete_at_once_and_expire(b: Arc<dyn Backen
         open("empty", &[], Duration::from_secs(60)),
         open("short", &["x"], Duration::from_millis(300)),
     ];
-    assert_eq!(p.process_commit("pm", c).await.unwrap(), 1);
+    assert_eq!(p.process_commit("pm", c).await.unwrap().unwrap(), 1);
     assert_eq!(
         receive(&*b, "c").await.item,
         Ok(WorkItem::Process(done("empty", false)))

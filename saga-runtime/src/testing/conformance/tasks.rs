@@ -57,17 +57,16 @@ pub async fn versions_and_concurrent_updates(b: Arc<dyn Backend>) {
         b.record_attempt(&w1, TaskStatus::Pending, &lease, "one:1"),
         b.record_attempt(&w2, TaskStatus::Pending, &lease, "one:2")
     );
-    let wins = [&r1, &r2].iter().filter(|r| r.is_ok()).count();
+    let wins = [&r1, &r2].iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
     assert_eq!(wins, 1, "{r1:?} {r2:?}");
-    let loser = if r1.is_ok() { r2 } else { r1 };
+    let loser = if matches!(r1, Ok(Ok(_))) { r2 } else { r1 };
     assert!(
         matches!(
             loser,
-            Err(BackendError::Conflict {
+            Ok(Err(TaskRefusal::Conflict {
                 expected: 1,
                 actual: 2,
-                ..
-            })
+            }))
         ),
         "{loser:?}"
     );
@@ -83,6 +82,7 @@ pub async fn writes_stamp_updated_at(b: Arc<dyn Backend>) {
     tokio::time::sleep(Duration::from_millis(5)).await;
     b.record_attempt(&created, TaskStatus::Pending, &lease, "one:1")
         .await
+        .unwrap()
         .unwrap();
     let written = b.load_task(t.id).await.unwrap().unwrap();
     assert!(
@@ -102,12 +102,14 @@ pub async fn attempt_claims(b: Arc<dyn Backend>) {
     let (v, claimed) = b
         .record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
         .await
+        .unwrap()
         .unwrap();
     assert!(claimed);
     cur.version = v;
     let (v2, claimed) = b
         .record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
         .await
+        .unwrap()
         .unwrap();
     assert!(!claimed, "the same attempt twice");
     assert_eq!(v2, v + 1, "the write happens even when the claim is lost");
@@ -115,6 +117,7 @@ pub async fn attempt_claims(b: Arc<dyn Backend>) {
     let (_, claimed) = b
         .record_attempt(&cur, TaskStatus::Pending, &lease, "one:2")
         .await
+        .unwrap()
         .unwrap();
     assert!(claimed, "the next attempt");
 
@@ -129,6 +132,7 @@ pub async fn attempt_claims(b: Arc<dyn Backend>) {
             "one:1",
         )
         .await
+        .unwrap()
         .unwrap();
     assert!(claimed, "claims belong to their task");
 }
@@ -170,6 +174,7 @@ pub async fn a_lease_taken_with_a_delivery_is_the_tasks_lock(b: Arc<dyn Backend>
     let (v, claimed) = b
         .record_attempt(&stored, TaskStatus::Pending, &locked.lease, "one:1")
         .await
+        .unwrap()
         .unwrap();
     assert!(claimed);
     assert_eq!(v, 2);
@@ -210,6 +215,7 @@ pub async fn going_on_with_a_task_records_the_next_attempt(b: Arc<dyn Backend>) 
     let (v, claimed) = b
         .record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
         .await
+        .unwrap()
         .unwrap();
     assert!(claimed);
     cur.version = v;
@@ -218,6 +224,7 @@ pub async fn going_on_with_a_task_records_the_next_attempt(b: Arc<dyn Backend>) 
     let (v, claimed) = b
         .record_next_attempt(next_attempt(&cur, &lease, &d, "two:1", Some(short), true))
         .await
+        .unwrap()
         .unwrap();
     assert!(claimed);
     assert_eq!(v, cur.version + 1);
@@ -238,6 +245,7 @@ pub async fn going_on_with_a_task_records_the_next_attempt(b: Arc<dyn Backend>) 
     let (v, claimed) = b
         .record_next_attempt(next_attempt(&same, &lease, &d, "two:1", None, false))
         .await
+        .unwrap()
         .unwrap();
     assert!(!claimed, "the same attempt twice");
     cur.version = v;
@@ -252,7 +260,7 @@ pub async fn going_on_with_a_task_records_the_next_attempt(b: Arc<dyn Backend>) 
         .record_next_attempt(next_attempt(&cur, &lease, &d, "two:2", None, true))
         .await;
     assert!(
-        matches!(refused, Err(BackendError::CancelRequested { .. })),
+        matches!(refused, Ok(Err(TaskRefusal::CancelRequested { .. }))),
         "{refused:?}"
     );
     assert_eq!(
@@ -262,6 +270,7 @@ pub async fn going_on_with_a_task_records_the_next_attempt(b: Arc<dyn Backend>) 
     let (_, claimed) = b
         .record_next_attempt(next_attempt(&cur, &lease, &d, "two:2", None, false))
         .await
+        .unwrap()
         .unwrap();
     assert!(claimed, "the refused write claimed nothing");
 
@@ -281,7 +290,7 @@ pub async fn going_on_with_a_task_records_the_next_attempt(b: Arc<dyn Backend>) 
         ))
         .await;
     assert!(
-        matches!(lost, Err(BackendError::LockLost { .. })),
+        matches!(lost, Ok(Err(TaskRefusal::LockLost { .. }))),
         "{lost:?}"
     );
 }
@@ -303,6 +312,7 @@ pub async fn the_audit_log_is_appended_and_capped(b: Arc<dyn Backend>) {
     let (v, _) = b
         .record_attempt(&cur, TaskStatus::Pending, &locked.lease, "one:1")
         .await
+        .unwrap()
         .unwrap();
     cur.version = v;
     cur.audit_saved();
@@ -313,6 +323,7 @@ pub async fn the_audit_log_is_appended_and_capped(b: Arc<dyn Backend>) {
     let (v, _) = b
         .record_attempt(&cur, TaskStatus::Pending, &locked.lease, "one:2")
         .await
+        .unwrap()
         .unwrap();
     cur.version = v;
     cur.audit_saved();
@@ -325,6 +336,7 @@ pub async fn the_audit_log_is_appended_and_capped(b: Arc<dyn Backend>) {
     bare.audit(entry(5));
     b.record_attempt(&bare, TaskStatus::Pending, &locked.lease, "one:3")
         .await
+        .unwrap()
         .unwrap();
     let stored = b.load_task(t.id).await.unwrap().unwrap();
     assert_eq!(attempts(&stored).len(), 5);
@@ -341,6 +353,7 @@ pub async fn the_audit_log_is_appended_and_capped(b: Arc<dyn Backend>) {
     }
     b.record_attempt(&many, TaskStatus::Pending, &locked.lease, "one:4")
         .await
+        .unwrap()
         .unwrap();
     let stored = b.load_task(t.id).await.unwrap().unwrap();
     assert_eq!(stored.audit_log.len(), AUDIT_LOG_CAP);
@@ -447,16 +460,19 @@ pub async fn stale_fence_writes_are_refused(b: Arc<dyn Backend>) {
         .record_attempt(&cur, TaskStatus::Pending, &old, "one:1")
         .await;
     assert!(
-        matches!(stale, Err(BackendError::LockLost { .. })),
+        matches!(stale, Ok(Err(TaskRefusal::LockLost { .. }))),
         "{stale:?}"
     );
     let d = receive(&*b, "c").await;
     let stale = b.commit(commit(&cur, &old, Settle::Ack(&d))).await;
     assert!(
-        matches!(stale, Err(BackendError::LockLost { .. })),
+        matches!(stale, Ok(Err(TaskRefusal::LockLost { .. }))),
         "{stale:?}"
     );
-    assert!(b.commit(commit(&cur, &new, Settle::Ack(&d))).await.is_ok());
+    assert!(matches!(
+        b.commit(commit(&cur, &new, Settle::Ack(&d))).await,
+        Ok(Ok(_))
+    ));
 }
 
 /// The commit records the task, enqueues the next message (now or after a
@@ -475,7 +491,7 @@ pub async fn commit_is_atomic_enqueue_ack_and_unlock(b: Arc<dyn Backend>) {
         message: message(&cur),
         delay: Duration::ZERO,
     });
-    assert_eq!(b.commit(c).await.unwrap(), 2);
+    assert_eq!(b.commit(c).await.unwrap().unwrap(), 2);
     let lease = b
         .lock_and_load(t.id, TTL)
         .await
@@ -499,7 +515,7 @@ pub async fn commit_is_atomic_enqueue_ack_and_unlock(b: Arc<dyn Backend>) {
         delay,
     });
     let start = tokio::time::Instant::now();
-    b.commit(c).await.unwrap();
+    b.commit(c).await.unwrap().unwrap();
     nothing_for(&*b, "a", delay / 2).await;
     let late = receive(&*b, "a").await;
     assert!(start.elapsed() >= delay, "{:?}", start.elapsed());
@@ -528,7 +544,7 @@ pub async fn an_accepted_cancellation_refuses_guarded_commits(b: Arc<dyn Backend
     c.unless_cancelled = true;
     let refused = b.commit(c).await;
     assert!(
-        matches!(refused, Err(BackendError::CancelRequested { .. })),
+        matches!(refused, Ok(Err(TaskRefusal::CancelRequested { .. }))),
         "{refused:?}"
     );
     let stored = b.load_task(t.id).await.unwrap().unwrap();
@@ -616,6 +632,7 @@ pub async fn paged_listing_by_status_and_time(b: Arc<dyn Backend>) {
         cur.status = TaskStatus::Running;
         b.record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
             .await
+            .unwrap()
             .unwrap();
     }
     let mut expected = tasks.clone();

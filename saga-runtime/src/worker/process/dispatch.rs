@@ -13,7 +13,8 @@ use std::panic::AssertUnwindSafe;
 use super::batch::{self, Joined, Joiners};
 use super::handler::run_handler;
 use crate::backend::{
-    BackendError, Delivery, LoadedInstance, ProcessBackend, ProcessCommit, ProcessInstance, Settle,
+    BackendError, Delivery, LoadedInstance, ProcessBackend, ProcessCommit, ProcessInstance,
+    ProcessRefusal, Settle,
 };
 use crate::model::task::Timestamp;
 pub(crate) use crate::process::machine::RoutingKey;
@@ -88,35 +89,51 @@ impl DispatchEnv<'_> {
     }
 }
 
-/// A write the store refused in a way the protocol expects, with its
-/// error (for a caller that expects none: it hands the message back).
-struct Refused {
-    refusal: Refusal,
-    error: BackendError,
+/// Why a message was not handled now: the store failed, or refused a
+/// write in a way this handling cannot settle (the message is in another
+/// partition than its instance; a race that outlasted the re-runs).
+/// Either way the message is handed back and comes again.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotHandled {
+    /// The store failed.
+    #[error(transparent)]
+    Failed(#[from] BackendError),
+    /// The store refused the write.
+    #[error("the write was refused: {0}")]
+    Refused(#[from] ProcessRefusal),
 }
 
-/// Writes `write`; the store's expected refusals come back as values.
-/// The one place that reads them out of the backend's errors.
+/// A write the store refused, as the machine reads it, and as the store
+/// said it (for a caller that expects no refusal: it hands the message
+/// back with it).
+struct Refused {
+    refusal: Refusal,
+    raw: ProcessRefusal,
+}
+
+/// Writes `write`; the store's expected refusals come back as the
+/// machine's. The one place that reads them.
 async fn write(
     env: &DispatchEnv<'_>,
     process: &str,
     write: ProcessCommit<'_>,
-) -> Result<Result<u64, Refused>, BackendError> {
-    let error = match env.backend.process_commit(process, write).await {
+) -> Result<Result<u64, Refused>, NotHandled> {
+    let raw = match env.backend.process_commit(process, write).await? {
         Ok(version) => return Ok(Ok(version)),
-        Err(error) => error,
+        Err(raw) => raw,
     };
-    let refusal = match &error {
-        BackendError::ProcessConflict { .. } | BackendError::Conflict { .. } => Refusal::Conflict,
-        BackendError::ProcessTombstoned { instance, .. } => Refusal::Tombstoned {
+    let refusal = match &raw {
+        ProcessRefusal::Conflict => Refusal::Conflict,
+        ProcessRefusal::Tombstoned { instance } => Refusal::Tombstoned {
             instance: instance.clone(),
         },
-        BackendError::TallyExists(_) => Refusal::TallyExists {
-            error: error.to_string(),
+        ProcessRefusal::TallyExists(_) => Refusal::TallyExists {
+            error: raw.to_string(),
         },
-        _ => return Err(error),
+        // Handed back: the worker forwards it on its next delivery.
+        ProcessRefusal::Elsewhere { .. } => return Err(raw.into()),
     };
-    Ok(Err(Refused { refusal, error }))
+    Ok(Err(Refused { refusal, raw }))
 }
 
 /// The backend's write of `commit`: it borrows the instance and the
@@ -180,7 +197,7 @@ async fn decide(
     process: &str,
     envelope: &Envelope,
     decision: &mut Decision,
-) -> Result<Result<(), Refused>, BackendError> {
+) -> Result<Result<(), Refused>, NotHandled> {
     if let Some(note) = &decision.note {
         log(process, envelope, note);
     }
@@ -196,10 +213,10 @@ async fn settled(
     process: &str,
     envelope: &Envelope,
     mut decision: Decision,
-) -> Result<Dispatched, BackendError> {
+) -> Result<Dispatched, NotHandled> {
     match decide(env, process, envelope, &mut decision).await? {
         Ok(()) => Ok(decision.outcome),
-        Err(refused) => Err(refused.error),
+        Err(refused) => Err(refused.raw.into()),
     }
 }
 
@@ -208,7 +225,7 @@ async fn settled(
 async fn tally_report(
     env: &DispatchEnv<'_>,
     envelope: &Envelope,
-) -> Result<Result<Envelope, String>, BackendError> {
+) -> Result<Result<Envelope, String>, NotHandled> {
     let Some((tally, request)) = tally::report_target(envelope) else {
         return Ok(Err("malformed tally report".to_owned()));
     };
@@ -224,7 +241,7 @@ pub(crate) async fn dispatch(
     pm: &dyn ErasedProcess,
     env: &DispatchEnv<'_>,
     envelope: &Envelope,
-) -> Result<Dispatched, BackendError> {
+) -> Result<Dispatched, NotHandled> {
     let def = pm.definition();
     let process = def.name;
     let filled;
@@ -257,7 +274,8 @@ pub(crate) async fn dispatch(
     }
     Err(BackendError::unavailable(format!(
         "process `{process}`: still conflicting after {CONFLICT_RETRIES} attempts; the message will be redelivered"
-    )))
+    ))
+    .into())
 }
 
 /// The instance as this process last saved it, or as the backend read it
@@ -291,7 +309,7 @@ async fn attempt(
     handling: &Handling<'_>,
     first: Option<&LoadedInstance>,
     joiners: &mut Option<&dyn Joiners>,
-) -> Result<Option<Dispatched>, BackendError> {
+) -> Result<Option<Dispatched>, NotHandled> {
     let process = handling.def.name;
     let envelope = handling.envelope;
     // 1. Find the instance.
@@ -339,7 +357,7 @@ async fn find(
     env: &DispatchEnv<'_>,
     handling: &Handling<'_>,
     first: Option<&LoadedInstance>,
-) -> Result<Result<(Option<ProcessInstance>, bool), Verdict>, BackendError> {
+) -> Result<Result<(Option<ProcessInstance>, bool), Verdict>, NotHandled> {
     let process = handling.def.name;
     let backend = env.backend;
     let looked = |key: &str, field: Option<&str>| {
@@ -379,7 +397,7 @@ async fn commit(
     handling: &Handling<'_>,
     mut save: Save,
     batch: Vec<Joined>,
-) -> Result<Option<Dispatched>, BackendError> {
+) -> Result<Option<Dispatched>, NotHandled> {
     let process = handling.def.name;
     let delete = save.commit.effects.delete;
     let written = write(env, process, write_of(env, &mut save.commit, &batch)).await?;
@@ -416,7 +434,7 @@ async fn conclude(
     env: &DispatchEnv<'_>,
     handling: &Handling<'_>,
     verdict: Verdict,
-) -> Result<Option<Dispatched>, BackendError> {
+) -> Result<Option<Dispatched>, NotHandled> {
     let process = handling.def.name;
     match verdict {
         Verdict::Reread => Ok(None),
@@ -424,7 +442,7 @@ async fn conclude(
             match decide(env, process, handling.envelope, &mut decision).await? {
                 Ok(()) => Ok(Some(decision.outcome)),
                 Err(refused) if decision.rereads_after(&refused.refusal) => Ok(None),
-                Err(refused) => Err(refused.error),
+                Err(refused) => Err(refused.raw.into()),
             }
         }
         Verdict::Fail(failing) => fail(pm, env, handling, *failing).await.map(Some),
@@ -437,7 +455,7 @@ async fn fail(
     env: &DispatchEnv<'_>,
     handling: &Handling<'_>,
     failing: Failing,
-) -> Result<Dispatched, BackendError> {
+) -> Result<Dispatched, NotHandled> {
     let process = handling.def.name;
     let envelope = handling.envelope;
     let failure = handling.failure(&failing);

@@ -1,7 +1,8 @@
 //! Going on with a task attempt after attempt under one lease and message.
 
-use super::{Attempted, BreakerPermit, Run};
-use crate::backend::{BackendError, NextAttempt};
+use super::commit::Landed;
+use super::{Attempted, BreakerPermit, Run, Stopped};
+use crate::backend::{NextAttempt, TaskRefusal};
 use crate::error::StepErrorKind;
 use crate::metrics;
 use crate::model::task::{TaskInstance, TaskStatus};
@@ -19,7 +20,7 @@ impl Run<'_> {
         &self,
         mut task: TaskInstance,
         cancel: Option<crate::model::task::Timestamp>,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), Stopped> {
         // The status stored under the task's current version.
         let mut stored = task.status;
         if self.delivery.deliveries > self.rt.settings.max_deliveries {
@@ -87,7 +88,7 @@ impl Run<'_> {
         stored: &mut TaskStatus,
         call: Call,
         continuing: bool,
-    ) -> Result<Attempted, BackendError> {
+    ) -> Result<Attempted, Stopped> {
         let step = &self.def.steps[call.idx];
         let local = match call.phase {
             Phase::Step => self.rt.breaker(self.def.name, step),
@@ -146,21 +147,29 @@ impl Run<'_> {
                 }
             })
             .await;
-        let (version, claimed) = match written {
-            Err(BackendError::CancelRequested { at, .. }) if before.is_some() => {
+        let landed = match written {
+            Ok(Ok(landed)) => landed,
+            Ok(Err(refused)) => {
                 BreakerPermit::abandon(permit, self.rt).await;
-                let before = before.expect("checked");
-                return Ok(Attempted::Cancelled { at, before });
+                return match (refused, before) {
+                    (TaskRefusal::CancelRequested { at }, Some(before)) => {
+                        Ok(Attempted::Cancelled { at, before })
+                    }
+                    (refused, _) => Err(refused.into()),
+                };
             }
             Err(error) => {
                 BreakerPermit::abandon(permit, self.rt).await;
-                return Err(error);
+                return Err(error.into());
             }
+        };
+        let (version, claimed) = match landed {
+            Landed::Replied(recorded) => recorded,
             // Our write landed but its reply was lost: whether the claim
             // was won is unknown, so count it as not won. A step then
             // skips to the next attempt number without spending its
             // budget; one attempt number never runs twice.
-            Ok(written) => written.unwrap_or_else(|version| (version, false)),
+            Landed::ReplyLost(version) => (version, false),
         };
         if renew.is_some() {
             *self.leased_at.lock().unwrap_or_else(|p| p.into_inner()) = sent;
@@ -185,9 +194,9 @@ impl Run<'_> {
         let watch = metrics::attempt_started(self.def.name, step.name, call.phase, retry);
         let outcome = match self.call(task, call, attempt.number).await {
             Ok(outcome) => outcome,
-            Err(error) => {
+            Err(lost) => {
                 BreakerPermit::abandon(permit, self.rt).await;
-                return Err(error);
+                return Err(lost.into());
             }
         };
         metrics::attempt_ended(self.def.name, step.name, call.phase, &outcome, watch);

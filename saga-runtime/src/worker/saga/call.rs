@@ -2,7 +2,7 @@
 //! its heartbeat, and what its result means.
 
 use super::{sleep, Run};
-use crate::backend::BackendError;
+use crate::backend::TaskRefusal;
 use crate::context::StepContext;
 use crate::error::StepError;
 use crate::model::task::TaskInstance;
@@ -24,7 +24,7 @@ impl Run<'_> {
         task: &TaskInstance,
         call: Call,
         attempt: u32,
-    ) -> Result<Outcome, BackendError> {
+    ) -> Result<Outcome, TaskRefusal> {
         let step = &self.def.steps[call.idx];
         let method = call.method(self.def);
         let running = self.rt.register_running(task.id);

@@ -1,14 +1,24 @@
 //! Writing what an attempt came to: the commit that ends a delivery, and
 //! the retries that ride out a dropped connection.
 
-use super::Run;
-use crate::backend::{BackendError, Next, QueueMessage, Settle, TaskCommit};
+use super::{Run, Stopped};
+use crate::backend::{
+    BackendError, Next, QueueMessage, Settle, TaskCommit, TaskRefusal, TaskWrite,
+};
 use crate::metrics;
 use crate::metrics::DeadLetterKind;
 use crate::model::task::{TaskInstance, TaskStatus};
 use crate::saga::state_machine as sm;
 use crate::saga::state_machine::{Effects, NextMove};
 use std::time::Duration;
+
+/// A write made under the run's lease, as [`Run::persist`] saw it land.
+pub(super) enum Landed<T> {
+    /// Its reply: what the write returns.
+    Replied(T),
+    /// An earlier try landed and its reply was lost: the version it wrote.
+    ReplyLost(u64),
+}
 
 impl Run<'_> {
     /// Writes the outcome, the next message, the acknowledgement (or dead
@@ -20,19 +30,21 @@ impl Run<'_> {
         mut task: TaskInstance,
         stored: TaskStatus,
         effects: Effects,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), Stopped> {
         let Effects {
             next,
             dead_letter,
             guard,
         } = effects;
         let guarded = guard.is_some();
-        match self
+        let written = self
             .write(&mut task, stored, next, dead_letter.as_deref(), guarded)
-            .await
-        {
-            Err(BackendError::CancelRequested { at, .. }) => {
-                let mut task = *guard.expect("only guarded commits are refused");
+            .await;
+        match (written, guard) {
+            // Only a guarded commit is refused for a cancellation: the
+            // task as it was before the outcome begins its cancellation.
+            (Err(Stopped::Refused(TaskRefusal::CancelRequested { at })), Some(before)) => {
+                let mut task = *before;
                 sm::begin_cancel(&mut task, self.def, at);
                 let next = if task.status.is_terminal() {
                     NextMove::Stop
@@ -41,7 +53,7 @@ impl Run<'_> {
                 };
                 self.write(&mut task, stored, next, None, false).await
             }
-            other => other,
+            (written, _) => written,
         }
     }
 
@@ -52,7 +64,7 @@ impl Run<'_> {
         next: NextMove,
         dead_letter: Option<&str>,
         unless_cancelled: bool,
-    ) -> Result<(), BackendError> {
+    ) -> Result<(), Stopped> {
         let delay = match next {
             NextMove::Stop => None,
             NextMove::Now => Some(Duration::ZERO),
@@ -84,11 +96,11 @@ impl Run<'_> {
         };
         // Written now, or by an earlier try whose reply was lost: either way
         // the commit landed.
-        let _landed: Result<u64, u64> = self
+        let _landed: Landed<u64> = self
             .persist(task.id, task.version, || {
                 self.rt.backend.commit(commit.clone())
             })
-            .await?;
+            .await??;
         task.audit_saved();
         if dead_letter.is_some() {
             metrics::dead_lettered(DeadLetterKind::Saga);
@@ -105,7 +117,7 @@ impl Run<'_> {
     /// a retry refused with a version conflict is checked against the
     /// store, because the earlier try may have landed with its reply lost.
     /// Under our lease nobody else writes the task, so a stored version one
-    /// past ours is our own write: `Ok(Err(new version))`.
+    /// past ours is our own write: [`Landed::ReplyLost`].
     ///
     /// Without this a blip between a step's call and its commit would make
     /// the redelivery see an attempt that "never reported back", and a step
@@ -115,20 +127,22 @@ impl Run<'_> {
         id: crate::model::task::TaskId,
         version: u64,
         mut write: F,
-    ) -> Result<Result<T, u64>, BackendError>
+    ) -> Result<TaskWrite<Landed<T>>, BackendError>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, BackendError>>,
+        Fut: std::future::Future<Output = Result<TaskWrite<T>, BackendError>>,
     {
         const DELAYS_MS: [u64; 6] = [0, 10, 50, 100, 250, 500];
         let mut retried = false;
         for delay in DELAYS_MS {
             match write().await {
-                Ok(value) => return Ok(Ok(value)),
-                Err(BackendError::Conflict { actual, .. }) if retried && actual == version + 1 => {
+                Ok(Err(TaskRefusal::Conflict { actual, .. }))
+                    if retried && actual == version + 1 =>
+                {
                     tracing::debug!(task_id = %id, "an earlier try of the write landed; its reply was lost");
-                    return Ok(Err(actual));
+                    return Ok(Ok(Landed::ReplyLost(actual)));
                 }
+                Ok(answer) => return Ok(answer.map(Landed::Replied)),
                 Err(error) if error.is_transient() => {
                     tracing::debug!(task_id = %id, %error, "writing the task failed; trying again");
                     retried = true;
@@ -137,6 +151,6 @@ impl Run<'_> {
                 Err(error) => return Err(error),
             }
         }
-        write().await.map(Ok)
+        Ok(write().await?.map(Landed::Replied))
     }
 }

@@ -27,7 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::lease::LeaseGuard;
-use crate::backend::{BackendError, Delivery, Lease, Locked, QueueMessage, TakenLease};
+use crate::backend::{
+    BackendError, Delivery, Lease, Locked, QueueMessage, TakenLease, TaskRefusal,
+};
 use crate::model::task::{TaskInstance, TaskStatus};
 use crate::saga::state_machine::Effects;
 use crate::saga::{ErasedSaga, SagaDefinition};
@@ -144,7 +146,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
         // The store refused the write itself (not a lost connection, not
         // a lost lease): handing the message back would loop. Park it with
         // the reason, on its own.
-        Err(error @ (BackendError::Rejected(_) | BackendError::Corrupt(_))) => {
+        Err(Stopped::Failed(error @ (BackendError::Rejected(_) | BackendError::Corrupt(_)))) => {
             let reason = format!(
                 "saga `{}` task {id}: the store refused the write: {error}",
                 message.saga
@@ -158,6 +160,21 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
             guard.release().await;
         }
     }
+}
+
+/// Why a run on a task stopped before it recorded where the task is: the
+/// store failed, or refused a write the protocol expects it may refuse
+/// (the lease was lost to another worker, a write raced ours). Either way
+/// the message is handed back (or, for a store that refuses the write
+/// itself, parked).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Stopped {
+    /// The store failed.
+    #[error(transparent)]
+    Failed(#[from] BackendError),
+    /// The store refused the write.
+    #[error("the write was refused: {0}")]
+    Refused(#[from] TaskRefusal),
 }
 
 /// The task's lease: taken with the delivery, or by the worker.

@@ -1,6 +1,7 @@
 //! What a worker does with a message for a saga version it does not run:
 //! hand it to an engine that runs it, or park the task with a true reason.
 
+use super::Stopped;
 use crate::backend::{BackendError, Delivery, QueueMessage, Settle, TaskCommit};
 use crate::metrics;
 use crate::metrics::DeadLetterKind;
@@ -77,7 +78,7 @@ pub(super) async fn another_version(
         Ok(true) => {}
         // No task to park, or one this worker cannot even read: the
         // message goes to the dead-letter queue on its own.
-        Ok(false) | Err(BackendError::Corrupt(_)) => {
+        Ok(false) | Err(Stopped::Failed(BackendError::Corrupt(_))) => {
             crate::worker::dead_letter(rt, delivery, reason, Some(message.task_id)).await
         }
         Err(error) => {
@@ -95,7 +96,7 @@ pub(in crate::worker) async fn park(
     delivery: &Delivery,
     message: &QueueMessage,
     reason: &str,
-) -> Result<bool, BackendError> {
+) -> Result<bool, Stopped> {
     let Some(locked) = rt
         .backend
         .lock_and_load(message.task_id, rt.lease_ttl())
@@ -124,7 +125,7 @@ pub(in crate::worker) async fn park(
             unless_cancelled: false,
             expire_after: rt.settings.retention_for(task.status),
         })
-        .await?;
+        .await??;
     guard.disarm();
     metrics::dead_lettered(DeadLetterKind::Saga);
     metrics::task_parked(&task.saga);
