@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
-use saga_runtime::backend::Leases;
+use saga_runtime::backend::Partitions;
 use saga_runtime::prelude::*;
 use saga_runtime::{StepStatus, TaskInstance};
 

@@ -129,8 +129,8 @@ async fn a_saga_spreads_over_every_shard_and_every_task_completes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn housekeeping_relays_what_a_dead_process_left_for_an_endpoint() {
     use saga_runtime::backend::{
-        Housekeeping, InstanceStatus, ProcessCommit, ProcessInstance, ProcessStore, Retention,
-        Settle,
+        Endpoints, Housekeeping, InstanceStatus, ProcessCommit, ProcessInstance, ProcessStore,
+        Retention, Settle,
     };
     let cluster = TestCluster::start();
     let b = backend(&cluster, config("rel")).await;

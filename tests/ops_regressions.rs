@@ -153,7 +153,7 @@ async fn an_idle_sentinel_backend_does_not_churn_connections_to_the_primary() {
 /// process manager went the slow, counted way until its next heartbeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_lived_announcement_does_not_cut_a_longer_one() {
-    use saga_runtime::backend::Leases;
+    use saga_runtime::backend::Partitions;
     let redis = common::redis_server::TestRedis::start();
     let backend = redis.backend().await;
     backend

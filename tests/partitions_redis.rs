@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::redis_server::TestRedis;
 use common::until;
-use saga_runtime::backend::{Interest, Leases, WorkItem, WorkQueue};
+use saga_runtime::backend::{Interest, Partitions, WorkItem, WorkQueue};
 use saga_runtime::engine::ProcessMetrics;
 use saga_runtime::prelude::*;
 use saga_runtime::process::{Envelope, EnvelopeKind};

@@ -14,9 +14,9 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use saga_runtime::backend::memory::MemoryBackend;
 use saga_runtime::backend::{
-    Backend, BackendError, Created, DeadLetter, DeadLetterQuery, Delivery, Heartbeat, Housekeeping,
-    Housekept, Interest, Lease, Locked, Page, QueueMessage, Retention, TaskCommit, TaskQuery,
-    TaskStore, TaskWrite, WorkItem, WorkQueue,
+    Backend, BackendError, Created, DeadLetter, DeadLetterQuery, DeadLetters, Delivery, Heartbeat,
+    Housekeeping, Housekept, Interest, Lease, Locked, Page, QueueMessage, Retention, TaskCommit,
+    TaskQuery, TaskStore, TaskWrite, WorkItem, WorkQueue,
 };
 use saga_runtime::prelude::*;
 use saga_runtime::task::Timestamp;
@@ -131,6 +131,10 @@ impl WorkQueue for SagaOnly {
     async fn release_due(&self, limit: usize) -> Result<usize, BackendError> {
         self.0.release_due(limit).await
     }
+}
+
+#[async_trait]
+impl DeadLetters for SagaOnly {
     async fn dead_letters(
         &self,
         query: &DeadLetterQuery,

@@ -76,4 +76,8 @@ pub trait Endpoints: Send + Sync + 'static {
 
     /// The endpoint's dead letters, oldest first (capped).
     async fn endpoint_dead_letters(&self, endpoint: &str) -> Result<Vec<DeadLetter>, BackendError>;
+
+    /// The messages sent to an endpoint, oldest first (for consumers that
+    /// read it, and tests).
+    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError>;
 }

@@ -38,6 +38,7 @@ mod error;
 mod housekeeping;
 mod leases;
 pub mod memory;
+mod partitions;
 mod process;
 mod queue;
 #[cfg(feature = "redis")]
@@ -47,15 +48,15 @@ mod tally;
 mod tasks;
 
 pub use breakers::{BreakerChange, BreakerDecision, Breakers};
-pub use dead_letters::{DeadLetter, DeadLetterQuery};
+pub use dead_letters::{DeadLetter, DeadLetterQuery, DeadLetters};
 pub use endpoint::{EndpointDelivery, Endpoints};
 pub use error::{BackendError, BackendErrorKind, SourceError};
 pub use housekeeping::{Housekeeping, Housekept, Retention};
 pub use leases::Leases;
+pub use partitions::{ForwardTo, Partitions};
 pub use process::{Batched, ProcessCommit, ProcessRefusal, ProcessStore, ProcessWrite};
 pub use queue::{
-    Delivery, ForwardTo, Interest, LoadedInstance, QueueBacklog, QueueStats, Settle, TakenLease,
-    WorkQueue,
+    Delivery, Interest, LoadedInstance, QueueBacklog, QueueStats, Settle, TakenLease, WorkQueue,
 };
 pub use tally::Tallies;
 
@@ -105,7 +106,7 @@ pub struct Page<T> {
 /// assert!(backend.clone().processes().is_some());
 /// assert!(backend.clone().leases().is_some() && backend.breakers().is_some());
 /// ```
-pub trait Backend: TaskStore + WorkQueue + Housekeeping {
+pub trait Backend: TaskStore + WorkQueue + DeadLetters + Housekeeping {
     /// The process-manager store, if this backend has one.
     fn processes(self: Arc<Self>) -> Option<Arc<dyn ProcessBackend>> {
         None
@@ -120,6 +121,13 @@ pub trait Backend: TaskStore + WorkQueue + Housekeeping {
     /// Circuit breakers shared by every engine on this backend; `None`:
     /// `scope = shared` breakers are kept per process.
     fn breakers(self: Arc<Self>) -> Option<Arc<dyn Breakers>> {
+        None
+    }
+
+    /// How process-manager work is placed over partitions kept apart;
+    /// `None`: everything is together (every reader reads every message,
+    /// and versions alone settle races).
+    fn partitions(self: Arc<Self>) -> Option<Arc<dyn Partitions>> {
         None
     }
 }

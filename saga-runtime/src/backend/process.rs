@@ -145,15 +145,6 @@ pub trait ProcessStore: Send + Sync + 'static {
         id: &str,
     ) -> Result<Option<ProcessInstance>, BackendError>;
 
-    /// An id for a new instance of `process` found by correlation value
-    /// `near` (one it does not take its id from): random, and for a
-    /// backend whose partitions are apart, in the partition of `near`, so
-    /// that the instance and its correlation entry share one.
-    fn new_instance_id(&self, process: &str, near: &str) -> String {
-        let _ = (process, near);
-        uuid::Uuid::new_v4().to_string()
-    }
-
     /// The instance owning the correlation entry `(field, value)`.
     async fn process_find(
         &self,
@@ -214,8 +205,4 @@ pub trait ProcessStore: Send + Sync + 'static {
 
     /// The scheduled envelopes: `(due ms, envelope)`, soonest first.
     async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError>;
-
-    /// The messages sent to an endpoint, oldest first (for consumers that
-    /// read it, and tests).
-    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError>;
 }

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{BackendError, DeadLetter, DeadLetterQuery, Locked, Page, ProcessInstance, WorkItem};
-use crate::model::envelope::Envelope;
+use super::{BackendError, Locked, ProcessInstance, WorkItem};
 use crate::model::task::TaskId;
 
 /// A message handed to a worker; settle it (commit, acknowledge,
@@ -109,17 +108,6 @@ pub enum Settle<'a> {
     ResolveDeadLetter(&'a str),
 }
 
-/// What a process-manager message is for, as the worker found it before
-/// handling it: where [`WorkQueue::forward`] sends it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ForwardTo<'a> {
-    /// This instance.
-    Instance(&'a str),
-    /// No instance holds this correlation value (yet): the message may
-    /// create one.
-    Value(&'a str),
-}
-
 /// The kinds of work a worker takes: an engine that runs no process
 /// managers must not take (and dead-letter) their messages, nor one that
 /// runs no sagas saga messages, when deployments share a Redis. An entry
@@ -132,7 +120,7 @@ pub struct Interest {
     /// Process-manager messages and timeouts.
     pub processes: bool,
     /// Which process-manager partitions, a bit each, as
-    /// [`Leases::process_partitions`] handed them out (every one by
+    /// [`Partitions::process_partitions`](super::Partitions::process_partitions) handed them out (every one by
     /// default). A backend that does not partition ignores it.
     pub process_partitions: u64,
 }
@@ -245,37 +233,6 @@ pub trait WorkQueue: Send + Sync + 'static {
     /// can handle still reaches the delivery cap.
     async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
 
-    /// Moves a process-manager message off a partition this worker's engine
-    /// owns (see [`Leases::process_partitions`]) onto the stream every
-    /// engine reads: for a message of a process manager the owner does not
-    /// run, which an engine that runs it must get. `false`: the message was
-    /// on that stream already, or this backend does not partition; the
-    /// caller then hands it back as usual.
-    async fn share(&self, delivery: &Delivery) -> Result<bool, BackendError> {
-        let _ = delivery;
-        Ok(false)
-    }
-
-    /// Moves a process-manager message to the partition of what it is for
-    /// (`to`: the instance the worker found, or the correlation value it
-    /// may create one under), if that is another than the one it was read
-    /// from: a backend whose partitions are apart (Redis Cluster) commits
-    /// an instance only together with a message of the instance's own
-    /// partition. `false`: it is where it belongs (always, for a backend
-    /// that keeps every partition together); the caller handles it.
-    /// `true`: it was moved (naming the instance from then on, and as a
-    /// delivery that was not answered, so that a message that moves for
-    /// ever still reaches the delivery cap), and this delivery is settled.
-    async fn forward(
-        &self,
-        delivery: &Delivery,
-        envelope: &Envelope,
-        to: ForwardTo<'_>,
-    ) -> Result<bool, BackendError> {
-        let _ = (delivery, envelope, to);
-        Ok(false)
-    }
-
     /// `consumer` is leaving (a graceful shutdown): hands back what was
     /// delivered to it and not handed out yet, so that nothing waits out
     /// the visibility timeout.
@@ -296,39 +253,6 @@ pub trait WorkQueue: Send + Sync + 'static {
     /// returns how many moved. Backends that promote them on `receive` may
     /// return 0.
     async fn release_due(&self, limit: usize) -> Result<usize, BackendError>;
-
-    /// A page of parked messages, newest first.
-    async fn dead_letters(&self, query: &DeadLetterQuery)
-        -> Result<Page<DeadLetter>, BackendError>;
-
-    /// One parked message.
-    async fn dead_letter_by_id(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
-
-    /// Moves a parked message back onto the work queue, atomically; returns
-    /// it, or `None` if there is no such entry.
-    async fn requeue_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError>;
-
-    /// Removes a parked message for good; whether it was there.
-    async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError>;
-
-    /// How many messages are parked. The default pages through
-    /// [`dead_letters`](Self::dead_letters); a backend that knows its
-    /// queue's length answers at once.
-    async fn dead_letter_count(&self) -> Result<usize, BackendError> {
-        let mut query = DeadLetterQuery {
-            after: None,
-            limit: 1000,
-        };
-        let mut count = 0;
-        loop {
-            let page = self.dead_letters(&query).await?;
-            count += page.items.len();
-            match page.next {
-                Some(next) => query.after = Some(next),
-                None => return Ok(count),
-            }
-        }
-    }
 
     /// The queue's backlog, for the `saga_queue_*` metrics: every engine
     /// running workers asks once per housekeeping interval, so it must be

@@ -62,7 +62,7 @@ pub struct Envelope {
     pub due_ms: Option<u64>,
     /// How many times it moved to another partition before it was handled
     /// (a backend whose partitions are apart handles a message where its
-    /// instance's keys are: see `WorkQueue::forward`). Moves are free up to
+    /// instance's keys are: see `Partitions::forward`). Moves are free up to
     /// a bound; past it each counts as an unanswered delivery, so that a
     /// message that moves for ever still reaches the delivery cap.
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -52,7 +52,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{ProcessInstance, ProcessStore, Tallies, WorkItem, WorkQueue};
+use crate::backend::{
+    DeadLetters, Endpoints, ProcessInstance, ProcessStore, Tallies, WorkItem, WorkQueue,
+};
 use crate::process::{Dispatched, Envelope, EnvelopeKind, Message, ProcessManager};
 use crate::worker::process::dispatch::{dispatch, DispatchEnv};
 
@@ -215,6 +217,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             };
         let env = DispatchEnv {
             backend: &self.backend,
+            placement: &self.backend,
             subscribers: &subscribers,
             routing_key: &routing_key,
             now_ms: self.now_ms,

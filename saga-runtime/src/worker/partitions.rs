@@ -66,7 +66,11 @@ fn ttl(rt: &Runtime) -> Duration {
 /// Asks the backend for this engine's share and records the grant.
 async fn renew(rt: &Runtime) {
     let asked = Instant::now();
-    match rt.leases().process_partitions(&rt.instance, ttl(rt)).await {
+    match rt
+        .placement()
+        .process_partitions(&rt.instance, ttl(rt))
+        .await
+    {
         Ok(Some(bits)) => {
             let before = rt.partitions.now();
             if bits != before {
@@ -84,7 +88,7 @@ async fn renew(rt: &Runtime) {
     }
     let names = process_names(rt);
     if let Err(error) = rt
-        .leases()
+        .placement()
         .announce_processes(&rt.instance, &names, Some(ttl(rt)))
         .await
     {
@@ -110,12 +114,12 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
         }
     }
     rt.partitions.set(Grant::Owned(0, Instant::now()));
-    if let Err(error) = rt.leases().leave_process_partitions(&rt.instance).await {
+    if let Err(error) = rt.placement().leave_process_partitions(&rt.instance).await {
         tracing::warn!(%error, "letting go of the process-manager partitions failed; others take them over when they expire");
     }
     let names = process_names(&rt);
     let _ = rt
-        .leases()
+        .placement()
         .announce_processes(&rt.instance, &names, None)
         .await;
 }

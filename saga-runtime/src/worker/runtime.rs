@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use super::process::ProcessMetrics;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Backend, Breakers, Leases, ProcessBackend, Retention};
+use crate::backend::{Backend, Breakers, Leases, Partitions, ProcessBackend, Retention};
 use crate::circuit::CircuitBreaker;
 use crate::model::task::{TaskId, TaskStatus};
 use crate::policy::{BackoffKind, RetryPolicy};
@@ -145,6 +145,9 @@ pub(crate) struct Runtime {
     /// `scope = shared` circuit breakers: the backend's, or this
     /// process's own.
     shared_breakers: Arc<dyn Breakers>,
+    /// Placement of process-manager work: the backend's, or none (this
+    /// process's own, which keeps everything together).
+    partitions_placement: Arc<dyn Partitions>,
 }
 
 impl Runtime {
@@ -178,6 +181,10 @@ impl Runtime {
             process_store: backend.clone().processes(),
             leases: backend.clone().leases().unwrap_or_else(local_leases),
             shared_breakers: backend.clone().breakers().unwrap_or_else(local_breakers),
+            partitions_placement: backend
+                .clone()
+                .partitions()
+                .unwrap_or_else(|| Arc::new(MemoryBackend::new())),
         }
     }
 
@@ -197,6 +204,12 @@ impl Runtime {
     /// Named leases (the backend's, or this process's own).
     pub fn leases(&self) -> &dyn Leases {
         &*self.leases
+    }
+
+    /// Placement of process-manager work over partitions (the backend's,
+    /// or everything together).
+    pub fn placement(&self) -> &dyn Partitions {
+        &*self.partitions_placement
     }
 
     /// `scope = shared` circuit breakers (the backend's, or this

@@ -206,4 +206,13 @@ impl Endpoints for MemoryBackend {
             .map(|e| e.dead.iter().cloned().collect())
             .unwrap_or_default())
     }
+
+    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
+        Ok(self
+            .state()
+            .endpoints
+            .get(endpoint)
+            .map(|e| e.entries.iter().map(|(_, m)| m.clone()).collect())
+            .unwrap_or_default())
+    }
 }

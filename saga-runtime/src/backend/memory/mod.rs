@@ -8,9 +8,11 @@
 //! expiry, redelivery and retry delays exactly.
 
 mod breakers;
+mod dead_letters;
 mod endpoint;
 mod housekeeping;
 mod leases;
+mod partitions;
 mod process;
 mod queue;
 mod tally;

@@ -133,15 +133,6 @@ impl ProcessStore for MemoryBackend {
     async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError> {
         Ok(self.state().scheduled.clone())
     }
-
-    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
-        Ok(self
-            .state()
-            .endpoints
-            .get(endpoint)
-            .map(|e| e.entries.iter().map(|(_, m)| m.clone()).collect())
-            .unwrap_or_default())
-    }
 }
 
 /// The steps of a process-manager commit, each on the store's state under

@@ -277,4 +277,18 @@ impl Endpoints for RedisBackend {
             })
             .collect())
     }
+
+    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(self.keys().endpoint(endpoint))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(super::entry::entries(&reply)
+            .into_iter()
+            .map(|(_, fields)| super::endpoint::envelope(fields))
+            .collect())
+    }
 }

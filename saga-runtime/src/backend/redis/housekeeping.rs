@@ -1,12 +1,10 @@
 //! Named leases and retention: expired tasks, trimmed dead letters, and
 //! consumers that left.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 
 use super::{ms, scripts as s, RedisBackend};
-use crate::backend::{BackendError, Housekeeping, Housekept, Leases, Retention};
+use crate::backend::{BackendError, Housekeeping, Housekept, Retention};
 use crate::model::task::{TaskId, TaskStatus};
 
 /// Tasks purged per script call.
@@ -219,72 +217,6 @@ impl RedisBackend {
                 return Ok(relayed);
             }
         }
-    }
-}
-
-#[async_trait]
-impl Leases for RedisBackend {
-    async fn named_lease(
-        &self,
-        name: &str,
-        token: &str,
-        ttl: Duration,
-    ) -> Result<bool, BackendError> {
-        self.call(&s::NamedLease {
-            lease: self.keys().lease(name),
-            token,
-            ttl_ms: ms(ttl),
-        })
-        .await
-    }
-
-    async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError> {
-        self.call(&s::Unlock {
-            lock: self.keys().lease(name),
-            token,
-        })
-        .await
-    }
-
-    async fn process_partitions(
-        &self,
-        member: &str,
-        ttl: Duration,
-    ) -> Result<Option<u64>, BackendError> {
-        self.balance(member, ttl, false).await.map(Some)
-    }
-
-    async fn leave_process_partitions(&self, member: &str) -> Result<(), BackendError> {
-        self.balance(member, Duration::ZERO, true).await.map(drop)
-    }
-
-    async fn announce_processes(
-        &self,
-        member: &str,
-        names: &[&'static str],
-        ttl: Option<Duration>,
-    ) -> Result<(), BackendError> {
-        if names.is_empty() {
-            return Ok(());
-        }
-        self.call(&s::Announce {
-            runner_sets: names
-                .iter()
-                .map(|name| self.keys().process_runners(name))
-                .collect(),
-            member,
-            ttl_ms: ttl.map(ms),
-        })
-        .await
-    }
-
-    async fn process_runner_alive(&self, name: &str) -> Result<bool, BackendError> {
-        let runners = self
-            .call(&s::Runners {
-                runners: self.keys().process_runners(name),
-            })
-            .await?;
-        Ok(runners > 0)
     }
 }
 

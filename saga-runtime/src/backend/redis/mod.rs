@@ -45,11 +45,13 @@
 //! (end-of-task notifications).
 
 mod breakers;
+mod dead_letters;
 mod endpoint;
 mod entry;
 mod finished;
 mod housekeeping;
 mod keys;
+mod leases;
 mod partitions;
 mod primary;
 mod process;
@@ -715,6 +717,10 @@ impl crate::backend::Backend for RedisBackend {
     }
 
     fn breakers(self: Arc<Self>) -> Option<Arc<dyn crate::backend::Breakers>> {
+        Some(self)
+    }
+
+    fn partitions(self: Arc<Self>) -> Option<Arc<dyn crate::backend::Partitions>> {
         Some(self)
     }
 }

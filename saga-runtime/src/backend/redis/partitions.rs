@@ -13,8 +13,11 @@
 
 use std::time::Duration;
 
-use super::{ms, scripts as s, RedisBackend};
-use crate::backend::BackendError;
+use async_trait::async_trait;
+
+use super::{ms, scripts as s, unavailable, RedisBackend};
+use crate::backend::{BackendError, Delivery, ForwardTo, Partitions, WorkItem};
+use crate::model::envelope::Envelope;
 
 impl RedisBackend {
     /// Runs `BALANCE` for `member`; the partitions it owns after it.
@@ -40,5 +43,132 @@ impl RedisBackend {
             .into_iter()
             .filter(|k| *k < 64)
             .fold(0, |mask, k| mask | 1 << k))
+    }
+}
+
+/// Moves of a process-manager message between partitions that do not
+/// count toward its delivery cap (one is the common case: a message routed
+/// by a value its instance holds besides its id).
+const FREE_HOPS: u32 = 4;
+
+#[async_trait]
+impl Partitions for RedisBackend {
+    async fn process_partitions(
+        &self,
+        member: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, BackendError> {
+        self.balance(member, ttl, false).await.map(Some)
+    }
+
+    async fn leave_process_partitions(&self, member: &str) -> Result<(), BackendError> {
+        self.balance(member, Duration::ZERO, true).await.map(drop)
+    }
+
+    async fn announce_processes(
+        &self,
+        member: &str,
+        names: &[&'static str],
+        ttl: Option<Duration>,
+    ) -> Result<(), BackendError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        self.call(&s::Announce {
+            runner_sets: names
+                .iter()
+                .map(|name| self.keys().process_runners(name))
+                .collect(),
+            member,
+            ttl_ms: ttl.map(ms),
+        })
+        .await
+    }
+
+    async fn process_runner_alive(&self, name: &str) -> Result<bool, BackendError> {
+        let runners = self
+            .call(&s::Runners {
+                runners: self.keys().process_runners(name),
+            })
+            .await?;
+        Ok(runners > 0)
+    }
+
+    async fn share(&self, delivery: &Delivery) -> Result<bool, BackendError> {
+        let (p, entry) = self.locate(delivery)?;
+        let k = self.keys();
+        if !k.is_process(p) || p == k.shared_stream(p) {
+            return Ok(false);
+        }
+        self.call(&s::Share {
+            from: k.queue(p),
+            to: k.queue(k.shared_stream(p)),
+            group: self.group(),
+            entry,
+            consumer: &delivery.consumer,
+        })
+        .await?;
+        Ok(true)
+    }
+
+    async fn forward(
+        &self,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        to: ForwardTo<'_>,
+    ) -> Result<bool, BackendError> {
+        let k = self.keys();
+        let (p, entry) = self.locate(delivery)?;
+        if !k.spread() || !k.is_process(p) {
+            return Ok(false);
+        }
+        let (target, instance) = match to {
+            ForwardTo::Instance(id) => (id, Some(id)),
+            ForwardTo::Value(value) => (value, None),
+        };
+        let to = k.process_route(&envelope.process, target);
+        if k.stream_slot(to) == k.stream_slot(p) {
+            return Ok(false);
+        }
+        let moved = Envelope {
+            instance_id: instance
+                .map(str::to_owned)
+                .or_else(|| envelope.instance_id.clone()),
+            hops: envelope.hops.saturating_add(1),
+            ..envelope.clone()
+        };
+        // A move answers the delivery, as a hand-back does, up to a bound:
+        // past it (a message moving for ever: routing that never settles)
+        // each move counts, and the delivery cap ends it.
+        let unanswered = match envelope.hops < FREE_HOPS {
+            true => delivery.deliveries.saturating_sub(1),
+            false => delivery.deliveries,
+        };
+        // The copy first: a crash in between leaves the message here too,
+        // and it is forwarded again (the instance drops the duplicate).
+        let _: String = redis::cmd("XADD")
+            .arg(k.queue(to))
+            .arg("*")
+            .arg("payload")
+            .arg(WorkItem::Process(moved).encode())
+            .arg("unanswered")
+            .arg(unanswered)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        self.call(&s::Ack {
+            queue: k.queue(p),
+            group: self.group(),
+            entry,
+        })
+        .await?;
+        Ok(true)
+    }
+
+    fn new_instance_id(&self, process: &str, near: &str) -> String {
+        match self.keys().spread() {
+            true => self.id_in_partition(process, self.keys().pm_k(process, near)),
+            false => uuid::Uuid::new_v4().to_string(),
+        }
     }
 }

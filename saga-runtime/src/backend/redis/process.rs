@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::Value;
 
 use super::keys::slot;
 use super::scripts::{self as s, EntryClaim, Refusal, Refused, Settling};
@@ -553,7 +552,7 @@ impl RedisBackend {
             schedule: k.scheduled(home),
             claim: correlations(&commit.add_keys),
             release: correlations(&commit.remove_keys),
-            endpoints: self.endpoint_messages(commit, placement),
+            endpoints: self.commit_endpoints(commit, placement),
             tombstone: tombstone_key,
             tallies: self.opened_tallies(commit, &in_slot)?,
             open_tallies: k.open_tallies(home),
@@ -596,7 +595,7 @@ impl RedisBackend {
     /// The messages of a commit for endpoints: written to the endpoint's
     /// stream when it is in the commit's slot, else to the partition's
     /// relay stream, to be relayed.
-    fn endpoint_messages(
+    fn commit_endpoints(
         &self,
         commit: &ProcessCommit<'_>,
         placement: &Placement,
@@ -648,7 +647,7 @@ impl RedisBackend {
     }
 
     /// A random instance id in partition `k`.
-    fn id_in_partition(&self, process: &str, k: u16) -> String {
+    pub(super) fn id_in_partition(&self, process: &str, k: u16) -> String {
         loop {
             let id = uuid::Uuid::new_v4().to_string();
             if self.keys().pm_k(process, &id) == k {
@@ -694,13 +693,6 @@ impl ProcessStore for RedisBackend {
         Ok(found.filter(|i| {
             !self.keys().spread() || i.keys.iter().any(|(f, v)| f == field && v == value)
         }))
-    }
-
-    fn new_instance_id(&self, process: &str, near: &str) -> String {
-        match self.keys().spread() {
-            true => self.id_in_partition(process, self.keys().pm_k(process, near)),
-            false => uuid::Uuid::new_v4().to_string(),
-        }
     }
 
     async fn process_find_shared(
@@ -886,19 +878,5 @@ impl ProcessStore for RedisBackend {
         }
         all.sort_by_key(|(due, _)| *due);
         Ok(all)
-    }
-
-    async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
-        let reply: Value = redis::cmd("XRANGE")
-            .arg(self.keys().endpoint(endpoint))
-            .arg("-")
-            .arg("+")
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(super::entry::entries(&reply)
-            .into_iter()
-            .map(|(_, fields)| super::endpoint::envelope(fields))
-            .collect())
     }
 }

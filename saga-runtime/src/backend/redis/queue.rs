@@ -16,11 +16,10 @@ use super::server::Conn;
 use super::watch::Marks;
 use super::{ms, unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, DeadLetter, DeadLetterQuery, Delivery, ForwardTo, Interest,
-    Lease, LoadedInstance, Locked, Page, QueueStats, TakenLease, TaskStore, WorkItem, WorkQueue,
+    truncate_payload, BackendError, Delivery, Interest, Lease, LoadedInstance, Locked, QueueStats,
+    TakenLease, TaskStore, WorkItem, WorkQueue,
 };
-use crate::model::envelope::Envelope;
-use crate::model::task::{TaskId, Timestamp};
+use crate::model::task::TaskId;
 
 /// Messages taken over per stream per claim. One: a message claimed but
 /// not yet started is not kept alive by anyone, and would be claimed again
@@ -28,31 +27,6 @@ use crate::model::task::{TaskId, Timestamp};
 /// longer than the visibility timeout. A claim that finds something is
 /// followed at once by another, so a backlog still drains quickly.
 const CLAIM_BATCH: usize = 1;
-
-/// Moves of a process-manager message between partitions that do not
-/// count toward its delivery cap (one is the common case: a message routed
-/// by a value its instance holds besides its id).
-const FREE_HOPS: u32 = 4;
-
-/// A dead-letter stream entry.
-fn dead_letter(stream: u16, id: &str, raw_fields: &Value) -> DeadLetter {
-    let fields = entry::fields(raw_fields);
-    let field = |name: &str| {
-        fields
-            .iter()
-            .find(|(k, _)| *k == name.as_bytes())
-            .map(|(_, v)| entry::text(v))
-            .unwrap_or_default()
-    };
-    DeadLetter {
-        id: format!("{stream}:{id}"),
-        payload: field("payload"),
-        reason: field("reason"),
-        task_id: field("task").parse().ok(),
-        at: Timestamp(field("at").parse().unwrap_or(0)),
-        truncated: field("size").parse().ok(),
-    }
-}
 
 /// The process-manager instance `TAKE` loaded with a delivery, if that is
 /// what it loaded. One whose record does not parse is left for the worker
@@ -76,7 +50,7 @@ fn loaded_instance(loaded: &Loaded) -> Option<LoadedInstance> {
 }
 
 /// A stream entry id as `(ms, seq)`, for ordering across streams.
-fn entry_order(id: &str) -> (u64, u64) {
+pub(super) fn entry_order(id: &str) -> (u64, u64) {
     let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
     (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
 }
@@ -780,77 +754,6 @@ impl WorkQueue for RedisBackend {
         self.hand_back(delivery, delay, false).await
     }
 
-    async fn share(&self, delivery: &Delivery) -> Result<bool, BackendError> {
-        let (p, entry) = self.locate(delivery)?;
-        let k = self.keys();
-        if !k.is_process(p) || p == k.shared_stream(p) {
-            return Ok(false);
-        }
-        self.call(&s::Share {
-            from: k.queue(p),
-            to: k.queue(k.shared_stream(p)),
-            group: self.group(),
-            entry,
-            consumer: &delivery.consumer,
-        })
-        .await?;
-        Ok(true)
-    }
-
-    async fn forward(
-        &self,
-        delivery: &Delivery,
-        envelope: &Envelope,
-        to: ForwardTo<'_>,
-    ) -> Result<bool, BackendError> {
-        let k = self.keys();
-        let (p, entry) = self.locate(delivery)?;
-        if !k.spread() || !k.is_process(p) {
-            return Ok(false);
-        }
-        let (target, instance) = match to {
-            ForwardTo::Instance(id) => (id, Some(id)),
-            ForwardTo::Value(value) => (value, None),
-        };
-        let to = k.process_route(&envelope.process, target);
-        if k.stream_slot(to) == k.stream_slot(p) {
-            return Ok(false);
-        }
-        let moved = Envelope {
-            instance_id: instance
-                .map(str::to_owned)
-                .or_else(|| envelope.instance_id.clone()),
-            hops: envelope.hops.saturating_add(1),
-            ..envelope.clone()
-        };
-        // A move answers the delivery, as a hand-back does, up to a bound:
-        // past it (a message moving for ever: routing that never settles)
-        // each move counts, and the delivery cap ends it.
-        let unanswered = match envelope.hops < FREE_HOPS {
-            true => delivery.deliveries.saturating_sub(1),
-            false => delivery.deliveries,
-        };
-        // The copy first: a crash in between leaves the message here too,
-        // and it is forwarded again (the instance drops the duplicate).
-        let _: String = redis::cmd("XADD")
-            .arg(k.queue(to))
-            .arg("*")
-            .arg("payload")
-            .arg(WorkItem::Process(moved).encode())
-            .arg("unanswered")
-            .arg(unanswered)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        self.call(&s::Ack {
-            queue: k.queue(p),
-            group: self.group(),
-            entry,
-        })
-        .await?;
-        Ok(true)
-    }
-
     async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
         // Nothing is buffered (a read hands out what it takes); the
         // consumer's reading state (its blocking connection) goes.
@@ -911,111 +814,6 @@ impl WorkQueue for RedisBackend {
             moved += self.call(&release).await?;
         }
         Ok(moved)
-    }
-
-    async fn dead_letters(
-        &self,
-        query: &DeadLetterQuery,
-    ) -> Result<Page<DeadLetter>, BackendError> {
-        // Newest first across streams, by entry id then stream; a cursor is
-        // the last letter's id.
-        let after = match &query.after {
-            Some(id) => match self.keys().split_id(id) {
-                Some((p, entry)) => Some((entry_order(entry), p)),
-                None => return Err(BackendError::InvalidCursor(id.clone())),
-            },
-            None => None,
-        };
-        let mut conn = self.conn();
-        let mut letters: Vec<((u64, u64), u16, DeadLetter)> = Vec::new();
-        for p in 0..self.keys().streams() {
-            let end = match after {
-                None => "+".to_owned(),
-                // Entries of later streams with the cursor's id come after
-                // it in the order; of earlier streams, before.
-                Some(((ms, seq), cp)) if p < cp => format!("{ms}-{seq}"),
-                // Nothing is older than the first possible id.
-                Some(((0, 0), _)) => continue,
-                Some(((ms, seq), _)) => format!("({ms}-{seq}"),
-            };
-            let reply: Value = redis::cmd("XREVRANGE")
-                .arg(self.keys().dead(p))
-                .arg(&end)
-                .arg("-")
-                .arg("COUNT")
-                .arg(query.limit + 1)
-                .query_async(&mut conn)
-                .await
-                .map_err(unavailable)?;
-            for (id, fields) in entries(&reply) {
-                letters.push((entry_order(&id), p, dead_letter(p, &id, fields)));
-            }
-        }
-        letters.sort_by_key(|l| std::cmp::Reverse((l.0, l.1)));
-        let more = letters.len() > query.limit;
-        letters.truncate(query.limit);
-        let items: Vec<DeadLetter> = letters.into_iter().map(|(_, _, l)| l).collect();
-        let next = more.then(|| items.last().map(|l| l.id.clone())).flatten();
-        Ok(Page { items, next })
-    }
-
-    async fn dead_letter_by_id(&self, id: &str) -> Result<Option<DeadLetter>, BackendError> {
-        let Some((p, entry)) = self.keys().split_id(id) else {
-            return Ok(None);
-        };
-        let reply: Value = redis::cmd("XRANGE")
-            .arg(self.keys().dead(p))
-            .arg(entry)
-            .arg(entry)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(entries(&reply)
-            .first()
-            .map(|(id, fields)| dead_letter(p, id, fields)))
-    }
-
-    async fn requeue_dead_letter(&self, id: &str) -> Result<Option<DeadLetter>, BackendError> {
-        let Some((p, entry)) = self.keys().split_id(id) else {
-            return Ok(None);
-        };
-        let fields = self
-            .call(&s::Requeue {
-                dead: self.keys().dead(p),
-                queue: self.keys().queue(p),
-                entry: entry.to_owned(),
-            })
-            .await?;
-        Ok(fields.map(|fields| dead_letter(p, entry, &fields)))
-    }
-
-    /// The dead streams' lengths, in one pipelined round trip.
-    async fn dead_letter_count(&self) -> Result<usize, BackendError> {
-        let lengths = self
-            .query_each(
-                (0..self.keys().streams())
-                    .map(|p| redis::cmd("XLEN").arg(self.keys().dead(p)).clone())
-                    .collect(),
-            )
-            .await?;
-        lengths.iter().try_fold(0usize, |sum, len| {
-            redis::from_redis_value_ref::<usize>(len)
-                .map(|len| sum + len)
-                .map_err(|_| super::corrupt("XLEN answered something else than a length"))
-        })
-    }
-
-    async fn discard_dead_letter(&self, id: &str) -> Result<bool, BackendError> {
-        let Some((p, entry)) = self.keys().split_id(id) else {
-            return Ok(false);
-        };
-        let removed: usize = redis::cmd("XDEL")
-            .arg(self.keys().dead(p))
-            .arg(entry)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(removed > 0)
     }
 
     /// One pipelined round trip (on a cluster, one per command, at once):

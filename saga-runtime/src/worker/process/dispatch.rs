@@ -13,8 +13,8 @@ use std::panic::AssertUnwindSafe;
 use super::batch::{self, Joined, Joiners};
 use super::handler::run_handler;
 use crate::backend::{
-    BackendError, Delivery, LoadedInstance, ProcessBackend, ProcessCommit, ProcessInstance,
-    ProcessRefusal, Settle,
+    BackendError, Delivery, LoadedInstance, Partitions, ProcessBackend, ProcessCommit,
+    ProcessInstance, ProcessRefusal, Settle,
 };
 use crate::model::task::Timestamp;
 pub(crate) use crate::process::machine::RoutingKey;
@@ -35,6 +35,9 @@ const CONFLICT_RETRIES: u32 = 64;
 /// clock, and the delivery to settle (none in the test kit).
 pub(crate) struct DispatchEnv<'a> {
     pub backend: &'a dyn ProcessBackend,
+    /// Where a new instance's id is placed (its partition, on a backend
+    /// that keeps partitions apart).
+    pub placement: &'a dyn Partitions,
     pub subscribers: &'a (dyn Fn(&str) -> Vec<&'static str> + Send + Sync),
     /// The routing key of a message for a process manager (see
     /// [`routing_key`](crate::process::routing_key)), for the envelopes a
@@ -322,7 +325,7 @@ async fn attempt(
         Ok(Admitted::Run(instance)) => *instance,
         Ok(Admitted::Start { id }) => {
             let key = handling.lookup.key();
-            let id = id.unwrap_or_else(|| env.backend.new_instance_id(process, key));
+            let id = id.unwrap_or_else(|| env.placement.new_instance_id(process, key));
             let generation = uuid::Uuid::new_v4().simple().to_string();
             handling.start(id, generation, Timestamp::now())
         }

@@ -92,6 +92,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     };
     let env = DispatchEnv {
         backend,
+        placement: rt.placement(),
         subscribers: &subscribers,
         routing_key: &routing_key,
         now_ms: Timestamp::now().0,
@@ -393,7 +394,7 @@ async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
     known.sort_unstable();
     // On a partition this engine owns, no engine that runs it would ever
     // see it: it goes where every engine reads.
-    match rt.backend.share(delivery).await {
+    match rt.placement().share(delivery).await {
         Ok(true) => {
             tracing::debug!(process = %envelope.process, "not run here; moved to the shared stream");
             return;
@@ -405,7 +406,7 @@ async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
     // counted toward the cap), for that engine to take. Only with none
     // alive (a rolling deploy that adds it) does it wait with growing
     // delays.
-    match rt.leases().process_runner_alive(&envelope.process).await {
+    match rt.placement().process_runner_alive(&envelope.process).await {
         Ok(true) => {
             tracing::debug!(process = %envelope.process, "run by another engine; handed back");
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
@@ -449,7 +450,7 @@ async fn forward(
         // It writes no instance: whatever it sends goes on from here.
         Target::Unknown(_) => return Ok(false),
     };
-    rt.backend.forward(delivery, envelope, to).await
+    rt.placement().forward(delivery, envelope, to).await
 }
 
 /// Which instance a message is for, as far as can be told before its

@@ -1,0 +1,115 @@
+//! Where process-manager work is placed when a backend keeps partitions
+//! apart: which engine reads which partition, which engines run which
+//! process managers, and moving a message to its instance's partition.
+//! A backend that does not partition offers none of it (every default
+//! here is that answer).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{BackendError, Delivery};
+use crate::model::envelope::Envelope;
+
+/// What a process-manager message is for, as the worker found it before
+/// handling it: where [`Partitions::forward`] sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardTo<'a> {
+    /// This instance.
+    Instance(&'a str),
+    /// No instance holds this correlation value (yet): the message may
+    /// create one.
+    Value(&'a str),
+}
+
+/// Placement of process-manager work over partitions and engines
+/// ([`Backend::partitions`](super::Backend::partitions)). Every method has
+/// the answer of a backend that keeps everything together.
+#[async_trait]
+pub trait Partitions: Send + Sync + 'static {
+    /// Registers (or keeps) `member`, an engine that runs process managers,
+    /// among the readers of process-manager messages for `ttl`, and returns
+    /// the partitions it owns now, a bit each, for [`Interest`]: the
+    /// backend balances them over its live members, each partition owned
+    /// by one at a time, so that one writer handles the messages of an
+    /// instance. `None`: this backend does not partition (every reader
+    /// reads every message, and versioning alone settles races).
+    async fn process_partitions(
+        &self,
+        member: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, BackendError> {
+        let _ = (member, ttl);
+        Ok(None)
+    }
+
+    /// Lets go of `member`'s partitions at once (an engine shutting down),
+    /// so that the others take them over without waiting for the TTL.
+    async fn leave_process_partitions(&self, member: &str) -> Result<(), BackendError> {
+        let _ = member;
+        Ok(())
+    }
+
+    /// Records that `member` runs the process managers `names` for the
+    /// next `ttl` (`None`: it stops running them now, shutting down), so
+    /// that an engine handed a message for a process manager it does not
+    /// run can tell whether another engine does
+    /// ([`process_runner_alive`](Self::process_runner_alive)).
+    async fn announce_processes(
+        &self,
+        member: &str,
+        names: &[&'static str],
+        ttl: Option<Duration>,
+    ) -> Result<(), BackendError> {
+        let _ = (member, names, ttl);
+        Ok(())
+    }
+
+    /// Whether an engine that runs process manager `name` announced it
+    /// within its TTL. `false` when the backend does not know (the
+    /// default): the message then waits for one with growing delays.
+    async fn process_runner_alive(&self, name: &str) -> Result<bool, BackendError> {
+        let _ = name;
+        Ok(false)
+    }
+
+    /// Moves a process-manager message off a partition this worker's engine
+    /// owns (see [`process_partitions`](Self::process_partitions)) onto the stream every
+    /// engine reads: for a message of a process manager the owner does not
+    /// run, which an engine that runs it must get. `false`: the message was
+    /// on that stream already, or this backend does not partition; the
+    /// caller then hands it back as usual.
+    async fn share(&self, delivery: &Delivery) -> Result<bool, BackendError> {
+        let _ = delivery;
+        Ok(false)
+    }
+
+    /// Moves a process-manager message to the partition of what it is for
+    /// (`to`: the instance the worker found, or the correlation value it
+    /// may create one under), if that is another than the one it was read
+    /// from: a backend whose partitions are apart (Redis Cluster) commits
+    /// an instance only together with a message of the instance's own
+    /// partition. `false`: it is where it belongs (always, for a backend
+    /// that keeps every partition together); the caller handles it.
+    /// `true`: it was moved (naming the instance from then on, and as a
+    /// delivery that was not answered, so that a message that moves for
+    /// ever still reaches the delivery cap), and this delivery is settled.
+    async fn forward(
+        &self,
+        delivery: &Delivery,
+        envelope: &Envelope,
+        to: ForwardTo<'_>,
+    ) -> Result<bool, BackendError> {
+        let _ = (delivery, envelope, to);
+        Ok(false)
+    }
+
+    /// An id for a new instance of `process` found by correlation value
+    /// `near` (one it does not take its id from): random, and for a
+    /// backend whose partitions are apart, in the partition of `near`, so
+    /// that the instance and its correlation entry share one.
+    fn new_instance_id(&self, process: &str, near: &str) -> String {
+        let _ = (process, near);
+        uuid::Uuid::new_v4().to_string()
+    }
+}
