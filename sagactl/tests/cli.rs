@@ -1,6 +1,9 @@
 //! `sagactl` against a private redis-server that an engine wrote to:
 //! list, show, resolve, requeue (one and by filter), purge.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 // The workspace's private redis-server helper; this test uses part of it.
 #[allow(dead_code)]
 #[path = "../../tests/common/ops_sagas.rs"]

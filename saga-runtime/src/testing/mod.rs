@@ -40,6 +40,9 @@
 //! assert!(t.state("t-1").await.unwrap().nudged);
 //! # }
 //! ```
+// A test kit: a failed expectation here is a failed test, reported by
+// the panic where it happened.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]

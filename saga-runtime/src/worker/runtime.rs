@@ -275,16 +275,16 @@ impl Runtime {
             // A dropped connection is only noticed when used, and the
             // failure sets up a fresh one: each try gets one immediate
             // second chance on it before we back off.
-            let mut last = None;
-            for _ in 0..2 {
-                attempts += 1;
-                match call().await {
+            attempts += 2;
+            let error = match call().await {
+                Ok(value) => return Ok(value),
+                Err(error) if error.is_transient() => match call().await {
                     Ok(value) => return Ok(value),
-                    Err(error) if error.is_transient() => last = Some(error),
-                    Err(error) => return Err(error.into()),
-                }
-            }
-            let error = last.expect("both tries failed");
+                    Err(again) if again.is_transient() => again,
+                    Err(again) => return Err(again.into()),
+                },
+                Err(error) => return Err(error.into()),
+            };
             let Some(delay) = schedule.next_backoff() else {
                 return Err(Error::Unavailable {
                     operation,

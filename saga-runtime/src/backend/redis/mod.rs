@@ -539,7 +539,9 @@ impl RedisBackend {
         if stored == record {
             return Ok(());
         }
-        let mine = keys::parse_layout(&record).expect("a layout this version writes");
+        let Some(mine) = keys::parse_layout(&record) else {
+            return Err(corrupt(format!("the layout record `{record}` does not parse")));
+        };
         Err(BackendError::Misconfigured(
             match keys::parse_layout(&stored) {
                 Some(theirs) => format!(

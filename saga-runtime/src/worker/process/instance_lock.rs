@@ -239,6 +239,9 @@ impl<'a> Wait<'a> {
         }
     }
 
+    // The slot is taken only by `held`, which ends the wait: nothing asks
+    // for it after.
+    #[allow(clippy::expect_used)]
     fn slot(&self) -> &Arc<Slot> {
         self.slot.as_ref().expect("the slot until the lock is held")
     }
@@ -250,6 +253,8 @@ impl<'a> Wait<'a> {
 
     /// The lock is held: the slot is the guard's now (and this wait,
     /// slotless, does nothing more when dropped).
+    // Called once, when the lock is won, which ends the wait.
+    #[allow(clippy::expect_used)]
     fn held(&mut self) -> Arc<Slot> {
         self.finish();
         self.slot.take().expect("held once")
