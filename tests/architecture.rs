@@ -578,7 +578,6 @@ fn shortest_circle<'a>(edges: &Edges<'a>, start: &'a str) -> Option<Vec<&'a str>
 }
 
 #[test]
-#[ignore = "enabled once the storage seam is split"]
 fn no_source_file_is_too_long() {
     let mut long: Vec<(usize, String)> = sources()
         .into_iter()

@@ -22,7 +22,7 @@
 //! that lost its lease (a long pause, a partition) cannot overwrite the work
 //! of the worker that took over.
 //!
-//! Payloads are typed ([`WorkItem`], [`Envelope`]): a backend encodes them
+//! Payloads are typed ([`WorkItem`], [`Envelope`](crate::model::envelope::Envelope)): a backend encodes them
 //! with [`WorkItem::encode`] and decodes deliveries with [`WorkItem::decode`];
 //! it never inspects JSON itself. An entry that does not decode is still
 //! delivered, as a [`Delivery`] whose `item` is an error, so the engine can

@@ -29,7 +29,7 @@ pub enum ForwardTo<'a> {
 pub trait Partitions: Send + Sync + 'static {
     /// Registers (or keeps) `member`, an engine that runs process managers,
     /// among the readers of process-manager messages for `ttl`, and returns
-    /// the partitions it owns now, a bit each, for [`Interest`]: the
+    /// the partitions it owns now, a bit each, for [`Interest`](super::Interest): the
     /// backend balances them over its live members, each partition owned
     /// by one at a time, so that one writer handles the messages of an
     /// instance. `None`: this backend does not partition (every reader

@@ -30,7 +30,7 @@ pub struct Delivery {
     /// The lease on the message's task, when the backend tried to take it
     /// in the same round trip as the read (the Redis backend does, for a
     /// saga message whose task exists). `None`: the worker takes it itself
-    /// with [`TaskStore::lock_and_load`]. A taken lease belongs to the
+    /// with [`TaskStore::lock_and_load`](super::TaskStore::lock_and_load). A taken lease belongs to the
     /// worker the message was delivered to: it releases it whatever it
     /// does with the message.
     pub lease: Option<TakenLease>,
@@ -81,7 +81,7 @@ impl LoadedInstance {
 pub enum TakenLease {
     /// The lease is held, and the task loaded under it.
     Held {
-        /// What [`TaskStore::lock_and_load`] would have returned.
+        /// What [`TaskStore::lock_and_load`](super::TaskStore::lock_and_load) would have returned.
         locked: Box<Locked>,
         /// When the read that took it was sent: the lease runs from then
         /// at the latest.

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use super::BackendError;
 use crate::model::tally::{TallyCheck, TallyProgress, TallyRef};
 
-/// Tallies ([`crate::process::tally`]): opened by a [`ProcessCommit`],
+/// Tallies ([`crate::process::tally`]): opened by a [`ProcessCommit`](super::ProcessCommit),
 /// checked and read here. Every operation is one atomic step.
 #[async_trait]
 pub trait Tallies: Send + Sync + 'static {

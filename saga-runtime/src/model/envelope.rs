@@ -12,7 +12,7 @@ pub enum EnvelopeKind {
     /// A timeout for one instance.
     Timeout,
     /// A tally's report for the instance that opened it (its deadline, or
-    /// a poll): the worker fills in the [`TallyStatus`](super::TallyStatus)
+    /// a poll): the worker fills in the [`TallyStatus`](super::tally::TallyStatus)
     /// when it is due.
     TallyReport,
 }

@@ -66,7 +66,7 @@ pub struct TallyCompleted {
 
 /// A tally's progress: delivered to the instance at the tally's deadline
 /// (`deadline: true`, unless it completed first) and when the instance
-/// polls it ([`ProcessContext::poll_tally`](super::ProcessContext::poll_tally));
+/// polls it ([`ProcessContext::poll_tally`](crate::process::ProcessContext::poll_tally));
 /// also what [`Tally::status`](crate::engine::Tally::status) returns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TallyStatus {
