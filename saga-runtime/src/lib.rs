@@ -53,9 +53,11 @@
 //!   workers and shutdown) and its [`EngineBuilder`];
 //! - [`saga`](mod@saga): what `#[saga]` generates ([`Saga`], [`saga::SagaDefinition`],
 //!   versions); [`policy`] and [`circuit`]: retries and breakers;
-//! - [`task`]: the persisted record ([`TaskInstance`], statuses, audit log);
-//! - [`backend`]: the storage traits, the in-memory backend and, with the
-//!   `redis` feature, `backend::redis`;
+//! - [`model`]: the plain records every layer passes around; [`task`] is
+//!   the persisted task ([`TaskInstance`], statuses, audit log);
+//! - [`backend`]: the storage seam (the core a saga-only backend
+//!   implements, what process managers need, optional coordination), the
+//!   in-memory backend and, with the `redis` feature, `backend::redis`;
 //! - [`process`]: process managers, with [`process::tally`] for fan-in;
 //!   [`endpoint`]: the messages they send to other services, and
 //!   [`Engine::consumer`] to receive them; [`testing`]: `ProcessTest` and,

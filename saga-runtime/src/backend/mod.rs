@@ -1,18 +1,32 @@
 //! Storage backends: where tasks, leases, the work queue, timers, the
 //! dead-letter queue and process-manager instances live.
 //!
-//! The engine talks to one [`Backend`], which is the sum of small traits, one
-//! per concern:
+//! The seam is drawn where its consumers are, one trait per file with its
+//! types (`memory/` and `redis/` mirror the file names):
 //!
-//! - [`TaskStore`]: task records, their leases (with fencing), attempt claims,
-//!   the atomic commit of a step's outcome, cancellation flags, paged listing;
-//! - [`WorkQueue`]: delivery of [`WorkItem`]s with a visibility timeout,
-//!   release (now or later), dead letters, delayed messages;
-//! - [`ProcessStore`]: process-manager instances, their correlation index,
-//!   outbox and timeouts;
-//! - [`Leases`]: named leases (one poller or janitor at a time);
-//! - [`Housekeeping`]: retention: expired tasks, trimmed dead letters,
-//!   consumers that left.
+//! - **The core** every engine needs, which is all a backend for sagas
+//!   alone implements ([`Backend`], 26 required methods):
+//!   - [`TaskStore`] (`tasks.rs`): task records, their leases (with
+//!     fencing), attempt claims, the atomic commit of a step's outcome,
+//!     cancellation flags, paged listing;
+//!   - [`WorkQueue`] (`queue.rs`): delivery of [`WorkItem`]s with a
+//!     visibility timeout, hand-backs (now or later), delayed messages,
+//!     parking a delivery on the dead-letter queue;
+//!   - [`DeadLetters`] (`dead_letters.rs`): the dead-letter queue as an
+//!     operator works it;
+//!   - [`Housekeeping`] (`housekeeping.rs`): retention.
+//! - **What process managers need** ([`ProcessBackend`], through
+//!   [`Backend::processes`]; an engine with a process manager refuses a
+//!   backend without it): [`ProcessStore`] (`process.rs`), [`Tallies`]
+//!   (`tally.rs`), [`Endpoints`] (`endpoint.rs`).
+//! - **Coordination between engines**, optional, with in-process defaults:
+//!   [`Leases`] (`leases.rs`, named leases), [`Breakers`] (`breakers.rs`,
+//!   `scope = shared` circuit breakers), [`Partitions`] (`partitions.rs`,
+//!   placement of process-manager work when partitions are kept apart).
+//!
+//! A write answers what the protocol expects as a value ([`TaskWrite`],
+//! [`ProcessWrite`]: written, or refused with a [`TaskRefusal`] or a
+//! [`ProcessRefusal`]); [`BackendError`] is for failures only.
 //!
 //! Operations are shaped around what the engine needs to keep its invariants,
 //! not around a key-value API, so that a backend can make each of them one

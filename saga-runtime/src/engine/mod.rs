@@ -1,7 +1,10 @@
 //! The engine: start, wait for, list and cancel tasks; publish to process
 //! managers; manage the dead-letter queue; run workers.
 //!
+//! The façade: every `impl Engine` is here; what runs is `worker`'s.
+//!
 //! - `builder`: [`EngineBuilder`], registration and settings;
+//! - `consumer`: [`Consumer`], an endpoint's consumer as configured;
 //! - `client`: starting, waiting, listing, cancelling (riding out transient
 //!   backend errors);
 //! - `dead_letters`: the dead-letter queue (requeue, bulk requeue, discard);

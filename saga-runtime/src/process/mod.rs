@@ -4,7 +4,11 @@
 //! Where a step saga follows a fixed chain, a process manager decides what to
 //! do next from what it has already seen: messages arrive at different times,
 //! in any order, possibly twice, and the coordination state must survive
-//! restarts. `#[process_manager]` generates the routing; this module runs it:
+//! restarts. `#[process_manager]` generates the routing; this module holds
+//! the definitions it generates (this file), the handler's context
+//! (`context`), its errors (`error`), tallies (`tally`) and the protocol's
+//! pure core (`machine`: what a handler's run does to the instance); the
+//! worker (`worker::process`) loads, runs and writes. The protocol:
 //!
 //! 1. A message is routed to every process manager with a handler for its
 //!    type (one queue entry per process manager).

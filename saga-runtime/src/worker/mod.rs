@@ -1,10 +1,21 @@
 //! Workers: the loop that takes messages off the queue and the background
 //! duties (timers, housekeeping) that keep a deployment healthy.
 //!
+//! Everything that runs lives here, and only here are metrics recorded:
+//!
 //! - [`run`] (this file): receive, route by kind, cap poison messages;
-//! - `saga`: advance one saga task by one attempt;
+//! - `runtime`: what the engine and its workers share (the backend and the
+//!   coordination it offers or this process stands in for, the registered
+//!   definitions, settings, breakers, running tasks' tokens);
+//! - `saga/`: advance one saga task as far as one delivery may, driving
+//!   the pure `saga::state_machine` (attempt, call, commit, breaker,
+//!   versions this engine does not run);
 //! - `lease`: keep a task's lease and message alive while a step runs;
-//! - `process`: deliver one message to a process manager;
+//! - `process/`: deliver one message to a process manager, driving the
+//!   pure `process::machine` (dispatch, the handler's run, batching,
+//!   instance locks, counters);
+//! - `partitions`: this engine's share of the process-manager partitions;
+//! - `endpoint`: an endpoint consumer's loop;
 //! - `timers`: move due retries and timeouts onto the queue;
 //! - `housekeeping`: retention (expired tasks, dead letters, idle consumers).
 

@@ -37,12 +37,21 @@
 //!   its instance in the instance's slot (it is forwarded there first when
 //!   it was routed elsewhere).
 //!
-//! Files: `server` (where commands go: a server, Sentinel, a cluster),
-//! `keys` (layout), `lua/` (the scripts, one file each) and `scripts` (one
-//! typed call per script), `entry` (decoding stream entries),
-//! then one file per concern: `tasks`, `queue`, `watch` (idle readers'
-//! wake-ups on a cluster), `process`, `housekeeping`, `finished`
-//! (end-of-task notifications).
+//! Files:
+//!
+//! - one per trait of the seam, as in `backend/`: `tasks`, `queue` (with
+//!   `read`, how workers read), `dead_letters`, `housekeeping`, `process`
+//!   (with `process_commit`), `tally`, `endpoint`, `leases`, `breakers`,
+//!   `partitions`;
+//! - `config` ([`RedisConfig`]), `server` (where commands go: a server,
+//!   Sentinel, a cluster) and `primary` (Sentinel's primary), `keys`
+//!   (the layout), `entry` (decoding stream entries), `watch` (idle
+//!   readers' wake-ups on a cluster), `finished` (end-of-task
+//!   notifications);
+//! - `lua/` (the scripts, one file each, with a KEYS/ARGV header; shared
+//!   fragments in `lua/lib/` as local functions) and `scripts/` (one typed
+//!   call per script, the refusal codes in one table, and tests of every
+//!   script against a real redis-server).
 
 mod breakers;
 mod config;
