@@ -46,3 +46,35 @@ mod redis {
 
     saga_runtime::backend_conformance!(fresh);
 }
+
+mod postgres {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::common::postgres_server::TestPostgres;
+    use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
+    use saga_runtime::backend::Backend;
+    use saga_runtime::testing::conformance::VISIBILITY;
+
+    /// One server for the whole suite; each case in a schema of its own.
+    async fn start() -> TestPostgres {
+        TestPostgres::start()
+    }
+
+    async fn fresh(server: &TestPostgres) -> (Arc<dyn Backend>, ()) {
+        static CASE: AtomicUsize = AtomicUsize::new(0);
+        let config = PostgresConfig {
+            schema: format!("case_{}", CASE.fetch_add(1, Ordering::SeqCst)),
+            visibility_timeout: VISIBILITY,
+            poll_interval: Duration::from_millis(50),
+            ..PostgresConfig::default()
+        };
+        let backend = PostgresBackend::connect_url(&server.url(), config)
+            .await
+            .expect("connect to the test server");
+        (Arc::new(backend), ())
+    }
+
+    saga_runtime::backend_conformance!(on_postgres, in_turn: fresh, sharing: start, core);
+}

@@ -3,6 +3,7 @@
 
 pub mod http_client;
 pub mod ops_sagas;
+pub mod postgres_server;
 pub mod prometheus;
 pub mod redis_cluster;
 pub mod redis_sentinel;

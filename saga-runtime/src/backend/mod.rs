@@ -53,6 +53,9 @@ mod housekeeping;
 mod leases;
 pub mod memory;
 mod partitions;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 mod process;
 mod queue;
 #[cfg(feature = "redis")]

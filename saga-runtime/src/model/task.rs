@@ -592,6 +592,87 @@ impl TaskInstance {
     }
 }
 
+/// A task's record as a backend stores it: everything but the audit log
+/// (which backends keep apart, so that a write carries only the entries it
+/// adds) and, for a backend that keeps steps apart too, the steps.
+/// Borrowed, field for field, from [`TaskInstance`]: writing a step costs
+/// no copy of the task's history.
+#[derive(Serialize)]
+pub struct StoredRecord<'a> {
+    id: &'a TaskId,
+    saga: &'a str,
+    saga_version: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fingerprint: &'a Option<String>,
+    status: TaskStatus,
+    input: &'a Value,
+    output: &'a Option<Value>,
+    steps: &'a [StepRecord],
+    audit_log: [(); 0],
+    trace_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: &'a Option<String>,
+    created_at: Timestamp,
+    updated_at: Timestamp,
+    finished_at: Option<Timestamp>,
+    cancelled_at: Option<Timestamp>,
+    error: &'a Option<String>,
+    version: u64,
+    seq: u64,
+}
+
+impl<'a> StoredRecord<'a> {
+    /// `task`'s record stamped `updated`, with its steps or without.
+    pub fn of(task: &'a TaskInstance, updated: Timestamp, with_steps: bool) -> Self {
+        let TaskInstance {
+            id,
+            saga,
+            saga_version,
+            fingerprint,
+            status,
+            input,
+            output,
+            steps,
+            audit_log: _,
+            trace_id,
+            traceparent,
+            created_at,
+            updated_at: _,
+            finished_at,
+            cancelled_at,
+            error,
+            version,
+            seq,
+            audit_stored: _,
+        } = task;
+        StoredRecord {
+            id,
+            saga,
+            saga_version: *saga_version,
+            fingerprint,
+            status: *status,
+            input,
+            output,
+            steps: if with_steps { steps } else { &[] },
+            audit_log: [],
+            trace_id,
+            traceparent,
+            created_at: *created_at,
+            updated_at: updated,
+            finished_at: *finished_at,
+            cancelled_at: *cancelled_at,
+            error,
+            version: *version,
+            seq: *seq,
+        }
+    }
+
+    /// As JSON.
+    pub fn json(&self) -> serde_json::Result<String> {
+        serde_json::to_string(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,9 @@ use crate::backend::{
     QueueMessage, Settle, TaskCommit, TaskCursor, TaskQuery, TaskRefusal, TaskStore, TaskWrite,
     WorkItem,
 };
-use crate::model::task::{StepRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
+use crate::model::task::{
+    StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
+};
 
 /// A stored cancellation flag (`<ms>|<token>`; plain `<ms>` is accepted).
 pub(super) fn cancel_time(stored: Option<String>) -> Option<Timestamp> {
@@ -58,87 +60,18 @@ fn parse_full(
     Ok(Some(task))
 }
 
-/// The task's record as stored: everything but the audit log, which lives
-/// in its own list so that a write carries only the entries it adds.
-/// Borrowed, field for field, from [`TaskInstance`] (a test checks that the
-/// two read the same).
-#[derive(serde::Serialize)]
-struct Record<'a> {
-    id: &'a TaskId,
-    saga: &'a str,
-    saga_version: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fingerprint: &'a Option<String>,
-    status: TaskStatus,
-    input: &'a serde_json::Value,
-    output: &'a Option<serde_json::Value>,
-    steps: &'a [StepRecord],
-    audit_log: [(); 0],
-    trace_id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    traceparent: &'a Option<String>,
-    created_at: Timestamp,
-    updated_at: Timestamp,
-    finished_at: Option<Timestamp>,
-    cancelled_at: Option<Timestamp>,
-    error: &'a Option<String>,
-    version: u64,
-    seq: u64,
-}
-
 fn doc(task: &TaskInstance) -> Result<String, BackendError> {
-    doc_updated(task, task.updated_at)
+    StoredRecord::of(task, task.updated_at, true)
+        .json()
+        .map_err(corrupt)
 }
 
 /// The record of a write: stamped with when it was written (the store's
 /// `updated_at`, as the in-memory backend keeps it).
 fn written(task: &TaskInstance) -> Result<String, BackendError> {
-    doc_updated(task, Timestamp::now())
-}
-
-fn doc_updated(task: &TaskInstance, updated: Timestamp) -> Result<String, BackendError> {
-    let TaskInstance {
-        id,
-        saga,
-        saga_version,
-        fingerprint,
-        status,
-        input,
-        output,
-        steps,
-        audit_log: _,
-        trace_id,
-        traceparent,
-        created_at,
-        updated_at: _,
-        finished_at,
-        cancelled_at,
-        error,
-        version,
-        seq,
-        audit_stored: _,
-    } = task;
-    serde_json::to_string(&Record {
-        id,
-        saga,
-        saga_version: *saga_version,
-        fingerprint,
-        status: *status,
-        input,
-        output,
-        steps,
-        audit_log: [],
-        trace_id,
-        traceparent,
-        created_at: *created_at,
-        updated_at: updated,
-        finished_at: *finished_at,
-        cancelled_at: *cancelled_at,
-        error,
-        version: *version,
-        seq: *seq,
-    })
-    .map_err(corrupt)
+    StoredRecord::of(task, Timestamp::now(), true)
+        .json()
+        .map_err(corrupt)
 }
 
 /// The audit entries a write appends: those the store does not hold yet,

@@ -1,0 +1,160 @@
+//! The schema's versions, embedded in the crate and applied in order, one
+//! migrator at a time (an advisory lock), each in the transaction that
+//! records it: a deployment upgrades in place as its engines start, and an
+//! engine older than the schema it finds refuses to run rather than write
+//! what the newer one would misread.
+//!
+//! The SQL names the schema and the notification channels with
+//! placeholders (`{schema}`, `{channel}`, ...), filled in here: the schema
+//! is a setting, so the migrations cannot be plain files for a generic
+//! migrator.
+
+use sqlx::postgres::PgPool;
+
+use super::failure;
+use crate::backend::BackendError;
+
+/// The migrations: version, name, SQL.
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "core", include_str!("migrations/0001_core.sql")),
+    (2, "process", include_str!("migrations/0002_process.sql")),
+    (
+        3,
+        "coordination",
+        include_str!("migrations/0003_coordination.sql"),
+    ),
+];
+
+/// The schema version this library writes: the newest migration.
+pub const SCHEMA_VERSION: i32 = 3;
+
+/// `schema` checked and quoted for SQL. Lower-case letters, digits and
+/// `_` only: the name is also part of the notification channels'.
+pub(super) fn quoted_schema(schema: &str) -> Result<String, BackendError> {
+    let valid = !schema.is_empty()
+        && schema.len() <= 48
+        && schema.starts_with(|c: char| c.is_ascii_lowercase())
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    match valid {
+        true => Ok(format!("\"{schema}\"")),
+        false => Err(BackendError::Misconfigured(format!(
+            "`{schema}` is not a schema name this backend uses: lower-case letters, digits and `_`, \
+             starting with a letter, at most 48 characters"
+        ))),
+    }
+}
+
+/// The notification channel `what` of `schema`.
+pub(super) fn channel(schema: &str, what: &str) -> String {
+    format!("{schema}_{what}")
+}
+
+/// A migration's SQL for `schema`.
+fn filled(sql: &str, schema: &str) -> Result<String, BackendError> {
+    Ok(sql
+        .replace("{schema}", &quoted_schema(schema)?)
+        .replace("{channel}", &channel(schema, "work"))
+        .replace("{finished}", &channel(schema, "finished"))
+        .replace("{cancellations}", &channel(schema, "cancel"))
+        .replace("{timers}", &channel(schema, "timers"))
+        .replace("{endpoints}", &channel(schema, "endpoints")))
+}
+
+/// Creates or upgrades `schema` to [`SCHEMA_VERSION`].
+pub(super) async fn run(pool: &PgPool, schema: &str) -> Result<(), BackendError> {
+    let q = quoted_schema(schema)?;
+    let mut tx = pool.begin().await.map_err(failure)?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(format!("saga-runtime migrations of {schema}"))
+        .execute(&mut *tx)
+        .await
+        .map_err(failure)?;
+    sqlx::raw_sql(sql!(
+        "CREATE SCHEMA IF NOT EXISTS {q};
+         CREATE TABLE IF NOT EXISTS {q}.schema_version (
+             version integer PRIMARY KEY,
+             name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );"
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(failure)?;
+    let current: Option<i32> =
+        sqlx::query_scalar(sql!("SELECT max(version) FROM {q}.schema_version"))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(failure)?;
+    let current = current.unwrap_or(0);
+    if current > SCHEMA_VERSION {
+        return Err(BackendError::Misconfigured(format!(
+            "schema `{schema}` is at version {current}, written by a newer version of this library \
+             than this one (which knows up to {SCHEMA_VERSION}): upgrade this engine, or give it \
+             another schema (`PostgresConfig::schema`)"
+        )));
+    }
+    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(filled(sql, schema)?))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| {
+                BackendError::Misconfigured(format!(
+                    "migration {version} ({name}) of schema `{schema}` failed: {e}"
+                ))
+            })?;
+        sqlx::query(sql!(
+            "INSERT INTO {q}.schema_version (version, name) VALUES ($1, $2)"
+        ))
+        .bind(version)
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .map_err(failure)?;
+    }
+    tx.commit().await.map_err(failure)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_checked_and_quoted() {
+        assert_eq!(quoted_schema("saga").unwrap(), "\"saga\"");
+        assert_eq!(quoted_schema("orders_2").unwrap(), "\"orders_2\"");
+        for bad in ["", "Saga", "2x", "a-b", "a\"b", "a b", &"x".repeat(49)] {
+            assert!(quoted_schema(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_newest_migration_is_the_schema_version() {
+        assert_eq!(MIGRATIONS.last().map(|m| m.0), Some(SCHEMA_VERSION));
+        for (n, (version, _, _)) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(
+                *version as usize,
+                n + 1,
+                "versions go 1, 2, 3, ... without gaps"
+            );
+        }
+    }
+
+    #[test]
+    fn placeholders_are_all_filled() {
+        for (_, name, sql) in MIGRATIONS {
+            let sql = filled(sql, "saga").unwrap();
+            for placeholder in [
+                "{schema}",
+                "{channel}",
+                "{finished}",
+                "{cancellations}",
+                "{timers}",
+                "{endpoints}",
+            ] {
+                assert!(!sql.contains(placeholder), "{name}: {placeholder} left");
+            }
+        }
+    }
+}

@@ -1,0 +1,432 @@
+-- The core: tasks, their steps, claims and audit log; the work queue; dead
+-- letters. `{schema}` is the backend's schema (quoted when substituted).
+--
+-- Every write of the saga protocol is one function call: one statement,
+-- one transaction, one round trip, like a script on Redis. Functions check
+-- before they write (fence, version, cancellation) and answer a code:
+-- 0 written, -1 lock lost, -2 version conflict, -3 missing task,
+-- -5 cancellation requested (the codes of the Redis scripts).
+--
+-- Times that decide leases and visibility are the server's
+-- (clock_timestamp()), never a worker's clock.
+
+CREATE TABLE {schema}.tasks (
+    id uuid PRIMARY KEY,
+    saga text NOT NULL,
+    status text NOT NULL,
+    version bigint NOT NULL,
+    -- The task without its steps and audit log (they have rows of their
+    -- own, so a step's write does not rewrite the others).
+    head jsonb NOT NULL,
+    created_ms bigint NOT NULL,
+    -- The lease: every acquisition takes the next fence; a write must
+    -- carry the latest.
+    fence bigint NOT NULL DEFAULT 0,
+    lock_token text,
+    lock_until timestamptz,
+    -- A cancellation request: when (ms) and by which request.
+    cancel_ms bigint,
+    cancel_token text,
+    -- Set when the task ends and retention applies: removed after.
+    expires_at timestamptz
+);
+CREATE INDEX tasks_by_saga ON {schema}.tasks (saga, created_ms DESC, id DESC);
+CREATE INDEX tasks_by_status ON {schema}.tasks (saga, status, created_ms DESC, id DESC);
+CREATE INDEX tasks_expiring ON {schema}.tasks (expires_at) WHERE expires_at IS NOT NULL;
+
+CREATE TABLE {schema}.task_steps (
+    task_id uuid NOT NULL,
+    idx integer NOT NULL,
+    record jsonb NOT NULL,
+    PRIMARY KEY (task_id, idx)
+);
+
+CREATE TABLE {schema}.task_claims (
+    task_id uuid NOT NULL,
+    claim text NOT NULL,
+    PRIMARY KEY (task_id, claim)
+);
+
+CREATE TABLE {schema}.task_audit (
+    task_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    entry jsonb NOT NULL,
+    PRIMARY KEY (task_id, seq)
+);
+
+-- The work queue. A row is visible from `visible_at`: a delayed message
+-- (a retry's backoff) is a row visible later, and a delivered one is
+-- invisible until its visibility timeout, then delivered again. `claim`
+-- names the delivery that holds it: settling a row another delivery took
+-- since does nothing. `deliveries` counts the deliveries not answered (a
+-- hand-back by a live worker answers one).
+CREATE TABLE {schema}.queue (
+    id bigserial PRIMARY KEY,
+    -- 0: a saga message, 1: a process-manager message, 2: an entry that
+    -- does not decode (for any worker, to dead-letter).
+    kind smallint NOT NULL,
+    payload text NOT NULL,
+    visible_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    deliveries integer NOT NULL DEFAULT 0,
+    consumer text,
+    claim uuid
+);
+CREATE INDEX queue_visible ON {schema}.queue (kind, visible_at, id);
+
+CREATE TABLE {schema}.dead_letters (
+    id bigserial PRIMARY KEY,
+    payload text NOT NULL,
+    reason text NOT NULL,
+    task_id uuid,
+    at_ms bigint NOT NULL,
+    -- The payload's size when it was cut to the size limit.
+    size bigint,
+    parked_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX dead_letters_parked ON {schema}.dead_letters (parked_at);
+
+-- Wakes idle readers: a message that is visible now.
+CREATE FUNCTION {schema}.wake() RETURNS void LANGUAGE sql AS $$
+    SELECT pg_notify('{channel}', '');
+$$;
+
+-- Enqueues `payload`, visible after `delay_ms` (and wakes readers when it is
+-- visible at once). Returns its id.
+CREATE FUNCTION {schema}.enqueue(p_kind smallint, p_payload text, p_delay_ms bigint, p_deliveries integer)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    new_id bigint;
+BEGIN
+    INSERT INTO {schema}.queue (kind, payload, visible_at, deliveries)
+    VALUES (p_kind, p_payload, clock_timestamp() + p_delay_ms * interval '1 millisecond', p_deliveries)
+    RETURNING id INTO new_id;
+    IF p_delay_ms <= 0 THEN
+        PERFORM {schema}.wake();
+    END IF;
+    RETURN new_id;
+END $$;
+
+-- Stores a new task with its steps and enqueues its first message, unless
+-- a task with this id exists. Returns whether it was created.
+CREATE FUNCTION {schema}.create_task(
+    p_id uuid, p_saga text, p_status text, p_head jsonb, p_steps jsonb, p_audit jsonb,
+    p_created_ms bigint, p_first text
+) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {schema}.tasks (id, saga, status, version, head, created_ms)
+    VALUES (p_id, p_saga, p_status, 1, p_head, p_created_ms)
+    ON CONFLICT (id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO {schema}.task_steps (task_id, idx, record)
+    SELECT p_id, (s.ordinality - 1)::integer, s.value
+    FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS s(value, ordinality);
+    INSERT INTO {schema}.task_audit (task_id, seq, entry)
+    SELECT p_id, e.ordinality, e.value FROM jsonb_array_elements(p_audit) WITH ORDINALITY AS e(value, ordinality);
+    PERFORM {schema}.enqueue(0::smallint, p_first, 0, 0);
+    RETURN true;
+END $$;
+
+-- The task as stored: its head with its steps and audit log.
+CREATE FUNCTION {schema}.task_record(p_id uuid) RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT t.head
+        || jsonb_build_object(
+            'version', t.version,
+            'steps', COALESCE((SELECT jsonb_agg(s.record ORDER BY s.idx) FROM {schema}.task_steps s WHERE s.task_id = t.id), '[]'::jsonb),
+            'audit_log', COALESCE((SELECT jsonb_agg(a.entry ORDER BY a.seq) FROM {schema}.task_audit a WHERE a.task_id = t.id), '[]'::jsonb))
+    FROM {schema}.tasks t WHERE t.id = p_id;
+$$;
+
+-- Takes the task's lease if it is free (no waiting) and loads the task:
+-- `code` 0 with the lease's fence, the record and the cancellation time;
+-- -4 busy; -3 missing (nothing taken).
+CREATE FUNCTION {schema}.lock_task(p_id uuid, p_token text, p_ttl_ms bigint,
+    OUT code integer, OUT fence bigint, OUT record jsonb, OUT cancel_ms bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE {schema}.tasks t
+    SET fence = t.fence + 1, lock_token = p_token,
+        lock_until = clock_timestamp() + p_ttl_ms * interval '1 millisecond'
+    WHERE t.id = p_id AND (t.lock_until IS NULL OR t.lock_until <= clock_timestamp())
+    RETURNING t.fence, t.cancel_ms INTO fence, cancel_ms;
+    IF FOUND THEN
+        code := 0;
+        record := {schema}.task_record(p_id);
+    ELSIF EXISTS (SELECT 1 FROM {schema}.tasks WHERE id = p_id) THEN
+        code := -4;
+    ELSE
+        code := -3;
+    END IF;
+END $$;
+
+-- The checks every task write makes first: the task exists, the lease's
+-- fence is the latest, the version is the one the write was based on,
+-- and (if asked) no cancellation was requested. Locks the row.
+CREATE FUNCTION {schema}.check_write(p_id uuid, p_fence bigint, p_version bigint, p_unless_cancelled boolean,
+    OUT code integer, OUT detail text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t record;
+BEGIN
+    SELECT fence, version, cancel_ms INTO t FROM {schema}.tasks WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        code := -3;
+    ELSIF t.fence <> p_fence THEN
+        code := -1;
+    ELSIF t.version <> p_version THEN
+        code := -2; detail := t.version::text;
+    ELSIF p_unless_cancelled AND t.cancel_ms IS NOT NULL THEN
+        code := -5; detail := t.cancel_ms::text;
+    ELSE
+        code := 0;
+    END IF;
+END $$;
+
+-- Writes the task's head, the steps that changed (`[[idx, record], ..]`)
+-- and its new audit entries (kept to `p_audit_cap`), under the next
+-- version. Returns the new version.
+CREATE FUNCTION {schema}.write_task(p_id uuid, p_status text, p_head jsonb, p_steps jsonb,
+    p_audit jsonb, p_audit_cap integer) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    new_version bigint;
+    last_seq bigint;
+BEGIN
+    UPDATE {schema}.tasks SET version = version + 1, status = p_status, head = p_head
+    WHERE id = p_id RETURNING version INTO new_version;
+    IF jsonb_array_length(p_steps) > 0 THEN
+        INSERT INTO {schema}.task_steps (task_id, idx, record)
+        SELECT p_id, (s.value->>0)::integer, s.value->1 FROM jsonb_array_elements(p_steps) AS s(value)
+        ON CONFLICT (task_id, idx) DO UPDATE SET record = excluded.record;
+    END IF;
+    IF jsonb_array_length(p_audit) > 0 THEN
+        SELECT COALESCE(max(seq), 0) INTO last_seq FROM {schema}.task_audit WHERE task_id = p_id;
+        INSERT INTO {schema}.task_audit (task_id, seq, entry)
+        SELECT p_id, last_seq + e.ordinality, e.value
+        FROM jsonb_array_elements(p_audit) WITH ORDINALITY AS e(value, ordinality);
+        DELETE FROM {schema}.task_audit
+        WHERE task_id = p_id AND seq <= last_seq + jsonb_array_length(p_audit) - p_audit_cap;
+    END IF;
+    RETURN new_version;
+END $$;
+
+-- Records an attempt before its call: the task, and the attempt's claim
+-- (unique per task: `claimed` says whether this write won it). Optionally
+-- renews the lease and the delivery (going on with a task under the same
+-- message), and refuses once a cancellation is requested.
+CREATE FUNCTION {schema}.record_attempt(p_id uuid, p_fence bigint, p_version bigint, p_status text,
+    p_head jsonb, p_steps jsonb, p_audit jsonb, p_audit_cap integer, p_claim text,
+    p_unless_cancelled boolean, p_renew_ms bigint, p_token text, p_queue_id bigint,
+    p_delivery uuid, p_visibility_ms bigint,
+    OUT code integer, OUT detail text, OUT version bigint, OUT claimed boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT c.code, c.detail INTO code, detail
+    FROM {schema}.check_write(p_id, p_fence, p_version, p_unless_cancelled) c;
+    IF code <> 0 THEN
+        RETURN;
+    END IF;
+    version := {schema}.write_task(p_id, p_status, p_head, p_steps, p_audit, p_audit_cap);
+    INSERT INTO {schema}.task_claims (task_id, claim) VALUES (p_id, p_claim) ON CONFLICT DO NOTHING;
+    claimed := FOUND;
+    IF p_renew_ms IS NOT NULL THEN
+        UPDATE {schema}.tasks SET lock_until = clock_timestamp() + p_renew_ms * interval '1 millisecond'
+        WHERE id = p_id AND lock_token = p_token;
+        UPDATE {schema}.queue SET visible_at = clock_timestamp() + p_visibility_ms * interval '1 millisecond'
+        WHERE id = p_queue_id AND claim = p_delivery;
+    END IF;
+END $$;
+
+-- Settles a delivery: `ack` removes it, `dead` parks it with a reason (its
+-- payload cut by the caller), `resolve` removes a dead letter instead.
+CREATE FUNCTION {schema}.settle(p_how text, p_queue_id bigint, p_delivery uuid, p_payload text,
+    p_reason text, p_size bigint, p_task uuid, p_dead_letter bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_how = 'ack' THEN
+        DELETE FROM {schema}.queue WHERE id = p_queue_id AND claim = p_delivery;
+    ELSIF p_how = 'dead' THEN
+        DELETE FROM {schema}.queue WHERE id = p_queue_id AND claim = p_delivery;
+        INSERT INTO {schema}.dead_letters (payload, reason, task_id, at_ms, size)
+        VALUES (p_payload, p_reason, p_task,
+                (extract(epoch FROM clock_timestamp()) * 1000)::bigint, p_size);
+    ELSIF p_how = 'resolve' THEN
+        DELETE FROM {schema}.dead_letters WHERE id = p_dead_letter;
+    END IF;
+END $$;
+
+-- The atomic write of the saga protocol: the task, the message that
+-- advances it next (now, or after a delay; at once once cancelled), the
+-- settlement of the current message, the lease's release and the task's
+-- expiry. Refused before anything is written.
+CREATE FUNCTION {schema}.commit_task(p_id uuid, p_fence bigint, p_version bigint, p_status text,
+    p_head jsonb, p_steps jsonb, p_audit jsonb, p_audit_cap integer, p_unless_cancelled boolean,
+    p_token text, p_next text, p_next_delay_ms bigint,
+    p_settle text, p_queue_id bigint, p_delivery uuid, p_payload text, p_reason text, p_size bigint,
+    p_dead_letter bigint, p_expire_ms bigint, p_finished boolean,
+    OUT code integer, OUT detail text, OUT version bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    cancelled boolean;
+BEGIN
+    SELECT c.code, c.detail INTO code, detail
+    FROM {schema}.check_write(p_id, p_fence, p_version, p_unless_cancelled) c;
+    IF code <> 0 THEN
+        RETURN;
+    END IF;
+    version := {schema}.write_task(p_id, p_status, p_head, p_steps, p_audit, p_audit_cap);
+    IF p_next IS NOT NULL THEN
+        SELECT cancel_ms IS NOT NULL INTO cancelled FROM {schema}.tasks WHERE id = p_id;
+        PERFORM {schema}.enqueue(0::smallint, p_next,
+            CASE WHEN cancelled THEN 0 ELSE p_next_delay_ms END, 0);
+    END IF;
+    PERFORM {schema}.settle(p_settle, p_queue_id, p_delivery, p_payload, p_reason, p_size, p_id, p_dead_letter);
+    UPDATE {schema}.tasks t
+    SET lock_token = CASE WHEN t.lock_token = p_token THEN NULL ELSE t.lock_token END,
+        lock_until = CASE WHEN t.lock_token = p_token THEN NULL ELSE t.lock_until END,
+        expires_at = CASE WHEN p_expire_ms IS NULL THEN NULL
+                          ELSE clock_timestamp() + p_expire_ms * interval '1 millisecond' END
+    WHERE t.id = p_id;
+    IF p_finished THEN
+        PERFORM pg_notify('{finished}', p_id::text);
+    END IF;
+END $$;
+
+-- Extends the lease and the delivery while a step runs; answers whether
+-- the lease is still held and when cancellation was requested.
+CREATE FUNCTION {schema}.heartbeat(p_id uuid, p_token text, p_ttl_ms bigint, p_queue_id bigint,
+    p_delivery uuid, p_visibility_ms bigint, OUT held boolean, OUT cancel_ms bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE {schema}.tasks t SET lock_until = clock_timestamp() + p_ttl_ms * interval '1 millisecond'
+    WHERE t.id = p_id AND t.lock_token = p_token AND t.lock_until > clock_timestamp()
+    RETURNING t.cancel_ms INTO cancel_ms;
+    held := FOUND;
+    IF NOT held THEN
+        SELECT t.cancel_ms INTO cancel_ms FROM {schema}.tasks t WHERE t.id = p_id;
+    END IF;
+    UPDATE {schema}.queue SET visible_at = clock_timestamp() + p_visibility_ms * interval '1 millisecond'
+    WHERE id = p_queue_id AND claim = p_delivery;
+END $$;
+
+-- Records a cancellation request and wakes the task; an earlier request
+-- by another token answers its time (and records nothing).
+CREATE FUNCTION {schema}.request_cancel(p_id uuid, p_token text, p_now_ms bigint, p_wake text,
+    OUT exists_ boolean, OUT earlier_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t record;
+BEGIN
+    SELECT cancel_ms, cancel_token INTO t FROM {schema}.tasks WHERE id = p_id FOR UPDATE;
+    exists_ := FOUND;
+    IF NOT exists_ THEN
+        RETURN;
+    END IF;
+    IF t.cancel_ms IS NOT NULL THEN
+        IF t.cancel_token IS DISTINCT FROM p_token THEN
+            earlier_ms := t.cancel_ms;
+        END IF;
+        RETURN;
+    END IF;
+    UPDATE {schema}.tasks SET cancel_ms = p_now_ms, cancel_token = p_token WHERE id = p_id;
+    PERFORM {schema}.enqueue(0::smallint, p_wake, 0, 0);
+    PERFORM pg_notify('{cancellations}', p_id::text);
+END $$;
+
+-- Takes up to `p_max` visible messages of kinds `p_kinds` for `p_consumer`:
+-- each becomes invisible for the visibility timeout under a new claim, and
+-- counts one more unanswered delivery.
+CREATE FUNCTION {schema}.take(p_consumer text, p_kinds smallint[], p_max integer, p_visibility_ms bigint)
+RETURNS TABLE (id bigint, payload text, deliveries integer, claim uuid)
+LANGUAGE sql AS $$
+    UPDATE {schema}.queue q
+    SET consumer = p_consumer, claim = gen_random_uuid(), deliveries = q.deliveries + 1,
+        visible_at = clock_timestamp() + p_visibility_ms * interval '1 millisecond'
+    FROM (
+        SELECT q2.id FROM {schema}.queue q2
+        WHERE q2.kind = ANY(p_kinds) AND q2.visible_at <= clock_timestamp()
+        ORDER BY q2.visible_at, q2.id
+        LIMIT p_max
+        FOR UPDATE SKIP LOCKED
+    ) due
+    WHERE q.id = due.id
+    RETURNING q.id, q.payload, q.deliveries, q.claim;
+$$;
+
+-- Hands a delivery back, visible after `p_delay_ms`; `p_answered` takes
+-- back the delivery it counted.
+CREATE FUNCTION {schema}.hand_back(p_queue_id bigint, p_delivery uuid, p_delay_ms bigint, p_answered boolean)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE {schema}.queue
+    SET visible_at = clock_timestamp() + p_delay_ms * interval '1 millisecond',
+        enqueued_at = clock_timestamp(),
+        consumer = NULL, claim = NULL,
+        deliveries = CASE WHEN p_answered THEN greatest(deliveries - 1, 0) ELSE deliveries END
+    WHERE id = p_queue_id AND claim = p_delivery;
+    IF FOUND AND p_delay_ms <= 0 THEN
+        PERFORM {schema}.wake();
+    END IF;
+END $$;
+
+-- The queue kind of an entry: a process-manager envelope (1), a saga
+-- message (0), or something that is not JSON at all (2). (Its own
+-- function: the exception handler must not undo its caller's writes.)
+CREATE FUNCTION {schema}.kind_of(p_payload text) RETURNS smallint LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN CASE WHEN jsonb_typeof(p_payload::jsonb) = 'object' AND p_payload::jsonb ? 'process'
+                THEN 1 ELSE 0 END;
+EXCEPTION WHEN others THEN
+    RETURN 2;
+END $$;
+
+-- Puts a dead letter back on the queue (its message as it was parked).
+CREATE FUNCTION {schema}.requeue_dead_letter(p_id bigint,
+    OUT exists_ boolean, OUT payload text, OUT reason text, OUT task_id uuid, OUT at_ms bigint, OUT size bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {schema}.dead_letters d WHERE d.id = p_id
+    RETURNING d.payload, d.reason, d.task_id, d.at_ms, d.size INTO payload, reason, task_id, at_ms, size;
+    exists_ := FOUND;
+    IF exists_ THEN
+        PERFORM {schema}.enqueue({schema}.kind_of(payload), payload, 0, 0);
+    END IF;
+END $$;
+
+-- Retention: removes up to `p_batch` expired tasks with their rows, dead
+-- letters older than `p_dead_age_ms` (when given), and the oldest beyond
+-- `p_dead_max` except the letters of tasks still parked (an operator
+-- requeues a task by its letter).
+CREATE FUNCTION {schema}.housekeep(p_batch integer, p_dead_age_ms bigint, p_dead_max bigint,
+    OUT tasks integer, OUT dead_letters integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    gone uuid[];
+    aged integer := 0;
+    excess integer := 0;
+BEGIN
+    WITH expired AS (
+        DELETE FROM {schema}.tasks WHERE id IN (
+            SELECT id FROM {schema}.tasks
+            WHERE expires_at IS NOT NULL AND expires_at <= clock_timestamp()
+            ORDER BY expires_at LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        RETURNING id)
+    SELECT COALESCE(array_agg(id), '{}') INTO gone FROM expired;
+    DELETE FROM {schema}.task_steps WHERE task_id = ANY(gone);
+    DELETE FROM {schema}.task_claims WHERE task_id = ANY(gone);
+    DELETE FROM {schema}.task_audit WHERE task_id = ANY(gone);
+    tasks := cardinality(gone);
+    IF p_dead_age_ms IS NOT NULL THEN
+        DELETE FROM {schema}.dead_letters
+        WHERE parked_at < clock_timestamp() - p_dead_age_ms * interval '1 millisecond';
+        GET DIAGNOSTICS aged = ROW_COUNT;
+    END IF;
+    DELETE FROM {schema}.dead_letters WHERE id IN (
+        SELECT d.id FROM {schema}.dead_letters d
+        WHERE NOT EXISTS (SELECT 1 FROM {schema}.tasks t
+                          WHERE t.id = d.task_id AND t.status = 'DeadLettered')
+        ORDER BY d.id
+        LIMIT greatest((SELECT count(*) FROM {schema}.dead_letters) - p_dead_max, 0));
+    GET DIAGNOSTICS excess = ROW_COUNT;
+    dead_letters := aged + excess;
+END $$;

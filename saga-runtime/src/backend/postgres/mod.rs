@@ -1,0 +1,265 @@
+//! The PostgreSQL backend (feature `postgres`, on sqlx): the store most
+//! teams already run, and the one whose tasks can start in the same
+//! transaction as the business write that calls for them
+//! ([`Engine::start_in`](crate::Engine::start_in)).
+//!
+//! - Everything lives in one schema ([`PostgresConfig::schema`], default
+//!   `saga`), created and upgraded by the versioned migrations embedded in
+//!   the crate (`migrations/*.sql`); a schema written by a newer version of
+//!   this library is refused.
+//! - Every write of the protocol is one call of a function in that schema:
+//!   one statement, one transaction, one round trip. A function checks
+//!   before it writes (the lease's fence, the version, a cancellation) and
+//!   answers a refusal code otherwise, as the Redis scripts do.
+//! - A task is a row (its head), a row per step and per audit entry: a
+//!   step's write touches its own step row, not the task's history.
+//! - The work queue is a table read with `FOR UPDATE SKIP LOCKED`: a
+//!   delivery makes its row invisible until the visibility timeout under a
+//!   new claim, and counts one more unanswered delivery; a delayed message
+//!   is a row visible later. Idle readers are woken by `LISTEN/NOTIFY`, and
+//!   look again on their own now and then (a slow poll) should a
+//!   notification be lost with a connection.
+//! - Times that decide leases and visibility are the server's.
+//!
+//! Files mirror the seam's: `tasks`, `queue`, `dead_letters`,
+//! `housekeeping`, `process`, `tally`, `endpoint`, `leases`, `breakers`,
+//! `partitions`; `migrate` (the migrator), `listen` (notifications),
+//! `steps` (which step rows a write must send).
+
+/// A statement built from the schema's (checked) name: what sqlx asks to
+/// be told is not built from untrusted input.
+macro_rules! sql {
+    ($($arg:tt)*) => {
+        sqlx::AssertSqlSafe(format!($($arg)*))
+    };
+}
+
+mod breakers;
+mod dead_letters;
+mod endpoint;
+mod housekeeping;
+mod leases;
+mod listen;
+mod migrate;
+mod partitions;
+mod process;
+mod queue;
+mod steps;
+mod tally;
+mod tasks;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
+
+use super::{Backend, BackendError, Breakers, Leases, Partitions, ProcessBackend};
+use listen::Signals;
+
+pub use migrate::SCHEMA_VERSION;
+
+/// Settings of a [`PostgresBackend`].
+#[derive(Debug, Clone)]
+pub struct PostgresConfig {
+    /// The schema every table and function lives in (default `saga`):
+    /// lets several deployments share one database. Lower-case letters,
+    /// digits and `_`, starting with a letter.
+    pub schema: String,
+    /// A delivered message not settled within this is delivered again
+    /// (default 15 s). Running steps keep their message; task leases
+    /// default to it too.
+    pub visibility_timeout: Duration,
+    /// How often an idle reader looks for work when no notification came
+    /// (default 1 s): the fallback should a notification be lost.
+    pub poll_interval: Duration,
+    /// Dead-lettered payloads keep at most this many bytes (default
+    /// 256 KiB).
+    pub dead_letter_payload_limit: usize,
+    /// Each endpoint keeps about this many messages (default 100,000);
+    /// older ones are trimmed.
+    pub endpoint_max_len: usize,
+    /// How long one statement may run before the server cancels it
+    /// (default 30 s): a statement stuck behind a lock or on a sick
+    /// server must not hold a worker for ever.
+    pub statement_timeout: Duration,
+    /// How long a statement waits for a row lock (default 5 s).
+    pub lock_timeout: Duration,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            schema: "saga".to_owned(),
+            visibility_timeout: Duration::from_secs(15),
+            poll_interval: Duration::from_secs(1),
+            dead_letter_payload_limit: super::memory::DEFAULT_DEAD_LETTER_PAYLOAD_LIMIT,
+            endpoint_max_len: 100_000,
+            statement_timeout: Duration::from_secs(30),
+            lock_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The PostgreSQL backend. Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pool: PgPool,
+    config: PostgresConfig,
+    /// The schema, quoted for SQL.
+    schema: String,
+    signals: Arc<Signals>,
+    steps: steps::StepCache,
+    /// Stops the listener when the last clone goes.
+    stop: CancellationToken,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("schema", &self.shared.config.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresBackend {
+    /// Connects to `url` (`postgres://user:password@host:port/database`)
+    /// with the default settings, and creates or upgrades the schema.
+    pub async fn connect(url: &str) -> Result<Self, BackendError> {
+        PostgresBackend::connect_url(url, PostgresConfig::default()).await
+    }
+
+    /// Connects to `url` with `config`, and creates or upgrades the schema.
+    /// The pool has 16 connections (enough for the default workers, their
+    /// reads and the background duties); pass a pool of your own to
+    /// [`connect_with`](Self::connect_with) to size it otherwise.
+    pub async fn connect_url(url: &str, config: PostgresConfig) -> Result<Self, BackendError> {
+        let options: PgConnectOptions = url.parse().map_err(|e| {
+            BackendError::Misconfigured(format!(
+                "`{url}` is not a PostgreSQL URL ({e}): expected postgres://user:password@host:port/database"
+            ))
+        })?;
+        let options = options.application_name("saga-runtime");
+        let statement = config.statement_timeout.as_millis();
+        let lock = config.lock_timeout.as_millis();
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    sqlx::raw_sql(sql!(
+                        "SET statement_timeout = {statement}; SET lock_timeout = {lock}"
+                    ))
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+                })
+            })
+            .connect_lazy_with(options);
+        PostgresBackend::connect_with(pool, config).await
+    }
+
+    /// Uses `pool` (your application's, so that [`Engine::start_in`] can
+    /// take one of your transactions) with `config`, and creates or
+    /// upgrades the schema.
+    ///
+    /// [`Engine::start_in`]: crate::Engine::start_in
+    pub async fn connect_with(pool: PgPool, config: PostgresConfig) -> Result<Self, BackendError> {
+        let schema = migrate::quoted_schema(&config.schema)?;
+        migrate::run(&pool, &config.schema).await?;
+        let stop = CancellationToken::new();
+        let signals = listen::spawn(pool.clone(), &config.schema, stop.clone());
+        Ok(PostgresBackend {
+            shared: Arc::new(Shared {
+                pool,
+                schema,
+                signals,
+                steps: steps::StepCache::default(),
+                config,
+                stop,
+            }),
+        })
+    }
+
+    /// The pool, for a transaction to start tasks in.
+    pub fn pool(&self) -> &PgPool {
+        &self.shared.pool
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PostgresConfig {
+        &self.shared.config
+    }
+
+    fn pool_ref(&self) -> &PgPool {
+        &self.shared.pool
+    }
+
+    /// `{schema}.name`, quoted, for a statement.
+    fn q(&self, name: &str) -> String {
+        format!("{}.{name}", self.shared.schema)
+    }
+}
+
+/// Everything: process managers and coordination live in the database
+/// every engine shares.
+impl Backend for PostgresBackend {
+    fn processes(self: Arc<Self>) -> Option<Arc<dyn ProcessBackend>> {
+        Some(self)
+    }
+
+    fn leases(self: Arc<Self>) -> Option<Arc<dyn Leases>> {
+        Some(self)
+    }
+
+    fn breakers(self: Arc<Self>) -> Option<Arc<dyn Breakers>> {
+        Some(self)
+    }
+
+    fn partitions(self: Arc<Self>) -> Option<Arc<dyn Partitions>> {
+        Some(self)
+    }
+}
+
+/// A failure of the database or the connection to it as the engine sees
+/// it: transient when trying again may work (the connection, the pool, a
+/// server shutting down or recovering, a cancelled statement, a
+/// serialization failure or deadlock), a refusal otherwise.
+pub(crate) fn failure(error: sqlx::Error) -> BackendError {
+    use sqlx::Error as E;
+    let transient = match &error {
+        E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::Tls(_) | E::Protocol(_) => true,
+        E::WorkerCrashed => true,
+        E::Database(db) => db.code().is_some_and(|code| {
+            let code = code.as_ref();
+            // Connection exceptions, operator intervention (shutdown,
+            // crash, cannot connect now), query cancelled (a statement
+            // timeout), serialization failure, deadlock, lock timeout.
+            code.starts_with("08")
+                || code.starts_with("57")
+                || code == "40001"
+                || code == "40P01"
+                || code == "55P03"
+        }),
+        _ => false,
+    };
+    match transient {
+        true => BackendError::unavailable(error),
+        false => BackendError::Rejected(Arc::new(error)),
+    }
+}
+
+/// A stored value that does not read.
+pub(crate) fn corrupt(error: impl std::fmt::Display) -> BackendError {
+    BackendError::Corrupt(error.to_string())
+}

@@ -1,0 +1,288 @@
+//! The work queue: a table read with `FOR UPDATE SKIP LOCKED` (several
+//! workers take different rows without waiting for each other), woken by
+//! notifications, with a slow poll as the fallback.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::tasks::{located, ms};
+use super::{corrupt, failure, PostgresBackend};
+use crate::backend::{
+    truncate_payload, BackendError, Delivery, Interest, QueueBacklog, QueueStats, WorkItem,
+    WorkQueue,
+};
+use crate::model::task::TaskId;
+
+/// The queue kind of an entry: a saga message (0), a process-manager one
+/// (1), or one that does not decode (2, for any worker to dead-letter).
+pub(super) fn kind_of(item: &Result<WorkItem, String>) -> i16 {
+    match item {
+        Ok(item) => item_kind(item),
+        Err(_) => 2,
+    }
+}
+
+/// The queue kind of a decoded entry.
+pub(super) fn item_kind(item: &WorkItem) -> i16 {
+    match item {
+        WorkItem::Saga(_) => 0,
+        WorkItem::Process(_) => 1,
+    }
+}
+
+/// The kinds a worker with `interest` takes.
+fn kinds(interest: Interest) -> Vec<i16> {
+    let mut kinds = vec![2];
+    if interest.sagas {
+        kinds.push(0);
+    }
+    if interest.processes {
+        kinds.push(1);
+    }
+    kinds
+}
+
+impl PostgresBackend {
+    /// Takes up to `max` visible messages of `kinds` at once.
+    async fn take(
+        &self,
+        consumer: &str,
+        kinds: &[i16],
+        max: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
+        let rows = sqlx::query(sql!(
+            "SELECT id, payload, deliveries, claim FROM {}($1, $2, $3, $4)",
+            self.q("take")
+        ))
+        .bind(consumer)
+        .bind(kinds)
+        .bind(i32::try_from(max.max(1)).unwrap_or(i32::MAX))
+        .bind(ms(self.shared.config.visibility_timeout))
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        rows.into_iter()
+            .map(|row| {
+                let id: i64 = row.try_get(0).map_err(corrupt)?;
+                let raw: String = row.try_get(1).map_err(corrupt)?;
+                let deliveries: i32 = row.try_get(2).map_err(corrupt)?;
+                let claim: Uuid = row.try_get(3).map_err(corrupt)?;
+                Ok(Delivery {
+                    id: format!("{id}:{claim}"),
+                    item: WorkItem::decode(raw.as_bytes()),
+                    raw,
+                    deliveries: u32::try_from(deliveries).unwrap_or(0),
+                    consumer: consumer.to_owned(),
+                    lease: None,
+                    instance: None,
+                })
+            })
+            .collect()
+    }
+
+    /// Hands a delivery back, visible after `delay`.
+    async fn hand_back(
+        &self,
+        delivery: &Delivery,
+        delay: Duration,
+        answered: bool,
+    ) -> Result<(), BackendError> {
+        let (row, claim) = located(delivery)?;
+        sqlx::query(sql!("SELECT {}($1, $2, $3, $4)", self.q("hand_back")))
+            .bind(row)
+            .bind(claim)
+            .bind(ms(delay))
+            .bind(answered)
+            .execute(self.pool_ref())
+            .await
+            .map_err(failure)?;
+        Ok(())
+    }
+
+    /// Enqueues `payloads` (`(kind, text, delay)`) in one statement.
+    pub(super) async fn enqueue_rows(
+        &self,
+        payloads: Vec<(i16, String, i64)>,
+    ) -> Result<(), BackendError> {
+        if payloads.is_empty() {
+            return Ok(());
+        }
+        let (kinds, (texts, delays)): (Vec<i16>, (Vec<String>, Vec<i64>)) =
+            payloads.into_iter().map(|(k, t, d)| (k, (t, d))).unzip();
+        sqlx::query(sql!(
+            "SELECT {}(k, p, d, 0) FROM unnest($1::smallint[], $2::text[], $3::bigint[]) AS e(k, p, d)",
+            self.q("enqueue")
+        ))
+        .bind(kinds)
+        .bind(texts)
+        .bind(delays)
+        .execute(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl WorkQueue for PostgresBackend {
+    fn visibility_timeout(&self) -> Duration {
+        self.shared.config.visibility_timeout
+    }
+
+    async fn enqueue(&self, items: &[WorkItem]) -> Result<(), BackendError> {
+        let rows = items
+            .iter()
+            .map(|item| (item_kind(item), item.encode(), 0))
+            .collect();
+        self.enqueue_rows(rows).await
+    }
+
+    async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError> {
+        let kind = kind_of(&WorkItem::decode(payload));
+        let text = String::from_utf8_lossy(payload).into_owned();
+        self.enqueue_rows(vec![(kind, text, 0)]).await
+    }
+
+    async fn receive(
+        &self,
+        consumer: &str,
+        interest: Interest,
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BackendError> {
+        Ok(self
+            .receive_many(consumer, interest, wait, 1, 0)
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    async fn receive_many(
+        &self,
+        consumer: &str,
+        interest: Interest,
+        wait: Duration,
+        max: usize,
+        _in_flight: usize,
+    ) -> Result<Vec<Delivery>, BackendError> {
+        let kinds = kinds(interest);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before looking, so a notification between the
+            // look and the wait is not missed.
+            let woken = self.shared.signals.work.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let taken = self.take(consumer, &kinds, max).await?;
+            let now = tokio::time::Instant::now();
+            if !taken.is_empty() || now >= deadline {
+                return Ok(taken);
+            }
+            // A delayed message or an expired delivery becomes visible
+            // without a notification: look again at the poll interval.
+            let poll = now + self.shared.config.poll_interval;
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep_until(poll.min(deadline)) => {}
+            }
+        }
+    }
+
+    async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError> {
+        let (row, claim) = located(delivery)?;
+        sqlx::query(sql!(
+            "UPDATE {} SET visible_at = clock_timestamp() + $3 * interval '1 millisecond' \
+             WHERE id = $1 AND claim = $2",
+            self.q("queue")
+        ))
+        .bind(row)
+        .bind(claim)
+        .bind(ms(self.shared.config.visibility_timeout))
+        .execute(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        Ok(())
+    }
+
+    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
+        let (row, claim) = located(delivery)?;
+        sqlx::query(sql!(
+            "DELETE FROM {} WHERE id = $1 AND claim = $2",
+            self.q("queue")
+        ))
+        .bind(row)
+        .bind(claim)
+        .execute(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        Ok(())
+    }
+
+    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
+        self.hand_back(delivery, delay, true).await
+    }
+
+    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
+        self.hand_back(delivery, delay, false).await
+    }
+
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &str,
+        task_id: Option<TaskId>,
+    ) -> Result<(), BackendError> {
+        let (row, claim) = located(delivery)?;
+        let limit = self.shared.config.dead_letter_payload_limit;
+        let (payload, size) = truncate_payload(&delivery.raw, limit);
+        sqlx::query(sql!(
+            "SELECT {}('dead', $1, $2, $3, $4, $5, $6, NULL)",
+            self.q("settle")
+        ))
+        .bind(row)
+        .bind(claim)
+        .bind(payload)
+        .bind(reason)
+        .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
+        .bind(task_id.map(|t| t.0))
+        .execute(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        Ok(())
+    }
+
+    async fn release_due(&self, _limit: usize) -> Result<usize, BackendError> {
+        // A delayed message is a row that becomes visible by itself.
+        Ok(0)
+    }
+
+    async fn queue_stats(&self) -> Result<Option<QueueStats>, BackendError> {
+        let rows = sqlx::query(sql!(
+            "SELECT kind = 1, count(*), \
+                    extract(epoch FROM clock_timestamp() - min(enqueued_at))::float8 \
+             FROM {} WHERE consumer IS NOT NULL OR visible_at <= clock_timestamp() \
+             GROUP BY kind = 1",
+            self.q("queue")
+        ))
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let mut stats = QueueStats::default();
+        for row in rows {
+            let process: bool = row.try_get(0).map_err(corrupt)?;
+            let count: i64 = row.try_get(1).map_err(corrupt)?;
+            let age: Option<f64> = row.try_get(2).map_err(corrupt)?;
+            let backlog = QueueBacklog {
+                depth: u64::try_from(count).unwrap_or(0),
+                oldest: age.map(|s| Duration::from_secs_f64(s.max(0.0))),
+            };
+            match process {
+                true => stats.processes = backlog,
+                false => stats.sagas = backlog,
+            }
+        }
+        Ok(Some(stats))
+    }
+}

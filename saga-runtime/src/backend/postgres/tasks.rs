@@ -1,0 +1,547 @@
+//! Task records, leases with fencing, attempt claims, commits and
+//! cancellation flags: each write one call of a function of the schema.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::{BoxStream, StreamExt};
+use serde_json::Value;
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::{corrupt, failure, PostgresBackend};
+use crate::backend::{
+    truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
+    QueueMessage, Settle, TaskCommit, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
+};
+use crate::model::task::{
+    StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
+};
+
+/// Milliseconds, as the functions take them.
+pub(super) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A task as stored (`task_record`): its head with its steps and audit log.
+pub(super) fn parse_task(record: Value) -> Result<TaskInstance, BackendError> {
+    let mut task: TaskInstance = serde_json::from_value(record).map_err(corrupt)?;
+    task.audit_saved();
+    Ok(task)
+}
+
+/// The head of a write: the task without its steps and audit log, stamped
+/// with when it was written.
+fn head(task: &TaskInstance) -> Result<String, BackendError> {
+    StoredRecord::of(task, Timestamp::now(), false)
+        .json()
+        .map_err(corrupt)
+}
+
+/// The audit entries a write appends, as a JSON array.
+fn audit(task: &TaskInstance) -> Result<String, BackendError> {
+    let unstored = task.unstored_audit();
+    serde_json::to_string(&unstored[unstored.len().saturating_sub(AUDIT_LOG_CAP)..])
+        .map_err(corrupt)
+}
+
+/// A write function's refusal code as the write's answer.
+fn refused(
+    code: i32,
+    detail: Option<String>,
+    task: &TaskInstance,
+    lease: &Lease,
+) -> Result<TaskRefusal, BackendError> {
+    Ok(match code {
+        -1 => TaskRefusal::LockLost { fence: lease.fence },
+        -2 => TaskRefusal::Conflict {
+            expected: task.version,
+            actual: detail.and_then(|d| d.parse().ok()).unwrap_or(0),
+        },
+        -3 => TaskRefusal::Missing,
+        -5 => TaskRefusal::CancelRequested {
+            at: Timestamp(detail.and_then(|d| d.parse().ok()).unwrap_or(0)),
+        },
+        other => {
+            return Err(corrupt(format!(
+                "unexpected refusal code {other} from a task write"
+            )))
+        }
+    })
+}
+
+/// A delivery's queue row and claim, from its id (`<row>:<claim>`).
+pub(super) fn located(delivery: &Delivery) -> Result<(i64, Uuid), BackendError> {
+    let bad = || {
+        corrupt(format!(
+            "`{}` is not a delivery of this backend",
+            delivery.id
+        ))
+    };
+    let (row, claim) = delivery.id.split_once(':').ok_or_else(bad)?;
+    Ok((
+        row.parse().map_err(|_| bad())?,
+        claim.parse().map_err(|_| bad())?,
+    ))
+}
+
+/// How a commit settles its message, as the `settle` function takes it.
+struct Settling<'a> {
+    how: &'static str,
+    row: Option<i64>,
+    claim: Option<Uuid>,
+    payload: Option<&'a str>,
+    reason: Option<&'a str>,
+    size: Option<i64>,
+    dead_letter: Option<i64>,
+}
+
+impl PostgresBackend {
+    fn settling<'a>(&self, settle: Settle<'a>) -> Result<Settling<'a>, BackendError> {
+        let none = Settling {
+            how: "none",
+            row: None,
+            claim: None,
+            payload: None,
+            reason: None,
+            size: None,
+            dead_letter: None,
+        };
+        Ok(match settle {
+            Settle::Nothing => none,
+            Settle::Ack(d) => {
+                let (row, claim) = located(d)?;
+                Settling {
+                    how: "ack",
+                    row: Some(row),
+                    claim: Some(claim),
+                    ..none
+                }
+            }
+            Settle::DeadLetter(d, reason) => {
+                let (row, claim) = located(d)?;
+                let limit = self.shared.config.dead_letter_payload_limit;
+                let (payload, size) = truncate_payload(&d.raw, limit);
+                Settling {
+                    how: "dead",
+                    row: Some(row),
+                    claim: Some(claim),
+                    payload: Some(payload),
+                    reason: Some(reason),
+                    size: size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)),
+                    ..none
+                }
+            }
+            Settle::ResolveDeadLetter(id) => Settling {
+                how: "resolve",
+                dead_letter: Some(
+                    id.parse()
+                        .map_err(|_| corrupt(format!("bad dead letter id {id}")))?,
+                ),
+                ..none
+            },
+        })
+    }
+
+    /// Loads the tasks `ids` (those that exist and have not expired).
+    async fn load_many(&self, ids: &[Uuid]) -> Result<Vec<TaskInstance>, BackendError> {
+        let rows = sqlx::query(sql!(
+            "SELECT {}(t.id) FROM {} t WHERE t.id = ANY($1) \
+             AND (t.expires_at IS NULL OR t.expires_at > clock_timestamp())",
+            self.q("task_record"),
+            self.q("tasks")
+        ))
+        .bind(ids)
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        rows.into_iter()
+            .map(|row| parse_task(row.try_get(0).map_err(corrupt)?))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl TaskStore for PostgresBackend {
+    async fn create_task(
+        &self,
+        task: &TaskInstance,
+        first: &QueueMessage,
+    ) -> Result<Created, BackendError> {
+        let created = self.create_task_on(self.pool_ref(), task, first).await?;
+        match created {
+            true => Ok(Created::New),
+            false => match self.load_task(task.id).await? {
+                Some(existing) => Ok(Created::Existing(Box::new(existing))),
+                // Gone between the two reads (it expired): as good as new
+                // to try again.
+                None => Err(BackendError::unavailable(format!(
+                    "task {} existed, then expired; start it again",
+                    task.id
+                ))),
+            },
+        }
+    }
+
+    async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError> {
+        Ok(self.load_many(&[id.0]).await?.pop())
+    }
+
+    async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError> {
+        let after = query
+            .after
+            .map(|c| (i64::try_from(c.created_at.0).unwrap_or(i64::MAX), c.id.0));
+        let ids: Vec<Uuid> = sqlx::query_scalar(sql!(
+            "SELECT id FROM {} WHERE saga = $1 \
+             AND ($2::text IS NULL OR status = $2) \
+             AND ($3::bigint IS NULL OR created_ms >= $3) \
+             AND ($4::bigint IS NULL OR created_ms < $4) \
+             AND ($5::bigint IS NULL OR (created_ms, id) < ($5, $6)) \
+             AND (expires_at IS NULL OR expires_at > clock_timestamp()) \
+             ORDER BY created_ms DESC, id DESC LIMIT $7",
+            self.q("tasks")
+        ))
+        .bind(&query.saga)
+        .bind(query.status.map(TaskStatus::as_str))
+        .bind(
+            query
+                .created_from
+                .map(|t| i64::try_from(t.0).unwrap_or(i64::MAX)),
+        )
+        .bind(
+            query
+                .created_to
+                .map(|t| i64::try_from(t.0).unwrap_or(i64::MAX)),
+        )
+        .bind(after.map(|a| a.0))
+        .bind(after.map(|a| a.1))
+        .bind(i64::try_from(query.limit.max(1)).unwrap_or(i64::MAX))
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let mut tasks = self.load_many(&ids).await?;
+        tasks.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
+        Ok(tasks)
+    }
+
+    async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
+        let rows = sqlx::query(sql!(
+            "SELECT status, count(*) FROM {} WHERE saga = $1 \
+             AND (expires_at IS NULL OR expires_at > clock_timestamp()) GROUP BY status",
+            self.q("tasks")
+        ))
+        .bind(saga)
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let mut counts = Vec::new();
+        for row in rows {
+            let name: String = row.try_get(0).map_err(corrupt)?;
+            let n: i64 = row.try_get(1).map_err(corrupt)?;
+            if let Some(status) = TaskStatus::ALL.into_iter().find(|s| s.as_str() == name) {
+                counts.push((status, usize::try_from(n).unwrap_or(0)));
+            }
+        }
+        Ok(counts)
+    }
+
+    async fn lock_and_load(
+        &self,
+        id: TaskId,
+        ttl: Duration,
+    ) -> Result<Option<Locked>, BackendError> {
+        let token = Uuid::new_v4().simple().to_string();
+        let row = sqlx::query(sql!(
+            "SELECT code, fence, record, cancel_ms FROM {}($1, $2, $3)",
+            self.q("lock_task")
+        ))
+        .bind(id.0)
+        .bind(&token)
+        .bind(ms(ttl))
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let code: i32 = row.try_get(0).map_err(corrupt)?;
+        match code {
+            -4 => Ok(None),
+            -3 => Ok(Some(Locked::missing(id))),
+            _ => {
+                let fence: i64 = row.try_get(1).map_err(corrupt)?;
+                let record: Value = row.try_get(2).map_err(corrupt)?;
+                let cancel: Option<i64> = row.try_get(3).map_err(corrupt)?;
+                let task = parse_task(record)?;
+                self.shared.steps.loaded(&task);
+                Ok(Some(Locked {
+                    lease: Lease {
+                        task_id: id,
+                        token,
+                        fence: u64::try_from(fence).unwrap_or(0),
+                    },
+                    task: Some(task),
+                    cancel_requested: cancel.map(|c| Timestamp(u64::try_from(c).unwrap_or(0))),
+                }))
+            }
+        }
+    }
+
+    async fn record_attempt(
+        &self,
+        task: &TaskInstance,
+        _stored_status: TaskStatus,
+        lease: &Lease,
+        claim: &str,
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
+        self.record(task, lease, claim, None).await
+    }
+
+    async fn record_next_attempt(
+        &self,
+        next: NextAttempt<'_>,
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
+        self.record(next.task, next.lease, next.claim, Some(next))
+            .await
+    }
+
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
+        let task = commit.task;
+        let changed = self.shared.steps.changed(task)?;
+        let settling = self.settling(commit.settle)?;
+        let next = commit
+            .next
+            .as_ref()
+            .map(|n| (WorkItem::Saga(n.message.clone()).encode(), ms(n.delay)));
+        let row = sqlx::query(sql!(
+            "SELECT code, detail, version FROM {}($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7::jsonb, $8, \
+             $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
+            self.q("commit_task")
+        ))
+        .bind(task.id.0)
+        .bind(i64::try_from(commit.lease.fence).unwrap_or(i64::MAX))
+        .bind(i64::try_from(task.version).unwrap_or(i64::MAX))
+        .bind(task.status.as_str())
+        .bind(head(task)?)
+        .bind(&changed.rows)
+        .bind(audit(task)?)
+        .bind(i32::try_from(AUDIT_LOG_CAP).unwrap_or(i32::MAX))
+        .bind(commit.unless_cancelled)
+        .bind(&commit.lease.token)
+        .bind(next.as_ref().map(|n| n.0.as_str()))
+        .bind(next.as_ref().map_or(0, |n| n.1))
+        .bind(settling.how)
+        .bind(settling.row)
+        .bind(settling.claim)
+        .bind(settling.payload)
+        .bind(settling.reason)
+        .bind(settling.size)
+        .bind(settling.dead_letter)
+        .bind(commit.expire_after.map(ms))
+        .bind(task.status.is_terminal())
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let code: i32 = row.try_get(0).map_err(corrupt)?;
+        if code != 0 {
+            let detail: Option<String> = row.try_get(1).map_err(corrupt)?;
+            return Ok(Err(refused(code, detail, task, commit.lease)?));
+        }
+        let version: i64 = row.try_get(2).map_err(corrupt)?;
+        let version = u64::try_from(version).unwrap_or(0);
+        match task.status.is_terminal() {
+            true => self.shared.steps.forget(task.id),
+            false => self.shared.steps.remember(task.id, version, changed.hashes),
+        }
+        Ok(Ok(version))
+    }
+
+    async fn heartbeat(
+        &self,
+        lease: &Lease,
+        delivery: &Delivery,
+        ttl: Duration,
+    ) -> Result<Heartbeat, BackendError> {
+        let (row_id, claim) = located(delivery)?;
+        let row = sqlx::query(sql!(
+            "SELECT held, cancel_ms FROM {}($1, $2, $3, $4, $5, $6)",
+            self.q("heartbeat")
+        ))
+        .bind(lease.task_id.0)
+        .bind(&lease.token)
+        .bind(ms(ttl))
+        .bind(row_id)
+        .bind(claim)
+        .bind(ms(self.shared.config.visibility_timeout))
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let held: bool = row.try_get(0).map_err(corrupt)?;
+        let cancel: Option<i64> = row.try_get(1).map_err(corrupt)?;
+        Ok(Heartbeat {
+            lock_held: held,
+            cancel_requested: cancel.map(|c| Timestamp(u64::try_from(c).unwrap_or(0))),
+        })
+    }
+
+    async fn unlock(&self, lease: &Lease) -> Result<bool, BackendError> {
+        let done = sqlx::query(sql!(
+            "UPDATE {} SET lock_token = NULL, lock_until = NULL WHERE id = $1 AND lock_token = $2",
+            self.q("tasks")
+        ))
+        .bind(lease.task_id.0)
+        .bind(&lease.token)
+        .execute(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn request_cancel(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+    ) -> Result<Option<Timestamp>, BackendError> {
+        let row = sqlx::query(sql!(
+            "SELECT exists_, earlier_ms FROM {}($1, $2, $3, $4)",
+            self.q("request_cancel")
+        ))
+        .bind(id.0)
+        .bind(token)
+        .bind(i64::try_from(Timestamp::now().0).unwrap_or(i64::MAX))
+        .bind(WorkItem::Saga(wake.clone()).encode())
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let earlier: Option<i64> = row.try_get(1).map_err(corrupt)?;
+        Ok(earlier.map(|t| Timestamp(u64::try_from(t).unwrap_or(0))))
+    }
+
+    async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
+        let at: Option<Option<i64>> = sqlx::query_scalar(sql!(
+            "SELECT cancel_ms FROM {} WHERE id = $1",
+            self.q("tasks")
+        ))
+        .bind(id.0)
+        .fetch_optional(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        Ok(at
+            .flatten()
+            .map(|t| Timestamp(u64::try_from(t).unwrap_or(0))))
+    }
+
+    async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
+        let rx = self.shared.signals.cancellations.subscribe();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(id) => return Some((id, rx)),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(stream.boxed())
+    }
+
+    async fn wait_for_change(&self, id: TaskId, timeout: Duration) {
+        let mut finished = self.shared.signals.finished.subscribe();
+        let wait = async {
+            loop {
+                match finished.recv().await {
+                    Ok(done) if done == id => return,
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(timeout, wait).await;
+    }
+}
+
+impl PostgresBackend {
+    /// Records an attempt (and, for a task the worker goes on with, renews
+    /// its lease and message and refuses once cancelled).
+    async fn record(
+        &self,
+        task: &TaskInstance,
+        lease: &Lease,
+        claim: &str,
+        next: Option<NextAttempt<'_>>,
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
+        let changed = self.shared.steps.changed(task)?;
+        let renew = match next
+            .as_ref()
+            .and_then(|n| n.renew.map(|ttl| (ttl, n.delivery)))
+        {
+            Some((ttl, delivery)) => Some((ms(ttl), located(delivery)?)),
+            None => None,
+        };
+        let row = sqlx::query(sql!(
+            "SELECT code, detail, version, claimed FROM {}($1, $2, $3, $4, $5::jsonb, $6::jsonb, \
+             $7::jsonb, $8, $9, $10, $11, $12, $13, $14, $15)",
+            self.q("record_attempt")
+        ))
+        .bind(task.id.0)
+        .bind(i64::try_from(lease.fence).unwrap_or(i64::MAX))
+        .bind(i64::try_from(task.version).unwrap_or(i64::MAX))
+        .bind(task.status.as_str())
+        .bind(head(task)?)
+        .bind(&changed.rows)
+        .bind(audit(task)?)
+        .bind(i32::try_from(AUDIT_LOG_CAP).unwrap_or(i32::MAX))
+        .bind(claim)
+        .bind(next.as_ref().is_some_and(|n| n.unless_cancelled))
+        .bind(renew.map(|r| r.0))
+        .bind(&lease.token)
+        .bind(renew.map(|r| (r.1).0))
+        .bind(renew.map(|r| (r.1).1))
+        .bind(ms(self.shared.config.visibility_timeout))
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let code: i32 = row.try_get(0).map_err(corrupt)?;
+        if code != 0 {
+            let detail: Option<String> = row.try_get(1).map_err(corrupt)?;
+            return Ok(Err(refused(code, detail, task, lease)?));
+        }
+        let version: i64 = row.try_get(2).map_err(corrupt)?;
+        let claimed: bool = row.try_get(3).map_err(corrupt)?;
+        let version = u64::try_from(version).unwrap_or(0);
+        self.shared.steps.remember(task.id, version, changed.hashes);
+        Ok(Ok((version, claimed)))
+    }
+
+    /// Creates `task` with its first message on `executor` (the pool, or a
+    /// caller's transaction); `false` when a task with its id exists.
+    pub(super) async fn create_task_on<'e, E>(
+        &self,
+        executor: E,
+        task: &TaskInstance,
+        first: &QueueMessage,
+    ) -> Result<bool, BackendError>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Postgres>,
+    {
+        let steps = serde_json::to_string(&task.steps).map_err(corrupt)?;
+        let mut stored = task.clone();
+        stored.version = 1;
+        let created: bool = sqlx::query_scalar(sql!(
+            "SELECT {}($1, $2, $3, $4::jsonb, $5::jsonb, $6::jsonb, $7, $8)",
+            self.q("create_task")
+        ))
+        .bind(task.id.0)
+        .bind(&task.saga)
+        .bind(task.status.as_str())
+        .bind(head(&stored)?)
+        .bind(steps)
+        .bind(audit(task)?)
+        .bind(i64::try_from(task.created_at.0).unwrap_or(i64::MAX))
+        .bind(WorkItem::Saga(first.clone()).encode())
+        .fetch_one(executor)
+        .await
+        .map_err(failure)?;
+        Ok(created)
+    }
+}
