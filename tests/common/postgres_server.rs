@@ -38,12 +38,14 @@ fn bin(name: &str) -> PathBuf {
         .ok()
         .filter(|o| o.status.success())
         .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let debian = std::fs::read_dir("/usr/lib/postgresql").ok().and_then(|dirs| {
-        dirs.filter_map(Result::ok)
-            .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok())
-            .max()
-            .map(|v| PathBuf::from(format!("/usr/lib/postgresql/{v}/bin")))
-    });
+    let debian = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()
+        .and_then(|dirs| {
+            dirs.filter_map(Result::ok)
+                .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok())
+                .max()
+                .map(|v| PathBuf::from(format!("/usr/lib/postgresql/{v}/bin")))
+        });
     [from_pg_config, debian]
         .into_iter()
         .flatten()

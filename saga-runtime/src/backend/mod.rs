@@ -157,6 +157,41 @@ pub trait ProcessBackend: ProcessStore + Tallies + Endpoints {}
 
 impl<T: ProcessStore + Tallies + Endpoints> ProcessBackend for T {}
 
+/// Connects to the backend `url` names, with its default settings:
+/// `postgres://` or `postgresql://` (feature `postgres`); `redis://`,
+/// `rediss://`, `redis+sentinel://` or `redis+cluster://` (feature
+/// `redis`). What a program that takes a store's URL on its command line
+/// calls, whichever store it is.
+pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, BackendError> {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    match scheme {
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(postgres::PostgresBackend::connect(url).await?)),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
+            Ok(Arc::new(redis::RedisBackend::connect(url).await?))
+        }
+        _ => Err(BackendError::Misconfigured(format!(
+            "`{url}` names no store this build can use: expected {}",
+            supported_schemes()
+        ))),
+    }
+}
+
+/// The URL forms [`connect`] takes in this build.
+pub fn supported_schemes() -> &'static str {
+    match (cfg!(feature = "postgres"), cfg!(feature = "redis")) {
+        (true, true) => {
+            "postgres://user@host:port/database, redis://host:port, redis+sentinel://.. or redis+cluster://.."
+        }
+        (true, false) => "postgres://user@host:port/database (this build has no Redis: feature `redis`)",
+        (false, true) => {
+            "redis://host:port, redis+sentinel://.. or redis+cluster://.. (PostgreSQL needs the feature `postgres`)"
+        }
+        (false, false) => "nothing: enable the feature `redis` or `postgres` of saga-runtime",
+    }
+}
+
 /// Cuts a dead-lettered payload to `limit` bytes (on a character
 /// boundary); returns the kept prefix and the original size when cut.
 pub(crate) fn truncate_payload(payload: &str, limit: usize) -> (&str, Option<usize>) {
