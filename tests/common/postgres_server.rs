@@ -93,8 +93,11 @@ fn run(mut cmd: Command, what: &str) {
 }
 
 impl TestPostgres {
-    /// Initializes and starts a server (fsync off: a stopped server keeps
-    /// what it committed; only an operating-system crash would lose it).
+    /// Initializes and starts a server. Commits are synchronous (a commit
+    /// reaches the write-ahead log before it is acknowledged, so a crash
+    /// of the server loses none), but not fsynced: the operating system
+    /// keeps what a killed server wrote; only a machine's crash would lose
+    /// it, and tests do not crash machines.
     pub fn start() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("saga-pg-")
@@ -153,7 +156,7 @@ impl TestPostgres {
     pub fn restart(&mut self) {
         let options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
+             -c full_page_writes=off -c max_connections=200",
             self.port,
             self.dir.path().display()
         );

@@ -123,7 +123,9 @@ pub struct Page<T> {
 /// assert!(backend.clone().processes().is_some());
 /// assert!(backend.clone().leases().is_some() && backend.breakers().is_some());
 /// ```
-pub trait Backend: TaskStore + WorkQueue + DeadLetters + Housekeeping {
+// `Any`: the engine can find a backend's own type behind the trait object
+// (`Engine::start_in` needs the PostgreSQL backend's).
+pub trait Backend: TaskStore + WorkQueue + DeadLetters + Housekeeping + std::any::Any {
     /// The process-manager store, if this backend has one.
     fn processes(self: Arc<Self>) -> Option<Arc<dyn ProcessBackend>> {
         None

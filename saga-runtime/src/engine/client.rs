@@ -133,7 +133,7 @@ fn task_of(def: &SagaDefinition, id: TaskId, input: serde_json::Value) -> TaskIn
 
 /// A deterministic task id for an idempotent start: the same saga and key
 /// always name the same task.
-fn keyed_id(saga: &str, key: &str) -> TaskId {
+pub(super) fn keyed_id(saga: &str, key: &str) -> TaskId {
     const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6f1c_9a2e_5b7d_4c3a_9e8f_1a2b_3c4d_5e6f);
     TaskId(uuid::Uuid::new_v5(
         &NAMESPACE,
@@ -189,7 +189,11 @@ impl Engine {
         }
     }
 
-    fn new_task<S: Saga>(&self, id: TaskId, input: &S::Input) -> Result<TaskInstance, Error> {
+    pub(super) fn new_task<S: Saga>(
+        &self,
+        id: TaskId,
+        input: &S::Input,
+    ) -> Result<TaskInstance, Error> {
         let def = S::definition();
         if self.rt.sagas.get(def.name, def.version).is_none() {
             return Err(match self.rt.sagas.versions(def.name) {

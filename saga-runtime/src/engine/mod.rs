@@ -23,6 +23,8 @@ mod lifecycle;
 mod operator;
 mod processes;
 mod tally;
+#[cfg(feature = "postgres")]
+mod transactional;
 mod watch;
 
 use std::sync::Arc;

@@ -36,19 +36,37 @@ impl Engine {
         message_type: &'static str,
         payload: serde_json::Value,
     ) -> Result<usize, Error> {
+        let items = self.published(message_id, message_type, &payload);
+        if items.is_empty() {
+            return Ok(0);
+        }
+        // A retry may enqueue a message twice; the instance drops the
+        // duplicate by its id.
+        self.retrying("publish", || self.rt.backend.enqueue(&items))
+            .await?;
+        Ok(items.len())
+    }
+
+    /// The queue entries of a published message: one per process manager
+    /// that handles its type (none is logged).
+    pub(super) fn published(
+        &self,
+        message_id: &str,
+        message_type: &'static str,
+        payload: &serde_json::Value,
+    ) -> Vec<WorkItem> {
         let subscribers = self.rt.subscribers(message_type);
         if subscribers.is_empty() {
             tracing::warn!(
                 message_type,
                 "published message has no process manager to handle it"
             );
-            return Ok(0);
         }
-        let items: Vec<WorkItem> = subscribers
+        subscribers
             .iter()
             .map(|process| {
                 let (key, key_field) = match self.rt.processes.get(process) {
-                    Some(pm) => crate::process::routing_key(pm.as_ref(), message_type, &payload),
+                    Some(pm) => crate::process::routing_key(pm.as_ref(), message_type, payload),
                     None => (None, None),
                 };
                 WorkItem::Process(Envelope {
@@ -67,12 +85,7 @@ impl Engine {
                     key_field,
                 })
             })
-            .collect();
-        // A retry may enqueue a message twice; the instance drops the
-        // duplicate by its id.
-        self.retrying("publish", || self.rt.backend.enqueue(&items))
-            .await?;
-        Ok(items.len())
+            .collect()
     }
 
     /// The instance `id` of process manager `P`.

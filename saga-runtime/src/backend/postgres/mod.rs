@@ -58,6 +58,10 @@ use super::{Backend, BackendError, Breakers, Leases, Partitions, ProcessBackend}
 use listen::Signals;
 
 pub use migrate::SCHEMA_VERSION;
+/// The sqlx this backend is built on: take pools and transactions for
+/// [`Engine::start_in`](crate::Engine::start_in) from it, so that the
+/// versions match.
+pub use sqlx;
 
 /// Settings of a [`PostgresBackend`].
 #[derive(Debug, Clone)]
@@ -262,4 +266,47 @@ pub(crate) fn failure(error: sqlx::Error) -> BackendError {
 /// A stored value that does not read.
 pub(crate) fn corrupt(error: impl std::fmt::Display) -> BackendError {
     BackendError::Corrupt(error.to_string())
+}
+
+/// What starting and publishing in a caller's transaction need
+/// ([`Engine::start_in`](crate::Engine::start_in),
+/// [`Engine::publish_in`](crate::Engine::publish_in)): the same writes as
+/// the engine's own, on the caller's transaction.
+impl PostgresBackend {
+    /// Creates `task` with its first message in `tx`; `Ok(None)` if it
+    /// was created, else the task that exists with its id (committed, or
+    /// waited for: the insert waits for another transaction creating it).
+    pub(crate) async fn create_in(
+        &self,
+        tx: &mut sqlx::PgTransaction<'_>,
+        task: &crate::model::task::TaskInstance,
+        first: &crate::backend::QueueMessage,
+    ) -> Result<Option<crate::model::task::TaskInstance>, BackendError> {
+        if self.create_task_on(&mut **tx, task, first).await? {
+            return Ok(None);
+        }
+        let record: Option<serde_json::Value> =
+            sqlx::query_scalar(sql!("SELECT {}($1)", self.q("task_record")))
+                .bind(task.id.0)
+                .fetch_one(&mut **tx)
+                .await
+                .map_err(failure)?;
+        match record {
+            Some(record) => tasks::parse_task(record).map(Some),
+            None => Err(corrupt(format!("task {} exists and does not", task.id))),
+        }
+    }
+
+    /// Enqueues `items` in `tx`.
+    pub(crate) async fn enqueue_in(
+        &self,
+        tx: &mut sqlx::PgTransaction<'_>,
+        items: &[crate::backend::WorkItem],
+    ) -> Result<(), BackendError> {
+        let rows = items
+            .iter()
+            .map(|item| (queue::item_kind(item), item.encode(), 0))
+            .collect();
+        self.enqueue_rows_on(&mut **tx, rows).await
+    }
 }

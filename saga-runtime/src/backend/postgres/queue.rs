@@ -107,6 +107,18 @@ impl PostgresBackend {
         &self,
         payloads: Vec<(i16, String, i64)>,
     ) -> Result<(), BackendError> {
+        self.enqueue_rows_on(self.pool_ref(), payloads).await
+    }
+
+    /// The same on `executor` (the pool, or a caller's transaction).
+    pub(super) async fn enqueue_rows_on<'e, E>(
+        &self,
+        executor: E,
+        payloads: Vec<(i16, String, i64)>,
+    ) -> Result<(), BackendError>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Postgres>,
+    {
         if payloads.is_empty() {
             return Ok(());
         }
@@ -119,7 +131,7 @@ impl PostgresBackend {
         .bind(kinds)
         .bind(texts)
         .bind(delays)
-        .execute(self.pool_ref())
+        .execute(executor)
         .await
         .map_err(failure)?;
         Ok(())
