@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use saga_runtime::backend::redis::RedisBackend;
 use saga_runtime::http::Api;
 use saga_runtime::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -247,7 +246,7 @@ fn args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--redis" => args.redis = Some(it.next().ok_or("--redis needs a URL")?),
+            "--redis" | "--url" => args.redis = Some(it.next().ok_or("--redis needs a URL")?),
             "--token" => args.token = Some(it.next().ok_or("--token needs a value")?),
             "--read-only" => args.read_only = true,
             "--port" => {
@@ -258,7 +257,7 @@ fn args() -> Result<Args, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`; expected --port N, --token T, --read-only, --redis URL"
+                    "unknown argument `{other}`; expected --port N, --token T, --read-only, --url URL (or --redis URL)"
                 ))
             }
         }
@@ -286,10 +285,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .process_manager(ExportFollowUp)
         .workers(4);
     if let Some(url) = &args.redis {
-        let backend = RedisBackend::connect(url)
+        let backend = saga_runtime::backend::connect(url)
             .await
-            .map_err(|e| format!("cannot use Redis at {url}: {e}"))?;
-        builder = builder.backend(backend);
+            .map_err(|e| format!("cannot use the store at {url}: {e}"))?;
+        builder = builder.backend_arc(backend);
     }
     // Before the engine, so that its first figures are recorded.
     let metrics = saga_runtime::metrics::install()?;

@@ -9,9 +9,11 @@
 //! cargo run --example create_zip                       # in-memory backend
 //! cargo run --example create_zip -- --redis redis://127.0.0.1:6379 --workers 2
 //! cargo run --example create_zip -- --redis redis://127.0.0.1:6379 --worker-only --workers 2
+//! cargo run --example create_zip -- --url postgres://postgres@127.0.0.1:5432/postgres --workers 2
 //! ```
 //!
-//! With `--redis URL` (or `REDIS_URL`), tasks live in Redis and any number of
+//! With `--url URL` (or `--redis URL`, or `REDIS_URL`: a Redis URL or a
+//! PostgreSQL one), tasks live in that store and any number of
 //! processes share the work: run `--worker-only` in one terminal and the demo
 //! in another; each timeline line names the worker (process id) that ran it.
 
@@ -20,7 +22,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use saga_runtime::backend::redis::RedisBackend;
 use saga_runtime::prelude::*;
 use saga_runtime::{AuditAction, AuditEntry};
 use serde::{Deserialize, Serialize};
@@ -248,7 +249,7 @@ fn args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--redis" => args.redis = Some(it.next().ok_or("--redis needs a URL")?),
+            "--redis" | "--url" => args.redis = Some(it.next().ok_or("--redis needs a URL")?),
             "--workers" => {
                 let n = it.next().ok_or("--workers needs a number")?;
                 args.workers = n
@@ -258,13 +259,13 @@ fn args() -> Result<Args, String> {
             "--worker-only" => args.worker_only = true,
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`; expected --redis URL, --workers N, --worker-only"
+                    "unknown argument `{other}`; expected --url URL (or --redis URL), --workers N, --worker-only"
                 ))
             }
         }
     }
     if args.worker_only && args.redis.is_none() {
-        return Err("--worker-only needs --redis URL: in-memory tasks live in one process".into());
+        return Err("--worker-only needs --url URL (a Redis or a PostgreSQL): in-memory tasks live in one process".into());
     }
     Ok(args)
 }
@@ -277,10 +278,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         services: services.clone(),
     });
     if let Some(url) = &args.redis {
-        let backend = RedisBackend::connect(url)
+        let backend = saga_runtime::backend::connect(url)
             .await
-            .map_err(|e| format!("cannot use Redis at {url}: {e}"))?;
-        builder = builder.backend(backend);
+            .map_err(|e| format!("cannot use the store at {url}: {e}"))?;
+        builder = builder.backend_arc(backend);
     }
     if args.worker_only {
         let engine = builder.workers(0).build().await?;

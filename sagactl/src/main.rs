@@ -23,8 +23,11 @@ mod print;
 use std::process::ExitCode;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
+use std::sync::Arc;
+
+use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
-use saga_runtime::backend::TaskStore;
+use saga_runtime::backend::Backend;
 use saga_runtime::{
     DeadLetterFilter, DeadLetterSelection, Engine, Error, Intervention, TaskFilter,
 };
@@ -33,16 +36,23 @@ use saga_runtime::{
 #[command(
     name = "sagactl",
     version,
-    about = "Operator actions on sagas stored in Redis"
+    about = "Operator actions on sagas stored in Redis or PostgreSQL"
 )]
 struct Cli {
-    /// The deployment's Redis: `redis://host:port`, a cluster's
+    /// The deployment's store: a Redis (`redis://host:port`, a cluster's
     /// `redis+cluster://host:port,host:port`, or a Sentinel deployment's
-    /// `redis+sentinel://host:port,host:port/<service>`.
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    /// `redis+sentinel://host:port,host:port/<service>`) or a PostgreSQL
+    /// database (`postgres://user@host:port/database`).
+    #[arg(
+        long,
+        visible_alias = "url",
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
     redis: String,
-    /// Its key prefix (`RedisConfig::prefix`); the partition count is read
-    /// from what the deployment recorded there.
+    /// Its key prefix (`RedisConfig::prefix`; the partition count is read
+    /// from what the deployment recorded there), or on PostgreSQL its
+    /// schema (`PostgresConfig::schema`).
     #[arg(long, default_value = "saga")]
     prefix: String,
     /// Print JSON instead of text.
@@ -210,14 +220,27 @@ impl Command {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Error> {
+/// The deployment at `url`, attached without writing anything: a Redis
+/// under `prefix`, or a PostgreSQL database's schema `prefix`.
+async fn attach(url: &str, prefix: String) -> Result<Arc<dyn Backend>, Error> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let config = PostgresConfig {
+            schema: prefix,
+            ..PostgresConfig::default()
+        };
+        return Ok(Arc::new(PostgresBackend::attach(url, config).await?));
+    }
     let config = RedisConfig {
-        prefix: cli.prefix,
+        prefix,
         ..RedisConfig::default()
     };
-    let backend = RedisBackend::attach(&cli.redis, config).await?;
+    Ok(Arc::new(RedisBackend::attach(url, config).await?))
+}
+
+async fn run(cli: Cli) -> Result<(), Error> {
+    let backend = attach(&cli.redis, cli.prefix).await?;
     let engine = Engine::builder()
-        .backend(backend.clone())
+        .backend_arc(backend.clone())
         .workers(0)
         .build()
         .await?;

@@ -62,6 +62,23 @@ fn filled(sql: &str, schema: &str) -> Result<String, BackendError> {
         .replace("{endpoints}", &channel(schema, "endpoints")))
 }
 
+/// The version `schema` is at; `None` when it holds no deployment.
+pub(super) async fn version_of(pool: &PgPool, schema: &str) -> Result<Option<i32>, BackendError> {
+    let q = quoted_schema(schema)?;
+    let table: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(format!("{q}.schema_version"))
+        .fetch_one(pool)
+        .await
+        .map_err(failure)?;
+    if table.is_none() {
+        return Ok(None);
+    }
+    sqlx::query_scalar(sql!("SELECT max(version) FROM {q}.schema_version"))
+        .fetch_one(pool)
+        .await
+        .map_err(failure)
+}
+
 /// Creates or upgrades `schema` to [`SCHEMA_VERSION`].
 pub(super) async fn run(pool: &PgPool, schema: &str) -> Result<(), BackendError> {
     let q = quoted_schema(schema)?;

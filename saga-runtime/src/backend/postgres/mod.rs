@@ -74,8 +74,11 @@ pub struct PostgresConfig {
     /// (default 15 s). Running steps keep their message; task leases
     /// default to it too.
     pub visibility_timeout: Duration,
-    /// How often an idle reader looks for work when no notification came
-    /// (default 1 s): the fallback should a notification be lost.
+    /// How often an idle reader looks for work while notifications are
+    /// down (default 1 s: the listening connection is being re-made, and
+    /// what was sent meanwhile is lost). While they are up, an idle reader
+    /// sleeps until a notification, or until the next delayed message is
+    /// due.
     pub poll_interval: Duration,
     /// Dead-lettered payloads keep at most this many bytes (default
     /// 256 KiB).
@@ -193,6 +196,40 @@ impl PostgresBackend {
                 stop,
             }),
         })
+    }
+
+    /// Attaches to a deployment's existing schema without creating or
+    /// upgrading anything (an operator's tool must not be what migrates a
+    /// production database): refused when `config.schema` holds no
+    /// deployment, or one of another schema version than this library's.
+    pub async fn attach(url: &str, config: PostgresConfig) -> Result<Self, BackendError> {
+        let options: PgConnectOptions = url.parse().map_err(|e| {
+            BackendError::Misconfigured(format!(
+                "`{url}` is not a PostgreSQL URL ({e}): expected postgres://user:password@host:port/database"
+            ))
+        })?;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with(options.application_name("sagactl"));
+        let found = migrate::version_of(&pool, &config.schema).await?;
+        match found {
+            Some(v) if v == SCHEMA_VERSION => {}
+            Some(v) => {
+                return Err(BackendError::Misconfigured(format!(
+                    "schema `{}` is at version {v}, this tool knows version {SCHEMA_VERSION}: \
+                     use the tool of the deployment's version",
+                    config.schema
+                )))
+            }
+            None => {
+                return Err(BackendError::Misconfigured(format!(
+                    "no deployment in schema `{}` of this database: check the URL and the schema",
+                    config.schema
+                )))
+            }
+        }
+        PostgresBackend::connect_with(pool, config).await
     }
 
     /// The pool, for a transaction to start tasks in.

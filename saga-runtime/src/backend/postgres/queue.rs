@@ -2,6 +2,7 @@
 //! workers take different rows without waiting for each other), woken by
 //! notifications, with a slow poll as the fallback.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -81,6 +82,16 @@ impl PostgresBackend {
                 })
             })
             .collect()
+    }
+
+    /// How long until the next message of `kinds` becomes visible.
+    async fn next_visible(&self, kinds: &[i16]) -> Result<Option<Duration>, BackendError> {
+        let ms: Option<f64> = sqlx::query_scalar(sql!("SELECT {}($1)", self.q("next_visible")))
+            .bind(kinds)
+            .fetch_one(self.pool_ref())
+            .await
+            .map_err(failure)?;
+        Ok(ms.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1000.0)))
     }
 
     /// Hands a delivery back, visible after `delay`.
@@ -192,12 +203,20 @@ impl WorkQueue for PostgresBackend {
             if !taken.is_empty() || now >= deadline {
                 return Ok(taken);
             }
-            // A delayed message or an expired delivery becomes visible
-            // without a notification: look again at the poll interval.
-            let poll = now + self.shared.config.poll_interval;
+            // A delayed message (a retry's backoff) or an expired delivery
+            // becomes visible without a notification: sleep until the next
+            // one does. While notifications are down, look again at the
+            // poll interval as well.
+            let mut until = deadline;
+            if let Some(next) = self.next_visible(&kinds).await? {
+                until = until.min(now + next);
+            }
+            if !self.shared.signals.listening.load(Ordering::SeqCst) {
+                until = until.min(now + self.shared.config.poll_interval);
+            }
             tokio::select! {
                 _ = woken => {}
-                _ = tokio::time::sleep_until(poll.min(deadline)) => {}
+                _ = tokio::time::sleep_until(until) => {}
             }
         }
     }

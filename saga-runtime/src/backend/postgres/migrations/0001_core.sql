@@ -91,8 +91,8 @@ CREATE FUNCTION {schema}.wake() RETURNS void LANGUAGE sql AS $$
     SELECT pg_notify('{channel}', '');
 $$;
 
--- Enqueues `payload`, visible after `delay_ms` (and wakes readers when it is
--- visible at once). Returns its id.
+-- Enqueues `payload`, visible after `delay_ms`, and wakes idle readers: at
+-- once to take it, or to sleep until it is due. Returns its id.
 CREATE FUNCTION {schema}.enqueue(p_kind smallint, p_payload text, p_delay_ms bigint, p_deliveries integer)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -101,9 +101,7 @@ BEGIN
     INSERT INTO {schema}.queue (kind, payload, visible_at, deliveries)
     VALUES (p_kind, p_payload, clock_timestamp() + p_delay_ms * interval '1 millisecond', p_deliveries)
     RETURNING id INTO new_id;
-    IF p_delay_ms <= 0 THEN
-        PERFORM {schema}.wake();
-    END IF;
+    PERFORM {schema}.wake();
     RETURN new_id;
 END $$;
 
@@ -364,7 +362,7 @@ BEGIN
         consumer = NULL, claim = NULL,
         deliveries = CASE WHEN p_answered THEN greatest(deliveries - 1, 0) ELSE deliveries END
     WHERE id = p_queue_id AND claim = p_delivery;
-    IF FOUND AND p_delay_ms <= 0 THEN
+    IF FOUND THEN
         PERFORM {schema}.wake();
     END IF;
 END $$;
@@ -430,3 +428,12 @@ BEGIN
     GET DIAGNOSTICS excess = ROW_COUNT;
     dead_letters := aged + excess;
 END $$;
+
+-- How long until the next message of kinds `p_kinds` becomes visible (a
+-- delayed one, or one whose delivery expires), in ms; NULL if none will.
+-- What an idle reader sleeps for, rather than polling.
+CREATE FUNCTION {schema}.next_visible(p_kinds smallint[]) RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT extract(epoch FROM min(visible_at) - clock_timestamp()) * 1000
+    FROM {schema}.queue WHERE kind = ANY(p_kinds) AND visible_at > clock_timestamp();
+$$;
