@@ -15,6 +15,8 @@ pub struct TestPostgres {
     port: u16,
     dir: tempfile::TempDir,
     running: bool,
+    /// Server settings (`-c name=value`) besides the defaults.
+    settings: Vec<(String, String)>,
 }
 
 fn free_port() -> u16 {
@@ -99,6 +101,12 @@ impl TestPostgres {
     /// keeps what a killed server wrote; only a machine's crash would lose
     /// it, and tests do not crash machines.
     pub fn start() -> Self {
+        TestPostgres::start_with(&[])
+    }
+
+    /// Starts a server with `settings` (`name`, `value`) on top of the
+    /// defaults (a benchmark turns `fsync` back on, say).
+    pub fn start_with(settings: &[(&str, &str)]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("saga-pg-")
             .tempdir()
@@ -134,6 +142,10 @@ impl TestPostgres {
             port: free_port(),
             dir,
             running: false,
+            settings: settings
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
         };
         pg.restart();
         pg
@@ -154,12 +166,15 @@ impl TestPostgres {
 
     /// Starts the server (again), on the same port and data.
     pub fn restart(&mut self) {
-        let options = format!(
+        let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' -c fsync=off \
              -c full_page_writes=off -c max_connections=200",
             self.port,
             self.dir.path().display()
         );
+        for (name, value) in &self.settings {
+            options.push_str(&format!(" -c {name}={value}"));
+        }
         let log = self.dir.path().join("server.log");
         run(
             as_postgres(
