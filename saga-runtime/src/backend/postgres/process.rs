@@ -1,65 +1,485 @@
 //! Process-manager instances, correlation entries, tombstones, the outbox
-//! and timeouts. (Not yet implemented.)
+//! and timeouts (`migrations/0002_process.sql`).
+//!
+//! An instance is a row: its record one document (the engine reads and
+//! writes it whole), its version and generation columns the write
+//! compares. A correlation entry is a unique row `(process, field, value)
+//! -> instance`, a shared one a row per member; what a deleted instance
+//! handled is remembered by tombstone rows with an expiry. A commit is one
+//! call of `process_commit`: every check, then every write (the instance,
+//! its entries, the messages it enqueues, schedules and sends to
+//! endpoints, the tallies it opens, the settling of its deliveries) in one
+//! statement. One database holds all of it, so no write is ever refused
+//! with [`ProcessRefusal::Elsewhere`].
+//!
+//! Timeouts are rows keyed by their due time. The timer poller asks often
+//! (every few milliseconds in tests); an idle engine must not query each
+//! time, so a commit that schedules one notifies its due time, and
+//! [`process_release_due`](ProcessStore::process_release_due) skips the
+//! query until the earliest due time it knows of.
+
+use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
+use serde_json::{json, Value};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use uuid::Uuid;
 
-use super::PostgresBackend;
+use super::tasks::{located, ms};
+use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
-    BackendError, Page, ProcessCommit, ProcessInstance, ProcessStore, ProcessWrite,
+    truncate_payload, BackendError, Page, ProcessCommit, ProcessInstance, ProcessRefusal,
+    ProcessStore, ProcessWrite, Settle, WorkItem,
 };
 use crate::model::envelope::Envelope;
+use crate::model::tally::TallyOpen;
+use crate::model::task::Timestamp;
 
+/// The failure of what this backend does not offer yet (named leases and
+/// shared breakers, `leases.rs` and `breakers.rs`, use it until they do).
 pub(super) fn not_yet() -> BackendError {
-    BackendError::Misconfigured("the PostgreSQL backend does not store process managers yet".into())
+    BackendError::Misconfigured(
+        "the PostgreSQL backend does not offer named leases and shared breakers yet".into(),
+    )
+}
+
+/// `process_commit`'s refusal codes (see the migration).
+const CONFLICT: i32 = -2;
+const TOMBSTONED: i32 = -6;
+const TALLY_EXISTS: i32 = -7;
+
+/// An instance from a row of `(record, version)`: the column's version is
+/// the one writes compare.
+fn instance(row: &PgRow) -> Result<ProcessInstance, BackendError> {
+    let record: Value = row.try_get(0).map_err(corrupt)?;
+    let version: i64 = row.try_get(1).map_err(corrupt)?;
+    let mut instance: ProcessInstance = serde_json::from_value(record).map_err(corrupt)?;
+    instance.version = u64::try_from(version).unwrap_or(0);
+    Ok(instance)
+}
+
+/// A count or limit as the functions take it.
+fn int(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// A wall-clock time in ms as the tables keep it.
+fn millis(t: u64) -> i64 {
+    i64::try_from(t).unwrap_or(i64::MAX)
+}
+
+/// How a commit settles its message, as the core's `settle` takes it.
+#[derive(Default)]
+struct Settling<'a> {
+    how: &'static str,
+    row: Option<i64>,
+    claim: Option<Uuid>,
+    payload: Option<&'a str>,
+    reason: Option<&'a str>,
+    size: Option<i64>,
+    dead_letter: Option<i64>,
+}
+
+impl<'a> Settling<'a> {
+    fn of(settle: Settle<'a>, limit: usize) -> Result<Self, BackendError> {
+        Ok(match settle {
+            Settle::Nothing => Settling {
+                how: "none",
+                ..Settling::default()
+            },
+            Settle::Ack(d) => {
+                let (row, claim) = located(d)?;
+                Settling {
+                    how: "ack",
+                    row: Some(row),
+                    claim: Some(claim),
+                    ..Settling::default()
+                }
+            }
+            Settle::DeadLetter(d, reason) => {
+                let (row, claim) = located(d)?;
+                let (payload, size) = truncate_payload(&d.raw, limit);
+                Settling {
+                    how: "dead",
+                    row: Some(row),
+                    claim: Some(claim),
+                    payload: Some(payload),
+                    reason: Some(reason),
+                    size: size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)),
+                    ..Settling::default()
+                }
+            }
+            Settle::ResolveDeadLetter(id) => Settling {
+                how: "resolve",
+                dead_letter: Some(
+                    id.parse()
+                        .map_err(|_| corrupt(format!("bad dead letter id {id}")))?,
+                ),
+                ..Settling::default()
+            },
+        })
+    }
+}
+
+/// The tallies a commit opens, as `tally_open` takes them.
+fn opened(tallies: &[TallyOpen]) -> String {
+    let opened: Vec<Value> = tallies
+        .iter()
+        .map(|open| {
+            json!({
+                "process": open.tally.process,
+                "instance": open.tally.instance,
+                "generation": open.tally.generation,
+                "name": open.tally.name,
+                "items": open.items,
+                // An expiry of 0 would make it gone before anyone looks.
+                "keep_ms": ms(open.keep_for).max(1),
+                "completion": WorkItem::Process(open.completion.clone()).encode(),
+                "completion_late": WorkItem::Process(open.completion_late.clone()).encode(),
+            })
+        })
+        .collect();
+    Value::Array(opened).to_string()
+}
+
+/// A [`ProcessCommit`] as `process_commit`'s arguments.
+struct CommitArgs<'a> {
+    id: Option<&'a str>,
+    generation: Option<&'a str>,
+    version: i64,
+    record: Option<String>,
+    created_ms: i64,
+    handled: Vec<String>,
+    deleted_handled: Vec<String>,
+    keys: String,
+    enqueue: Vec<String>,
+    due: Vec<i64>,
+    timers: Vec<String>,
+    endpoints: Vec<String>,
+    envelopes: Vec<String>,
+    tallies: String,
+    settling: Settling<'a>,
+    batched_rows: Vec<i64>,
+    batched_claims: Vec<Uuid>,
+}
+
+impl<'a> CommitArgs<'a> {
+    fn of(commit: &ProcessCommit<'a>, dead_letter_limit: usize) -> Result<Self, BackendError> {
+        let instance = commit.instance;
+        // The record as stored: the version it will have, stamped now.
+        let record = match instance.filter(|_| !commit.delete) {
+            Some(i) => {
+                let mut stored = i.clone();
+                stored.version += 1;
+                stored.updated_at = Timestamp::now();
+                Some(serde_json::to_string(&stored).map_err(corrupt)?)
+            }
+            None => None,
+        };
+        let keys = json!({
+            "add": commit.add_keys,
+            "remove": commit.remove_keys,
+            "join": commit.add_shared,
+            "leave": commit.remove_shared,
+        });
+        let mut batched_rows = Vec::with_capacity(commit.batched.len());
+        let mut batched_claims = Vec::with_capacity(commit.batched.len());
+        for b in &commit.batched {
+            let (row, claim) = located(b.delivery)?;
+            batched_rows.push(row);
+            batched_claims.push(claim);
+        }
+        let (endpoints, envelopes) = commit.endpoints.iter().cloned().unzip();
+        let (due, timers) = commit
+            .schedule
+            .iter()
+            .map(|(due, e)| (millis(*due), WorkItem::Process(e.clone()).encode()))
+            .unzip();
+        Ok(CommitArgs {
+            id: instance.map(|i| i.id.as_str()),
+            generation: instance.map(|i| i.generation.as_str()),
+            version: instance.map_or(0, |i| millis(i.version)),
+            record,
+            created_ms: instance.map_or(0, |i| millis(i.created_at.0)),
+            handled: commit.handled_ids().map(str::to_owned).collect(),
+            deleted_handled: match (commit.delete, instance) {
+                (true, Some(i)) => i.handled(),
+                _ => Vec::new(),
+            },
+            keys: keys.to_string(),
+            enqueue: commit
+                .enqueue
+                .iter()
+                .map(|e| WorkItem::Process(e.clone()).encode())
+                .collect(),
+            due,
+            timers,
+            endpoints,
+            envelopes,
+            tallies: opened(&commit.tallies),
+            settling: Settling::of(commit.settle, dead_letter_limit)?,
+            batched_rows,
+            batched_claims,
+        })
+    }
+}
+
+impl PostgresBackend {
+    /// Calls `process_commit`: `(code, detail, version)`.
+    async fn call_commit(
+        &self,
+        process: &str,
+        commit: &ProcessCommit<'_>,
+    ) -> Result<(i32, Option<String>, i64), BackendError> {
+        let config = &self.shared.config;
+        let a = CommitArgs::of(commit, config.dead_letter_payload_limit)?;
+        let s = &a.settling;
+        let row = sqlx::query(sql!(
+            "SELECT code, detail, version FROM {}($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, \
+             $11::jsonb, $12, $13, $14, $15, $16, $17, $18::jsonb, $19, $20, $21, $22, $23, $24, \
+             $25, $26, $27)",
+            self.q("process_commit")
+        ))
+        .bind(process)
+        .bind(a.id)
+        .bind(a.generation)
+        .bind(a.version)
+        .bind(a.record.as_deref())
+        .bind(a.created_ms)
+        .bind(commit.delete)
+        .bind(&a.handled)
+        .bind(&a.deleted_handled)
+        .bind(ms(commit.tombstone_ttl))
+        .bind(&a.keys)
+        .bind(&a.enqueue)
+        .bind(&a.due)
+        .bind(&a.timers)
+        .bind(&a.endpoints)
+        .bind(&a.envelopes)
+        .bind(i64::try_from(config.endpoint_max_len.max(1)).unwrap_or(i64::MAX))
+        .bind(&a.tallies)
+        .bind(s.how)
+        .bind(s.row)
+        .bind(s.claim)
+        .bind(s.payload)
+        .bind(s.reason)
+        .bind(s.size)
+        .bind(s.dead_letter)
+        .bind(&a.batched_rows)
+        .bind(&a.batched_claims)
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        Ok((
+            row.try_get(0).map_err(corrupt)?,
+            row.try_get(1).map_err(corrupt)?,
+            row.try_get(2).map_err(corrupt)?,
+        ))
+    }
+
+    /// Instances of `process` that meet `condition` on `i` (which may
+    /// name `$2`, bound to `after`), in `order`, at most `limit` (`None`:
+    /// all).
+    async fn instances_where(
+        &self,
+        process: &str,
+        condition: &str,
+        after: Option<&str>,
+        limit: Option<i64>,
+        order: &str,
+    ) -> Result<Vec<ProcessInstance>, BackendError> {
+        let rows = sqlx::query(sql!(
+            "SELECT i.record, i.version FROM {} i WHERE i.process = $1 AND {condition} \
+             ORDER BY {order} LIMIT $3",
+            self.q("process_instances")
+        ))
+        .bind(process)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        rows.iter().map(instance).collect()
+    }
 }
 
 #[async_trait]
 impl ProcessStore for PostgresBackend {
     async fn process_load(
         &self,
-        _: &str,
-        _: &str,
+        process: &str,
+        id: &str,
     ) -> Result<Option<ProcessInstance>, BackendError> {
-        Err(not_yet())
+        let row = sqlx::query(sql!(
+            "SELECT record, version FROM {} WHERE process = $1 AND id = $2",
+            self.q("process_instances")
+        ))
+        .bind(process)
+        .bind(id)
+        .fetch_optional(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        row.as_ref().map(instance).transpose()
     }
+
     async fn process_find(
         &self,
-        _: &str,
-        _: &str,
-        _: &str,
+        process: &str,
+        field: &str,
+        value: &str,
     ) -> Result<Option<ProcessInstance>, BackendError> {
-        Err(not_yet())
+        let row = sqlx::query(sql!(
+            "SELECT i.record, i.version FROM {} e JOIN {} i \
+             ON i.process = e.process AND i.id = e.instance \
+             WHERE e.process = $1 AND e.field = $2 AND e.value = $3",
+            self.q("process_entries"),
+            self.q("process_instances")
+        ))
+        .bind(process)
+        .bind(field)
+        .bind(value)
+        .fetch_optional(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        row.as_ref().map(instance).transpose()
     }
+
     async fn process_find_shared(
         &self,
-        _: &str,
-        _: &str,
-        _: &str,
+        process: &str,
+        field: &str,
+        value: &str,
     ) -> Result<Vec<String>, BackendError> {
-        Err(not_yet())
+        sqlx::query_scalar(sql!(
+            "SELECT instance FROM {} WHERE process = $1 AND field = $2 AND value = $3 \
+             ORDER BY instance",
+            self.q("process_shared_entries")
+        ))
+        .bind(process)
+        .bind(field)
+        .bind(value)
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)
     }
-    async fn process_list(&self, _: &str) -> Result<Vec<ProcessInstance>, BackendError> {
-        Err(not_yet())
+
+    async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
+        self.instances_where(
+            process,
+            "$2::text IS NULL",
+            None,
+            None,
+            "i.created_ms, i.id",
+        )
+        .await
     }
+
+    /// A page in id order, read from the primary key's index: only the
+    /// page is read.
     async fn process_page(
         &self,
-        _: &str,
-        _: Option<&str>,
-        _: usize,
+        process: &str,
+        after: Option<&str>,
+        limit: usize,
     ) -> Result<Page<ProcessInstance>, BackendError> {
-        Err(not_yet())
+        let limit = limit.max(1);
+        let more = i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX);
+        let mut items = self
+            .instances_where(
+                process,
+                "($2::text IS NULL OR i.id > $2)",
+                after,
+                Some(more),
+                "i.id",
+            )
+            .await?;
+        let next = match items.len() > limit {
+            true => {
+                items.truncate(limit);
+                items.last().map(|i| i.id.clone())
+            }
+            false => None,
+        };
+        Ok(Page { items, next })
     }
+
     async fn process_commit(
         &self,
-        _: &str,
-        _: ProcessCommit<'_>,
+        process: &str,
+        commit: ProcessCommit<'_>,
     ) -> Result<ProcessWrite, BackendError> {
-        Err(not_yet())
+        let (code, detail, version) = self.call_commit(process, &commit).await?;
+        let instance = || commit.instance.map(|i| i.id.clone()).unwrap_or_default();
+        Ok(match code {
+            0 => Ok(u64::try_from(version).unwrap_or(0)),
+            CONFLICT => Err(ProcessRefusal::Conflict),
+            TOMBSTONED => Err(ProcessRefusal::Tombstoned {
+                instance: instance(),
+            }),
+            TALLY_EXISTS => {
+                let n = detail.and_then(|d| d.parse::<usize>().ok()).unwrap_or(1);
+                match commit.tallies.get(n.saturating_sub(1)) {
+                    Some(open) => Err(ProcessRefusal::TallyExists(open.tally.clone())),
+                    None => return Err(corrupt("the process commit named no tally it opens")),
+                }
+            }
+            other => {
+                return Err(corrupt(format!(
+                    "unexpected refusal code {other} from a process commit"
+                )))
+            }
+        })
     }
-    async fn process_release_due(&self, _: u64, _: usize) -> Result<usize, BackendError> {
-        Ok(0)
+
+    async fn process_release_due(&self, now_ms: u64, limit: usize) -> Result<usize, BackendError> {
+        let signals = &self.shared.signals;
+        let known = signals.next_timer.load(Ordering::SeqCst);
+        // Nothing is due before the earliest time known: notifications
+        // bring every time scheduled since (unless the listener is down).
+        if signals.listening.load(Ordering::SeqCst) && known != 0 && now_ms < known {
+            return Ok(0);
+        }
+        // From here, the times notifications bring are kept with what the
+        // query finds left.
+        signals.next_timer.store(u64::MAX, Ordering::SeqCst);
+        let row = sqlx::query(sql!(
+            "SELECT moved, next_due FROM {}($1, $2)",
+            self.q("release_timers")
+        ))
+        .bind(millis(now_ms))
+        .bind(int(limit.max(1)))
+        .fetch_one(self.pool_ref())
+        .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(error) => {
+                signals.next_timer.store(0, Ordering::SeqCst);
+                return Err(failure(error));
+            }
+        };
+        let moved: i32 = row.try_get(0).map_err(corrupt)?;
+        let next: Option<i64> = row.try_get(1).map_err(corrupt)?;
+        signals.timer_at(next.map_or(u64::MAX, |n| u64::try_from(n).unwrap_or(0)));
+        Ok(usize::try_from(moved).unwrap_or(0))
     }
+
     async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError> {
-        Err(not_yet())
+        let rows = sqlx::query(sql!(
+            "SELECT due_ms, payload FROM {} ORDER BY due_ms, id",
+            self.q("process_timers")
+        ))
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let mut scheduled = Vec::with_capacity(rows.len());
+        for row in rows {
+            let due: i64 = row.try_get(0).map_err(corrupt)?;
+            let payload: String = row.try_get(1).map_err(corrupt)?;
+            if let Ok(WorkItem::Process(envelope)) = WorkItem::decode(payload.as_bytes()) {
+                scheduled.push((u64::try_from(due).unwrap_or(0), envelope));
+            }
+        }
+        Ok(scheduled)
     }
 }
