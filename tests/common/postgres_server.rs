@@ -15,6 +15,9 @@ pub struct TestPostgres {
     port: u16,
     dir: tempfile::TempDir,
     running: bool,
+    /// Server settings beyond the defaults (`-c name=value`), kept across
+    /// restarts.
+    settings: Vec<(String, String)>,
 }
 
 fn free_port() -> u16 {
@@ -95,7 +98,19 @@ fn run(mut cmd: Command, what: &str) {
 impl TestPostgres {
     /// Initializes and starts a server (fsync off: a stopped server keeps
     /// what it committed; only an operating-system crash would lose it).
+    /// `synchronous_commit` stays on: off, a commit is acknowledged before
+    /// its WAL leaves the server's memory, and a crash (`crash()`) loses
+    /// the last few hundred milliseconds of acknowledged writes, which no
+    /// engine could be expected to survive.
     pub fn start() -> Self {
+        TestPostgres::start_with(&[])
+    }
+
+    /// Initializes and starts a server with `settings` (`-c name=value`)
+    /// besides the defaults, kept across restarts: e.g.
+    /// `[("shared_preload_libraries", "pg_stat_statements")]` to count
+    /// statements.
+    pub fn start_with(settings: &[(&str, &str)]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("saga-pg-")
             .tempdir()
@@ -131,6 +146,10 @@ impl TestPostgres {
             port: free_port(),
             dir,
             running: false,
+            settings: settings
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         pg.restart();
         pg
@@ -151,12 +170,15 @@ impl TestPostgres {
 
     /// Starts the server (again), on the same port and data.
     pub fn restart(&mut self) {
-        let options = format!(
+        let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off -c max_connections=200",
+             -c full_page_writes=off -c max_connections=200",
             self.port,
             self.dir.path().display()
         );
+        for (name, value) in &self.settings {
+            options.push_str(&format!(" -c {name}={value}"));
+        }
         let log = self.dir.path().join("server.log");
         run(
             as_postgres(
@@ -219,6 +241,13 @@ impl TestPostgres {
     /// Runs `sql` with psql on the server (for fault injection:
     /// `pg_terminate_backend`, locks).
     pub fn psql(&self, sql: &str) -> String {
+        self.try_psql(sql)
+            .unwrap_or_else(|error| panic!("psql {sql}: {error}"))
+    }
+
+    /// Runs `sql` with psql, or says why it failed (the server may be
+    /// down: fault injection goes on without it).
+    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
         let out = Command::new("psql")
             .arg(self.url())
             .arg("-At")
@@ -227,12 +256,15 @@ impl TestPostgres {
             .stdin(Stdio::null())
             .output()
             .expect("psql must be on PATH");
-        assert!(
-            out.status.success(),
-            "psql {sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+            false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
+    }
+
+    /// Whether the server is running (not crashed by the test).
+    pub fn is_running(&self) -> bool {
+        self.running
     }
 }
 
