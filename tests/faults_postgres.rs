@@ -10,7 +10,9 @@
 //!   engine's write gives up within `lock_timeout` (or `statement_timeout`),
 //!   the worker goes on with other work, and the task completes once the
 //!   lock is released;
-//! - connections terminated while tasks run: nothing is lost.
+//! - connections terminated while tasks run: nothing is lost;
+//! - the listening connection comes back after a crash and after it is
+//!   terminated.
 //!
 //! Executions of the `chaos` saga are recorded on a private Redis, out of
 //! the faults' way.
@@ -588,4 +590,60 @@ async fn terminated_connections_lose_nothing() {
         "{terminated} connections terminated in {} rounds while 100 tasks ran",
         kills.len()
     );
+}
+
+/// Whether a connection of an engine is listening: its last statement
+/// was the `LISTEN` of the schema's channels, and nothing came after.
+fn listening(pg: &TestPostgres) -> bool {
+    pg.try_psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'saga-runtime' \
+         AND state = 'idle' AND query LIKE 'LISTEN %saga_work%'",
+    )
+    .is_ok_and(|n| n != "0")
+}
+
+/// (e) The listening connection comes back after the server restarts and
+/// after it is terminated: idle workers are woken by notifications again,
+/// not only by their own polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_comes_back_after_a_crash_and_after_it_is_terminated() {
+    let mut pg = TestPostgres::start();
+    let engine = Engine::builder()
+        .backend(backend(&pg, config(Duration::from_secs(1))).await)
+        .saga(Double)
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    let mut back_after = Vec::new();
+    for fault in ["none", "crash", "terminate"] {
+        let faulted = Instant::now();
+        match fault {
+            "crash" => tokio::task::block_in_place(|| {
+                pg.crash();
+                std::thread::sleep(Duration::from_millis(500));
+                pg.restart();
+            }),
+            "terminate" => {
+                pg.psql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE application_name = 'saga-runtime' AND pid <> pg_backend_pid()",
+                );
+            }
+            _ => {}
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !tokio::task::block_in_place(|| listening(&pg)) {
+            assert!(
+                Instant::now() < deadline,
+                "nobody listens after the {fault} (a worker would only find work by polling)"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        back_after.push((fault, faulted.elapsed()));
+        let id = engine.start::<Double>(4).await.unwrap();
+        let task = finish(&engine, id, Duration::from_secs(10)).await;
+        assert_eq!(task.output_as::<u32>().unwrap().unwrap(), 8);
+    }
+    println!("listening again after: {back_after:?}");
 }
