@@ -156,6 +156,7 @@ async fn every_task_ends_under_kills_terminated_connections_and_a_postgres_crash
 
     let deadline = Instant::now() + Duration::from_secs(180);
     let (mut sigkills, mut terminations, mut terminated, mut crashed) = (0, 0, 0, false);
+    let mut exited = Vec::new();
     loop {
         if callers.iter().all(|c| c.is_finished()) {
             break;
@@ -165,6 +166,14 @@ async fn every_task_ends_under_kills_terminated_connections_and_a_postgres_crash
             "tasks still unfinished after {sigkills} SIGKILLs, {terminations} terminations (seed {seed})"
         );
         tokio::time::sleep(Duration::from_millis(rng.gen_range(100..400))).await;
+        // A worker ends only when killed: one that gave up by itself (on a
+        // store it could not reach) is a failure, replaced to go on.
+        for (slot, worker) in workers.iter_mut().enumerate() {
+            if let Some(status) = worker.try_wait().unwrap() {
+                exited.push(format!("worker {slot} exited by itself: {status}"));
+                *worker = spawn_worker(&url, &record.url(), slot);
+            }
+        }
         let started = ids.lock().unwrap().len() as u64;
         if !crashed && started > TASKS / 3 {
             // The server crashes (no checkpoint, every connection cut) and
@@ -216,6 +225,7 @@ async fn every_task_ends_under_kills_terminated_connections_and_a_postgres_crash
         errors.is_empty(),
         "callers saw errors (seed {seed}): {errors:#?}"
     );
+    assert!(exited.is_empty(), "seed {seed}: {exited:#?}");
     assert!(crashed, "PostgreSQL crashed and restarted once");
     assert!(sigkills >= 5, "workers were killed ({sigkills})");
     assert!(
