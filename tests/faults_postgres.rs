@@ -12,7 +12,8 @@
 //!   lock is released;
 //! - connections terminated while tasks run: nothing is lost;
 //! - the listening connection comes back after a crash and after it is
-//!   terminated.
+//!   terminated;
+//! - a message that kills its worker: dead-lettered after the cap.
 //!
 //! Executions of the `chaos` saga are recorded on a private Redis, out of
 //! the faults' way.
@@ -646,4 +647,68 @@ async fn the_listener_comes_back_after_a_crash_and_after_it_is_terminated() {
         assert_eq!(task.output_as::<u32>().unwrap().unwrap(), 8);
     }
     println!("listening again after: {back_after:?}");
+}
+
+/// (f) A message whose handling kills its worker (abort, out of memory) is
+/// dead-lettered after the cap of deliveries, with its task, and holds
+/// nothing else up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_kills_its_worker_is_dead_lettered_after_the_cap() {
+    let pg = TestPostgres::start();
+    let record = TestRedis::start_with_aof(false);
+    let client = chaos_engine(&pg, &record, quick(), 0).await;
+    let mut ids = Vec::new();
+    for n in 1..=4u64 {
+        ids.push((n, client.start::<Chaos>(n).await.unwrap()));
+    }
+    let poison = client.start::<Chaos>(666).await.unwrap();
+    let envs = [
+        ("WORKERS", "1"),
+        ("POISON", "666"),
+        ("MAX_DELIVERIES", "3"),
+        ("VISIBILITY_MS", "500"),
+        ("POLL_MS", "50"),
+        ("MAX_WORK_MS", "0"),
+        ("FAILURE_RATE", "0"),
+    ];
+    let mut worker = spawn_worker(&pg, &record, &envs);
+    let mut crashes = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let task = client.task(poison).await.unwrap().unwrap();
+        if task.status.is_terminal() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the poison message was still looping after {crashes} crashes"
+        );
+        if worker.try_wait().unwrap().is_some() {
+            crashes += 1;
+            worker = spawn_worker(&pg, &record, &envs);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let task = client.task(poison).await.unwrap().unwrap();
+    assert_eq!(task.status, TaskStatus::DeadLettered, "{task:#?}");
+    let error = task.error.clone().unwrap();
+    assert!(
+        error.contains("delivered 3 times without completing"),
+        "{error}"
+    );
+    assert!(crashes >= 3, "each delivery killed a worker ({crashes})");
+    all_completed(&client, &record, &ids).await;
+    let letters = client
+        .dead_letters(Default::default())
+        .await
+        .unwrap()
+        .letters;
+    assert!(
+        letters
+            .iter()
+            .any(|l| l.task_id == Some(poison) && l.reason.contains("delivered 3 times")),
+        "{letters:#?}"
+    );
+    let _ = worker.kill();
+    let _ = worker.wait();
 }
