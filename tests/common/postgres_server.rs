@@ -15,8 +15,7 @@ pub struct TestPostgres {
     port: u16,
     dir: tempfile::TempDir,
     running: bool,
-    /// Server settings beyond the defaults (`-c name=value`), kept across
-    /// restarts.
+    /// Server settings (`-c name=value`) besides the defaults.
     settings: Vec<(String, String)>,
 }
 
@@ -96,20 +95,17 @@ fn run(mut cmd: Command, what: &str) {
 }
 
 impl TestPostgres {
-    /// Initializes and starts a server (fsync off: a stopped server keeps
-    /// what it committed; only an operating-system crash would lose it).
-    /// `synchronous_commit` stays on: off, a commit is acknowledged before
-    /// its WAL leaves the server's memory, and a crash (`crash()`) loses
-    /// the last few hundred milliseconds of acknowledged writes, which no
-    /// engine could be expected to survive.
+    /// Initializes and starts a server. Commits are synchronous (a commit
+    /// reaches the write-ahead log before it is acknowledged, so a crash
+    /// of the server loses none), but not fsynced: the operating system
+    /// keeps what a killed server wrote; only a machine's crash would lose
+    /// it, and tests do not crash machines.
     pub fn start() -> Self {
         TestPostgres::start_with(&[])
     }
 
-    /// Initializes and starts a server with `settings` (`-c name=value`)
-    /// besides the defaults, kept across restarts: e.g.
-    /// `[("shared_preload_libraries", "pg_stat_statements")]` to count
-    /// statements.
+    /// Starts a server with `settings` (`name`, `value`) on top of the
+    /// defaults (a benchmark turns `fsync` back on, say).
     pub fn start_with(settings: &[(&str, &str)]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("saga-pg-")
@@ -148,7 +144,7 @@ impl TestPostgres {
             running: false,
             settings: settings
                 .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
         };
         pg.restart();
@@ -260,11 +256,6 @@ impl TestPostgres {
             true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
             false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
         }
-    }
-
-    /// Whether the server is running (not crashed by the test).
-    pub fn is_running(&self) -> bool {
-        self.running
     }
 }
 
