@@ -237,6 +237,13 @@ impl TestPostgres {
     /// Runs `sql` with psql on the server (for fault injection:
     /// `pg_terminate_backend`, locks).
     pub fn psql(&self, sql: &str) -> String {
+        self.try_psql(sql)
+            .unwrap_or_else(|error| panic!("psql {sql}: {error}"))
+    }
+
+    /// Runs `sql` with psql, or says why it failed (the server may be
+    /// down: fault injection goes on without it).
+    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
         let out = Command::new("psql")
             .arg(self.url())
             .arg("-At")
@@ -245,12 +252,10 @@ impl TestPostgres {
             .stdin(Stdio::null())
             .output()
             .expect("psql must be on PATH");
-        assert!(
-            out.status.success(),
-            "psql {sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+            false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
     }
 }
 

@@ -1,0 +1,311 @@
+//! Counts the transactions and statements a step costs on PostgreSQL, as
+//! `tests/round_trips.rs` counts Redis round trips, so that a change that
+//! adds one fails here rather than show up later as a slower benchmark.
+//!
+//! Against a private server with `pg_stat_statements` preloaded (and
+//! autovacuum off: its workers' transactions would count too):
+//!
+//! - statements: `pg_stat_statements` calls (top-level statements only: a
+//!   protocol function's inner statements are not round trips), reset
+//!   when the count begins;
+//! - transactions: the deltas of `pg_stat_database.xact_commit` and
+//!   `xact_rollback` for the test database. The test reads them (and
+//!   everything else it looks at while counting) on short-lived
+//!   connections to another database, so its own reads are not in the
+//!   count; that they are not is checked on the idle server. A backend
+//!   reports its counters when it goes idle, at most once a second, or
+//!   when it exits: the count ends once every connection of the engine has
+//!   closed.
+//!
+//! The worker's `LISTEN`ing connection runs a transaction of its own each
+//! time it reads notifications (a task's end notifies its waiters): that
+//! is no statement of the engine's, but it is a transaction. It is left
+//! out of the bound of 2 per step, which counts the engine's statements
+//! in the steady state (each its own transaction), and shown apart with
+//! the transactions of connections starting as those no statement
+//! accounts for (about one per task).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::postgres_server::TestPostgres;
+use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
+use saga_runtime::prelude::*;
+use sqlx::Connection;
+
+struct Chain {
+    done: Arc<AtomicU64>,
+}
+
+#[saga(name = "chain")]
+impl Chain {
+    #[saga_step(1)]
+    async fn one(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(2)]
+    async fn two(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(3)]
+    async fn three(&self, n: u64) -> Result<u64, StepError> {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// A backend whose idle reader looks for work only every 10 s: once the
+/// queue is empty the count is over, and its polls are not the steps'.
+async fn backend(pg: &TestPostgres) -> PostgresBackend {
+    let config = PostgresConfig {
+        poll_interval: Duration::from_secs(10),
+        ..PostgresConfig::default()
+    };
+    PostgresBackend::connect_url(&pg.url(), config)
+        .await
+        .unwrap()
+}
+
+async fn engine(backend: PostgresBackend, done: &Arc<AtomicU64>) -> Engine {
+    Engine::builder()
+        .backend(backend)
+        .saga(Chain { done: done.clone() })
+        // The timer poller and the janitor run on their own clocks, not
+        // per step: out of the way of the count.
+        .timeout_poll_interval(Duration::from_secs(600))
+        .housekeeping_interval(Duration::from_secs(600))
+        .workers(0)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A connection to the `observer` database of `pg`: what the test reads
+/// while it counts is not in the test database's counters.
+async fn observe(pg: &TestPostgres) -> sqlx::postgres::PgConnection {
+    let url = format!("postgres://postgres@127.0.0.1:{}/observer", pg.port());
+    sqlx::postgres::PgConnection::connect(&url).await.unwrap()
+}
+
+/// Transactions committed and rolled back in the test database so far.
+async fn transactions(pg: &TestPostgres) -> i64 {
+    let mut conn = observe(pg).await;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+         WHERE datname = 'postgres'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    n
+}
+
+/// Waits until no connection of an engine is left (each reported its
+/// counters as it exited), then a moment for the last reports to land.
+async fn engines_gone(pg: &TestPostgres) {
+    let mut conn = observe(pg).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'saga-runtime'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} connections stayed open");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    conn.close().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
+/// Every statement run in the test database since the last reset, by
+/// text: how often, and how many rows it returned in all.
+async fn statements(pg: &TestPostgres) -> BTreeMap<String, (i64, i64)> {
+    let mut conn = observe(pg).await;
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT regexp_replace(s.query, '\\s+', ' ', 'g'), s.calls, s.rows \
+         FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+         WHERE d.datname = 'postgres'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    rows.into_iter()
+        .fold(BTreeMap::new(), |mut by_query, (query, calls, rows)| {
+            let entry = by_query.entry(query).or_insert((0, 0));
+            *entry = (entry.0 + calls, entry.1 + rows);
+            by_query
+        })
+}
+
+/// Statements an engine runs once, not per step: connecting (each new
+/// connection sets its timeouts), the migration check, `LISTEN`, and
+/// `UNLISTEN` as the listener closes.
+fn once(query: &str) -> bool {
+    ["SET ", "LISTEN ", "UNLISTEN ", "BEGIN", "COMMIT", "CREATE "]
+        .iter()
+        .any(|start| query.starts_with(start))
+        || query.contains("schema_version")
+        || query.contains("pg_advisory_xact_lock")
+}
+
+/// Forgets every statement counted so far.
+async fn reset_statements(pg: &TestPostgres) {
+    let mut conn = observe(pg).await;
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+}
+
+/// A short name for a statement: the protocol function it calls.
+fn short(query: &str) -> String {
+    match query.split_once("FROM \"saga\".") {
+        Some((_, rest)) => rest.split('(').next().unwrap_or(rest).to_owned(),
+        None => query.chars().take(60).collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_steps_costs_at_most_two_transactions_per_step() {
+    let pg = TestPostgres::start_with(&[
+        ("shared_preload_libraries", "pg_stat_statements"),
+        ("autovacuum", "off"),
+    ]);
+    pg.psql("CREATE DATABASE observer");
+    let observer = format!("postgres://postgres@127.0.0.1:{}/observer", pg.port());
+    let out = std::process::Command::new("psql")
+        .args([
+            observer.as_str(),
+            "-c",
+            "CREATE EXTENSION pg_stat_statements",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let done = Arc::new(AtomicU64::new(0));
+    let tasks = 200u64;
+    // The tasks are started by an engine that is gone before the count
+    // begins (its listener would count).
+    let client = backend(&pg).await;
+    let starter = engine(client.clone(), &done).await;
+    for n in 0..tasks {
+        starter.start::<Chain>(n).await.unwrap();
+    }
+    starter.shutdown().await;
+    drop(starter);
+    client.pool().close().await;
+    drop(client);
+    engines_gone(&pg).await;
+
+    // The test's reads are not in the count: two on the idle server.
+    let idle = transactions(&pg).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = transactions(&pg).await;
+    assert_eq!(before, idle, "the test's reads count no transaction");
+    reset_statements(&pg).await;
+
+    let workers = backend(&pg).await;
+    let pool = workers.pool().clone();
+    let worker = engine(workers, &done).await;
+    let run = {
+        let worker = worker.clone();
+        tokio::spawn(async move { worker.run_workers(1).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done.load(Ordering::Relaxed) < tasks {
+        assert!(Instant::now() < deadline, "the tasks did not finish");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The last commit lands before the shutdown returns.
+    worker.shutdown().await;
+    let _ = run.await;
+    drop(worker);
+    pool.close().await;
+    engines_gone(&pg).await;
+    let total = transactions(&pg).await - before;
+    let by_query = statements(&pg).await;
+
+    let completed = pg.psql("SELECT count(*) FROM saga.tasks WHERE status = 'Completed'");
+    assert_eq!(completed, tasks.to_string(), "every task completed");
+    let steps = (tasks * 3) as f64;
+    let calls = |starts: &str| -> i64 {
+        by_query
+            .iter()
+            .filter(|(q, _)| q.starts_with(starts))
+            .map(|(_, (n, _))| n)
+            .sum()
+    };
+    for (query, (n, rows)) in &by_query {
+        println!("{n:>6} calls {rows:>6} rows  {}", short(query));
+    }
+    let statements: i64 = by_query.values().map(|(n, _)| n).sum();
+    let setup: i64 = by_query
+        .iter()
+        .filter(|(q, _)| once(q))
+        .map(|(_, (n, _))| n)
+        .sum();
+    // The reads that found nothing: before the first message, once the
+    // queue was empty (each asks for one message), with what an idle
+    // reader asks next (when the next delayed message is due, if the
+    // backend asks).
+    let empty_reads: i64 = by_query
+        .iter()
+        .filter(|(q, _)| q.contains(".take("))
+        .map(|(_, (n, rows))| n - rows)
+        .sum::<i64>()
+        + by_query
+            .iter()
+            .filter(|(q, _)| q.contains(".next_visible("))
+            .map(|(_, (n, _))| n)
+            .sum::<i64>();
+    // The steady state: every statement but those. Each is a transaction
+    // of its own (autocommit): no explicit transaction but the migration
+    // check's.
+    assert!(
+        calls("BEGIN") <= 1,
+        "an explicit transaction per step: {by_query:#?}"
+    );
+    let steady = statements - setup - empty_reads;
+    // The set-up's transactions: one per connection (its two `SET`s in one
+    // query), the migration check's, the `LISTEN`s (one query), `UNLISTEN`.
+    let setup_transactions = calls("SET lock_timeout")
+        + calls("BEGIN")
+        + calls("LISTEN \"saga_work")
+        + calls("UNLISTEN");
+    let unaccounted = total - steady - empty_reads - setup_transactions;
+    println!(
+        "{tasks} tasks x 3 no-op steps, 1 worker: {statements} statements and {total} transactions \
+         in all ({:.2} and {:.2} per step); in the steady state {steady} statements, each its own \
+         transaction: {:.2} per step; once: {setup} set-up statements ({setup_transactions} \
+         transactions), {empty_reads} idle reads (found nothing); {unaccounted} transactions of no \
+         statement ({:.2} per step): the listener reading notifications (a task's end notifies \
+         its waiters), and connections starting",
+        statements as f64 / steps,
+        total as f64 / steps,
+        steady as f64 / steps,
+        unaccounted as f64 / steps,
+    );
+    assert!(
+        steady as f64 / steps <= 2.0,
+        "{:.2} transactions per step in the steady state (budget 2): {by_query:#?}",
+        steady as f64 / steps
+    );
+    // The listener reads each task's end at most once; a few connections
+    // start. More would be notifications sent per step.
+    assert!(
+        unaccounted <= tasks as i64 + 40,
+        "{unaccounted} transactions of no statement of the engine's for {tasks} tasks"
+    );
+}
