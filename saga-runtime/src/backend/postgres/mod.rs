@@ -162,6 +162,11 @@ impl PostgresBackend {
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))
+            // No ping before each statement (it doubled the round trips of
+            // every write): a connection that died meanwhile fails its
+            // statement, which the engine retries as any transient failure,
+            // on a fresh connection.
+            .test_before_acquire(false)
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     sqlx::raw_sql(sql!(

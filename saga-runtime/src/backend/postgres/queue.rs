@@ -9,13 +9,13 @@ use async_trait::async_trait;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::tasks::{located, ms};
+use super::tasks::{located, ms, parse_task};
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Delivery, Interest, QueueBacklog, QueueStats, WorkItem,
-    WorkQueue,
+    truncate_payload, BackendError, Delivery, Interest, Lease, Locked, QueueBacklog, QueueStats,
+    TakenLease, WorkItem, WorkQueue,
 };
-use crate::model::task::TaskId;
+use crate::model::task::{TaskId, Timestamp};
 
 /// The queue kind of an entry: a saga message (0), a process-manager one
 /// (1), or one that does not decode (2, for any worker to dead-letter).
@@ -47,41 +47,88 @@ fn kinds(interest: Interest) -> Vec<i16> {
 }
 
 impl PostgresBackend {
-    /// Takes up to `max` visible messages of `kinds` at once.
+    /// Takes up to `max` visible messages of `kinds` at once, and the
+    /// lease of each saga message's task with it (one call: the worker
+    /// would ask for the lease next).
     async fn take(
         &self,
         consumer: &str,
         kinds: &[i16],
         max: usize,
     ) -> Result<Vec<Delivery>, BackendError> {
+        let visibility = self.shared.config.visibility_timeout;
+        let requested_at = tokio::time::Instant::now();
         let rows = sqlx::query(sql!(
-            "SELECT id, payload, deliveries, claim FROM {}($1, $2, $3, $4)",
-            self.q("take")
+            "SELECT id, payload, deliveries, claim, lock_code, token, fence, record, cancel_ms \
+             FROM {}($1, $2, $3, $4)",
+            self.q("take_leased")
         ))
         .bind(consumer)
         .bind(kinds)
         .bind(i32::try_from(max.max(1)).unwrap_or(i32::MAX))
-        .bind(ms(self.shared.config.visibility_timeout))
+        .bind(ms(visibility))
         .fetch_all(self.pool_ref())
         .await
         .map_err(failure)?;
-        rows.into_iter()
+        rows.iter()
             .map(|row| {
                 let id: i64 = row.try_get(0).map_err(corrupt)?;
                 let raw: String = row.try_get(1).map_err(corrupt)?;
                 let deliveries: i32 = row.try_get(2).map_err(corrupt)?;
                 let claim: Uuid = row.try_get(3).map_err(corrupt)?;
+                let item = WorkItem::decode(raw.as_bytes());
+                let lease = self.taken_lease(row, &item, requested_at, visibility)?;
                 Ok(Delivery {
                     id: format!("{id}:{claim}"),
-                    item: WorkItem::decode(raw.as_bytes()),
+                    item,
                     raw,
                     deliveries: u32::try_from(deliveries).unwrap_or(0),
                     consumer: consumer.to_owned(),
-                    lease: None,
+                    lease,
                     instance: None,
                 })
             })
             .collect()
+    }
+
+    /// The lease `take_leased` took for a saga message's task, if it tried.
+    fn taken_lease(
+        &self,
+        row: &sqlx::postgres::PgRow,
+        item: &Result<WorkItem, String>,
+        requested_at: tokio::time::Instant,
+        ttl: Duration,
+    ) -> Result<Option<TakenLease>, BackendError> {
+        let code: Option<i32> = row.try_get(4).map_err(corrupt)?;
+        let Ok(WorkItem::Saga(message)) = item else {
+            return Ok(None);
+        };
+        match code {
+            Some(-4) => Ok(Some(TakenLease::Busy)),
+            Some(0) => {
+                let token: String = row.try_get(5).map_err(corrupt)?;
+                let fence: i64 = row.try_get(6).map_err(corrupt)?;
+                let record: serde_json::Value = row.try_get(7).map_err(corrupt)?;
+                let cancel: Option<i64> = row.try_get(8).map_err(corrupt)?;
+                let task = parse_task(record)?;
+                self.shared.steps.loaded(&task);
+                Ok(Some(TakenLease::Held {
+                    locked: Box::new(Locked {
+                        lease: Lease {
+                            task_id: message.task_id,
+                            token,
+                            fence: u64::try_from(fence).unwrap_or(0),
+                        },
+                        task: Some(task),
+                        cancel_requested: cancel
+                            .map(|c| Timestamp(u64::try_from(c).unwrap_or(0))),
+                    }),
+                    requested_at,
+                    ttl,
+                }))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// How long until the next message of `kinds` becomes visible.

@@ -335,7 +335,7 @@ END $$;
 -- each becomes invisible for the visibility timeout under a new claim, and
 -- counts one more unanswered delivery.
 CREATE FUNCTION {schema}.take(p_consumer text, p_kinds smallint[], p_max integer, p_visibility_ms bigint)
-RETURNS TABLE (id bigint, payload text, deliveries integer, claim uuid)
+RETURNS TABLE (id bigint, payload text, deliveries integer, claim uuid, kind smallint)
 LANGUAGE sql AS $$
     UPDATE {schema}.queue q
     SET consumer = p_consumer, claim = gen_random_uuid(), deliveries = q.deliveries + 1,
@@ -348,7 +348,7 @@ LANGUAGE sql AS $$
         FOR UPDATE SKIP LOCKED
     ) due
     WHERE q.id = due.id
-    RETURNING q.id, q.payload, q.deliveries, q.claim;
+    RETURNING q.id, q.payload, q.deliveries, q.claim, q.kind;
 $$;
 
 -- Hands a delivery back, visible after `p_delay_ms`; `p_answered` takes
@@ -437,3 +437,50 @@ LANGUAGE sql STABLE AS $$
     SELECT extract(epoch FROM min(visible_at) - clock_timestamp()) * 1000
     FROM {schema}.queue WHERE kind = ANY(p_kinds) AND visible_at > clock_timestamp();
 $$;
+
+-- The task a saga message is for; NULL for anything else (an entry that
+-- does not decode is not this function's to judge: its own exception
+-- handler keeps a bad payload from undoing the caller's writes).
+CREATE FUNCTION {schema}.saga_task_of(p_payload text) RETURNS uuid LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN (p_payload::jsonb ->> 'task_id')::uuid;
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$;
+
+-- `take`, and for each saga message the lease of its task in the same
+-- call (what a worker asks for next): `lock_code` 0 with the lease's
+-- token, fence, the task and its cancellation, -4 when another worker
+-- holds it, NULL when there is no such task (the worker sees to that).
+CREATE FUNCTION {schema}.take_leased(p_consumer text, p_kinds smallint[], p_max integer,
+    p_visibility_ms bigint)
+RETURNS TABLE (id bigint, payload text, deliveries integer, claim uuid, lock_code integer,
+    token text, fence bigint, record jsonb, cancel_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    taken record;
+    locked record;
+    task uuid;
+BEGIN
+    FOR taken IN SELECT * FROM {schema}.take(p_consumer, p_kinds, p_max, p_visibility_ms) t LOOP
+        id := taken.id;
+        payload := taken.payload;
+        deliveries := taken.deliveries;
+        claim := taken.claim;
+        lock_code := NULL; token := NULL; fence := NULL; record := NULL; cancel_ms := NULL;
+        task := CASE WHEN taken.kind = 0 THEN {schema}.saga_task_of(taken.payload) END;
+        IF task IS NOT NULL THEN
+            token := replace(gen_random_uuid()::text, '-', '');
+            SELECT * INTO locked FROM {schema}.lock_task(task, token, p_visibility_ms);
+            IF locked.code = -3 THEN
+                token := NULL;
+            ELSE
+                lock_code := locked.code;
+                fence := locked.fence;
+                record := locked.record;
+                cancel_ms := locked.cancel_ms;
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END $$;
