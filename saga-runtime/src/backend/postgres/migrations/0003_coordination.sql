@@ -1,11 +1,12 @@
 -- Coordination between the engines of a deployment: named leases (one
--- timer poller, one janitor at a time) and `scope = shared` circuit
--- breakers. `{schema}` is the backend's schema (quoted when substituted).
+-- timer poller, one janitor at a time), `scope = shared` circuit breakers,
+-- and which engines run which process managers. `{schema}` is the
+-- backend's schema (quoted when substituted).
 --
 -- The semantics are the in-memory backend's and the Redis scripts'
--- (named_lease.lua, unlock.lua, breaker_acquire.lua, breaker_report.lua);
--- every time that decides an expiry is the server's (clock_timestamp()),
--- never an engine's clock.
+-- (named_lease.lua, unlock.lua, breaker_acquire.lua, breaker_report.lua,
+-- announce.lua, runners.lua); every time that decides an expiry is the
+-- server's (clock_timestamp()), never an engine's clock.
 --
 -- What stays bounded, and why:
 -- - named_leases: a row per lease name (the engine uses two, `timers` and
@@ -13,6 +14,10 @@
 -- - breakers: a row per shared breaker (saga step) only while it counts
 --   failures or is open; a success deletes it, and a row not reported on
 --   for `keep` (a day past its break) is treated as gone and replaced.
+-- - process_runners: a row per (process manager, engine) announced; an
+--   engine's id is new each time it starts, so every announcement removes
+--   the rows that expired (those of engines that died without leaving).
+--   At most (engines alive within a TTL) x (process managers).
 
 -- A named lease: held by `holder` until `expires_at`, then free.
 CREATE TABLE {schema}.named_leases (
@@ -172,4 +177,40 @@ BEGIN
     UPDATE {schema}.breakers SET open_until = opened, failures = 0, keep_until = keep
     WHERE name = p_name;
     RETURN 1;
+END $$;
+
+-- Which engines run which process managers, each until `expires_at`: an
+-- engine handed a message for a process manager it does not run hands it
+-- back at once when another engine runs it. One row per engine, so that
+-- one engine's short announcement (or its leaving) cuts no other's. No
+-- index on the expiry: the table holds a few rows per engine, and every
+-- renewal (each engine's heartbeat) stays a heap-only update.
+CREATE TABLE {schema}.process_runners (
+    process text NOT NULL,
+    member text NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (process, member)
+);
+
+-- Records that `p_member` runs the process managers `p_names` for
+-- `p_ttl_ms` (NULL: it stops running them now), and removes the rows of
+-- engines whose announcements expired (skipping those another call is
+-- removing or renewing: nobody waits on them).
+CREATE FUNCTION {schema}.announce_processes(p_member text, p_names text[], p_ttl_ms bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    runs_until timestamptz := clock_timestamp() + p_ttl_ms * interval '1 millisecond';
+BEGIN
+    DELETE FROM {schema}.process_runners WHERE (process, member) IN (
+        SELECT process, member FROM {schema}.process_runners
+        WHERE expires_at <= clock_timestamp()
+        FOR UPDATE SKIP LOCKED);
+    IF p_ttl_ms IS NULL THEN
+        DELETE FROM {schema}.process_runners WHERE member = p_member AND process = ANY(p_names);
+    ELSE
+        INSERT INTO {schema}.process_runners (process, member, expires_at)
+        SELECT DISTINCT n, p_member, runs_until FROM unnest(p_names) AS n
+        ORDER BY n
+        ON CONFLICT (process, member) DO UPDATE SET expires_at = excluded.expires_at;
+    END IF;
 END $$;
