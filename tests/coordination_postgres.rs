@@ -3,7 +3,8 @@
 //! breaker counted and probed across two engines (as `shared_breaker.rs`
 //! does on Redis), one timer poller among two engines and the other taking
 //! over once the holder leaves or dies, races between engines for a lease
-//! and a probe, and process-manager runner announcements.
+//! and a probe, process-manager runner announcements, and how many lease
+//! statements idle engines send (counted by `pg_stat_statements`).
 
 mod common;
 
@@ -388,4 +389,71 @@ async fn runner_announcements_are_per_engine_and_expire() {
     assert_eq!(rows, [("other".to_owned(), "live".to_owned())]);
     assert!(backend.process_runner_alive("other").await.unwrap());
     assert!(!backend.process_runner_alive("pinger").await.unwrap());
+}
+
+/// Calls of statements matching `pattern` since the last reset.
+fn statement_calls(pg: &TestPostgres, pattern: &str) -> u64 {
+    pg.psql(&format!(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements \
+         WHERE query LIKE '{pattern}' AND query NOT LIKE '%pg_stat_statements%'"
+    ))
+    .parse()
+    .unwrap()
+}
+
+/// What idle engines send for the `timers` lease, counted by the server
+/// (`pg_stat_statements`): the holder renews it every quarter of its TTL
+/// (2 s at the default 100 ms timer poll: 2 a second), not on every poll
+/// (10 a second), and an engine that does not hold it looks as often.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_engines_renew_the_timer_lease_a_few_times_a_second() {
+    let _serial = SERIAL.lock().await;
+    let mut pg = TestPostgres::start();
+    pg.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'");
+    pg.crash();
+    pg.restart();
+    pg.psql("CREATE EXTENSION pg_stat_statements");
+    // The default settings, as an idle engine of a deployment has them.
+    let idle = || async {
+        let backend = PostgresBackend::connect(&pg.url()).await.unwrap();
+        Engine::builder()
+            .backend(backend)
+            .saga(Notify {
+                service: Arc::default(),
+                engine: "idle",
+            })
+            .build()
+            .await
+            .unwrap()
+    };
+    const WINDOW: Duration = Duration::from_secs(5);
+    let per_second = |calls: u64| calls as f64 / WINDOW.as_secs_f64();
+
+    let a = idle().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pg.psql("SELECT pg_stat_statements_reset()");
+    tokio::time::sleep(WINDOW).await;
+    let one = per_second(statement_calls(&pg, "%named_lease%"));
+    let all_one = per_second(statement_calls(&pg, "%"));
+
+    let b = idle().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pg.psql("SELECT pg_stat_statements_reset()");
+    tokio::time::sleep(WINDOW).await;
+    let two = per_second(statement_calls(&pg, "%named_lease%"));
+    let all_two = per_second(statement_calls(&pg, "%"));
+    println!(
+        "lease statements a second: {one:.1} from one idle engine ({all_one:.1} statements in all), \
+         {two:.1} from two ({all_two:.1} in all)"
+    );
+    assert!(
+        one <= 3.0,
+        "one idle engine: {one:.1} lease statements a second"
+    );
+    assert!(
+        two <= 5.0,
+        "two idle engines: {two:.1} lease statements a second"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
 }
