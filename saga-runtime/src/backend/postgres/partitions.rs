@@ -1,7 +1,54 @@
 //! Placement: one database holds everything together (row locks settle
-//! races), so nothing is partitioned. (Runner announcements: not yet.)
+//! races), so nothing is partitioned and every reader reads every message.
+//! What an engine does need to know, to hand a message for a process
+//! manager it does not run straight back during a rolling deploy, is
+//! whether another engine runs it: a row per (process manager, engine)
+//! with its expiry (`announce_processes` in
+//! `migrations/0003_coordination.sql`).
 
-use super::PostgresBackend;
-use crate::backend::Partitions;
+use std::time::Duration;
 
-impl Partitions for PostgresBackend {}
+use async_trait::async_trait;
+
+use super::tasks::ms;
+use super::{failure, PostgresBackend};
+use crate::backend::{BackendError, Partitions};
+
+#[async_trait]
+impl Partitions for PostgresBackend {
+    /// One statement: the member's rows renewed (or removed when it
+    /// leaves), and the rows of engines whose announcements expired
+    /// removed with them, so the table holds about one row per live engine
+    /// and process manager however often engines restart.
+    async fn announce_processes(
+        &self,
+        member: &str,
+        names: &[&'static str],
+        ttl: Option<Duration>,
+    ) -> Result<(), BackendError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(sql!("SELECT {}($1, $2, $3)", self.q("announce_processes")))
+            .bind(member)
+            .bind(names)
+            .bind(ttl.map(ms))
+            .execute(self.pool_ref())
+            .await
+            .map_err(failure)?;
+        Ok(())
+    }
+
+    /// Each engine's announcement counts until its own expiry: an engine
+    /// that announced briefly, or left, cuts no other's.
+    async fn process_runner_alive(&self, name: &str) -> Result<bool, BackendError> {
+        sqlx::query_scalar(sql!(
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE process = $1 AND expires_at > clock_timestamp())",
+            self.q("process_runners")
+        ))
+        .bind(name)
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)
+    }
+}

@@ -36,14 +36,6 @@ use crate::model::envelope::Envelope;
 use crate::model::tally::TallyOpen;
 use crate::model::task::Timestamp;
 
-/// The failure of what this backend does not offer yet (named leases and
-/// shared breakers, `leases.rs` and `breakers.rs`, use it until they do).
-pub(super) fn not_yet() -> BackendError {
-    BackendError::Misconfigured(
-        "the PostgreSQL backend does not offer named leases and shared breakers yet".into(),
-    )
-}
-
 /// `process_commit`'s refusal codes (see the migration).
 const CONFLICT: i32 = -2;
 const TOMBSTONED: i32 = -6;

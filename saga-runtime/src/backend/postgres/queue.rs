@@ -120,8 +120,7 @@ impl PostgresBackend {
                             fence: u64::try_from(fence).unwrap_or(0),
                         },
                         task: Some(task),
-                        cancel_requested: cancel
-                            .map(|c| Timestamp(u64::try_from(c).unwrap_or(0))),
+                        cancel_requested: cancel.map(|c| Timestamp(u64::try_from(c).unwrap_or(0))),
                     }),
                     requested_at,
                     ttl,

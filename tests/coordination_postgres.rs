@@ -1,0 +1,459 @@
+//! Coordination between engines on one PostgreSQL database (a private
+//! server per test, never the machine's own): a `scope = shared` circuit
+//! breaker counted and probed across two engines (as `shared_breaker.rs`
+//! does on Redis), one timer poller among two engines and the other taking
+//! over once the holder leaves or dies, races between engines for a lease
+//! and a probe, process-manager runner announcements, and how many lease
+//! statements idle engines send (counted by `pg_stat_statements`).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::postgres_server::TestPostgres;
+use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
+use saga_runtime::backend::{BreakerChange, BreakerDecision, Breakers, Leases, Partitions};
+use saga_runtime::prelude::*;
+use saga_runtime::AuditAction;
+use sqlx::postgres::PgPool;
+
+/// The engine tests watch timing; they run one at a time so that two
+/// servers starting (initdb) do not starve the other's engines.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A backend on `pg` that notices delayed messages (a retry's backoff, a
+/// parked task) within 50 ms, as the Redis test's 50 ms block does.
+async fn backend(pg: &TestPostgres) -> PostgresBackend {
+    let config = PostgresConfig {
+        poll_interval: Duration::from_millis(50),
+        ..PostgresConfig::default()
+    };
+    PostgresBackend::connect_url(&pg.url(), config)
+        .await
+        .expect("connect to the test server")
+}
+
+/// The dependency both engines call: up or down, and every call it got.
+#[derive(Default)]
+struct Service {
+    up: AtomicBool,
+    calls: Mutex<Vec<(Instant, &'static str, bool)>>,
+}
+
+struct Notify {
+    service: Arc<Service>,
+    engine: &'static str,
+}
+
+#[saga(name = "notify")]
+impl Notify {
+    #[saga_step(1)]
+    #[retry_policy(max_retries = 20, backoff = constant, base_delay_ms = 20)]
+    #[circuit_breaker(failure_threshold = 3, duration_secs = 1, scope = shared, when_open = wait)]
+    async fn send(&self, n: u32) -> Result<u32, StepError> {
+        let up = self.service.up.load(Ordering::SeqCst);
+        self.service
+            .calls
+            .lock()
+            .unwrap()
+            .push((Instant::now(), self.engine, up));
+        if up {
+            Ok(n)
+        } else {
+            Err(StepError::transient("connection refused"))
+        }
+    }
+
+    #[compensate(send)]
+    async fn unsend(&self, _n: u32) -> Result<(), StepError> {
+        Ok(())
+    }
+}
+
+async fn engine(pg: &TestPostgres, service: &Arc<Service>, name: &'static str) -> Engine {
+    Engine::builder()
+        .backend(backend(pg).await)
+        .saga(Notify {
+            service: service.clone(),
+            engine: name,
+        })
+        .timeout_poll_interval(Duration::from_millis(20))
+        .worker_concurrency(4)
+        .workers(1)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finish() {
+    let _serial = SERIAL.lock().await;
+    let pg = TestPostgres::start();
+    let service = Arc::new(Service::default());
+    let a = engine(&pg, &service, "a").await;
+    let b = engine(&pg, &service, "b").await;
+    let mut ids = Vec::new();
+    for n in 0..8 {
+        let engine = if n % 2 == 0 { &a } else { &b };
+        ids.push(engine.start::<Notify>(n).await.unwrap());
+    }
+    // Down for 2.5 s: the three failures that open the breaker (counted
+    // across both engines), then one failed probe per one-second break.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    service.up.store(true, Ordering::SeqCst);
+    for id in &ids {
+        let Ok(task) = tokio::time::timeout(Duration::from_secs(20), a.wait(*id)).await else {
+            let task = a.task(*id).await.unwrap();
+            panic!(
+                "every parked task finishes once the breaker closes: {task:#?}\n{:?}",
+                service.calls.lock().unwrap()
+            );
+        };
+        let task = task.unwrap();
+        assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
+        assert!(
+            task.steps[0].attempt_count <= 4,
+            "waiting spent no retries: {task:#?}"
+        );
+        assert!(
+            task.audit_log
+                .iter()
+                .any(|e| e.action == AuditAction::CircuitOpen),
+            "it met the open breaker and waited: {task:#?}"
+        );
+    }
+
+    let calls = service.calls.lock().unwrap().clone();
+    let down: Vec<_> = calls.iter().filter(|(_, _, up)| !up).collect();
+    let engines: std::collections::HashSet<_> = calls.iter().map(|(_, e, _)| *e).collect();
+    assert_eq!(engines.len(), 2, "both engines ran tasks: {calls:?}");
+    // The first failures come together: those that opened the breaker
+    // (3, counted across both engines) and the calls already admitted
+    // beside them (at most one per task).
+    let first = down[0].0;
+    let burst = down
+        .iter()
+        .take_while(|(at, _, _)| *at - first < Duration::from_millis(500))
+        .count();
+    assert!((3..=8).contains(&burst), "{down:?}");
+    // After that, every call while down was a lone probe, a break (1 s)
+    // after the one before, whichever engine made it.
+    assert!(
+        down.len() - burst >= 1,
+        "a probe while still down: {down:?}"
+    );
+    for pair in down[burst - 1..].windows(2) {
+        let gap = pair[1].0 - pair[0].0;
+        assert!(
+            gap >= Duration::from_millis(900),
+            "a call {gap:?} after the previous one while the breaker was open: {down:?}"
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// The `timers` lease as the database has it: its holder, if unexpired.
+async fn timer_holder(pool: &PgPool) -> Option<String> {
+    sqlx::query_scalar(
+        "SELECT holder FROM saga.named_leases \
+         WHERE name = 'timers' AND expires_at > clock_timestamp()",
+    )
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+/// Waits up to `within` for a holder of the `timers` lease other than
+/// `not`; how long it took and who.
+async fn next_holder(pool: &PgPool, not: Option<&str>, within: Duration) -> (Duration, String) {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        match timer_holder(pool).await {
+            Some(holder) if Some(holder.as_str()) != not => return (started.elapsed(), holder),
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    panic!("no engine took the timers lease within {within:?} (the last holder: {not:?})");
+}
+
+/// An engine with the default timer poll (100 ms), so its `timers` lease
+/// lives 2 s.
+async fn idle_engine(pg: &TestPostgres) -> Engine {
+    Engine::builder()
+        .backend(backend(pg).await)
+        .saga(Notify {
+            service: Arc::default(),
+            engine: "idle",
+        })
+        .build()
+        .await
+        .unwrap()
+}
+
+/// The engines' `timers` lease TTL at the default timer poll.
+const TIMER_TTL: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_engines_elect_one_timer_poller_and_the_other_takes_over_on_shutdown() {
+    let _serial = SERIAL.lock().await;
+    let pg = TestPostgres::start();
+    let pool = PgPool::connect(&pg.url()).await.unwrap();
+    let a = idle_engine(&pg).await;
+    let (_, first) = next_holder(&pool, None, TIMER_TTL).await;
+    let b = idle_engine(&pg).await;
+    // Both poll now: the holder keeps the lease (renewing it before it
+    // expires), and the other never takes it.
+    let watched = Instant::now();
+    while watched.elapsed() < TIMER_TTL * 2 {
+        assert_eq!(
+            timer_holder(&pool).await.as_deref(),
+            Some(first.as_str()),
+            "one holder while it runs, its lease never lapsing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The holder leaves (releasing its lease): the other takes over at its
+    // next look, within the TTL.
+    a.shutdown().await;
+    let (took, second) = next_holder(&pool, Some(&first), TIMER_TTL).await;
+    assert_ne!(first, second);
+    assert!(took <= TIMER_TTL, "taken over after {took:?}");
+    // And keeps it.
+    tokio::time::sleep(TIMER_TTL).await;
+    assert_eq!(timer_holder(&pool).await, Some(second));
+    b.shutdown().await;
+    assert_eq!(timer_holder(&pool).await, None, "released on shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_timer_lease_of_an_engine_that_died_is_taken_over_once_it_expires() {
+    let _serial = SERIAL.lock().await;
+    let pg = TestPostgres::start();
+    let pool = PgPool::connect(&pg.url()).await.unwrap();
+    // An engine killed just after renewing: its lease has a full TTL left
+    // and is never released.
+    let dead = backend(&pg).await;
+    assert!(dead.named_lease("timers", "dead", TIMER_TTL).await.unwrap());
+    let killed = Instant::now();
+    let live = idle_engine(&pg).await;
+    assert_eq!(timer_holder(&pool).await.as_deref(), Some("dead"));
+    let (_, holder) = next_holder(&pool, Some("dead"), TIMER_TTL * 2).await;
+    let after = killed.elapsed();
+    assert!(
+        after >= TIMER_TTL - Duration::from_millis(50),
+        "not taken while the dead engine's lease held: {after:?}"
+    );
+    // It looks every quarter of the TTL.
+    assert!(
+        after <= TIMER_TTL + TIMER_TTL / 4 + Duration::from_millis(300),
+        "taken over {after:?} after the last renewal"
+    );
+    assert_ne!(holder, "dead");
+    live.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_engines_racing_for_a_lease_or_a_probe_one_wins() {
+    let _serial = SERIAL.lock().await;
+    let pg = TestPostgres::start();
+    let engines: Vec<PostgresBackend> =
+        futures::future::join_all((0..4).map(|_| backend(&pg))).await;
+    let ttl = Duration::from_secs(30);
+    for round in 0..5 {
+        let name = format!("lease-{round}");
+        let takers = (0..16).map(|n| {
+            let b = engines[n % engines.len()].clone();
+            let name = name.clone();
+            async move { b.named_lease(&name, &format!("t{n}"), ttl).await.unwrap() }
+        });
+        let won = futures::future::join_all(takers).await;
+        assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
+    }
+
+    // A breaker whose break is over: of many callers at once, one probes.
+    let open = Duration::from_millis(200);
+    let probe_ttl = Duration::from_secs(30);
+    let mut changes = Vec::new();
+    for b in &engines[..3] {
+        changes.push(
+            b.breaker_report("s:step", None, Some(true), 3, open)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        changes,
+        [None, None, Some(BreakerChange::Opened)],
+        "counted across engines"
+    );
+    for round in 0..3 {
+        tokio::time::sleep(open + Duration::from_millis(50)).await;
+        let callers = (0..16).map(|n| {
+            let b = engines[n % engines.len()].clone();
+            async move {
+                let token = format!("r{round}-p{n}");
+                let decision = b.breaker_acquire("s:step", probe_ttl, &token).await;
+                (token, decision.unwrap())
+            }
+        });
+        let decisions = futures::future::join_all(callers).await;
+        let probes: Vec<_> = decisions
+            .iter()
+            .filter(|(_, d)| matches!(d, BreakerDecision::Call { probe: true, .. }))
+            .collect();
+        assert_eq!(probes.len(), 1, "one probe at a time: {decisions:?}");
+        assert!(
+            decisions.iter().all(|(_, d)| matches!(
+                d,
+                BreakerDecision::Open { .. } | BreakerDecision::Call { probe: true, .. }
+            )),
+            "the others wait: {decisions:?}"
+        );
+        // The probe fails: open again for another break.
+        let reopened = engines[1]
+            .breaker_report("s:step", Some(&probes[0].0), Some(true), 3, open)
+            .await
+            .unwrap();
+        assert_eq!(reopened, Some(BreakerChange::Opened));
+    }
+}
+
+/// Process-manager runners are recorded per engine, each until its own
+/// expiry (the Redis regression `ops_regressions.rs`'s
+/// `a_short_lived_announcement_does_not_cut_a_longer_one`), leaving
+/// removes only the engine that leaves, and rows of engines that expired
+/// go with the next announcement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_announcements_are_per_engine_and_expire() {
+    let _serial = SERIAL.lock().await;
+    let pg = TestPostgres::start();
+    let backend = backend(&pg).await;
+    let pool = PgPool::connect(&pg.url()).await.unwrap();
+    assert!(!backend.process_runner_alive("pinger").await.unwrap());
+
+    // (A name twice is one announcement.)
+    backend
+        .announce_processes("long", &["pinger", "pinger"], Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    backend
+        .announce_processes("short", &["pinger"], Some(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    backend
+        .announce_processes("short", &["pinger"], None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        backend.process_runner_alive("pinger").await.unwrap(),
+        "`long` announced itself for 30 s a moment ago"
+    );
+    backend
+        .announce_processes("long", &["pinger"], None)
+        .await
+        .unwrap();
+    assert!(
+        !backend.process_runner_alive("pinger").await.unwrap(),
+        "the last runner left"
+    );
+
+    // Engines that die without leaving: alive until their TTL, then not;
+    // the next announcement (any engine's) removes their rows.
+    for n in 0..5 {
+        backend
+            .announce_processes(
+                &format!("dead-{n}"),
+                &["pinger", "ponger"],
+                Some(Duration::from_millis(200)),
+            )
+            .await
+            .unwrap();
+    }
+    assert!(backend.process_runner_alive("ponger").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!backend.process_runner_alive("pinger").await.unwrap());
+    assert!(!backend.process_runner_alive("ponger").await.unwrap());
+    backend
+        .announce_processes("live", &["other"], Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT process, member FROM saga.process_runners ORDER BY 1, 2")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows, [("other".to_owned(), "live".to_owned())]);
+    assert!(backend.process_runner_alive("other").await.unwrap());
+    assert!(!backend.process_runner_alive("pinger").await.unwrap());
+}
+
+/// Calls of statements matching `pattern` since the last reset.
+fn statement_calls(pg: &TestPostgres, pattern: &str) -> u64 {
+    pg.psql(&format!(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements \
+         WHERE query LIKE '{pattern}' AND query NOT LIKE '%pg_stat_statements%'"
+    ))
+    .parse()
+    .unwrap()
+}
+
+/// What idle engines send for the `timers` lease, counted by the server
+/// (`pg_stat_statements`): the holder renews it every quarter of its TTL
+/// (2 s at the default 100 ms timer poll: 2 a second), not on every poll
+/// (10 a second), and an engine that does not hold it looks as often.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_engines_renew_the_timer_lease_a_few_times_a_second() {
+    let _serial = SERIAL.lock().await;
+    let mut pg = TestPostgres::start();
+    pg.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'");
+    pg.crash();
+    pg.restart();
+    pg.psql("CREATE EXTENSION pg_stat_statements");
+    // The default settings, as an idle engine of a deployment has them.
+    let idle = || async {
+        let backend = PostgresBackend::connect(&pg.url()).await.unwrap();
+        Engine::builder()
+            .backend(backend)
+            .saga(Notify {
+                service: Arc::default(),
+                engine: "idle",
+            })
+            .build()
+            .await
+            .unwrap()
+    };
+    const WINDOW: Duration = Duration::from_secs(5);
+    let per_second = |calls: u64| calls as f64 / WINDOW.as_secs_f64();
+
+    let a = idle().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pg.psql("SELECT pg_stat_statements_reset()");
+    tokio::time::sleep(WINDOW).await;
+    let one = per_second(statement_calls(&pg, "%named_lease%"));
+    let all_one = per_second(statement_calls(&pg, "%"));
+
+    let b = idle().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pg.psql("SELECT pg_stat_statements_reset()");
+    tokio::time::sleep(WINDOW).await;
+    let two = per_second(statement_calls(&pg, "%named_lease%"));
+    let all_two = per_second(statement_calls(&pg, "%"));
+    println!(
+        "lease statements a second: {one:.1} from one idle engine ({all_one:.1} statements in all), \
+         {two:.1} from two ({all_two:.1} in all)"
+    );
+    assert!(
+        one <= 3.0,
+        "one idle engine: {one:.1} lease statements a second"
+    );
+    assert!(
+        two <= 5.0,
+        "two idle engines: {two:.1} lease statements a second"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
