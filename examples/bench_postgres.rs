@@ -65,6 +65,8 @@ async fn engine(
 ) -> Engine {
     let config = PostgresConfig {
         schema: schema.to_owned(),
+        // A connection per message in flight, and the background's.
+        max_connections: u32::try_from(workers * batch + 4).unwrap_or(64).min(64),
         ..PostgresConfig::default()
     };
     Engine::builder()
@@ -270,7 +272,7 @@ async fn main() {
     println!("pgbench -N: {pgb1:.0} TPS with 1 client, {pgb16:.0} with 16");
     println!("{tasks} tasks of 3 no-op steps:");
     let mut best = 0.0f64;
-    for (workers, batch) in [(1, 1), (4, 1), (8, 1), (4, 16)] {
+    for (workers, batch) in [(1, 1), (4, 1), (8, 1), (4, 16), (8, 8)] {
         let t = run(&server, &admin, tasks, workers, batch).await;
         best = best.max(t.steps_per_s);
         println!(

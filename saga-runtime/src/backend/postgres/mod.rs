@@ -92,6 +92,12 @@ pub struct PostgresConfig {
     pub statement_timeout: Duration,
     /// How long a statement waits for a row lock (default 5 s).
     pub lock_timeout: Duration,
+    /// The connections of the pool [`PostgresBackend::connect_url`] makes
+    /// (default 16): one per message a worker has in flight at once
+    /// (`workers x worker_concurrency`), plus a few for the background
+    /// duties. A pool passed to [`connect_with`](PostgresBackend::connect_with)
+    /// is sized by whoever made it.
+    pub max_connections: u32,
 }
 
 impl Default for PostgresConfig {
@@ -104,6 +110,7 @@ impl Default for PostgresConfig {
             endpoint_max_len: 100_000,
             statement_timeout: Duration::from_secs(30),
             lock_timeout: Duration::from_secs(5),
+            max_connections: 16,
         }
     }
 }
@@ -147,9 +154,7 @@ impl PostgresBackend {
     }
 
     /// Connects to `url` with `config`, and creates or upgrades the schema.
-    /// The pool has 16 connections (enough for the default workers, their
-    /// reads and the background duties); pass a pool of your own to
-    /// [`connect_with`](Self::connect_with) to size it otherwise.
+    /// The pool has [`PostgresConfig::max_connections`] connections.
     pub async fn connect_url(url: &str, config: PostgresConfig) -> Result<Self, BackendError> {
         let options: PgConnectOptions = url.parse().map_err(|e| {
             BackendError::Misconfigured(format!(
@@ -160,7 +165,7 @@ impl PostgresBackend {
         let statement = config.statement_timeout.as_millis();
         let lock = config.lock_timeout.as_millis();
         let pool = PgPoolOptions::new()
-            .max_connections(16)
+            .max_connections(config.max_connections.max(2))
             .acquire_timeout(Duration::from_secs(10))
             // No ping before each statement (it doubled the round trips of
             // every write): a connection that died meanwhile fails its
