@@ -18,14 +18,17 @@ use sqlx::postgres::{PgListener, PgPool};
 use tokio::sync::{broadcast, Notify};
 use tokio_util::sync::CancellationToken;
 
+use uuid::Uuid;
+
 use super::migrate::channel;
+use super::wake::EVERYONE;
 use crate::model::task::TaskId;
 
 /// What notifications signal in this process.
 pub(super) struct Signals {
     /// A message became visible.
     pub work: Notify,
-    /// Tasks that ended, by id.
+    /// Tasks that ended, by id; the nil id: any may have (look).
     pub finished: broadcast::Sender<TaskId>,
     /// Tasks whose cancellation was requested, by id.
     pub cancellations: broadcast::Sender<TaskId>,
@@ -67,16 +70,17 @@ pub(super) fn spawn(pool: PgPool, schema: &str, stop: CancellationToken) -> Arc<
     signals
 }
 
-struct Channels {
-    work: String,
-    finished: String,
-    cancel: String,
-    timers: String,
-    endpoints: String,
+/// The schema's channel names.
+pub(super) struct Channels {
+    pub work: String,
+    pub finished: String,
+    pub cancel: String,
+    pub timers: String,
+    pub endpoints: String,
 }
 
 impl Channels {
-    fn of(schema: &str) -> Self {
+    pub(super) fn of(schema: &str) -> Self {
         Channels {
             work: channel(schema, "work"),
             finished: channel(schema, "finished"),
@@ -148,7 +152,12 @@ fn handle(names: &Channels, signals: &Signals, channel: &str, payload: &str) {
     } else if channel == names.timers {
         signals.timer_at(payload.parse().unwrap_or(0));
     } else if channel == names.finished {
-        if let Ok(id) = payload.parse() {
+        // Ids separated by commas (an engine sends those of many tasks at
+        // once), or `*`: every waiter looks.
+        if payload == EVERYONE {
+            let _ = signals.finished.send(TaskId(Uuid::nil()));
+        }
+        for id in payload.split(',').filter_map(|id| id.parse().ok()) {
             let _ = signals.finished.send(id);
         }
     } else if channel == names.cancel {

@@ -18,13 +18,16 @@
 //!   new claim, and counts one more unanswered delivery; a delayed message
 //!   is a row visible later. Idle readers are woken by `LISTEN/NOTIFY`, and
 //!   look again on their own now and then (a slow poll) should a
-//!   notification be lost with a connection.
+//!   notification be lost with a connection. The engine's own writes do
+//!   not notify in their transactions (that would serialize their
+//!   commits): `wake` notifies after them, once for many.
 //! - Times that decide leases and visibility are the server's.
 //!
 //! Files mirror the seam's: `tasks`, `queue`, `dead_letters`,
 //! `housekeeping`, `process`, `tally`, `endpoint`, `leases`, `breakers`,
-//! `partitions`; `migrate` (the migrator), `listen` (notifications),
-//! `steps` (which step rows a write must send).
+//! `partitions`; `migrate` (the migrator), `listen` (notifications
+//! received), `wake` (notifications sent for the engine's writes), `steps`
+//! (which step rows a write must send).
 
 /// A statement built from the schema's (checked) name: what sqlx asks to
 /// be told is not built from untrusted input.
@@ -47,6 +50,7 @@ mod queue;
 mod steps;
 mod tally;
 mod tasks;
+mod wake;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +60,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Backend, BackendError, Breakers, Leases, Partitions, ProcessBackend};
 use listen::Signals;
+use wake::Waker;
 
 pub use migrate::SCHEMA_VERSION;
 /// The sqlx this backend is built on: take pools and transactions for
@@ -127,6 +132,9 @@ struct Shared {
     /// The schema, quoted for SQL.
     schema: String,
     signals: Arc<Signals>,
+    /// Tells this process and the other engines about the engine's own
+    /// writes (which do not notify in their transactions).
+    waker: Arc<Waker>,
     steps: steps::StepCache,
     /// Stops the listener when the last clone goes.
     stop: CancellationToken,
@@ -196,11 +204,13 @@ impl PostgresBackend {
         migrate::run(&pool, &config.schema).await?;
         let stop = CancellationToken::new();
         let signals = listen::spawn(pool.clone(), &config.schema, stop.clone());
+        let waker = Waker::spawn(pool.clone(), &config.schema, signals.clone(), stop.clone());
         Ok(PostgresBackend {
             shared: Arc::new(Shared {
                 pool,
                 schema,
                 signals,
+                waker,
                 steps: steps::StepCache::default(),
                 config,
                 stop,
@@ -350,10 +360,7 @@ impl PostgresBackend {
         tx: &mut sqlx::PgTransaction<'_>,
         items: &[crate::backend::WorkItem],
     ) -> Result<(), BackendError> {
-        let rows = items
-            .iter()
-            .map(|item| (queue::item_kind(item), item.encode(), 0))
-            .collect();
+        let rows = items.iter().map(queue::Put::of).collect();
         self.enqueue_rows_on(&mut **tx, rows).await
     }
 }

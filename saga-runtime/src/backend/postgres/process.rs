@@ -261,13 +261,34 @@ impl PostgresBackend {
         .bind(&a.batched_rows)
         .bind(&a.batched_claims)
         .fetch_one(self.pool_ref())
-        .await
-        .map_err(failure)?;
+        .await;
+        // The commit notified nobody: wake whoever may care, unless it was
+        // refused (a failed statement may have committed all the same).
+        let refused = matches!(&row, Ok(r) if r.try_get::<i32, _>(0).is_ok_and(|code| code != 0));
+        if !refused {
+            self.woke_after(commit);
+        }
+        let row = row.map_err(failure)?;
         Ok((
             row.try_get(0).map_err(corrupt)?,
             row.try_get(1).map_err(corrupt)?,
             row.try_get(2).map_err(corrupt)?,
         ))
+    }
+
+    /// Wakes readers, endpoint consumers and timer pollers for what a
+    /// written commit enqueued, sent and scheduled.
+    fn woke_after(&self, commit: &ProcessCommit<'_>) {
+        let waker = &self.shared.waker;
+        if !commit.enqueue.is_empty() || !commit.tallies.is_empty() {
+            waker.work();
+        }
+        if let Some(due) = commit.schedule.iter().map(|(due, _)| *due).min() {
+            waker.timer(due);
+        }
+        if !commit.endpoints.is_empty() {
+            waker.endpoints();
+        }
     }
 
     /// Instances of `process` that meet `condition` on `i` (which may
@@ -451,6 +472,9 @@ impl ProcessStore for PostgresBackend {
             }
         };
         let moved: i32 = row.try_get(0).map_err(corrupt)?;
+        if moved > 0 {
+            self.shared.waker.work();
+        }
         let next: Option<i64> = row.try_get(1).map_err(corrupt)?;
         signals.timer_at(next.map_or(u64::MAX, |n| u64::try_from(n).unwrap_or(0)));
         Ok(usize::try_from(moved).unwrap_or(0))

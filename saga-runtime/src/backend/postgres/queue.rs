@@ -34,6 +34,41 @@ pub(super) fn item_kind(item: &WorkItem) -> i16 {
     }
 }
 
+/// A message as `enqueue` takes it.
+pub(super) struct Put {
+    kind: i16,
+    payload: String,
+    /// The task of a saga message: its row carries it, so that a read
+    /// takes the task's lease without parsing the payload.
+    task: Option<Uuid>,
+}
+
+impl Put {
+    pub(super) fn of(item: &WorkItem) -> Put {
+        Put {
+            kind: item_kind(item),
+            payload: item.encode(),
+            task: match item {
+                WorkItem::Saga(message) => Some(message.task_id.0),
+                WorkItem::Process(_) => None,
+            },
+        }
+    }
+
+    /// An entry as it is, which may not decode.
+    fn raw(payload: &[u8]) -> Put {
+        let decoded = WorkItem::decode(payload);
+        Put {
+            kind: kind_of(&decoded),
+            payload: String::from_utf8_lossy(payload).into_owned(),
+            task: match decoded {
+                Ok(WorkItem::Saga(message)) => Some(message.task_id.0),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// The kinds a worker with `interest` takes.
 fn kinds(interest: Interest) -> Vec<i16> {
     let mut kinds = vec![2];
@@ -148,46 +183,50 @@ impl PostgresBackend {
         answered: bool,
     ) -> Result<(), BackendError> {
         let (row, claim) = located(delivery)?;
-        sqlx::query(sql!("SELECT {}($1, $2, $3, $4)", self.q("hand_back")))
+        let handed = sqlx::query(sql!("SELECT {}($1, $2, $3, $4)", self.q("hand_back")))
             .bind(row)
             .bind(claim)
             .bind(ms(delay))
             .bind(answered)
             .execute(self.pool_ref())
-            .await
-            .map_err(failure)?;
+            .await;
+        self.shared.waker.work();
+        handed.map_err(failure)?;
         Ok(())
     }
 
-    /// Enqueues `payloads` (`(kind, text, delay)`) in one statement.
-    pub(super) async fn enqueue_rows(
-        &self,
-        payloads: Vec<(i16, String, i64)>,
-    ) -> Result<(), BackendError> {
-        self.enqueue_rows_on(self.pool_ref(), payloads).await
+    /// Enqueues `messages` in one statement.
+    pub(super) async fn enqueue_rows(&self, messages: Vec<Put>) -> Result<(), BackendError> {
+        self.enqueue_rows_on(self.pool_ref(), messages).await
     }
 
     /// The same on `executor` (the pool, or a caller's transaction).
     pub(super) async fn enqueue_rows_on<'e, E>(
         &self,
         executor: E,
-        payloads: Vec<(i16, String, i64)>,
+        messages: Vec<Put>,
     ) -> Result<(), BackendError>
     where
         E: sqlx::Executor<'e, Database = sqlx::Postgres>,
     {
-        if payloads.is_empty() {
+        if messages.is_empty() {
             return Ok(());
         }
-        let (kinds, (texts, delays)): (Vec<i16>, (Vec<String>, Vec<i64>)) =
-            payloads.into_iter().map(|(k, t, d)| (k, (t, d))).unzip();
+        let mut kinds = Vec::with_capacity(messages.len());
+        let mut texts = Vec::with_capacity(messages.len());
+        let mut tasks = Vec::with_capacity(messages.len());
+        for m in messages {
+            kinds.push(m.kind);
+            texts.push(m.payload);
+            tasks.push(m.task);
+        }
         sqlx::query(sql!(
-            "SELECT {}(k, p, d, 0) FROM unnest($1::smallint[], $2::text[], $3::bigint[]) AS e(k, p, d)",
+            "SELECT {}(k, p, 0, 0, t) FROM unnest($1::smallint[], $2::text[], $3::uuid[]) AS e(k, p, t)",
             self.q("enqueue")
         ))
         .bind(kinds)
         .bind(texts)
-        .bind(delays)
+        .bind(tasks)
         .execute(executor)
         .await
         .map_err(failure)?;
@@ -202,17 +241,11 @@ impl WorkQueue for PostgresBackend {
     }
 
     async fn enqueue(&self, items: &[WorkItem]) -> Result<(), BackendError> {
-        let rows = items
-            .iter()
-            .map(|item| (item_kind(item), item.encode(), 0))
-            .collect();
-        self.enqueue_rows(rows).await
+        self.enqueue_rows(items.iter().map(Put::of).collect()).await
     }
 
     async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError> {
-        let kind = kind_of(&WorkItem::decode(payload));
-        let text = String::from_utf8_lossy(payload).into_owned();
-        self.enqueue_rows(vec![(kind, text, 0)]).await
+        self.enqueue_rows(vec![Put::raw(payload)]).await
     }
 
     async fn receive(

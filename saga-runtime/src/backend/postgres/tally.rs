@@ -34,8 +34,13 @@ impl Tallies for PostgresBackend {
         .bind(item)
         .bind(ms(COMPLETED_TALLY_KEEP))
         .fetch_one(self.pool_ref())
-        .await
-        .map_err(failure)?;
+        .await;
+        // A completing check enqueued the completion, notifying nobody; a
+        // failed statement may have committed all the same.
+        if !matches!(&row, Ok(r) if r.try_get::<i32, _>(0).is_ok_and(|code| code != 2)) {
+            self.shared.waker.work();
+        }
+        let row = row.map_err(failure)?;
         let code: i32 = row.try_get(0).map_err(corrupt)?;
         let remaining: Option<i32> = row.try_get(1).map_err(corrupt)?;
         let late = row.try_get::<Option<bool>, _>(2).map_err(corrupt)? == Some(true);

@@ -312,7 +312,7 @@ impl TaskStore for PostgresBackend {
             .map(|n| (WorkItem::Saga(n.message.clone()).encode(), ms(n.delay)));
         let row = sqlx::query(sql!(
             "SELECT code, detail, version FROM {}($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7::jsonb, $8, \
-             $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
+             $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
             self.q("commit_task")
         ))
         .bind(task.id.0)
@@ -335,10 +335,20 @@ impl TaskStore for PostgresBackend {
         .bind(settling.size)
         .bind(settling.dead_letter)
         .bind(commit.expire_after.map(ms))
-        .bind(task.status.is_terminal())
         .fetch_one(self.pool_ref())
-        .await
-        .map_err(failure)?;
+        .await;
+        // Wake whoever may care, unless the write was refused (a failed
+        // statement may have committed all the same).
+        let written = !matches!(&row, Ok(r) if r.try_get::<i32, _>(0).is_ok_and(|code| code != 0));
+        if written {
+            if next.is_some() {
+                self.shared.waker.work();
+            }
+            if task.status.is_terminal() {
+                self.shared.waker.finished(task.id);
+            }
+        }
+        let row = row.map_err(failure)?;
         let code: i32 = row.try_get(0).map_err(corrupt)?;
         if code != 0 {
             let detail: Option<String> = row.try_get(1).map_err(corrupt)?;
@@ -448,8 +458,11 @@ impl TaskStore for PostgresBackend {
         let wait = async {
             loop {
                 match finished.recv().await {
-                    Ok(done) if done == id => return,
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    // This task, or any (the nil id), or notices were
+                    // missed: look.
+                    Ok(done) if done == id || done.0.is_nil() => return,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                    Ok(_) => continue,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => {
                         std::future::pending::<()>().await
                     }

@@ -28,8 +28,15 @@ CREATE TABLE {schema}.tasks (
     cancel_ms bigint,
     cancel_token text,
     -- Set when the task ends and retention applies: removed after.
-    expires_at timestamptz
-);
+    expires_at timestamptz,
+    -- The sequence number of the task's last audit entry (entries past
+    -- the cap are deleted, so it is not their count).
+    audit_seq bigint NOT NULL DEFAULT 0
+)
+-- Room on each page for the new version of a row that a step's write
+-- makes: an update that changes no indexed column then stays on its page
+-- (a HOT update) and writes no index entry.
+WITH (fillfactor = 80);
 CREATE INDEX tasks_by_saga ON {schema}.tasks (saga, created_ms DESC, id DESC);
 CREATE INDEX tasks_by_status ON {schema}.tasks (saga, status, created_ms DESC, id DESC);
 CREATE INDEX tasks_expiring ON {schema}.tasks (expires_at) WHERE expires_at IS NOT NULL;
@@ -39,7 +46,9 @@ CREATE TABLE {schema}.task_steps (
     idx integer NOT NULL,
     record jsonb NOT NULL,
     PRIMARY KEY (task_id, idx)
-);
+)
+-- Room for a step's new record on its page (a HOT update).
+WITH (fillfactor = 80);
 
 CREATE TABLE {schema}.task_claims (
     task_id uuid NOT NULL,
@@ -70,7 +79,10 @@ CREATE TABLE {schema}.queue (
     enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     deliveries integer NOT NULL DEFAULT 0,
     consumer text,
-    claim uuid
+    claim uuid,
+    -- The task a saga message is for (written with it): a read takes the
+    -- task's lease without parsing the payload.
+    task_id uuid
 );
 CREATE INDEX queue_visible ON {schema}.queue (kind, visible_at, id);
 
@@ -87,20 +99,50 @@ CREATE TABLE {schema}.dead_letters (
 CREATE INDEX dead_letters_parked ON {schema}.dead_letters (parked_at);
 
 -- Wakes idle readers: a message that is visible now.
-CREATE FUNCTION {schema}.wake() RETURNS void LANGUAGE sql AS $$
-    SELECT pg_notify('{channel}', '');
-$$;
+--
+-- (The functions of the protocol are PL/pgSQL even where one SQL
+-- statement would do: PL/pgSQL keeps its plans for the session, while a
+-- `LANGUAGE sql` function that is not inlined is parsed and planned again
+-- on every call.)
+CREATE FUNCTION {schema}.wake() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{channel}', '');
+END $$;
 
--- Enqueues `payload`, visible after `delay_ms`, and wakes idle readers: at
--- once to take it, or to sleep until it is due. Returns its id.
-CREATE FUNCTION {schema}.enqueue(p_kind smallint, p_payload text, p_delay_ms bigint, p_deliveries integer)
+-- Puts `payload` (for task `p_task`, if a saga message) on the queue,
+-- visible after `delay_ms`, without waking
+-- anyone: for the engine's own writes (a step's next message, a hand-back,
+-- a process manager's sends). A transaction that notifies holds a
+-- database-wide lock through its commit, fsync included, so that
+-- notifications queue in commit order: were every step's commit to
+-- notify, steps would commit one at a time. The engine wakes its own
+-- readers at once and notifies the other engines after the commit, once
+-- for many writes. Returns its id.
+CREATE FUNCTION {schema}.put(p_kind smallint, p_payload text, p_delay_ms bigint, p_deliveries integer,
+    p_task uuid DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     new_id bigint;
 BEGIN
-    INSERT INTO {schema}.queue (kind, payload, visible_at, deliveries)
-    VALUES (p_kind, p_payload, clock_timestamp() + p_delay_ms * interval '1 millisecond', p_deliveries)
+    INSERT INTO {schema}.queue (kind, payload, visible_at, deliveries, task_id)
+    VALUES (p_kind, p_payload, clock_timestamp() + p_delay_ms * interval '1 millisecond', p_deliveries,
+            p_task)
     RETURNING id INTO new_id;
+    RETURN new_id;
+END $$;
+
+-- Enqueues `payload`, visible after `delay_ms`, and wakes idle readers in
+-- the same transaction: at once to take it, or to sleep until it is due.
+-- For writes from outside an engine (a start, a publish, in the caller's
+-- transaction or not; an operator's requeue), whose writer may be gone
+-- before anything could notify for it. Returns its id.
+CREATE FUNCTION {schema}.enqueue(p_kind smallint, p_payload text, p_delay_ms bigint, p_deliveries integer,
+    p_task uuid DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    new_id bigint;
+BEGIN
+    new_id := {schema}.put(p_kind, p_payload, p_delay_ms, p_deliveries, p_task);
     PERFORM {schema}.wake();
     RETURN new_id;
 END $$;
@@ -112,8 +154,8 @@ CREATE FUNCTION {schema}.create_task(
     p_created_ms bigint, p_first text
 ) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO {schema}.tasks (id, saga, status, version, head, created_ms)
-    VALUES (p_id, p_saga, p_status, 1, p_head, p_created_ms)
+    INSERT INTO {schema}.tasks (id, saga, status, version, head, created_ms, audit_seq)
+    VALUES (p_id, p_saga, p_status, 1, p_head, p_created_ms, jsonb_array_length(p_audit))
     ON CONFLICT (id) DO NOTHING;
     IF NOT FOUND THEN
         RETURN false;
@@ -123,19 +165,27 @@ BEGIN
     FROM jsonb_array_elements(p_steps) WITH ORDINALITY AS s(value, ordinality);
     INSERT INTO {schema}.task_audit (task_id, seq, entry)
     SELECT p_id, e.ordinality, e.value FROM jsonb_array_elements(p_audit) WITH ORDINALITY AS e(value, ordinality);
-    PERFORM {schema}.enqueue(0::smallint, p_first, 0, 0);
+    PERFORM {schema}.enqueue(0::smallint, p_first, 0, 0, p_id);
     RETURN true;
 END $$;
 
--- The task as stored: its head with its steps and audit log.
-CREATE FUNCTION {schema}.task_record(p_id uuid) RETURNS jsonb LANGUAGE sql STABLE AS $$
-    SELECT t.head
+-- A task as the engine reads it: its head with its version, steps and
+-- audit log.
+CREATE FUNCTION {schema}.task_document(p_id uuid, p_head jsonb, p_version bigint) RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN p_head
         || jsonb_build_object(
-            'version', t.version,
-            'steps', COALESCE((SELECT jsonb_agg(s.record ORDER BY s.idx) FROM {schema}.task_steps s WHERE s.task_id = t.id), '[]'::jsonb),
-            'audit_log', COALESCE((SELECT jsonb_agg(a.entry ORDER BY a.seq) FROM {schema}.task_audit a WHERE a.task_id = t.id), '[]'::jsonb))
-    FROM {schema}.tasks t WHERE t.id = p_id;
-$$;
+            'version', p_version,
+            'steps', COALESCE((SELECT jsonb_agg(s.record ORDER BY s.idx) FROM {schema}.task_steps s WHERE s.task_id = p_id), '[]'::jsonb),
+            'audit_log', COALESCE((SELECT jsonb_agg(a.entry ORDER BY a.seq) FROM {schema}.task_audit a WHERE a.task_id = p_id), '[]'::jsonb));
+END $$;
+
+-- The task as stored.
+CREATE FUNCTION {schema}.task_record(p_id uuid) RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT {schema}.task_document(t.id, t.head, t.version) FROM {schema}.tasks t WHERE t.id = p_id);
+END $$;
 
 -- Takes the task's lease if it is free (no waiting) and loads the task:
 -- `code` 0 with the lease's fence, the record and the cancellation time;
@@ -159,54 +209,60 @@ BEGIN
     END IF;
 END $$;
 
--- The checks every task write makes first: the task exists, the lease's
--- fence is the latest, the version is the one the write was based on,
--- and (if asked) no cancellation was requested. Locks the row.
-CREATE FUNCTION {schema}.check_write(p_id uuid, p_fence bigint, p_version bigint, p_unless_cancelled boolean,
+-- Why a task write was refused (its conditional update changed no row):
+-- the task is missing (-3), the lease's fence is not the latest (-1),
+-- the version is not the one the write was based on (-2, with the actual
+-- one), or a cancellation was requested (-5, with its time). Each of
+-- these only ever gets worse, so what the update found this finds too.
+CREATE FUNCTION {schema}.refusal(p_id uuid, p_fence bigint, p_version bigint, p_unless_cancelled boolean,
     OUT code integer, OUT detail text)
 LANGUAGE plpgsql AS $$
 DECLARE
     t record;
 BEGIN
-    SELECT fence, version, cancel_ms INTO t FROM {schema}.tasks WHERE id = p_id FOR UPDATE;
+    SELECT fence, version, cancel_ms INTO t FROM {schema}.tasks WHERE id = p_id;
     IF NOT FOUND THEN
         code := -3;
     ELSIF t.fence <> p_fence THEN
         code := -1;
-    ELSIF t.version <> p_version THEN
-        code := -2; detail := t.version::text;
-    ELSIF p_unless_cancelled AND t.cancel_ms IS NOT NULL THEN
+    ELSIF t.version = p_version AND p_unless_cancelled AND t.cancel_ms IS NOT NULL THEN
         code := -5; detail := t.cancel_ms::text;
     ELSE
-        code := 0;
+        code := -2; detail := t.version::text;
     END IF;
 END $$;
 
--- Writes the task's head, the steps that changed (`[[idx, record], ..]`)
--- and its new audit entries (kept to `p_audit_cap`), under the next
--- version. Returns the new version.
-CREATE FUNCTION {schema}.write_task(p_id uuid, p_status text, p_head jsonb, p_steps jsonb,
-    p_audit jsonb, p_audit_cap integer) RETURNS bigint LANGUAGE plpgsql AS $$
+-- The rows a task write adds besides the task's own: the steps that
+-- changed (`[[idx, record], ..]`) and the new audit entries, numbered up
+-- to `p_audit_seq` (the task's count after the write), the log kept to
+-- `p_audit_cap` entries.
+CREATE FUNCTION {schema}.write_rows(p_id uuid, p_steps jsonb, p_audit jsonb, p_audit_seq bigint,
+    p_audit_cap integer) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    new_version bigint;
-    last_seq bigint;
+    n integer := jsonb_array_length(p_audit);
+    updated integer;
 BEGIN
-    UPDATE {schema}.tasks SET version = version + 1, status = p_status, head = p_head
-    WHERE id = p_id RETURNING version INTO new_version;
     IF jsonb_array_length(p_steps) > 0 THEN
-        INSERT INTO {schema}.task_steps (task_id, idx, record)
-        SELECT p_id, (s.value->>0)::integer, s.value->1 FROM jsonb_array_elements(p_steps) AS s(value)
-        ON CONFLICT (task_id, idx) DO UPDATE SET record = excluded.record;
+        -- The task's steps have rows from its creation: an update (cheaper
+        -- than an insert that finds a conflict), unless a step is new.
+        UPDATE {schema}.task_steps t SET record = s.value->1
+        FROM jsonb_array_elements(p_steps) AS s(value)
+        WHERE t.task_id = p_id AND t.idx = (s.value->>0)::integer;
+        GET DIAGNOSTICS updated = ROW_COUNT;
+        IF updated < jsonb_array_length(p_steps) THEN
+            INSERT INTO {schema}.task_steps (task_id, idx, record)
+            SELECT p_id, (s.value->>0)::integer, s.value->1 FROM jsonb_array_elements(p_steps) AS s(value)
+            ON CONFLICT (task_id, idx) DO UPDATE SET record = excluded.record;
+        END IF;
     END IF;
-    IF jsonb_array_length(p_audit) > 0 THEN
-        SELECT COALESCE(max(seq), 0) INTO last_seq FROM {schema}.task_audit WHERE task_id = p_id;
+    IF n > 0 THEN
         INSERT INTO {schema}.task_audit (task_id, seq, entry)
-        SELECT p_id, last_seq + e.ordinality, e.value
+        SELECT p_id, p_audit_seq - n + e.ordinality, e.value
         FROM jsonb_array_elements(p_audit) WITH ORDINALITY AS e(value, ordinality);
-        DELETE FROM {schema}.task_audit
-        WHERE task_id = p_id AND seq <= last_seq + jsonb_array_length(p_audit) - p_audit_cap;
+        IF p_audit_seq > p_audit_cap THEN
+            DELETE FROM {schema}.task_audit WHERE task_id = p_id AND seq <= p_audit_seq - p_audit_cap;
+        END IF;
     END IF;
-    RETURN new_version;
 END $$;
 
 -- Records an attempt before its call: the task, and the attempt's claim
@@ -219,18 +275,30 @@ CREATE FUNCTION {schema}.record_attempt(p_id uuid, p_fence bigint, p_version big
     p_delivery uuid, p_visibility_ms bigint,
     OUT code integer, OUT detail text, OUT version bigint, OUT claimed boolean)
 LANGUAGE plpgsql AS $$
+DECLARE
+    seq bigint;
 BEGIN
-    SELECT c.code, c.detail INTO code, detail
-    FROM {schema}.check_write(p_id, p_fence, p_version, p_unless_cancelled) c;
-    IF code <> 0 THEN
+    -- The checks and the task's write in one conditional update.
+    UPDATE {schema}.tasks t
+    SET version = t.version + 1, status = p_status, head = p_head,
+        audit_seq = t.audit_seq + jsonb_array_length(p_audit),
+        lock_until = CASE WHEN p_renew_ms IS NOT NULL AND t.lock_token = p_token
+                          THEN clock_timestamp() + p_renew_ms * interval '1 millisecond'
+                          ELSE t.lock_until END
+    WHERE t.id = p_id AND t.fence = p_fence AND t.version = p_version
+      AND NOT (p_unless_cancelled AND t.cancel_ms IS NOT NULL)
+    RETURNING t.version, t.audit_seq INTO version, seq;
+    IF NOT FOUND THEN
+        SELECT r.code, r.detail INTO code, detail
+        FROM {schema}.refusal(p_id, p_fence, p_version, p_unless_cancelled) r;
+        version := NULL;
         RETURN;
     END IF;
-    version := {schema}.write_task(p_id, p_status, p_head, p_steps, p_audit, p_audit_cap);
+    code := 0;
+    PERFORM {schema}.write_rows(p_id, p_steps, p_audit, seq, p_audit_cap);
     INSERT INTO {schema}.task_claims (task_id, claim) VALUES (p_id, p_claim) ON CONFLICT DO NOTHING;
     claimed := FOUND;
     IF p_renew_ms IS NOT NULL THEN
-        UPDATE {schema}.tasks SET lock_until = clock_timestamp() + p_renew_ms * interval '1 millisecond'
-        WHERE id = p_id AND lock_token = p_token;
         UPDATE {schema}.queue SET visible_at = clock_timestamp() + p_visibility_ms * interval '1 millisecond'
         WHERE id = p_queue_id AND claim = p_delivery;
     END IF;
@@ -256,38 +324,44 @@ END $$;
 -- The atomic write of the saga protocol: the task, the message that
 -- advances it next (now, or after a delay; at once once cancelled), the
 -- settlement of the current message, the lease's release and the task's
--- expiry. Refused before anything is written.
+-- expiry. Refused before anything is written. Notifies nobody: the
+-- engine wakes readers and the task's waiters after the commit (see `put`).
 CREATE FUNCTION {schema}.commit_task(p_id uuid, p_fence bigint, p_version bigint, p_status text,
     p_head jsonb, p_steps jsonb, p_audit jsonb, p_audit_cap integer, p_unless_cancelled boolean,
     p_token text, p_next text, p_next_delay_ms bigint,
     p_settle text, p_queue_id bigint, p_delivery uuid, p_payload text, p_reason text, p_size bigint,
-    p_dead_letter bigint, p_expire_ms bigint, p_finished boolean,
+    p_dead_letter bigint, p_expire_ms bigint,
     OUT code integer, OUT detail text, OUT version bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
+    seq bigint;
     cancelled boolean;
 BEGIN
-    SELECT c.code, c.detail INTO code, detail
-    FROM {schema}.check_write(p_id, p_fence, p_version, p_unless_cancelled) c;
-    IF code <> 0 THEN
-        RETURN;
-    END IF;
-    version := {schema}.write_task(p_id, p_status, p_head, p_steps, p_audit, p_audit_cap);
-    IF p_next IS NOT NULL THEN
-        SELECT cancel_ms IS NOT NULL INTO cancelled FROM {schema}.tasks WHERE id = p_id;
-        PERFORM {schema}.enqueue(0::smallint, p_next,
-            CASE WHEN cancelled THEN 0 ELSE p_next_delay_ms END, 0);
-    END IF;
-    PERFORM {schema}.settle(p_settle, p_queue_id, p_delivery, p_payload, p_reason, p_size, p_id, p_dead_letter);
+    -- The checks, the task's write, the lease's release and the expiry in
+    -- one conditional update.
     UPDATE {schema}.tasks t
-    SET lock_token = CASE WHEN t.lock_token = p_token THEN NULL ELSE t.lock_token END,
+    SET version = t.version + 1, status = p_status, head = p_head,
+        audit_seq = t.audit_seq + jsonb_array_length(p_audit),
+        lock_token = CASE WHEN t.lock_token = p_token THEN NULL ELSE t.lock_token END,
         lock_until = CASE WHEN t.lock_token = p_token THEN NULL ELSE t.lock_until END,
         expires_at = CASE WHEN p_expire_ms IS NULL THEN NULL
                           ELSE clock_timestamp() + p_expire_ms * interval '1 millisecond' END
-    WHERE t.id = p_id;
-    IF p_finished THEN
-        PERFORM pg_notify('{finished}', p_id::text);
+    WHERE t.id = p_id AND t.fence = p_fence AND t.version = p_version
+      AND NOT (p_unless_cancelled AND t.cancel_ms IS NOT NULL)
+    RETURNING t.version, t.audit_seq, t.cancel_ms IS NOT NULL INTO version, seq, cancelled;
+    IF NOT FOUND THEN
+        SELECT r.code, r.detail INTO code, detail
+        FROM {schema}.refusal(p_id, p_fence, p_version, p_unless_cancelled) r;
+        version := NULL;
+        RETURN;
     END IF;
+    code := 0;
+    PERFORM {schema}.write_rows(p_id, p_steps, p_audit, seq, p_audit_cap);
+    IF p_next IS NOT NULL THEN
+        PERFORM {schema}.put(0::smallint, p_next,
+            CASE WHEN cancelled THEN 0 ELSE p_next_delay_ms END, 0, p_id);
+    END IF;
+    PERFORM {schema}.settle(p_settle, p_queue_id, p_delivery, p_payload, p_reason, p_size, p_id, p_dead_letter);
 END $$;
 
 -- Extends the lease and the delivery while a step runs; answers whether
@@ -327,32 +401,12 @@ BEGIN
         RETURN;
     END IF;
     UPDATE {schema}.tasks SET cancel_ms = p_now_ms, cancel_token = p_token WHERE id = p_id;
-    PERFORM {schema}.enqueue(0::smallint, p_wake, 0, 0);
+    PERFORM {schema}.enqueue(0::smallint, p_wake, 0, 0, p_id);
     PERFORM pg_notify('{cancellations}', p_id::text);
 END $$;
 
--- Takes up to `p_max` visible messages of kinds `p_kinds` for `p_consumer`:
--- each becomes invisible for the visibility timeout under a new claim, and
--- counts one more unanswered delivery.
-CREATE FUNCTION {schema}.take(p_consumer text, p_kinds smallint[], p_max integer, p_visibility_ms bigint)
-RETURNS TABLE (id bigint, payload text, deliveries integer, claim uuid, kind smallint)
-LANGUAGE sql AS $$
-    UPDATE {schema}.queue q
-    SET consumer = p_consumer, claim = gen_random_uuid(), deliveries = q.deliveries + 1,
-        visible_at = clock_timestamp() + p_visibility_ms * interval '1 millisecond'
-    FROM (
-        SELECT q2.id FROM {schema}.queue q2
-        WHERE q2.kind = ANY(p_kinds) AND q2.visible_at <= clock_timestamp()
-        ORDER BY q2.visible_at, q2.id
-        LIMIT p_max
-        FOR UPDATE SKIP LOCKED
-    ) due
-    WHERE q.id = due.id
-    RETURNING q.id, q.payload, q.deliveries, q.claim, q.kind;
-$$;
-
 -- Hands a delivery back, visible after `p_delay_ms`; `p_answered` takes
--- back the delivery it counted.
+-- back the delivery it counted. The engine wakes readers (see `put`).
 CREATE FUNCTION {schema}.hand_back(p_queue_id bigint, p_delivery uuid, p_delay_ms bigint, p_answered boolean)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -362,9 +416,6 @@ BEGIN
         consumer = NULL, claim = NULL,
         deliveries = CASE WHEN p_answered THEN greatest(deliveries - 1, 0) ELSE deliveries END
     WHERE id = p_queue_id AND claim = p_delivery;
-    IF FOUND THEN
-        PERFORM {schema}.wake();
-    END IF;
 END $$;
 
 -- The queue kind of an entry: a process-manager envelope (1), a saga
@@ -382,12 +433,16 @@ END $$;
 CREATE FUNCTION {schema}.requeue_dead_letter(p_id bigint,
     OUT exists_ boolean, OUT payload text, OUT reason text, OUT task_id uuid, OUT at_ms bigint, OUT size bigint)
 LANGUAGE plpgsql AS $$
+DECLARE
+    kind smallint;
 BEGIN
     DELETE FROM {schema}.dead_letters d WHERE d.id = p_id
     RETURNING d.payload, d.reason, d.task_id, d.at_ms, d.size INTO payload, reason, task_id, at_ms, size;
     exists_ := FOUND;
     IF exists_ THEN
-        PERFORM {schema}.enqueue({schema}.kind_of(payload), payload, 0, 0);
+        kind := {schema}.kind_of(payload);
+        PERFORM {schema}.enqueue(kind, payload, 0, 0,
+            CASE WHEN kind = 0 THEN COALESCE(task_id, {schema}.saga_task_of(payload)) END);
     END IF;
 END $$;
 
@@ -433,10 +488,11 @@ END $$;
 -- delayed one, or one whose delivery expires), in ms; NULL if none will.
 -- What an idle reader sleeps for, rather than polling.
 CREATE FUNCTION {schema}.next_visible(p_kinds smallint[]) RETURNS double precision
-LANGUAGE sql STABLE AS $$
-    SELECT extract(epoch FROM min(visible_at) - clock_timestamp()) * 1000
-    FROM {schema}.queue WHERE kind = ANY(p_kinds) AND visible_at > clock_timestamp();
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT extract(epoch FROM min(visible_at) - clock_timestamp()) * 1000
+            FROM {schema}.queue WHERE kind = ANY(p_kinds) AND visible_at > clock_timestamp());
+END $$;
 
 -- The task a saga message is for; NULL for anything else (an entry that
 -- does not decode is not this function's to judge: its own exception
@@ -448,39 +504,56 @@ EXCEPTION WHEN others THEN
     RETURN NULL;
 END $$;
 
--- `take`, and for each saga message the lease of its task in the same
--- call (what a worker asks for next): `lock_code` 0 with the lease's
--- token, fence, the task and its cancellation, -4 when another worker
--- holds it, NULL when there is no such task (the worker sees to that).
+-- Takes up to `p_max` visible messages of kinds `p_kinds` for
+-- `p_consumer` (each becomes invisible for the visibility timeout under a
+-- new claim, and counts one more unanswered delivery), and for each saga
+-- message the lease of its task in the same statement (what a worker asks
+-- for next): `lock_code` 0 with the lease's token, fence, the task and
+-- its cancellation, -4 when another worker holds it (or another message
+-- taken here got it), NULL when there is no such task (the worker sees
+-- to that).
 CREATE FUNCTION {schema}.take_leased(p_consumer text, p_kinds smallint[], p_max integer,
     p_visibility_ms bigint)
 RETURNS TABLE (id bigint, payload text, deliveries integer, claim uuid, lock_code integer,
     token text, fence bigint, record jsonb, cancel_ms bigint)
 LANGUAGE plpgsql AS $$
-DECLARE
-    taken record;
-    locked record;
-    task uuid;
 BEGIN
-    FOR taken IN SELECT * FROM {schema}.take(p_consumer, p_kinds, p_max, p_visibility_ms) t LOOP
-        id := taken.id;
-        payload := taken.payload;
-        deliveries := taken.deliveries;
-        claim := taken.claim;
-        lock_code := NULL; token := NULL; fence := NULL; record := NULL; cancel_ms := NULL;
-        task := CASE WHEN taken.kind = 0 THEN {schema}.saga_task_of(taken.payload) END;
-        IF task IS NOT NULL THEN
-            token := replace(gen_random_uuid()::text, '-', '');
-            SELECT * INTO locked FROM {schema}.lock_task(task, token, p_visibility_ms);
-            IF locked.code = -3 THEN
-                token := NULL;
-            ELSE
-                lock_code := locked.code;
-                fence := locked.fence;
-                record := locked.record;
-                cancel_ms := locked.cancel_ms;
-            END IF;
-        END IF;
-        RETURN NEXT;
-    END LOOP;
+    RETURN QUERY
+    WITH taken AS (
+        UPDATE {schema}.queue q
+        SET consumer = p_consumer, claim = gen_random_uuid(), deliveries = q.deliveries + 1,
+            visible_at = clock_timestamp() + p_visibility_ms * interval '1 millisecond'
+        FROM (
+            SELECT q2.id FROM {schema}.queue q2
+            WHERE q2.kind = ANY(p_kinds) AND q2.visible_at <= clock_timestamp()
+            ORDER BY q2.visible_at, q2.id
+            LIMIT p_max
+            FOR UPDATE SKIP LOCKED
+        ) due
+        WHERE q.id = due.id
+        RETURNING q.id, q.payload, q.deliveries, q.claim, q.kind, q.task_id
+    ),
+    -- A task's lease goes with the first of its messages taken here.
+    first AS (
+        SELECT DISTINCT ON (t.task_id) t.task_id, t.id AS queue_id
+        FROM taken t WHERE t.kind = 0 AND t.task_id IS NOT NULL
+        ORDER BY t.task_id, t.id
+    ),
+    locked AS (
+        UPDATE {schema}.tasks k
+        SET fence = k.fence + 1, lock_token = replace(gen_random_uuid()::text, '-', ''),
+            lock_until = clock_timestamp() + p_visibility_ms * interval '1 millisecond'
+        FROM first f
+        WHERE k.id = f.task_id AND (k.lock_until IS NULL OR k.lock_until <= clock_timestamp())
+        RETURNING f.queue_id, k.id AS task_id, k.lock_token, k.fence, k.cancel_ms, k.head, k.version
+    )
+    SELECT t.id, t.payload, t.deliveries, t.claim,
+        CASE WHEN l.queue_id IS NOT NULL THEN 0
+             WHEN t.kind = 0 AND EXISTS (SELECT 1 FROM {schema}.tasks x WHERE x.id = t.task_id) THEN -4
+        END,
+        l.lock_token, l.fence,
+        CASE WHEN l.queue_id IS NOT NULL THEN {schema}.task_document(l.task_id, l.head, l.version) END,
+        l.cancel_ms
+    FROM taken t LEFT JOIN locked l ON l.queue_id = t.id
+    ORDER BY t.id;
 END $$;

@@ -299,14 +299,14 @@ BEGIN
         INSERT INTO {schema}.tally_items (tally, item)
         SELECT DISTINCT tally_id, i FROM jsonb_array_elements_text(o->'items') AS i;
         IF n = 0 THEN
-            PERFORM {schema}.enqueue(1::smallint, o->>'completion', 0, 0);
+            PERFORM {schema}.put(1::smallint, o->>'completion', 0, 0);
         END IF;
     END LOOP;
 END $$;
 
 -- Appends messages to endpoints (`p_endpoints[i]` gets `p_envelopes[i]`,
--- in order), each endpoint keeping its newest `p_cap`, and wakes their
--- readers. Endpoints' rows are locked in name order (two writes never
+-- in order), each endpoint keeping its newest `p_cap`. (The engine wakes
+-- their readers after the commit: see `put`.) Endpoints' rows are locked in name order (two writes never
 -- wait for each other in a circle).
 CREATE FUNCTION {schema}.endpoint_append(p_endpoints text[], p_envelopes text[], p_cap bigint)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -329,7 +329,6 @@ BEGIN
             DELETE FROM {schema}.endpoint_pending WHERE endpoint = e AND seq <= top - p_cap;
             DELETE FROM {schema}.endpoint_messages WHERE endpoint = e AND seq <= top - p_cap;
         END IF;
-        PERFORM pg_notify('{endpoints}', e);
     END LOOP;
 END $$;
 
@@ -340,6 +339,7 @@ END $$;
 -- tallies it opened, and the settling of the message it handled and of
 -- those batched with it (`p_batched_rows`/`_claims`: their deliveries).
 -- Every check comes before the first write; a refusal writes nothing.
+-- Notifies nobody: the engine wakes readers after the commit (see `put`).
 CREATE FUNCTION {schema}.process_commit(
     p_process text, p_id text, p_generation text, p_version bigint, p_record jsonb,
     p_created_ms bigint, p_delete boolean, p_handled text[], p_deleted_handled text[],
@@ -371,11 +371,10 @@ BEGIN
                 p_created_ms, p_keys);
         END IF;
     END IF;
-    PERFORM {schema}.enqueue(1::smallint, e, 0, 0) FROM unnest(p_enqueue) AS e;
+    PERFORM {schema}.put(1::smallint, e, 0, 0) FROM unnest(p_enqueue) AS e;
     IF cardinality(p_due) > 0 THEN
         INSERT INTO {schema}.process_timers (due_ms, payload)
         SELECT d, t FROM unnest(p_due, p_timers) AS s(d, t);
-        PERFORM pg_notify('{timers}', (SELECT min(d) FROM unnest(p_due) AS d)::text);
     END IF;
     PERFORM {schema}.tally_open(p_tallies);
     PERFORM {schema}.settle(p_settle, p_queue_id, p_delivery, p_payload, p_reason, p_size,
@@ -402,7 +401,7 @@ BEGIN
             SELECT t.id FROM {schema}.process_timers t WHERE t.due_ms <= p_now_ms
             ORDER BY t.due_ms, t.id LIMIT p_limit FOR UPDATE SKIP LOCKED)
         RETURNING id, due_ms, payload)
-    SELECT count({schema}.enqueue(1::smallint, d.payload, 0, 0)) INTO moved
+    SELECT count({schema}.put(1::smallint, d.payload, 0, 0)) INTO moved
     FROM (SELECT * FROM due ORDER BY due_ms, id) AS d;
     SELECT min(t.due_ms) INTO next_due FROM {schema}.process_timers t;
 END $$;
@@ -446,7 +445,7 @@ BEGIN
         code := 1;
         RETURN;
     END IF;
-    PERFORM {schema}.enqueue(1::smallint,
+    PERFORM {schema}.put(1::smallint,
         (SELECT CASE WHEN t.late THEN t.completion_late ELSE t.completion END
          FROM {schema}.tallies t WHERE t.id = tally_id), 0, 0);
     code := 2;
