@@ -5,7 +5,11 @@
 //!
 //! ```text
 //! cargo run --release --example bench_postgres [-- TASKS] [--peer PATH]
+//! cargo run --release --example bench_postgres -- --statements [TASKS]
 //! ```
+//!
+//! `--pool N` gives each engine a pool of N connections (default: the
+//! library's, `PostgresConfig::max_connections`).
 //!
 //! Prints, in one run:
 //! - `pgbench -N` transactions per second with 1 and 16 clients;
@@ -20,6 +24,11 @@
 //!   `cd ../shared/peer-pg && SQLX_OFFLINE=true cargo build --release`),
 //!   the peers' chained jobs on the same server right after, and the ratio
 //!   of our best figure to the best peer's.
+//!
+//! `--statements` is for finding where the server's time goes: it runs
+//! only 4 workers x 16, and prints the statements the server spent most
+//! time in, those inside the protocol's functions included
+//! (`pg_stat_statements.track = all`).
 
 #[path = "../tests/common/postgres_server.rs"]
 #[allow(dead_code)]
@@ -27,7 +36,7 @@ mod postgres_server;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use postgres_server::TestPostgres;
@@ -56,6 +65,9 @@ impl NoOp {
     }
 }
 
+/// The engines' pool size (`--pool N`); the library's default otherwise.
+static POOL: OnceLock<u32> = OnceLock::new();
+
 async fn engine(
     url: &str,
     schema: &str,
@@ -65,8 +77,10 @@ async fn engine(
 ) -> Engine {
     let config = PostgresConfig {
         schema: schema.to_owned(),
-        // A connection per message in flight, and the background's.
-        max_connections: u32::try_from(workers * batch + 4).unwrap_or(64).min(64),
+        max_connections: POOL
+            .get()
+            .copied()
+            .unwrap_or(PostgresConfig::default().max_connections),
         ..PostgresConfig::default()
     };
     Engine::builder()
@@ -222,14 +236,61 @@ fn peer(path: &str, server: &TestPostgres, tasks: u64, args: &[&str]) -> Vec<(St
     results
 }
 
+/// Runs 4 workers x 16 and prints where the server spent its time.
+async fn statements_profile(server: &TestPostgres, admin: &PgPool, tasks: u64) {
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(admin)
+        .await
+        .expect("reset");
+    let t = run(server, admin, tasks, 4, 16).await;
+    println!("4 workers x 16: {:.0} steps/s", t.steps_per_s);
+    let steps = (tasks * 3) as f64;
+    let rows: Vec<(String, i64, f64)> = sqlx::query_as(
+        "SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time \
+         FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25",
+    )
+    .fetch_all(admin)
+    .await
+    .expect("pg_stat_statements");
+    let tables: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
+         WHERE schemaname = 'run_4x16' AND n_tup_upd > 0 ORDER BY relname",
+    )
+    .fetch_all(admin)
+    .await
+    .expect("pg_stat_user_tables");
+    for (table, updates, hot) in tables {
+        println!(
+            "  {table}: {:.2} updates/step, {:.0}% HOT (no index written)",
+            updates as f64 / steps,
+            hot as f64 * 100.0 / updates.max(1) as f64
+        );
+    }
+    println!("  us/step   calls/step  statement (nested ones included)");
+    for (query, calls, ms) in rows {
+        let text: String = query.chars().take(110).collect();
+        println!(
+            "  {:>7.1}   {:>10.2}  {text}",
+            ms * 1000.0 / steps,
+            calls as f64 / steps
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let mut args = std::env::args().skip(1);
     let mut tasks = 3000u64;
     let mut peer_path = None;
+    let mut profile = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--peer" => peer_path = args.next(),
+            "--statements" => profile = true,
+            "--pool" => {
+                let n = args.next().and_then(|n| n.parse().ok());
+                let _ = POOL.set(n.expect("--pool takes a number of connections"));
+            }
             n => tasks = n.parse().expect("TASKS is a number"),
         }
     }
@@ -239,6 +300,10 @@ async fn main() {
         ("full_page_writes", "on"),
         ("shared_preload_libraries", "pg_stat_statements"),
         ("autovacuum", "off"),
+        (
+            "pg_stat_statements.track",
+            if profile { "all" } else { "top" },
+        ),
     ]);
     server.psql("CREATE DATABASE bench");
     server.psql("CREATE DATABASE pgb");
@@ -267,6 +332,9 @@ async fn main() {
         "PostgreSQL on 127.0.0.1:{} (fsync on, synchronous_commit on)",
         server.port()
     );
+    if profile {
+        return statements_profile(&server, &admin, tasks).await;
+    }
     let pgb1 = pgbench(&server, 1);
     let pgb16 = pgbench(&server, 16);
     println!("pgbench -N: {pgb1:.0} TPS with 1 client, {pgb16:.0} with 16");
