@@ -217,7 +217,8 @@ fn peer(path: &str, server: &TestPostgres, tasks: u64, args: &[&str]) -> Vec<(St
     for concurrency in ["4", "16"] {
         let out = Command::new(path)
             .args(["--jobs", &tasks.to_string(), "--concurrency", concurrency])
-            .args(["--url", &url, "--timeout-s", "120"])
+            // The slowest peer (underway) makes about 300 steps a second.
+            .args(["--url", &url, "--timeout-s", &(120 + tasks / 30).to_string()])
             .args(args)
             .output()
             .expect("run the peer");
@@ -229,6 +230,9 @@ fn peer(path: &str, server: &TestPostgres, tasks: u64, args: &[&str]) -> Vec<(St
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0.0);
                 println!("  peer {} : {rest}", args.join(" "));
+                if rest.contains("finished=false") {
+                    println!("  (did not finish in time: no figure)");
+                }
                 results.push((format!("{} c={concurrency}", args.join(" ")), steps));
             }
         }
