@@ -218,7 +218,12 @@ fn peer(path: &str, server: &TestPostgres, tasks: u64, args: &[&str]) -> Vec<(St
         let out = Command::new(path)
             .args(["--jobs", &tasks.to_string(), "--concurrency", concurrency])
             // The slowest peer (underway) makes about 300 steps a second.
-            .args(["--url", &url, "--timeout-s", &(120 + tasks / 30).to_string()])
+            .args([
+                "--url",
+                &url,
+                "--timeout-s",
+                &(120 + tasks / 30).to_string(),
+            ])
             .args(args)
             .output()
             .expect("run the peer");
