@@ -146,3 +146,38 @@ pub async fn shutdown_signal() {
     };
     tracing::info!(signal, "asked to stop");
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::backend::memory::MemoryBackend;
+    use crate::backend::Delivery;
+    use crate::engine::Engine;
+
+    /// What each message's task holds: every spawn copies it, and so does
+    /// each change of the task's stage. Unboxed, the saga and process
+    /// paths made it about 14 kB, which cost a Redis step about a quarter
+    /// more engine instructions (callgrind, `bench_redis 1000 --only
+    /// 1x1`: 725 M against 571 M).
+    #[tokio::test]
+    async fn the_future_spawned_per_message_stays_small() {
+        let engine = Engine::builder()
+            .backend(MemoryBackend::new())
+            .workers(0)
+            .build()
+            .await
+            .unwrap();
+        let delivery = Arc::new(Delivery {
+            id: "1".into(),
+            item: Err("not decoded".into()),
+            raw: String::new(),
+            deliveries: 1,
+            consumer: "c".into(),
+            lease: None,
+            instance: None,
+        });
+        let size = crate::worker::message_future_size(engine.rt.clone(), delivery);
+        assert!(size <= 2048, "the per-message future is {size} bytes");
+    }
+}

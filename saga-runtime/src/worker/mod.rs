@@ -179,6 +179,13 @@ async fn work(rt: Arc<Runtime>, delivery: Arc<Delivery>, n: u64) -> u64 {
     n
 }
 
+/// The size of the future spawned for each message (the engine's tests
+/// hold it small: see `the_future_spawned_per_message_stays_small`).
+#[cfg(test)]
+pub(crate) fn message_future_size(rt: Arc<Runtime>, delivery: Arc<Delivery>) -> usize {
+    std::mem::size_of_val(&work(rt, delivery, 1))
+}
+
 fn settled(
     holding: &mut HashMap<u64, Arc<Delivery>>,
     done: Option<Result<u64, tokio::task::JoinError>>,
@@ -337,32 +344,5 @@ mod tests {
         assert_eq!(delays, [50, 100, 200, 400, 800, 1600, 3200, 5000, 5000]);
         b.reset();
         assert_eq!(b.next(), Duration::from_millis(50));
-    }
-
-    /// What each message's task holds: every spawn copies it, and so does
-    /// each change of the task's stage. Unboxed, the saga and process
-    /// paths made it about 14 kB, which cost a Redis step about a quarter
-    /// more engine instructions (callgrind, `bench_redis 1000 --only
-    /// 1x1`: 725 M against 571 M).
-    #[tokio::test]
-    async fn the_future_spawned_per_message_stays_small() {
-        let engine = crate::engine::Engine::builder()
-            .backend(crate::backend::memory::MemoryBackend::new())
-            .workers(0)
-            .build()
-            .await
-            .unwrap();
-        let delivery = Arc::new(Delivery {
-            id: "1".into(),
-            item: Err("not decoded".into()),
-            raw: String::new(),
-            deliveries: 1,
-            consumer: "c".into(),
-            lease: None,
-            instance: None,
-        });
-        let work = work(engine.rt.clone(), delivery, 1);
-        let size = std::mem::size_of_val(&work);
-        assert!(size <= 2048, "the per-message future is {size} bytes");
     }
 }
