@@ -377,3 +377,38 @@ async fn a_take_reads_what_it_takes_not_the_backlog() {
     .unwrap();
     assert_eq!(span, 9, "the ten oldest are taken");
 }
+
+/// The engine's commits do not notify in their transactions; its waker
+/// tells other engines afterwards. A listener of its own (as another
+/// engine's is) hears every task's end by id. Without the waker's sends
+/// nothing arrives here (checked: the test times out): the running engine
+/// would wake only its own waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_engines_hear_of_every_end_after_the_commit() {
+    let pg = TestPostgres::start();
+    let done = Arc::new(AtomicU64::new(0));
+    let worker = engine(backend(&pg).await, &done).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&pg.url())
+        .await
+        .unwrap();
+    listener.listen("saga_finished").await.unwrap();
+    let mut ids = std::collections::BTreeSet::new();
+    for n in 0..5u64 {
+        ids.insert(worker.start::<Chain>(n).await.unwrap().0.to_string());
+    }
+    let run = {
+        let worker = worker.clone();
+        tokio::spawn(async move { worker.run_workers(1).await })
+    };
+    let mut heard = std::collections::BTreeSet::new();
+    while heard.len() < ids.len() {
+        let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .expect("every end is notified within 10 s")
+            .unwrap();
+        heard.extend(note.payload().split(',').map(str::to_owned));
+    }
+    assert_eq!(heard, ids, "each ended task named once it ended");
+    worker.shutdown().await;
+    let _ = run.await;
+}
