@@ -23,19 +23,12 @@ pub fn key_values(
     items: Vec<NestedMeta>,
 ) -> BTreeMap<String, Meta> {
     let mut map = BTreeMap::new();
+    let items = without_positional(cx, attr, known, items);
     for item in items {
         let meta = match item {
             NestedMeta::Meta(meta) => meta,
-            NestedMeta::Lit(lit) => {
-                cx.error_spanned_by(
-                    &lit,
-                    format!(
-                        "expected `key = value` in `#[{attr}]`; keys: {}",
-                        known.join(", ")
-                    ),
-                );
-                continue;
-            }
+            // Taken out by `without_positional`.
+            NestedMeta::Lit(_) => continue,
             NestedMeta::NameValueInvalidExpr(nv) => {
                 cx.error_spanned_by(
                     &nv.value,
@@ -49,10 +42,13 @@ pub fn key_values(
         };
         let key = path_str(meta.path());
         if !known.contains(&key.as_str()) {
-            cx.error_spanned_by(
-                meta.path(),
-                suggest::unknown(&format!("unknown key `{key}` in `#[{attr}]`"), &key, known),
-            );
+            let message = match elsewhere(attr, &key) {
+                Some(message) => message,
+                None => {
+                    suggest::unknown(&format!("unknown key `{key}` in `#[{attr}]`"), &key, known)
+                }
+            };
+            cx.error_spanned_by(meta.path(), message);
             continue;
         }
         let shape_ok = match &meta {
@@ -74,6 +70,97 @@ pub fn key_values(
         map.insert(key, meta);
     }
     map
+}
+
+/// Positional values (`#[retry_policy(5, exponential)]`) are one mistake,
+/// reported once over all of them: the bare words among them are values
+/// too, not misspelled keys. Returns the other items.
+fn without_positional(
+    cx: &Ctxt,
+    attr: &str,
+    known: &[&str],
+    items: Vec<NestedMeta>,
+) -> Vec<NestedMeta> {
+    if !items.iter().any(|i| matches!(i, NestedMeta::Lit(_))) {
+        return items;
+    }
+    let is_positional = |item: &NestedMeta| match item {
+        NestedMeta::Lit(_) => true,
+        NestedMeta::Meta(Meta::Path(p)) => !known.contains(&path_str(p).as_str()),
+        _ => false,
+    };
+    let (positional, rest): (Vec<_>, Vec<_>) = items.into_iter().partition(is_positional);
+    let tokens: proc_macro2::TokenStream = positional
+        .iter()
+        .map(quote::ToTokens::to_token_stream)
+        .collect();
+    let values = if positional.len() == 1 {
+        "a positional value"
+    } else {
+        "positional values"
+    };
+    cx.error_spanned_by(
+        tokens,
+        format!(
+            "expected `key = value` in `#[{attr}]`, not {values}: name each setting, e.g. \
+             `#[{attr}({} = ..)]`; keys: {}",
+            known.first().copied().unwrap_or("key"),
+            known.join(", ")
+        ),
+    );
+    rest
+}
+
+/// The settings of the attributes that sit on one step, by attribute.
+const STEP_ATTRS: [(&str, &[&str]); 4] = [
+    ("saga_step", &["timeout_ms"]),
+    (
+        "retry_policy",
+        &[
+            "max_retries",
+            "backoff",
+            "base_delay_ms",
+            "max_delay_ms",
+            "jitter",
+            "on_exhausted",
+        ],
+    ),
+    (
+        "circuit_breaker",
+        &["failure_threshold", "duration_secs", "scope", "when_open"],
+    ),
+    (
+        "compensation_retry_policy",
+        &[
+            "max_retries",
+            "backoff",
+            "base_delay_ms",
+            "max_delay_ms",
+            "jitter",
+        ],
+    ),
+];
+
+/// A key written in the wrong attribute (`when_open` in `#[saga_step]`,
+/// `cancellable` in `#[saga]`): says which attribute it belongs to, where
+/// "did you mean" among this attribute's keys would mislead.
+fn elsewhere(attr: &str, key: &str) -> Option<String> {
+    if key == "cancellable" && matches!(attr, "saga" | "saga_step") {
+        return Some(format!(
+            "`cancellable` is not a key of `#[{attr}]` but an attribute of its own: write \
+             `#[cancellable]` next to `#[saga]` on the impl block (above or below it)"
+        ));
+    }
+    if !STEP_ATTRS.iter().any(|(a, _)| *a == attr) {
+        return None;
+    }
+    let (owner, _) = STEP_ATTRS
+        .iter()
+        .find(|(a, keys)| *a != attr && keys.contains(&key))?;
+    Some(format!(
+        "`{key}` is a setting of `#[{owner}(..)]`, not of `#[{attr}]`: write \
+         `#[{owner}({key} = ..)]` on the step (with its other settings)"
+    ))
 }
 
 pub fn path_str(path: &syn::Path) -> String {
@@ -170,7 +257,76 @@ pub fn runtime_path(cx: &Ctxt, meta: &Meta) -> Option<syn::Path> {
     }
 }
 
+/// With `crate = path`: asks that `path` be the runtime crate, spanned on
+/// `path`. A module that re-exports the prelude has a stand-in
+/// `__private` whose `CrateRoot` fails the check, with a message that says
+/// so: one error instead of one per use of `path::__private`.
+pub fn crate_root_check(runtime: &syn::Path) -> proc_macro2::TokenStream {
+    if is_default(runtime) {
+        return proc_macro2::TokenStream::new();
+    }
+    let span = runtime.span();
+    quote::quote_spanned! {span=>
+        const _: fn() = #runtime::__private::crate_root::<#runtime::__private::CrateRoot>;
+    }
+}
+
+fn is_default(runtime: &syn::Path) -> bool {
+    runtime.leading_colon.is_some()
+        && runtime.segments.len() == 1
+        && runtime.segments[0].ident == "saga_runtime"
+}
+
 /// `::saga_runtime`, or the `crate = ..` override.
 pub fn default_runtime() -> syn::Path {
     syn::parse_quote!(::saga_runtime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syn::parse::Parser;
+
+    fn errors_for(attr: &str, known: &[&str], args: proc_macro2::TokenStream) -> Vec<String> {
+        let items = syn::punctuated::Punctuated::<NestedMeta, syn::Token![,]>::parse_terminated
+            .parse2(args)
+            .unwrap()
+            .into_iter()
+            .collect();
+        let cx = Ctxt::new();
+        let _ = key_values(&cx, attr, known, &[], items);
+        cx.check()
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn positional_values_are_one_error() {
+        let errors = errors_for(
+            "retry_policy",
+            &["max_retries", "backoff"],
+            quote::quote!(5, exponential, 200),
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("not positional values"), "{errors:?}");
+    }
+
+    #[test]
+    fn a_key_of_another_step_attribute_names_it() {
+        let errors = errors_for(
+            "saga_step",
+            &["timeout_ms"],
+            quote::quote!(when_open = fail),
+        );
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("setting of `#[circuit_breaker(..)]`"),
+            "{errors:?}"
+        );
+        let errors = errors_for("saga", &["name"], quote::quote!(cancellable));
+        assert!(errors[0].contains("attribute of its own"), "{errors:?}");
+    }
 }

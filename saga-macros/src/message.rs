@@ -58,14 +58,70 @@ pub fn derive(input: TokenStream) -> TokenStream {
             None
         }
     };
+    let borrowed = borrowed_fields(&cx, &input.data);
     // With errors, implement the trait anyway (without a correlation id) so
     // that the handlers using the message do not add errors of their own.
     let errors = match cx.check() {
         Ok(()) => TokenStream::new(),
         Err(errors) => errors.into_iter().map(|e| e.into_compile_error()).collect(),
     };
-    let implementation = implementation(&input, &name, &runtime, correlation.as_ref());
-    quote!(#errors #implementation)
+    let implementation = implementation(&input, &name, &runtime, correlation.as_ref(), borrowed);
+    let crate_root = crate::attr_args::crate_root_check(&runtime);
+    quote!(#errors #implementation #crate_root)
+}
+
+/// Fields that borrow (`&'static str`): a message is decoded from the queue
+/// into a value that owns its data, so serde can't give it a borrowed field
+/// (the type is then `Deserialize<'static>` only, not `DeserializeOwned`).
+/// Reports each, on its type, with the owned type to use; returns the span
+/// of the first, where rustc's own "not general enough" then lands too.
+fn borrowed_fields(cx: &Ctxt, data: &Data) -> Option<proc_macro2::Span> {
+    let fields: Vec<&syn::Field> = match data {
+        Data::Struct(s) => s.fields.iter().collect(),
+        Data::Enum(e) => e.variants.iter().flat_map(|v| v.fields.iter()).collect(),
+        Data::Union(_) => Vec::new(),
+    };
+    let mut first = None;
+    for field in fields {
+        let Some(reference) = find_reference(&field.ty) else {
+            continue;
+        };
+        let owned = owned_type(&reference.elem);
+        cx.error_spanned_by(
+            reference,
+            format!(
+                "a message can't borrow: it is decoded from the queue into a value that owns \
+                 its data; use an owned type, `{owned}` instead of `{}`",
+                crate::types::type_to_string(&syn::Type::Reference(reference.clone())),
+            ),
+        );
+        first.get_or_insert(syn::spanned::Spanned::span(&field.ty));
+    }
+    first
+}
+
+/// The first reference in a type (`&str`, `Option<&str>`, `Vec<&[u8]>`).
+fn find_reference(ty: &syn::Type) -> Option<&syn::TypeReference> {
+    struct Find<'a>(Option<&'a syn::TypeReference>);
+    impl<'a> syn::visit::Visit<'a> for Find<'a> {
+        fn visit_type_reference(&mut self, r: &'a syn::TypeReference) {
+            if self.0.is_none() {
+                self.0 = Some(r);
+            }
+        }
+    }
+    let mut find = Find(None);
+    syn::visit::Visit::visit_type(&mut find, ty);
+    find.0
+}
+
+/// `String` for `str`, `Vec<T>` for `[T]`, else the type itself.
+fn owned_type(ty: &syn::Type) -> String {
+    match ty {
+        syn::Type::Path(p) if p.path.is_ident("str") => "String".to_owned(),
+        syn::Type::Slice(s) => format!("Vec<{}>", crate::types::type_to_string(&s.elem)),
+        other => crate::types::type_to_string(other),
+    }
 }
 
 fn implementation(
@@ -73,9 +129,16 @@ fn implementation(
     name: &str,
     runtime: &syn::Path,
     correlation: Option<&(Member, syn::Type)>,
+    borrowed: Option<proc_macro2::Span>,
 ) -> TokenStream {
     let rt = quote!(#runtime::__private);
-    let ident = &input.ident;
+    // With a borrowed field, the impl's `DeserializeOwned` supertrait fails:
+    // said on that field, next to the error that says what to use instead.
+    let mut ident = input.ident.clone();
+    if let Some(span) = borrowed {
+        ident.set_span(span);
+    }
+    let ident = &ident;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     // A generic message is a message when its parameters allow: say so in
     // the where clause, so the user does not have to repeat serde's bounds.

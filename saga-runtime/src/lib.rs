@@ -142,6 +142,16 @@ pub mod prelude {
         cancellable, circuit_breaker, compensate, compensation_retry_policy, correlate, handles,
         on_error, process_manager, retry_policy, saga, saga_step, starts, timeout, Message,
     };
+
+    /// What `crate = my_module` finds when `my_module` re-exports this
+    /// prelude rather than the crate: everything generated code uses, so
+    /// that the one mistake is one error, the `CrateRoot` check's (the
+    /// explicit `CrateRoot` shadows the glob's).
+    #[doc(hidden)]
+    pub mod __private {
+        pub use crate::__private::*;
+        pub struct CrateRoot;
+    }
 }
 
 /// What generated code reaches through absolute paths
@@ -154,6 +164,7 @@ pub mod __private {
     pub use crate::engine::Engine;
     pub use crate::error::StepError;
     pub use crate::policy::{BackoffKind, OnExhausted, RetryPolicy};
+    pub use crate::process::same_field;
     pub use crate::process::{
         correlation_value, decode_message, message_ops, same_state, state_ops, unknown_message,
         Concurrency, Correlation, ErrorAction, Failure, HandlerDefinition, HandlerKind,
@@ -170,4 +181,21 @@ pub mod __private {
     pub use serde::{de::DeserializeOwned, Serialize};
     pub use serde_json::Value;
     pub use tokio_util::sync::CancellationToken;
+
+    /// Generated code with `crate = path` asks `path::__private::CrateRoot`
+    /// to be this one: `path` must name this crate (or a re-export of it),
+    /// and a module re-exporting the prelude finds the prelude's stand-in.
+    pub struct CrateRoot;
+
+    #[diagnostic::on_unimplemented(
+        message = "`crate = ..` names a module that re-exports the saga_runtime prelude, not the saga_runtime crate",
+        label = "expected the saga_runtime crate itself, or a re-export of it",
+        note = "write the path of the crate (`crate = saga_runtime`), or of a re-export of it (`pub use saga_runtime;` in your crate, then `crate = my_crate::saga_runtime`); a module with `pub use saga_runtime::prelude::*` does not do"
+    )]
+    pub trait IsCrateRoot {}
+    impl IsCrateRoot for CrateRoot {}
+
+    /// The check itself, emitted for `crate = path`:
+    /// `const _: fn() = path::__private::crate_root::<path::__private::CrateRoot>;`.
+    pub fn crate_root<T: IsCrateRoot>() {}
 }

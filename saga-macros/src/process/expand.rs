@@ -109,9 +109,15 @@ pub fn fallback(pm: &ProcessDef) -> TokenStream {
     }
 }
 
-/// `impl<..>` generics and the where clause of the trait impl: a generic
-/// process-manager type must be `Send + Sync + 'static` (said in the where
-/// clause, a missing bound shows at the use site).
+/// `impl<..>` generics and the where clause of the trait impl: the
+/// process-manager type must be `Send + Sync + 'static`, and saying so in
+/// the where clause turns a type that is not into one error where it is
+/// registered ("`Cell<u32>` cannot be shared between threads safely ...
+/// required for `Fulfillment` to implement `ProcessManager`"). Without it,
+/// the impl's supertraits fail here and every handler's future fails to be
+/// `Send` besides. A non-generic type's bound is written under a `for<'_>`
+/// binder: rustc rejects a where clause that is false without one
+/// ("trivial bounds"), and checks this one where it is used.
 fn impl_header(pm: &ProcessDef) -> (TokenStream, TokenStream) {
     let generics = &pm.item.generics;
     let (impl_generics, _, _) = generics.split_for_impl();
@@ -119,8 +125,12 @@ fn impl_header(pm: &ProcessDef) -> (TokenStream, TokenStream) {
         .where_clause
         .clone()
         .unwrap_or_else(|| syn::parse_quote!(where));
-    if !generics.params.is_empty() {
-        let self_ty = &pm.item.self_ty;
+    let self_ty = &pm.item.self_ty;
+    if generics.params.is_empty() {
+        where_clause.predicates.push(syn::parse_quote!(
+            for<'__shared> #self_ty: ::core::marker::Send + ::core::marker::Sync
+        ));
+    } else {
         where_clause.predicates.push(syn::parse_quote!(
             #self_ty: ::core::marker::Send + ::core::marker::Sync + 'static
         ));
@@ -153,8 +163,9 @@ fn message_of(rt: &TokenStream, handler: &HandlerDef) -> Type {
 }
 
 /// `&mut __state.<field>` / `&mut __msg.<field>`, every token on the user's
-/// field: rustc's "no field" and "mismatched types" point there, and the
-/// same expression in several places gives one (deduplicated) diagnostic.
+/// field: rustc's "no field" or "private field" and `same_field`'s type
+/// error point there, and the same expression in several places gives one
+/// (deduplicated) diagnostic.
 fn field_span(member: &Member) -> Span {
     match member {
         Member::Named(ident) => ident.span(),
@@ -168,6 +179,17 @@ fn state_field(member: &Member) -> TokenStream {
 
 fn message_field(member: &Member) -> TokenStream {
     quote_spanned!(field_span(member)=> &mut __msg.#member)
+}
+
+/// `[&mut state.a, &mut msg.b]` as one type, asked through
+/// `same_field` (whose message says what a correlation needs) and spanned
+/// on the message's field: the same tokens wherever the pair is needed, so
+/// a mismatch is one error.
+fn same_field(rt: &TokenStream, state: &Member, message: &Member) -> TokenStream {
+    let span = field_span(message);
+    let state = state_field(state);
+    let message = message_field(message);
+    quote_spanned!(span=> #rt::same_field(#state, #message))
 }
 
 /// Shared-reference forms of the two, for reading the key.
@@ -213,12 +235,11 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
         let state_ty = pm.state.as_ref()?;
         let message_ty = handler.message.as_ref()?;
         let ident = format_ident!("__correlate_{}", handler.ident);
-        let state = state_field(state);
-        let message = message_field(message);
+        let same = same_field(&rt, pm.first_mention(state), message);
         Some(quote! {
             #[allow(dead_code, non_snake_case)]
             fn #ident(__state: &mut #state_ty, mut __msg: #message_ty) {
-                let _ = [#state, #message];
+                let _ = #same;
             }
         })
     });
@@ -275,7 +296,7 @@ fn trait_impl(pm: &ProcessDef) -> TokenStream {
         quote!((#key, #rt::correlation_value(#field)))
     });
     let message_key_arms = pm.handlers.iter().filter_map(|h| message_key_arm(&rt, h));
-    let seed_arms = pm.handlers.iter().filter_map(|h| seed_arm(&rt, h));
+    let seed_arms = pm.handlers.iter().filter_map(|h| seed_arm(pm, h));
     let on_error = pm.on_errors.first().map(|on_error| {
         let method = &on_error.ident;
         quote! {
@@ -436,20 +457,20 @@ fn message_key_arm(rt: &TokenStream, handler: &HandlerDef) -> Option<TokenStream
 }
 
 /// A starting message's mapped field, moved into the fresh state.
-fn seed_arm(rt: &TokenStream, handler: &HandlerDef) -> Option<TokenStream> {
+fn seed_arm(pm: &ProcessDef, handler: &HandlerDef) -> Option<TokenStream> {
     let (HandlerKind::Starts { .. }, Correlation::Field { state, message }) =
         (handler.kind, &handler.correlation)
     else {
         return None;
     };
+    let rt = &pm.rt();
     let message_ty = message_of(rt, handler);
     let ops = message_ops(rt, &message_ty);
-    let state = state_field(state);
-    let message = message_field(message);
+    let same = same_field(rt, pm.first_mention(state), message);
     Some(quote! {
         if __message_type == #ops.type_name {
             let mut __msg: #message_ty = (#ops.decode)(::core::clone::Clone::clone(__message))?;
-            let [__dst, __src] = [#state, #message];
+            let [__dst, __src] = #same;
             ::core::mem::swap(__dst, __src);
         }
     })

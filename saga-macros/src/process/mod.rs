@@ -31,7 +31,12 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     if let Model::Process(pm) = &model {
         check::check(&cx, pm);
     }
-    match (cx.check(), model) {
+    // `crate = path` naming something other than the runtime: one error.
+    let crate_root = match &model {
+        Model::Process(pm) => crate::attr_args::crate_root_check(&pm.runtime),
+        Model::Other(_) => TokenStream::new(),
+    };
+    let expansion = match (cx.check(), model) {
         (Ok(()), Model::Process(pm)) => expand::expand(&pm),
         (result, model) => {
             let errors = crate::ctxt::compile_errors(result.err().unwrap_or_default());
@@ -41,7 +46,8 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             };
             quote!(#errors #item)
         }
-    }
+    };
+    quote!(#expansion #crate_root)
 }
 
 /// A helper attribute (`#[starts]`, `#[handles]`, `#[correlate]`,

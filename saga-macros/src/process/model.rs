@@ -60,7 +60,7 @@ pub enum Correlation {
     /// The message's `#[correlation_id]`.
     Id,
     /// `#[correlate(state.a = msg.b)]`, the members spanned where the user
-    /// wrote them (rustc's "no field" and "mismatched types" point there).
+    /// wrote them (rustc's "no field" and the type check point there).
     Field { state: Member, message: Member },
     /// A timeout: the instance that requested it.
     Instance,
@@ -97,6 +97,20 @@ impl ProcessDef {
             }
         }
         keys
+    }
+}
+
+impl ProcessDef {
+    /// The first `#[correlate]` that names the same state field as
+    /// `member`: generated code reads a state field with that one's tokens
+    /// wherever it is correlated, so that rustc's diagnostics about the
+    /// field itself (private, missing) come once, not once per handler.
+    pub fn first_mention<'a>(&'a self, member: &'a Member) -> &'a Member {
+        let name = member_name(member);
+        self.state_keys()
+            .into_iter()
+            .find(|k| member_name(k) == name)
+            .unwrap_or(member)
     }
 }
 

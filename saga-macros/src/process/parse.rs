@@ -675,6 +675,35 @@ fn parse_handler_signature(cx: &Ctxt, method: &ImplItemFn, state: Option<&Type>)
         .collect();
 
     match params.as_slice() {
+        [a, b, c] if misordered([*a, *b, *c], state).is_some() => {
+            // All three are there, in another order: one error, naming it.
+            let given = [*a, *b, *c];
+            let [msg, state_param, ctx] = misordered(given, state).unwrap_or(given);
+            let first_wrong = given
+                .into_iter()
+                .zip([msg, state_param, ctx])
+                .find(|(given, expected)| !std::ptr::eq(*given, *expected))
+                .map_or(*a, |(given, _)| given);
+            let param = |p: &syn::PatType| {
+                let pat = &p.pat;
+                format!("{}: {}", quote::quote!(#pat), type_to_string(&p.ty))
+            };
+            cx.error_spanned_by(
+                first_wrong,
+                format!(
+                    "the parameters of `{name}` are in the wrong order: a handler takes the \
+                     message, then the state, then the context: `async fn {name}(&self, {}, {}, \
+                     {})`",
+                    param(msg),
+                    param(state_param),
+                    param(ctx),
+                ),
+            );
+            out.message = Some((*msg.ty).clone());
+            out.message_name = pat_ident(&msg.pat);
+            out.state = Some((*strip_ref(&state_param.ty)).clone());
+            out.state_name = pat_ident(&state_param.pat);
+        }
         [msg, state_param, ctx, rest @ ..] => {
             if let Some(extra) = rest.first() {
                 cx.error_spanned_by(
@@ -720,6 +749,56 @@ fn parse_handler_signature(cx: &Ctxt, method: &ImplItemFn, state: Option<&Type>)
 
     check_return(cx, sig);
     out
+}
+
+/// What a handler's parameter is, judged by its type alone.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ParamRole {
+    Message,
+    State,
+    Context,
+}
+
+fn param_role(param: &syn::PatType, state: Option<&Type>) -> Option<ParamRole> {
+    if last_segment_is(strip_ref(&param.ty), "ProcessContext") {
+        return Some(ParamRole::Context);
+    }
+    match &*param.ty {
+        Type::Reference(r) if r.mutability.is_some() => state
+            .is_none_or(|s| same_type(s, &r.elem))
+            .then_some(ParamRole::State),
+        Type::Reference(_) | Type::ImplTrait(_) => None,
+        _ => Some(ParamRole::Message),
+    }
+}
+
+/// The message, state and context parameters, when the three are there,
+/// each once, but not in that order (else `None`).
+fn misordered<'a>(
+    params: [&'a syn::PatType; 3],
+    state: Option<&Type>,
+) -> Option<[&'a syn::PatType; 3]> {
+    let roles = params.map(|p| param_role(p, state));
+    let expected = [ParamRole::Message, ParamRole::State, ParamRole::Context];
+    if roles == expected.map(Some) {
+        return None;
+    }
+    let find = |role| {
+        let mut found = params
+            .iter()
+            .zip(roles)
+            .filter(|(_, r)| *r == Some(role))
+            .map(|(p, _)| *p);
+        match (found.next(), found.next()) {
+            (Some(p), None) => Some(p),
+            _ => None,
+        }
+    };
+    Some([
+        find(ParamRole::Message)?,
+        find(ParamRole::State)?,
+        find(ParamRole::Context)?,
+    ])
 }
 
 /// Reports a receiver that is not `&self`; returns whether the first input
@@ -1140,6 +1219,26 @@ mod tests {
         cx.check().unwrap();
         assert_eq!(type_to_string(&args.state.unwrap()), "Wrapper<u8, u16>");
         assert_eq!(args.on_complete, Some(OnComplete::Delete));
+    }
+
+    #[test]
+    fn parameters_in_another_order_are_one_error() {
+        let method: ImplItemFn = parse_quote! {
+            async fn submitted(&self, ctx: &mut ProcessContext, state: &mut S, msg: M)
+                -> Result<(), ProcessError> { Ok(()) }
+        };
+        let state: Type = parse_quote!(S);
+        let cx = Ctxt::new();
+        let sig = parse_handler_signature(&cx, &method, Some(&state));
+        let errors = cx.check().unwrap_err();
+        assert_eq!(errors.len(), 1);
+        let text = errors[0].to_string();
+        assert!(text.contains("wrong order"), "{text}");
+        assert!(
+            text.contains("(&self, msg: M, state: &mut S, ctx: &mut ProcessContext)"),
+            "{text}"
+        );
+        assert_eq!(type_to_string(&sig.message.unwrap()), "M");
     }
 
     #[test]

@@ -140,7 +140,12 @@ pub fn fallback(saga: &SagaDef) -> TokenStream {
     let (impl_generics, where_clause) = impl_header(saga);
     let self_ty = &saga.item.self_ty;
     let name = &saga.name;
-    let cancellable = cancellable_impl(saga);
+    // Whether or not `#[cancellable]` is there: a broken `#[saga(..)]`
+    // (say `#[saga(cancellable)]`) must not add "not cancellable" at every
+    // `engine.cancel::<S>(..)`.
+    let cancellable = quote! {
+        impl #impl_generics #rt::Cancellable for #self_ty #where_clause {}
+    };
     let generated_types = if generic {
         TokenStream::new()
     } else {

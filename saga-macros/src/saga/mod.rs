@@ -39,7 +39,12 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             check::check(&cx, saga);
         }
     }
-    match (cx.check(), model) {
+    // `crate = path` naming something other than the runtime: one error.
+    let crate_root = match &model {
+        Model::Saga(saga) => crate::attr_args::crate_root_check(&saga.runtime),
+        Model::Other(_) => TokenStream::new(),
+    };
+    let expansion = match (cx.check(), model) {
         (Ok(()), Model::Saga(saga)) => expand::expand(&saga),
         (result, model) => {
             let errors = crate::ctxt::compile_errors(result.err().unwrap_or_default());
@@ -49,7 +54,8 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             };
             quote!(#errors #item)
         }
-    }
+    };
+    quote!(#expansion #crate_root)
 }
 
 #[cfg(test)]

@@ -150,8 +150,10 @@ impl ProcessDefinition {
 
 /// A process manager: implemented by `#[process_manager]`, not by hand.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a process manager: add `#[process_manager(state = ..)]` to its `impl` block of handlers",
-    label = "not a process manager"
+    message = "`{Self}` is not a process manager",
+    label = "not a process manager",
+    note = "a process manager is a type whose `impl` block of handlers has `#[process_manager(state = ..)]`: add it there",
+    note = "if `{Self}` is a `#[saga]`, register it with `.saga(..)` instead of `.process_manager(..)`, and start its tasks with `engine.start::<{Self}>(input)`"
 )]
 ///
 /// `State` is `Default + Serialize + Deserialize` (the macro checks it, with
@@ -260,6 +262,42 @@ impl<T> SameState<T> for T {
 #[doc(hidden)]
 pub fn same_state<State: SameState<Handler>, Handler>(state: &mut State) -> &mut Handler {
     state.same()
+}
+
+/// The two fields of a `#[correlate(state.a = msg.b)]` have one type: an
+/// instance is found by the value of its field that equals the message's.
+/// A trait rather than rustc's "mismatched types", whose advice for a
+/// `Vec` field (wrap the message's field in `vec![..]`) is the wrong fix.
+/// Implemented by the message's field, so that the error points there.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`#[correlate]` maps a state field of type `{StateField}` to a message field of type `{Self}`: they must be the same type",
+    label = "expected `{StateField}`, the state field's type",
+    note = "an instance is found by the one value of its state field that equals the message's field; a field holding several values (a `Vec`) is not an index key: correlate a field holding one value, and if several instances hold the same value, mark the handler `#[handles(many)]` to reach them all"
+)]
+pub trait SameField<StateField> {
+    #[doc(hidden)]
+    fn same(&mut self) -> &mut StateField;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T> SameField<T> for T {
+    fn same(&mut self) -> &mut T {
+        self
+    }
+}
+
+/// The correlated state and message fields, as one type: `[state,
+/// message]`. The bound is on the message's field, whose type is still
+/// unknown when the state's argument is checked: bound on the state's,
+/// rustc would infer the message's from the one impl and report
+/// "mismatched types" instead of the bound's message.
+#[doc(hidden)]
+pub fn same_field<'a, State, MessageField: SameField<State>>(
+    state: &'a mut State,
+    message: &'a mut MessageField,
+) -> [&'a mut State; 2] {
+    [state, message.same()]
 }
 
 /// Decodes a message payload for a handler.

@@ -99,8 +99,10 @@ pub struct CompensationDefinition {
 /// [`encode_input`](Self::encode_input) and
 /// [`decode_output`](Self::decode_output).
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a saga: add `#[saga]` to its `impl` block of steps",
-    label = "not a saga"
+    message = "`{Self}` is not a saga",
+    label = "not a saga",
+    note = "a saga is a type whose `impl` block of steps has `#[saga]`: add it there",
+    note = "if `{Self}` is a `#[process_manager]`, register it with `.process_manager(..)` instead of `.saga(..)`: a process manager is started by its `#[starts]` message, not by `engine.start`"
 )]
 pub trait Saga: Send + Sync + 'static {
     /// Step 1's input.
