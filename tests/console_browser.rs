@@ -6,7 +6,14 @@
 //! action without the token shows the API's error, resolving a
 //! `CompensationFailed` task and requeueing a dead letter through the page
 //! (each confirmed through the JSON API), and a process manager's
-//! instances. Screenshots of each page go to
+//! instances. And what issue 24 asked of it: each completed step's output
+//! on the task page (collapsed, size-capped), a distinct badge for a task
+//! that waits for an operator, errors a later attempt made good shown as
+//! history, a dialog's validation message in front of its overlay, prose
+//! in the timeline, full ids to copy behind the short ones, the token in
+//! `sessionStorage`, the page working under its Content-Security-Policy
+//! (and that policy refusing an inline handler), and process managers'
+//! instance counts and status filter. Screenshots of each page go to
 //! `<target>/console-screenshots/`.
 //!
 //! Without `/usr/bin/chromium` (or `chromium` on the `PATH`) the test
@@ -28,6 +35,14 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 const TOKEN: &str = "console-test-token";
+/// Where the page keeps the token (`sessionStorage`) and the operator's name.
+const TOKEN_KEY: &str = "saga-console.token";
+/// `--bad`, the console's red, as `getComputedStyle` reports it.
+const RED: &str = "rgb(179, 38, 30)";
+/// Records the Content-Security-Policy violations of each document in
+/// `window.__csp`, from before the page's own script runs.
+const CSP_RECORDER: &str = "window.__csp = []; document.addEventListener('securitypolicyviolation', \
+    (e) => window.__csp.push(`${e.violatedDirective} blocked ${e.blockedURI} at ${e.sourceFile}:${e.lineNumber}`));";
 const OPERATOR: &str = "browser-test";
 /// How long any one thing may take to show up.
 const WAIT: Duration = Duration::from_secs(20);
@@ -204,6 +219,22 @@ impl Page {
             .await
             .expect("attached to the page");
         page.session = attached["sessionId"].as_str().map(str::to_owned);
+        page.call("Page.enable", json!({}))
+            .await
+            .expect("page events");
+        page.call(
+            "Page.addScriptToEvaluateOnNewDocument",
+            json!({ "source": CSP_RECORDER }),
+        )
+        .await
+        .expect("the violation recorder installed");
+        // Clipboard calls need a focused page, which headless has not.
+        page.call(
+            "Emulation.setFocusEmulationEnabled",
+            json!({ "enabled": true }),
+        )
+        .await
+        .expect("focus emulated");
         page.call(
             "Emulation.setDeviceMetricsOverride",
             json!({ "width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": false }),
@@ -337,6 +368,32 @@ impl Page {
             .await;
     }
 
+    /// A browser-wide command (not the page's session).
+    async fn browser_call(&mut self, method: &str, params: Value) -> Result<Value, String> {
+        let session = self.session.take();
+        let result = self.call(method, params).await;
+        self.session = session;
+        result
+    }
+
+    /// Fails if the current document met a Content-Security-Policy
+    /// violation; the page's own script and style must pass its policy.
+    async fn assert_no_csp_violation(&mut self) {
+        let violations = self.run("window.__csp").await;
+        assert_eq!(violations, json!([]), "CSP violations");
+    }
+
+    /// Reloads the page and waits for its script to have set the mode.
+    async fn reload(&mut self) {
+        self.run("window.__before_reload = true").await;
+        self.call("Page.reload", json!({})).await.expect("reload");
+        self.wait_for(
+            "!window.__before_reload && document.querySelector('#mode')?.textContent",
+            WAIT,
+        )
+        .await;
+    }
+
     async fn close(mut self) {
         self.session = None;
         let _ = self.call("Browser.close", json!({})).await;
@@ -425,9 +482,12 @@ async fn operator_uses_the_console_in_a_browser() {
     let base = format!("http://{addr}/console");
 
     overview(&mut page, &base).await;
+    security_headers(addr).await;
     metrics(addr).await;
     task_page(&mut page, addr).await;
+    token_kept_for_the_session(&mut page).await;
     live_task_cancelled(&mut page, addr).await;
+    large_output_capped(&mut page, addr).await;
     unauthorized_without_token(&mut page).await;
 
     page.type_into("#operator", OPERATOR).await;
@@ -437,10 +497,22 @@ async fn operator_uses_the_console_in_a_browser() {
         WAIT,
     )
     .await;
+    let stored = page
+        .run(&format!(
+            "[sessionStorage.getItem('{TOKEN_KEY}'), localStorage.getItem('{TOKEN_KEY}')]"
+        ))
+        .await;
+    assert_eq!(
+        stored,
+        json!([TOKEN, null]),
+        "the token stays in the session"
+    );
 
     resolve_from_attention(&mut page, addr).await;
+    compensation_failed_then_retried(&mut page, addr).await;
     requeue_dead_letter(&mut page, addr).await;
-    process_manager(&mut page).await;
+    process_manager(&mut page, addr).await;
+    policy_enforced(&mut page).await;
     read_only(&mut page, &example).await;
     page.close().await;
     browser.stop(Duration::from_secs(5));
@@ -516,6 +588,14 @@ async fn task_page(page: &mut Page, addr: SocketAddr) {
         .await;
     let id = id.as_str().unwrap().to_owned();
     page.screenshot("tasks").await;
+    // The list shows an 8-character prefix; hovering shows the whole id.
+    let link = page
+        .run(&format!(
+            "(a => [a.textContent, a.title])(document.querySelector(\"#task-list tr[data-task-id='{id}'] a\"))"
+        ))
+        .await;
+    assert_eq!(link[0], json!(&id[..8]), "{link}");
+    assert!(link[1].as_str().unwrap().contains(&id), "{link}");
     page.run(&format!("location.hash = '#/task/{id}'; true"))
         .await;
     page.wait_for(
@@ -538,7 +618,166 @@ async fn task_page(page: &mut Page, addr: SocketAddr) {
         .await;
     let task = get(addr, &format!("/api/tasks/{id}")).await;
     assert_eq!(trace, task["trace_id"]);
+    // The header has the full id, says the short form is a prefix of it,
+    // and copies the full id.
+    let shown = page
+        .run("[document.querySelector('#task-id').textContent, document.querySelector('#id-note').textContent]")
+        .await;
+    assert_eq!(shown[0], json!(id));
+    assert!(shown[1].as_str().unwrap().contains("prefix"), "{shown}");
+    let origin = page.run("location.origin").await;
+    page.browser_call(
+        "Browser.grantPermissions",
+        json!({ "origin": origin, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"] }),
+    )
+    .await
+    .expect("clipboard permission");
+    page.click("[data-test=copy-id]").await;
+    let copied = page.wait_for("navigator.clipboard.readText()", WAIT).await;
+    assert_eq!(copied, json!(id), "the copy button copies the full id");
+    // Each completed step's output is there, collapsed.
+    let outputs = page
+        .run("[...document.querySelectorAll('#steps [data-test=output] details.value')].map(d => [d.open, d.querySelector('pre').textContent])")
+        .await;
+    let outputs = outputs.as_array().unwrap();
+    assert_eq!(outputs.len(), 3, "{outputs:?}");
+    for (shown, step) in outputs.iter().zip(task["steps"].as_array().unwrap()) {
+        assert_eq!(shown[0], json!(false), "collapsed");
+        let value: Value = serde_json::from_str(shown[1].as_str().unwrap()).unwrap();
+        assert_eq!(value, step["output"]);
+    }
+    assert_timeline_in_prose(page).await;
     page.screenshot("task").await;
+}
+
+/// No timeline entry reads as a raw enum name (`StepCompleted`,
+/// `CompensationRetried`): each says what happened in words.
+async fn assert_timeline_in_prose(page: &mut Page) {
+    let raw = page
+        .run(
+            "[...document.querySelectorAll('#timeline td.what')].map(td => td.textContent)\
+             .filter(t => /[a-z][A-Z]/.test(t))",
+        )
+        .await;
+    assert_eq!(raw, json!([]), "raw enum names in the timeline");
+    let kinds = page
+        .run("document.querySelectorAll('#timeline td.what').length")
+        .await;
+    assert!(kinds.as_u64().unwrap() > 0);
+}
+
+/// The console sends its security headers: a policy that allows only the
+/// page's own inline script and style (by hash) and requests to its own
+/// origin, no framing, no sniffing.
+async fn security_headers(addr: SocketAddr) {
+    let client = Client {
+        addr,
+        headers: Vec::new(),
+    };
+    let raw = client.raw("GET", "/console", None).await;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| {
+                let (n, v) = l.split_once(':')?;
+                n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| panic!("no {name} in {head}"))
+    };
+    let policy = header("content-security-policy");
+    for directive in [
+        "default-src 'none'",
+        "script-src 'sha256-",
+        "style-src 'sha256-",
+        "connect-src 'self'",
+        "frame-ancestors 'none'",
+        "base-uri 'none'",
+        "form-action 'none'",
+    ] {
+        assert!(policy.contains(directive), "{directive} not in {policy}");
+    }
+    assert!(!policy.contains("unsafe"), "{policy}");
+    assert_eq!(header("x-frame-options"), "DENY");
+    assert_eq!(header("x-content-type-options"), "nosniff");
+    // Handlers are attached by the script: no attribute the policy refuses.
+    for attribute in [" onclick=", " onsubmit=", " oninput=", " style="] {
+        assert!(!body.contains(attribute), "the page has `{attribute}`");
+    }
+}
+
+/// The token lives in `sessionStorage`; one an older console left in
+/// `localStorage` moves there (off the disk) when the page loads.
+async fn token_kept_for_the_session(page: &mut Page) {
+    page.assert_no_csp_violation().await;
+    page.run(&format!(
+        "localStorage.setItem('{TOKEN_KEY}', '{TOKEN}'); sessionStorage.removeItem('{TOKEN_KEY}'); true"
+    ))
+    .await;
+    page.reload().await;
+    page.wait_for(
+        "document.querySelector('#mode').textContent === 'token set'",
+        WAIT,
+    )
+    .await;
+    let stored = page
+        .run(&format!(
+            "[sessionStorage.getItem('{TOKEN_KEY}'), localStorage.getItem('{TOKEN_KEY}')]"
+        ))
+        .await;
+    assert_eq!(stored, json!([TOKEN, null]), "moved to the session");
+    page.run(&format!("sessionStorage.removeItem('{TOKEN_KEY}'); true"))
+        .await;
+    page.reload().await;
+    assert_eq!(
+        page.run("document.querySelector('#mode').textContent")
+            .await,
+        json!("no token")
+    );
+    page.assert_no_csp_violation().await;
+}
+
+/// A large step output is shown cut to its first 2 kB, with a note that
+/// says how large it is and where all of it is.
+async fn large_output_capped(page: &mut Page, addr: SocketAddr) {
+    let name = "big-".to_owned() + &"x".repeat(10_000);
+    let input = json!({ "name": name, "files": ["a.pdf"], "card": "ok", "flaky_uploads": 0 });
+    let (status, body) = http(
+        addr,
+        "POST",
+        "/api/sagas/create-zip/tasks",
+        Some(json!({ "input": input })),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    wait_status(addr, &id, "Completed").await;
+    page.run(&format!("location.hash = '#/task/{id}'; true"))
+        .await;
+    let output = "#steps tr[data-step=upload_to_s3] [data-test=output] details.value";
+    page.wait_for(&format!("document.querySelector('{output}')"), WAIT)
+        .await;
+    let shown = page
+        .run(&format!(
+            "(d => [d.open, d.querySelector('pre').textContent.length, \
+             d.querySelector('[data-test=cap-note]')?.textContent, \
+             d.querySelector('[data-test=cap-note] a')?.getAttribute('href'), \
+             d.querySelector('summary').textContent.length])(document.querySelector('{output}'))"
+        ))
+        .await;
+    assert_eq!(shown[0], json!(false), "collapsed: {shown}");
+    let shown_len = shown[1].as_u64().unwrap();
+    assert!((1000..=2100).contains(&shown_len), "{shown}");
+    let note = shown[2]
+        .as_str()
+        .unwrap_or_else(|| panic!("no cap note: {shown}"));
+    assert!(note.starts_with("first 2.0 kB of 9."), "{note}");
+    assert!(
+        note.ends_with(&format!("full value in /api/tasks/{id}")),
+        "{note}"
+    );
+    assert_eq!(shown[3], json!(format!("/api/tasks/{id}")));
+    assert!(shown[4].as_u64().unwrap() <= 90, "a short preview: {shown}");
+    page.screenshot("task-large-output").await;
 }
 
 /// A task waiting on its step is shown live; cancelling it from its page
@@ -573,12 +812,22 @@ async fn live_task_cancelled(page: &mut Page, addr: SocketAddr) {
     page.screenshot("task-live").await;
     // The browser has no token yet: set it only for this click.
     page.run(&format!(
-        "localStorage.setItem('saga-console.token', '{TOKEN}'); true"
+        "sessionStorage.setItem('{TOKEN_KEY}', '{TOKEN}'); true"
     ))
     .await;
     page.click("#task-actions [data-test=cancel]").await;
     page.wait_for("!document.querySelector('#modal').hidden", WAIT)
         .await;
+    // The dialog shows the full id of what it acts on.
+    let shown = page
+        .run("document.querySelector('#action-id').textContent")
+        .await;
+    assert!(shown.as_str().unwrap().contains(&id), "{shown}");
+    page.type_into(
+        "#note",
+        "customer abandoned the 3-D Secure challenge (browser test)",
+    )
+    .await;
     page.click("[data-test=confirm]").await;
     page.wait_for(
         "document.querySelector('#live').textContent === 'finished' && \
@@ -586,9 +835,18 @@ async fn live_task_cancelled(page: &mut Page, addr: SocketAddr) {
         WAIT,
     )
     .await;
-    page.run("localStorage.removeItem('saga-console.token'); true")
+    page.run(&format!("sessionStorage.removeItem('{TOKEN_KEY}'); true"))
         .await;
     assert_eq!(task_status(addr, &id).await, "Cancelled");
+    // The answer is said in words, whatever shape the API gives it.
+    let notice = page
+        .run("document.querySelector('#notice').textContent")
+        .await;
+    let notice = notice.as_str().unwrap();
+    assert!(notice.contains(&format!("Task {id}: ")), "{notice}");
+    let said = notice.split_once(": ").unwrap().1;
+    assert!(said.starts_with("cancel"), "{notice}");
+    assert!(!said.chars().any(char::is_uppercase), "{notice}");
     page.screenshot("task-cancelled").await;
 }
 
@@ -678,6 +936,113 @@ async fn resolve_from_attention(page: &mut Page, addr: SocketAddr) {
     page.screenshot("task-resolved").await;
 }
 
+/// A `CompensationFailed` task's page: it is marked as waiting for an
+/// operator (not "finished"), shows what the completed step returned (what
+/// to clean up by hand) next to the compensation's error, refuses an empty
+/// note in front of the dialog's overlay, and once the compensation is
+/// retried and succeeds, shows the earlier error as history, not in red.
+async fn compensation_failed_then_retried(page: &mut Page, addr: SocketAddr) {
+    page.run("location.hash = '#/attention'; true").await;
+    let id = page
+        .wait_for(
+            "document.querySelector('#attention tr[data-task-id]')?.dataset.taskId",
+            WAIT,
+        )
+        .await;
+    let id = id.as_str().unwrap().to_owned();
+    page.run(&format!("location.hash = '#/task/{id}'; true"))
+        .await;
+    page.wait_for(
+        "(el => el?.textContent === 'needs an operator' && el.classList.contains('attn'))(document.querySelector('#live'))",
+        WAIT,
+    )
+    .await;
+    let task = get(addr, &format!("/api/tasks/{id}")).await;
+    let key = task["steps"][0]["output"]["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let row = "#steps tr[data-step=upload_to_s3]";
+    let shown = page
+        .run(&format!(
+            "(r => [r.querySelector('[data-test=output] details.value')?.textContent, \
+             r.querySelector('[data-test=compensation-error]').className, \
+             getComputedStyle(r.querySelector('[data-test=compensation-error]')).color])\
+             (document.querySelector('{row}'))"
+        ))
+        .await;
+    assert!(shown[0].as_str().unwrap().contains(&key), "{shown}");
+    assert_eq!(
+        shown[1],
+        json!("err"),
+        "the failing compensation is current: {shown}"
+    );
+    assert_eq!(shown[2], json!(RED), "{shown}");
+    page.screenshot("task-compensation-failed").await;
+
+    // An empty note is refused inside the dialog, in front of its overlay.
+    page.click("#task-actions [data-test=retry-compensation]")
+        .await;
+    page.wait_for("!document.querySelector('#modal').hidden", WAIT)
+        .await;
+    page.click("[data-test=confirm]").await;
+    let on_top = page
+        .wait_for(
+            "(m => !m.hidden && m.textContent.includes('note') && (r => \
+               m.contains(document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2)))\
+               (m.getBoundingClientRect()))(document.querySelector('#action-message'))",
+            WAIT,
+        )
+        .await;
+    assert_eq!(on_top, json!(true));
+    assert_eq!(
+        page.run("document.querySelector('#modal').hidden").await,
+        json!(false),
+        "the dialog stays open"
+    );
+    page.screenshot("dialog-validation").await;
+    page.type_into("#note", "legal hold lifted (browser test)")
+        .await;
+    page.click("[data-test=confirm]").await;
+    wait_status(addr, &id, "Compensated").await;
+    page.wait_for(
+        "document.querySelector('#live').textContent === 'finished' && \
+         document.querySelector('#task [data-status=Compensated]')",
+        WAIT,
+    )
+    .await;
+
+    // The compensation error of the earlier attempts is history now.
+    let cell = format!("{row} [data-test=compensation-error]");
+    let past = page
+        .run(&format!(
+            "(c => [c.classList.contains('past'), c.textContent, getComputedStyle(c).color])\
+             (document.querySelector('{cell}'))"
+        ))
+        .await;
+    assert_eq!(past[0], json!(true), "{past}");
+    assert!(past[1].as_str().unwrap().contains("AccessDenied"), "{past}");
+    assert_ne!(past[2], json!(RED), "{past}");
+    let timeline = page
+        .run(
+            "[...document.querySelectorAll('#timeline :is(tr[data-kind=CompensationFailed], tr[data-kind=CompensationAttemptFailed]) [data-test=error]')]\
+             .map(c => getComputedStyle(c).color)",
+        )
+        .await;
+    assert!(!timeline.as_array().unwrap().is_empty());
+    assert!(
+        !timeline.as_array().unwrap().contains(&json!(RED)),
+        "{timeline}"
+    );
+    page.wait_for(
+        "document.querySelector('#timeline tr[data-kind=CompensationRetried] td.what')?.textContent === 'compensation retried by hand'",
+        WAIT,
+    )
+    .await;
+    assert_timeline_in_prose(page).await;
+    page.screenshot("task-compensation-retried").await;
+}
+
 /// Requeueing a dead letter from its page takes it off the queue, and its
 /// task (whose webhook is back) completes.
 async fn requeue_dead_letter(page: &mut Page, addr: SocketAddr) {
@@ -716,10 +1081,67 @@ async fn requeue_dead_letter(page: &mut Page, addr: SocketAddr) {
         "{letter} is still in {ids:?}"
     );
     wait_status(addr, &task, "Completed").await;
+    // On its page, the webhook's failures and the dead letter are history
+    // now: muted, not red.
+    page.run(&format!("location.hash = '#/task/{task}'; true"))
+        .await;
+    let errors = page
+        .wait_for(
+            "document.querySelector('#live').textContent === 'finished' && \
+             [...document.querySelectorAll('#timeline :is(tr[data-kind=DeadLettered], \
+             tr[data-kind=AttemptFailed]) [data-test=error]')].map(c => [c.className, getComputedStyle(c).color])",
+            WAIT,
+        )
+        .await;
+    let errors = errors.as_array().unwrap();
+    assert!(errors.len() >= 2, "{errors:?}");
+    for error in errors {
+        assert_eq!(error[0], json!("err past"), "{errors:?}");
+        assert_ne!(error[1], json!(RED), "{errors:?}");
+    }
+    page.screenshot("task-requeued").await;
 }
 
-/// A process manager's instances and one instance's page.
-async fn process_manager(page: &mut Page) {
+/// The process managers with their instance counts (where the API gives
+/// them), one's instances in a stable order, filtered by status, and one
+/// instance's page.
+async fn process_manager(page: &mut Page, addr: SocketAddr) {
+    page.run("location.hash = '#/processes'; true").await;
+    let row = "#processes tr[data-process=export-follow-up]";
+    page.wait_for(&format!("document.querySelector('{row}')"), WAIT)
+        .await;
+    // An instance completes 10 s after it starts: wait for one.
+    let deadline = Instant::now() + WAIT;
+    let counts = loop {
+        let listing = get(addr, "/api/processes").await;
+        let counts = listing["processes"][0]["counts"].clone();
+        if counts["Completed"].as_u64() > Some(0) || Instant::now() > deadline {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The list counts them by status, as the API does.
+    page.run("location.hash = '#/processes?again'; true").await;
+    page.wait_for(
+        &format!("Number(document.querySelector(\"{row} td[data-status=Completed]\")?.dataset.count) > 0"),
+        WAIT,
+    )
+    .await;
+    let shown = page
+        .run(&format!(
+            "Object.fromEntries([...document.querySelectorAll(\"{row} td[data-count]\")]\
+             .filter(td => Number(td.dataset.count) > 0).map(td => [td.dataset.status, Number(td.dataset.count)]))"
+        ))
+        .await;
+    // Counted a moment apart: the page's figures are as many or more.
+    for (status, n) in counts.as_object().unwrap() {
+        assert!(
+            shown[status].as_u64() >= n.as_u64(),
+            "{status}: {shown} vs {counts}"
+        );
+    }
+    page.screenshot("processes").await;
+
     page.run("location.hash = '#/process/export-follow-up'; true")
         .await;
     let id = page
@@ -728,7 +1150,35 @@ async fn process_manager(page: &mut Page) {
             WAIT,
         )
         .await;
+    // Oldest first, then by id: the order does not move between reads.
+    let created = page
+        .run("[...document.querySelectorAll('#instances tr[data-instance-id]')].map(r => [Number(r.dataset.created), r.dataset.instanceId])")
+        .await;
+    let created: Vec<(u64, String)> = serde_json::from_value(created).unwrap();
+    let mut sorted = created.clone();
+    sorted.sort();
+    assert_eq!(created, sorted, "instances in a stable order");
     page.screenshot("process").await;
+    // The status filter shows only instances of that status.
+    for status in ["Completed", "Active"] {
+        page.run(&format!(
+            "location.hash = '#/process/export-follow-up?status={status}'; true"
+        ))
+        .await;
+        let statuses = page
+            .wait_for(
+                &format!(
+                    "document.querySelector('#instance-filters select').value === '{status}' && \
+                     (s => s.length && s)([...document.querySelectorAll('#instances tr[data-instance-id] [data-status]')]\
+                     .map(b => b.dataset.status))"
+                ),
+                WAIT,
+            )
+            .await;
+        let statuses = statuses.as_array().unwrap();
+        assert!(statuses.iter().all(|s| s == status), "{statuses:?}");
+    }
+    page.screenshot("process-filtered").await;
     let id = id.as_str().unwrap();
     page.run(&format!(
         "location.hash = '#/process/export-follow-up/' + encodeURIComponent('{id}'); true"
@@ -740,6 +1190,29 @@ async fn process_manager(page: &mut Page) {
     )
     .await;
     page.screenshot("process-instance").await;
+}
+
+/// The page ran under its policy without a violation, and the policy is
+/// enforced: an inline handler (what an injected `onclick=` would be) is
+/// refused and reported.
+async fn policy_enforced(page: &mut Page) {
+    page.assert_no_csp_violation().await;
+    let ran = page
+        .run(
+            "(() => { const b = document.createElement('button'); \
+             b.setAttribute('onclick', 'window.__injected = true'); document.body.append(b); \
+             b.click(); b.remove(); return window.__injected === true; })()",
+        )
+        .await;
+    assert_eq!(ran, json!(false), "an inline handler ran");
+    let violations = page
+        .wait_for("window.__csp.length && window.__csp", WAIT)
+        .await;
+    assert!(
+        violations[0].as_str().unwrap().starts_with("script-src"),
+        "{violations}"
+    );
+    page.run("window.__csp = []; true").await;
 }
 
 /// Against an API without a token configured, the page says "read-only",
@@ -771,4 +1244,5 @@ async fn read_only(page: &mut Page, example: &Path) {
     )
     .await;
     page.screenshot("read-only").await;
+    page.assert_no_csp_violation().await;
 }

@@ -118,6 +118,19 @@ async fn cancel_and_inspect_routes() {
         .unwrap()
         .iter()
         .any(|e| e["kind"] == "CancellationRequested"));
+    // Who asked is recorded, once (the second DELETE changed nothing).
+    let asked: Vec<&Value> = body["audit_log"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["details"].as_str().map(|_| &e["details"]))
+        .filter(|d| d.as_str().unwrap().contains("\"by\""))
+        .collect();
+    assert_eq!(
+        asked,
+        [&Value::from(r#"{"by":"token","note":""}"#)],
+        "{body}"
+    );
 
     // A saga that is not cancellable has no DELETE route.
     let (status, _) = request(addr, "DELETE", &format!("/sagas/report/{report}")).await;

@@ -35,6 +35,31 @@ impl Once {
     }
 }
 
+/// Holds its task `Running` in step 2 until it is cancelled.
+struct Hold;
+
+#[cancellable]
+#[saga(name = "hold")]
+impl Hold {
+    #[saga_step(1)]
+    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(reserve)]
+    async fn release(&self, _n: u32) -> Result<(), StepError> {
+        Ok(())
+    }
+
+    #[saga_step(2)]
+    async fn wait(&self, n: u32, ctx: &StepContext) -> Result<u32, StepError> {
+        tokio::select! {
+            _ = ctx.cancelled() => Err(StepError::permanent("cancelled while waiting")),
+            _ = tokio::time::sleep(Duration::from_secs(600)) => Ok(n),
+        }
+    }
+}
+
 /// An engine whose gate is `gate`; each scenario has its own, as the
 /// in-memory and Redis runs go on side by side.
 async fn engine_with(redis: Option<&TestRedis>, gate: Arc<AtomicBool>) -> Engine {
@@ -44,6 +69,7 @@ async fn engine_with(redis: Option<&TestRedis>, gate: Arc<AtomicBool>) -> Engine
         .saga(Stuck)
         .saga(Gate { open: gate })
         .saga(Parked)
+        .saga(Hold)
         .saga(Once {
             calls: Arc::default(),
         });
@@ -271,6 +297,11 @@ async fn operator_actions(redis: Option<&TestRedis>) {
         "{body}"
     );
     let audit = body["audit_log"].as_array().unwrap();
+    // The whole log as stored, not only the entries the resolve wrote.
+    let stored = engine.task(stuck).await.unwrap().unwrap().audit_log;
+    assert!(stored.len() > 4, "{stored:?}");
+    assert_eq!(audit.len(), stored.len(), "{body}");
+    assert_eq!(audit[0], serde_json::to_value(&stored[0]).unwrap());
     let resolved = &audit.iter().find(|e| e["kind"] == "Resolved").unwrap()["details"];
     let details: Value = serde_json::from_str(resolved.as_str().unwrap()).unwrap();
     assert_eq!(details["by"], "ana");
@@ -391,7 +422,7 @@ async fn process_instances(engine: Engine) {
         engine.publish(Remind { id }).await.unwrap();
     }
     let (_, names) = api.get("/api/processes").await;
-    assert_eq!(names["processes"], json!(["reminders"]));
+    assert_eq!(names["processes"][0]["name"], json!("reminders"));
     let mut seen = std::collections::BTreeSet::new();
     let mut path = "/api/processes/reminders/instances?limit=2".to_owned();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -431,10 +462,189 @@ async fn process_instances(engine: Engine) {
             .contains("Nudge"),
         "{body}"
     );
+    // Counted, and by status; filtered by status.
+    let (_, listed) = api.get("/api/processes").await;
+    assert_eq!(
+        listed,
+        json!({"processes": [{"name": "reminders", "total": 5, "counts": {"Active": 5}}]})
+    );
+    let (status, active) = api
+        .get("/api/processes/reminders/instances?status=Active&limit=10")
+        .await;
+    assert_eq!(status, 200, "{active}");
+    assert_eq!(active["instances"].as_array().unwrap().len(), 5, "{active}");
+    let (status, done) = api
+        .get("/api/processes/reminders/instances?status=Completed")
+        .await;
+    assert_eq!(
+        (status, &done),
+        (200, &json!({"instances": [], "next": null}))
+    );
+    let (status, body) = api
+        .get("/api/processes/reminders/instances?status=Done")
+        .await;
+    assert_eq!((status, body["code"].as_str()), (400, Some("bad_request")));
     let (status, body) = api.get("/api/processes/nope/instances").await;
     assert_eq!((status, body["code"].as_str()), (404, Some("not_found")));
     let (status, _) = api.get("/api/processes/reminders/instances/nope").await;
     assert_eq!(status, 404);
+    engine.shutdown().await;
+}
+
+/// Cancelling through the API records who asked and why, like the other
+/// actions, and answers each outcome as a stable value.
+async fn cancelling(engine: Engine) {
+    let api = serve(&engine).await;
+    let running = async |id: TaskId| {
+        common::until("the task runs", async || {
+            engine.task(id).await.unwrap().unwrap().status == TaskStatus::Running
+        })
+        .await
+    };
+    let asked = async |id: TaskId| -> Vec<Value> {
+        let task = engine.task(id).await.unwrap().unwrap();
+        task.audit_log
+            .iter()
+            .filter(|e| e.action == saga_runtime::AuditAction::CancellationRequested)
+            .filter_map(|e| e.details.as_deref())
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    };
+    let held = engine.start::<Hold>(1).await.unwrap();
+    running(held).await;
+    let path = format!("/api/tasks/{held}/cancel");
+    let (status, body) = api.post(&path, json!({"nope": 1})).await;
+    assert_eq!(status, 422, "{body}");
+    let (status, body) = api
+        .post(&path, json!({"note": "the customer withdrew"}))
+        .await;
+    assert_eq!((status, body), (200, json!({"result": "Cancelled"})));
+    // No body at all is fine too: the note is optional.
+    let (status, body) = api.send("POST", &path, None).await;
+    assert_eq!((status, body), (200, json!({"result": "AlreadyCancelled"})));
+    assert_eq!(
+        engine.wait(held).await.unwrap().status,
+        TaskStatus::Cancelled
+    );
+    assert_eq!(
+        asked(held).await,
+        [json!({"by": "ana", "note": "the customer withdrew"})]
+    );
+
+    let quiet = engine.start::<Hold>(2).await.unwrap();
+    running(quiet).await;
+    // Declared JSON, sent empty (`curl -H 'Content-Type: application/json'
+    // -X POST`): no note either.
+    let (status, body) = api
+        .with("Content-Type", "application/json")
+        .send("POST", &format!("/api/tasks/{quiet}/cancel"), None)
+        .await;
+    assert_eq!((status, body), (200, json!({"result": "Cancelled"})));
+    assert_eq!(asked(quiet).await, [json!({"by": "ana", "note": ""})]);
+
+    let fine = engine.start::<Fine>(1).await.unwrap();
+    engine.wait(fine).await.unwrap();
+    let (status, body) = api
+        .send("POST", &format!("/api/tasks/{fine}/cancel"), None)
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(
+        (&body["code"], &body["result"], &body["status"]),
+        (
+            &json!("conflict"),
+            &json!("NotCancellable"),
+            &json!("Completed")
+        ),
+        "`fine` is not cancellable: {body}"
+    );
+    let (status, body) = api
+        .send(
+            "POST",
+            &format!("/api/tasks/{}/cancel", TaskId::new()),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["code"], &body["result"]),
+        (404, &json!("not_found"), &json!("NotFound")),
+        "{body}"
+    );
+    engine.shutdown().await;
+}
+
+/// A task id the API refuses says what a task id is, without the UUID
+/// parser's words and without echoing a long input back.
+async fn task_ids(engine: Engine) {
+    let api = serve(&engine).await;
+    let (status, body) = api.get("/api/tasks/4b6c1f0e").await;
+    assert_eq!((status, body["code"].as_str()), (400, Some("bad_request")));
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("full UUID, 36 characters"), "{error}");
+    assert!(error.contains("first 8 characters"), "{error}");
+    assert!(!error.contains("invalid length"), "{error}");
+    let (status, body) = api.send("POST", "/api/tasks/4b6c1f0e/cancel", None).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("first 8"),
+        "{body}"
+    );
+    let long = "a".repeat(10_000);
+    let (status, body) = api.get(&format!("/api/tasks/{long}")).await;
+    assert_eq!(status, 400);
+    assert!(body.to_string().len() < 400, "{body}");
+    let (status, body) = api.get(&format!("/sagas/fine/{long}")).await;
+    assert_eq!(status, 400);
+    assert!(body.to_string().len() < 400, "{body}");
+    engine.shutdown().await;
+}
+
+/// Every answer carries the security headers; the console's page keeps
+/// the policy its handler set.
+async fn security_headers(engine: Engine) {
+    let api = serve(&engine).await;
+    let head = |raw: String| -> Vec<(String, String)> {
+        let (head, _) = raw.split_once("\r\n\r\n").unwrap();
+        head.lines()
+            .skip(1)
+            .filter_map(|l| l.split_once(": "))
+            .map(|(n, v)| (n.to_ascii_lowercase(), v.to_owned()))
+            .collect()
+    };
+    let id = TaskId::new();
+    for (method, path) in [
+        ("GET", "/api/overview".to_owned()),
+        ("GET", format!("/api/tasks/{id}")),
+        ("GET", "/api/tasks/nope".to_owned()),
+        ("POST", format!("/api/tasks/{id}/cancel")),
+        ("GET", "/no/such/route".to_owned()),
+    ] {
+        let headers = head(api.raw(method, &path, None).await);
+        for (name, value) in [
+            ("x-content-type-options", "nosniff"),
+            ("x-frame-options", "DENY"),
+            ("referrer-policy", "no-referrer"),
+            (
+                "content-security-policy",
+                "default-src 'none'; frame-ancestors 'none'",
+            ),
+        ] {
+            assert!(
+                headers.contains(&(name.to_owned(), value.to_owned())),
+                "{method} {path}: {name}: {headers:?}"
+            );
+        }
+    }
+    let console = head(api.raw("GET", "/console", None).await);
+    let policies: Vec<&String> = console
+        .iter()
+        .filter(|(n, _)| n == "content-security-policy")
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(policies.len(), 1, "{console:?}");
+    assert_ne!(
+        policies[0], "default-src 'none'; frame-ancestors 'none'",
+        "the console's own policy is kept"
+    );
     engine.shutdown().await;
 }
 
@@ -446,6 +656,9 @@ async fn in_memory() {
     listing(engine(None).await).await;
     operator_actions(None).await;
     progress_events(engine(None).await).await;
+    cancelling(engine(None).await).await;
+    task_ids(engine(None).await).await;
+    security_headers(engine(None).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -458,6 +671,8 @@ async fn on_redis() {
     operator_actions(Some(&redis)).await;
     progress_events(engine(Some(&redis)).await).await;
     process_instances(engine(Some(&redis)).await).await;
+    redis.flush();
+    cancelling(engine(Some(&redis)).await).await;
 }
 
 /// Event streams are capped: each polls the store for as long as its

@@ -18,6 +18,7 @@ use saga_runtime::backend::memory::MemoryBackend;
 use saga_runtime::backend::WorkQueue;
 use saga_runtime::metrics::PrometheusHandle;
 use saga_runtime::prelude::*;
+use saga_runtime::{DeadLetterFilter, Intervention};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -182,12 +183,14 @@ async fn an_engine_records_prometheus_metrics_and_serves_them() {
         TaskStatus::Compensated
     );
     // A breaker that opens; the next task is refused without a call.
+    let mut parked = Vec::new();
     for _ in 0..2 {
         let id = engine.start::<Down>(0).await.unwrap();
         assert_eq!(
             engine.wait(id).await.unwrap().status,
             TaskStatus::DeadLettered
         );
+        parked.push(id);
     }
     // An entry that decodes as nothing.
     memory.enqueue_raw(b"garbage").await.unwrap();
@@ -373,6 +376,75 @@ async fn an_engine_records_prometheus_metrics_and_serves_them() {
         "{body}"
     );
     assert_eq!(get(addr, "/other").await.0, 404);
+
+    // Starts: each created task once; an idempotent start that finds its
+    // task is no new task.
+    for _ in 0..2 {
+        engine.start_with_key::<Orders>("once", 2).await.unwrap();
+    }
+    let started = |saga| {
+        sample(
+            &handle.render(),
+            "saga_tasks_started_total",
+            &[("saga", saga)],
+        )
+    };
+    assert_eq!(started("metrics-orders"), Some(3.0));
+    assert_eq!(started("metrics-breaker"), Some(2.0));
+
+    // Tasks waiting for an operator, sampled on the housekeeping beat; an
+    // operator's settlement counts as `resolved` and lowers the gauge, a
+    // requeue counts as reopened (and its task parks again: the breaker is
+    // still open).
+    let awaiting = |text: &str, saga, status| {
+        sample(
+            text,
+            "saga_tasks_awaiting_operator",
+            &[("saga", saga), ("status", status)],
+        )
+    };
+    eventually(&handle, "two dead-lettered tasks wait", |text| {
+        awaiting(text, "metrics-breaker", "dead_lettered") == Some(2.0)
+            && awaiting(text, "metrics-orders", "compensation_failed") == Some(0.0)
+    })
+    .await;
+    engine
+        .resolve(parked[0], Intervention::new("ana", "refunded"))
+        .await
+        .unwrap();
+    let letter = engine
+        .dead_letters(DeadLetterFilter::new())
+        .await
+        .unwrap()
+        .letters
+        .into_iter()
+        .find(|l| l.task_id == Some(parked[1]))
+        .expect("the second task's dead letter");
+    engine
+        .requeue_by(&letter.id, Intervention::new("ana", "try again"))
+        .await
+        .unwrap();
+    let text = eventually(&handle, "the resolve and the requeue are counted", |text| {
+        let finished = |status| {
+            sample(
+                text,
+                "saga_tasks_finished_total",
+                &[("saga", "metrics-breaker"), ("status", status)],
+            )
+        };
+        finished("resolved") == Some(1.0)
+            && finished("dead_lettered") == Some(3.0)
+            && awaiting(text, "metrics-breaker", "dead_lettered") == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        sample(
+            &text,
+            "saga_tasks_reopened_total",
+            &[("saga", "metrics-breaker"), ("action", "requeued")]
+        ),
+        Some(1.0)
+    );
 
     engine.shutdown().await;
 }

@@ -2,7 +2,8 @@
 //! OpenTelemetry collector over OTLP/HTTP. The collector here is a local
 //! HTTP server that keeps what it receives.
 //!
-//! One test in its own binary: the tracing subscriber is global.
+//! In its own binary: the tracing subscriber is global. (The second test
+//! makes its spans with the tracer itself, without a subscriber.)
 
 mod common;
 
@@ -12,7 +13,6 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use common::ops_sagas::Fine;
-use opentelemetry::trace::TracerProvider as _;
 use saga_runtime::prelude::*;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -67,14 +67,13 @@ async fn a_tasks_spans_reach_the_collector() {
     let task = engine.wait(id).await.unwrap();
     assert_eq!(task.status, TaskStatus::Completed);
     engine.shutdown().await;
-    let flushed = tokio::task::spawn_blocking(move || {
-        let flushed = provider.force_flush();
-        let _ = provider.shutdown_with_timeout(Duration::from_secs(5));
-        flushed
+    tokio::task::spawn_blocking(move || {
+        provider.force_flush()?;
+        provider.shutdown_with_timeout(Duration::from_secs(5))
     })
     .await
-    .unwrap();
-    flushed.unwrap();
+    .unwrap()
+    .expect("every span was delivered");
 
     let received = received.lock().unwrap();
     assert!(!received.is_empty(), "nothing was exported");
@@ -90,4 +89,35 @@ async fn a_tasks_spans_reach_the_collector() {
         contains(&body, &hex(&task.trace_id)),
         "the spans carry the task's trace id"
     );
+}
+
+/// With no collector listening, the spans are lost, and `shutdown` says
+/// so (the SDK alone answers `Ok`) naming the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_that_reach_no_collector_are_reported_lost() {
+    use saga_runtime::otel::opentelemetry::trace::{Span as _, Tracer as _};
+
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}/v1/traces");
+    let provider = saga_runtime::otel::otlp(&endpoint, "otlp-lost").unwrap();
+    let tracer = provider.tracer("otlp-lost");
+    for _ in 0..3 {
+        tracer.start("lost").end();
+    }
+    let error = tokio::task::spawn_blocking(move || {
+        let _ = provider.force_flush();
+        let dropped = provider.spans_dropped();
+        (dropped, provider.shutdown().unwrap_err())
+    })
+    .await
+    .unwrap();
+    assert_eq!(error.0, 3, "every span of the failed batch is counted");
+    let text = error.1.to_string();
+    assert!(text.contains("3 span(s)"), "{text}");
+    assert!(text.contains(&endpoint), "{text}");
 }

@@ -575,3 +575,54 @@ async fn a_recreated_instance_gets_no_old_timeouts_and_late_duplicates_start_not
     .unwrap();
     assert_eq!((state.opened, state.reminded), (1, 0), "{state:?}");
 }
+
+/// An instance's `updated_at` says when it was last written, on Redis too
+/// (the record stored was the one loaded, stamped with the write before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_records_when_it_was_last_written() {
+    let redis = TestRedis::start();
+    let engine = engine(&redis, 1, Duration::from_secs(3600)).await;
+    engine
+        .publish(Begin {
+            id: "b-1".into(),
+            key: "stamped".into(),
+        })
+        .await
+        .unwrap();
+    until("the instance", Duration::from_secs(10), || async {
+        tally(&engine, "stamped").await.is_some()
+    })
+    .await;
+    let created = engine
+        .find_process::<Counter>("key", "stamped")
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = saga_runtime::task::Timestamp::now();
+    engine
+        .publish(Increment {
+            key: "stamped".into(),
+        })
+        .await
+        .unwrap();
+    until("the increment", Duration::from_secs(10), || async {
+        tally(&engine, "stamped")
+            .await
+            .is_some_and(|t| t.count == 1)
+    })
+    .await;
+    let written = engine
+        .find_process::<Counter>("key", "stamped")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        written.updated_at >= before && written.updated_at > created.updated_at,
+        "updated_at {:?} was not moved by the write after {:?} (created {:?})",
+        written.updated_at,
+        before,
+        created.updated_at
+    );
+    engine.shutdown().await;
+}

@@ -111,9 +111,12 @@ impl fmt::Debug for StepError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// `start`/`cancel` named a saga the engine was not built with.
+    /// `start`/`cancel` named a saga the engine was not built with (or,
+    /// for a cancellation, the task is older than the record of whether it
+    /// may be cancelled, which only the saga's own deployment knows).
     #[error(
-        "saga `{0}` is not registered with this engine; add it with `Engine::builder().saga(..)`"
+        "saga `{0}` is not registered with this engine: add it with `Engine::builder().saga(..)`, \
+         or act on its tasks through the deployment that runs it (its HTTP API or console)"
     )]
     UnknownSaga(String),
     /// An operator call named a process manager the engine was not built

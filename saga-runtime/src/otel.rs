@@ -18,37 +18,30 @@
 //! Without the feature every function here does nothing, and trace ids
 //! are random ids that still correlate log lines.
 //!
-//! `otlp` (feature `otel`) builds a tracer provider that ships the spans to an
-//! OpenTelemetry collector over OTLP/HTTP, for applications that have no
-//! exporter set up yet (the README shows it wired into a subscriber).
+//! [`otlp`] (feature `otel`) builds a tracer provider that ships the spans
+//! to an OpenTelemetry collector over OTLP/HTTP, for applications that have
+//! no exporter set up yet (the README shows it wired into a subscriber).
+//! It counts what it could not export: [`Otlp::shutdown`] fails when spans
+//! were lost, and the first failures are logged. The OpenTelemetry crates
+//! it is built with are re-exported here, so that the layer and the tracer
+//! come from one version.
 
 use crate::model::task::TaskInstance;
 
-/// A tracer provider exporting spans as OTLP protobuf over HTTP to
-/// `endpoint` (a collector's `/v1/traces`; plain `http://`), batched on a
-/// background thread, with the resource's `service.name` set to
-/// `service`. Give its tracer to a `tracing_opentelemetry` layer (see the
-/// module docs), and call `shutdown` on it before the process exits so
-/// that the last batch is sent.
+/// The OpenTelemetry crates this one is built with (feature `otel`), so
+/// that your `tracing_opentelemetry::layer()` and the tracer [`otlp`]
+/// returns come from the same versions: two versions of `opentelemetry` in
+/// one build compile, and their spans silently go nowhere.
 #[cfg(feature = "otel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
-pub fn otlp(
-    endpoint: &str,
-    service: &str,
-) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
-    use opentelemetry_otlp::WithExportConfig;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_endpoint(endpoint)
-        .build()?;
-    let resource = opentelemetry_sdk::Resource::builder()
-        .with_service_name(service.to_owned())
-        .build();
-    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(resource)
-        .build())
-}
+pub use {opentelemetry, opentelemetry_sdk, tracing_opentelemetry};
+
+#[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+pub use export::{otlp, Otlp, OtlpError};
+
+#[cfg(feature = "otel")]
+mod export;
 
 /// The `traceparent` of the current span, when it has a valid
 /// OpenTelemetry context.

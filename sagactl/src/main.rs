@@ -1,36 +1,46 @@
-//! `sagactl`: the operator's actions against a deployment's Redis, from a
+//! `sagactl`: the operator's actions against a deployment's store, from a
 //! shell: list and show tasks, resolve them, retry a failed compensation,
-//! cancel, and work the dead-letter queue (requeue, discard, purge).
+//! cancel, and work the dead-letter queue (requeue, discard, purge). It
+//! does every action the console does.
 //!
 //! It needs no saga types: it attaches a client-only engine (no workers)
-//! to the deployment under a prefix on a Redis, writing nothing until an
-//! action does, and acts by name. A requeued task is run by the
-//! deployment's workers. (Cancelling needs to know whether the task's saga
-//! is cancellable, which only the deployment knows: use its API.)
+//! to the deployment under a prefix on a Redis (or a schema on
+//! PostgreSQL), writing nothing until an action does, and acts by name. A
+//! requeued task is run by the deployment's workers. A cancellation is
+//! recorded in the store (with who asked and why) and the deployment's
+//! worker running the task honours it; whether the task may be cancelled
+//! is what its saga recorded in the task when it started.
+//!
+//! The store is `--redis URL`, else `REDIS_URL`, else
+//! `redis://127.0.0.1:6379`: a command that changes something says on
+//! stderr which deployment it acts on before it does.
 //!
 //! ```text
 //! sagactl --redis redis://127.0.0.1:6379 list --saga create-zip --status CompensationFailed
-//! sagactl show 4b6c…                     # the timeline
-//! sagactl resolve 4b6c… --by ana --note "refunded by hand"
+//! sagactl show 4b6c1a2e-…                 # the steps, their outputs, the timeline
+//! sagactl resolve 4b6c1a2e-… --by ana --note "refunded by hand"
+//! sagactl cancel 4b6c1a2e-… --by ana --note "customer withdrew"
 //! sagactl dead-letters
 //! sagactl requeue 3:1732518000000-0      # one letter
 //! sagactl requeue --saga create-zip --error "timed out"   # every letter picked
 //! sagactl purge --saga create-zip --by ana --note "orders withdrawn" --yes
 //! ```
 
+mod connect;
 mod print;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
-use std::sync::Arc;
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
-use saga_runtime::backend::Backend;
+use saga_runtime::policy::{BackoffKind, RetryPolicy};
 use saga_runtime::{
-    DeadLetterFilter, DeadLetterSelection, Engine, Error, Intervention, TaskFilter,
+    CancelResult, DeadLetterFilter, DeadLetterSelection, Engine, Intervention, TaskFilter, TaskId,
 };
+
+use connect::Store;
 
 #[derive(Parser)]
 #[command(
@@ -55,6 +65,10 @@ struct Cli {
     /// schema (`PostgresConfig::schema`).
     #[arg(long, default_value = "saga")]
     prefix: String,
+    /// Seconds to wait for the store to answer before calling it
+    /// unresponsive.
+    #[arg(long, default_value_t = 5.0)]
+    timeout: f64,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -85,17 +99,33 @@ enum Command {
         #[arg(long)]
         cursor: Option<String>,
     },
-    /// One task: its steps and timeline.
-    Show { task: saga_runtime::TaskId },
+    /// One task: its steps (with their outputs) and timeline.
+    Show {
+        /// The task's id: a full UUID.
+        task: String,
+    },
     /// Marks a `CompensationFailed` or `DeadLettered` task resolved.
     Resolve {
-        task: saga_runtime::TaskId,
+        /// The task's id: a full UUID.
+        task: String,
         #[command(flatten)]
         who: Who,
     },
     /// Runs a failed compensation again.
     RetryCompensation {
-        task: saga_runtime::TaskId,
+        /// The task's id: a full UUID.
+        task: String,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Cancels a running task of a `#[cancellable]` saga.
+    ///
+    /// The deployment's worker tells its running step and compensates the
+    /// completed ones. Prints `Cancelled`, `AlreadyCancelled`,
+    /// `AlreadyCompleted`, `NotCancellable` or `NotFound` (exit code 1).
+    Cancel {
+        /// The task's id: a full UUID.
+        task: String,
         #[command(flatten)]
         who: Who,
     },
@@ -182,20 +212,55 @@ impl Who {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Err(message) = cli.command.check() {
+    let matches = Cli::command().get_matches();
+    // A store nobody named is worth a word before anything is changed.
+    let defaulted = matches.value_source("redis") == Some(ValueSource::DefaultValue);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(message) = cli.check() {
         // Before connecting: a usage mistake is told as one, exit code 2.
         Cli::command()
-            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .error(clap::error::ErrorKind::ValueValidation, message)
             .exit();
     }
-    match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("sagactl: {error}");
+    let store = Store::new(
+        cli.redis.clone(),
+        cli.prefix.clone(),
+        Duration::from_secs_f64(cli.timeout),
+    );
+    if let Some(action) = cli.command.mutation() {
+        let origin = match defaulted {
+            true => " (the default: --redis or REDIS_URL names another)",
+            false => "",
+        };
+        eprintln!("sagactl: {action} on {}{origin}", store.describe());
+    }
+    match run(cli, &store).await {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("sagactl: {message}");
             ExitCode::FAILURE
         }
     }
+}
+
+impl Cli {
+    /// What clap cannot check: which combinations make sense, and what
+    /// the values must look like.
+    fn check(&self) -> Result<(), String> {
+        if !(self.timeout.is_finite() && self.timeout > 0.0 && self.timeout <= 3600.0) {
+            return Err("--timeout is a number of seconds, above 0 and at most 3600".to_owned());
+        }
+        if let Some(task) = self.command.task() {
+            task_id(task)?;
+        }
+        self.command.check().map_err(str::to_owned)
+    }
+}
+
+/// A task id as typed: the runtime's message says what one is (a full
+/// UUID, not the 8 characters a console shows), and is passed on as is.
+fn task_id(text: &str) -> Result<TaskId, String> {
+    text.parse::<TaskId>().map_err(|e| e.to_string())
 }
 
 impl Command {
@@ -218,33 +283,47 @@ impl Command {
             _ => Ok(()),
         }
     }
-}
 
-/// The deployment at `url`, attached without writing anything: a Redis
-/// under `prefix`, or a PostgreSQL database's schema `prefix`.
-async fn attach(url: &str, prefix: String) -> Result<Arc<dyn Backend>, Error> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let config = PostgresConfig {
-            schema: prefix,
-            ..PostgresConfig::default()
-        };
-        return Ok(Arc::new(PostgresBackend::attach(url, config).await?));
+    /// The task id the command was given, if it takes one.
+    fn task(&self) -> Option<&str> {
+        match self {
+            Command::Show { task }
+            | Command::Resolve { task, .. }
+            | Command::RetryCompensation { task, .. }
+            | Command::Cancel { task, .. } => Some(task),
+            _ => None,
+        }
     }
-    let config = RedisConfig {
-        prefix,
-        ..RedisConfig::default()
-    };
-    Ok(Arc::new(RedisBackend::attach(url, config).await?))
+
+    /// The name of a command that changes the deployment.
+    fn mutation(&self) -> Option<&'static str> {
+        match self {
+            Command::Resolve { .. } => Some("resolve"),
+            Command::RetryCompensation { .. } => Some("retry-compensation"),
+            Command::Cancel { .. } => Some("cancel"),
+            Command::Requeue { .. } => Some("requeue"),
+            Command::Discard { .. } => Some("discard"),
+            Command::Purge { .. } => Some("purge"),
+            Command::List { .. } | Command::Show { .. } | Command::DeadLetters { .. } => None,
+        }
+    }
 }
 
-async fn run(cli: Cli) -> Result<(), Error> {
-    let backend = attach(&cli.redis, cli.prefix).await?;
-    let engine = Engine::builder()
+/// Runs the command against `store`: the exit code, or what to print.
+async fn run(cli: Cli, store: &Store) -> Result<ExitCode, String> {
+    let backend = store.attach().await?;
+    let building = Engine::builder()
         .backend_arc(backend.clone())
         .workers(0)
-        .build()
-        .await?;
+        // An operator waits seconds, not the 25 s a service rides out.
+        .client_retry(RetryPolicy::new(2, BackoffKind::Exponential, 200))
+        .build();
+    let engine = match tokio::time::timeout(store.timeout, building).await {
+        Ok(built) => built.map_err(|e| store.explain(&e))?,
+        Err(_) => return Err(store.silent()),
+    };
     let out = print::Out { json: cli.json };
+    let explain = |e: saga_runtime::Error| store.explain(&e);
     match cli.command {
         Command::List {
             saga,
@@ -263,54 +342,116 @@ async fn run(cli: Cli) -> Result<(), Error> {
                 limit,
                 ..TaskFilter::default()
             };
-            let page = engine.tasks(filter).await?;
-            out.tasks(&page);
-            // A misspelt saga looks like one with nothing to show: say so.
-            // Best effort: the list itself was answered.
+            let page = engine.tasks(filter).await.map_err(explain)?;
             if page.tasks.is_empty() && page.next.is_none() {
-                let counts = backend.count_tasks(&saga).await.unwrap_or_default();
-                if !counts.is_empty() && counts.iter().all(|(_, n)| *n == 0) {
-                    eprintln!(
-                        "sagactl: no task of saga `{saga}` is stored under this prefix (check the name)"
-                    );
-                }
+                unknown_saga(&*backend, &saga, store).await?;
+            }
+            out.tasks(&page);
+        }
+        Command::Show { task } => {
+            let id = task_id(&task)?;
+            match engine.task(id).await.map_err(explain)? {
+                Some(task) => out.task(&task),
+                None => return Err(format!("task {id} does not exist in {}", store.describe())),
             }
         }
-        Command::Show { task } => match engine.task(task).await? {
-            Some(task) => out.task(&task),
-            None => return Err(Error::TaskNotFound(task)),
-        },
         Command::Resolve { task, who } => {
-            out.task(&engine.resolve(task, who.intervention()).await?);
+            let id = task_id(&task)?;
+            let task = engine
+                .resolve(id, who.intervention())
+                .await
+                .map_err(explain)?;
+            out.task(&task);
         }
         Command::RetryCompensation { task, who } => {
-            out.task(&engine.retry_compensation(task, who.intervention()).await?);
+            let id = task_id(&task)?;
+            let task = engine
+                .retry_compensation(id, who.intervention())
+                .await
+                .map_err(explain)?;
+            out.task(&task);
+        }
+        Command::Cancel { task, who } => {
+            let id = task_id(&task)?;
+            let result = engine
+                .cancel_by_operator(id, who.intervention())
+                .await
+                .map_err(explain)?;
+            out.cancelled(id, result);
+            if result == CancelResult::NotFound {
+                return Ok(ExitCode::FAILURE);
+            }
         }
         Command::DeadLetters { limit, cursor } => {
             let mut filter = DeadLetterFilter::new().limit(limit);
             filter.cursor = cursor;
-            out.letters(&engine.dead_letters(filter).await?);
+            out.letters(&engine.dead_letters(filter).await.map_err(explain)?);
         }
         Command::Requeue {
             letter: Some(letter),
             ..
         } => {
-            engine.requeue(&letter).await?;
+            engine.requeue(&letter).await.map_err(explain)?;
             out.line(&format!("requeued {letter}"));
         }
         Command::Requeue { letter: None, pick } => {
-            out.bulk("requeued", &engine.requeue_where(pick.selection()).await?);
+            let bulk = engine
+                .requeue_where(pick.selection())
+                .await
+                .map_err(explain)?;
+            out.bulk("requeued", &bulk);
         }
         Command::Discard { letter, who } => {
-            engine.discard(&letter, who.intervention()).await?;
+            engine
+                .discard(&letter, who.intervention())
+                .await
+                .map_err(explain)?;
             out.line(&format!("discarded {letter}"));
         }
         Command::Purge { pick, who, .. } => {
             let bulk = engine
                 .discard_where(pick.selection(), who.intervention())
-                .await?;
+                .await
+                .map_err(explain)?;
             out.bulk("discarded", &bulk);
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A `list` that found nothing: when the store holds no task of `saga` at
+/// all, the name is likely misspelt, and an empty list would look like a
+/// saga with nothing to show. Says so, with the names the store holds.
+async fn unknown_saga(
+    backend: &dyn saga_runtime::backend::Backend,
+    saga: &str,
+    store: &Store,
+) -> Result<(), String> {
+    // Best effort: the list itself was answered.
+    match backend.saga_names().await {
+        Ok(Some(names)) if names.iter().any(|n| n == saga) => Ok(()),
+        Ok(Some(names)) if names.is_empty() => Err(format!(
+            "no saga `{saga}` in {}: it holds no task of any saga",
+            store.describe()
+        )),
+        Ok(Some(names)) => Err(format!(
+            "no saga `{saga}` in {}: the sagas with tasks there are {}",
+            store.describe(),
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Ok(None) | Err(_) => {
+            let counts = backend.count_tasks(saga).await.unwrap_or_default();
+            if counts.iter().all(|(_, n)| *n == 0) {
+                eprintln!(
+                    "sagactl: no task of saga `{saga}` is stored in {} (check the name)",
+                    store.describe()
+                );
+            }
+            Ok(())
+        }
+    }
 }

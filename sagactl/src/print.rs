@@ -1,8 +1,14 @@
 //! What `sagactl` prints: plain text for a person, or `--json` for a
 //! script (the same JSON the HTTP API returns).
 
-use saga_runtime::{Bulk, DeadLetterPage, TaskInstance, TaskPage};
-use serde_json::json;
+use saga_runtime::{
+    Bulk, CancelResult, DeadLetterPage, TaskId, TaskInstance, TaskPage, TaskStatus,
+};
+use serde_json::{json, Value};
+
+/// How much of a step's output `show` prints: enough to read an S3 key or
+/// a charge id, not a page of JSON per step.
+const OUTPUT_SHOWN: usize = 200;
 
 /// `println!` that ends the program quietly when whoever reads the output
 /// went away (`sagactl show ID | head`): a closed pipe is not an error of
@@ -81,6 +87,9 @@ impl Out {
                     n => format!(", compensation attempts {n}"),
                 }
             );
+            if let Some(output) = &step.output {
+                println!("       output: {}", capped(output));
+            }
             if let Some(error) = &step.error {
                 println!("       error: {error}");
             }
@@ -115,6 +124,40 @@ impl Out {
         }
     }
 
+    /// A cancellation's answer: its machine value first (what a script
+    /// matches), in text as in JSON.
+    pub fn cancelled(&self, task: TaskId, result: CancelResult) {
+        let (value, status) = match result {
+            CancelResult::Cancelled => ("Cancelled", None),
+            CancelResult::NotFound => ("NotFound", None),
+            CancelResult::AlreadyCompleted => ("AlreadyCompleted", None),
+            CancelResult::AlreadyCancelled => ("AlreadyCancelled", None),
+            CancelResult::NotCancellable(status) => ("NotCancellable", Some(status)),
+        };
+        if self.json {
+            let mut answer = json!({ "task": task, "result": value });
+            if let Some(status) = status {
+                answer["status"] = json!(status);
+            }
+            println!("{answer}");
+            return;
+        }
+        match result {
+            CancelResult::Cancelled => println!(
+                "{value}: the deployment's worker stops the running step and compensates \
+                 the completed ones"
+            ),
+            CancelResult::NotFound => println!("{value}: no task {task}"),
+            CancelResult::NotCancellable(status @ (TaskStatus::Pending | TaskStatus::Running)) => {
+                println!("{value}: the task is `{status}`, and its saga is not `#[cancellable]`")
+            }
+            CancelResult::NotCancellable(status) => {
+                println!("{value}: the task is `{status}`: cancelling it has no meaning")
+            }
+            _ => println!("{value}"),
+        }
+    }
+
     pub fn letters(&self, page: &DeadLetterPage) {
         if self.json {
             println!("{}", json!({ "letters": page.letters, "next": page.next }));
@@ -141,5 +184,15 @@ impl Out {
         for (id, why) in &bulk.failed {
             println!("  not {did}: {id}: {why}");
         }
+    }
+}
+
+/// `output` as compact JSON, cut after [`OUTPUT_SHOWN`] characters with a
+/// note of its whole size and where to find it all.
+fn capped(output: &Value) -> String {
+    let text = output.to_string();
+    match text.char_indices().nth(OUTPUT_SHOWN) {
+        Some((cut, _)) => format!("{}… ({} bytes; --json for all)", &text[..cut], text.len()),
+        None => text,
     }
 }

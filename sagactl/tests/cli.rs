@@ -1,5 +1,6 @@
-//! `sagactl` against a private redis-server that an engine wrote to:
-//! list, show, resolve, requeue (one and by filter), purge.
+//! `sagactl` against a private redis-server (and PostgreSQL) that an
+//! engine wrote to: list, show, resolve, cancel, requeue (one and by
+//! filter), purge.
 
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -8,6 +9,9 @@
 #[allow(dead_code)]
 #[path = "../../tests/common/ops_sagas.rs"]
 mod ops_sagas;
+#[allow(dead_code)]
+#[path = "../../tests/common/postgres_server.rs"]
+mod postgres_server;
 #[allow(dead_code)]
 #[path = "../../tests/common/redis_cluster.rs"]
 mod redis_cluster;
@@ -18,6 +22,7 @@ mod redis_server;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ops_sagas::{Gate, Stuck};
 use redis_server::TestRedis;
@@ -188,4 +193,275 @@ async fn operator_actions_on_a_cluster() {
     assert!(ok, "{err}");
     assert!(out.contains("the warehouse API refuses"), "{out}");
     engine.shutdown().await;
+}
+
+/// Holds its task in step 2 until it is cancelled, unless its input is 0.
+struct Hold;
+
+#[cancellable]
+#[saga(name = "hold")]
+impl Hold {
+    #[saga_step(1)]
+    async fn book(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(book)]
+    async fn unbook(&self, _n: u32) -> Result<(), StepError> {
+        Ok(())
+    }
+
+    #[saga_step(2, timeout_ms = 600_000)]
+    async fn hold(&self, n: u32, ctx: &StepContext) -> Result<u32, StepError> {
+        if n == 0 {
+            return Ok(0);
+        }
+        tokio::select! {
+            _ = ctx.cancelled() => Err(StepError::permanent("cancelled while holding")),
+            _ = tokio::time::sleep(Duration::from_secs(600)) => Ok(n),
+        }
+    }
+}
+
+/// Stores a file and a large manifest, then fails to charge, and cannot
+/// delete the file again: ends `CompensationFailed` with outputs an
+/// operator must clean up by hand.
+struct Upload;
+
+#[saga(name = "upload")]
+impl Upload {
+    #[saga_step(1)]
+    #[compensation_retry_policy(max_retries = 0, backoff = constant, base_delay_ms = 0)]
+    async fn store(&self, n: u32) -> Result<String, StepError> {
+        Ok(format!("s3://zips/order-{n}.zip"))
+    }
+
+    #[compensate(store)]
+    async fn unstore(&self, _key: String) -> Result<(), StepError> {
+        Err(StepError::permanent("S3 refuses the delete"))
+    }
+
+    #[saga_step(2)]
+    async fn manifest(&self, key: String) -> Result<String, StepError> {
+        Ok(format!("{key}:{}", "m".repeat(1000)))
+    }
+
+    #[saga_step(3)]
+    async fn charge(&self, _manifest: String) -> Result<u32, StepError> {
+        Err(StepError::permanent("card declined"))
+    }
+}
+
+/// Runs `sagactl` at `url` with `args`: (exit code, stdout, stderr).
+fn sagactl_code(url: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sagactl"))
+        .arg("--redis")
+        .arg(url)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Waits until the task runs its second step.
+async fn holding(engine: &Engine, id: TaskId) {
+    for _ in 0..500 {
+        let task = engine.task(id).await.unwrap().unwrap();
+        if task.status == TaskStatus::Running
+            && task
+                .steps
+                .iter()
+                .any(|s| s.name == "hold" && s.attempt_count > 0)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("task {id} never reached its second step");
+}
+
+/// `sagactl cancel`: from an engine that does not run the saga, with who
+/// and why recorded, each answer printed as its machine value, and the
+/// deployment named on stderr first. Run on Redis and on PostgreSQL, whose
+/// cancellations are written by different code.
+async fn cancel_from_the_command_line(url: &str, backend: Arc<dyn saga_runtime::backend::Backend>) {
+    let engine = Engine::builder()
+        .saga(Hold)
+        .saga(Stuck)
+        .backend_arc(backend)
+        .build()
+        .await
+        .unwrap();
+    let held = engine.start::<Hold>(7).await.unwrap();
+    let done = engine.start::<Hold>(0).await.unwrap();
+    let stuck = engine.start::<Stuck>(1).await.unwrap();
+    engine.wait(done).await.unwrap();
+    engine.wait(stuck).await.unwrap();
+    holding(&engine, held).await;
+
+    let cancel = |id: TaskId| {
+        let id = id.to_string();
+        let args = ["cancel", &id, "--by", "ana", "--note", "customer withdrew"];
+        sagactl_code(url, &args)
+    };
+    let (code, out, err) = cancel(held);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.starts_with("Cancelled"), "{out}");
+    assert!(
+        err.contains("cancel on ") && err.contains("saga`)"),
+        "the deployment, first: {err}"
+    );
+    let task = engine.wait(held).await.unwrap();
+    assert_eq!(task.status, TaskStatus::Cancelled);
+    let asked = task.audit_log.iter().find_map(|e| {
+        e.details
+            .as_deref()
+            .filter(|d| d.contains("customer withdrew"))
+    });
+    assert!(
+        asked.is_some_and(|d| d.contains("ana")),
+        "who and why: {:?}",
+        task.audit_log
+    );
+
+    let json = |id: TaskId| {
+        let id = id.to_string();
+        let args = ["--json", "cancel", &id, "--by", "ana", "--note", "again"];
+        let (code, out, err) = sagactl_code(url, &args);
+        let answer: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+        (code, answer)
+    };
+    let (code, answer) = json(held);
+    assert_eq!(
+        (code, answer["result"].as_str()),
+        (Some(0), Some("AlreadyCancelled")),
+        "{answer}"
+    );
+    let (code, answer) = json(done);
+    assert_eq!(
+        (code, answer["result"].as_str()),
+        (Some(0), Some("AlreadyCompleted")),
+        "{answer}"
+    );
+    let (code, answer) = json(stuck);
+    assert_eq!(answer["result"], "NotCancellable", "{answer}");
+    assert_eq!(answer["status"], "CompensationFailed", "{answer}");
+    assert_eq!(code, Some(0));
+    let (code, out, _) = cancel(TaskId::new());
+    assert_eq!(code, Some(1), "a task that does not exist: {out}");
+    assert!(out.starts_with("NotFound"), "{out}");
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_on_redis() {
+    let redis = TestRedis::start();
+    cancel_from_the_command_line(&redis.url(), Arc::new(redis.backend().await)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_on_postgres() {
+    let pg = postgres_server::TestPostgres::start();
+    let backend = saga_runtime::backend::postgres::PostgresBackend::connect_url(
+        &pg.url(),
+        saga_runtime::backend::postgres::PostgresConfig {
+            poll_interval: Duration::from_millis(50),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    cancel_from_the_command_line(&pg.url(), Arc::new(backend)).await;
+}
+
+/// `show` (text) prints each completed step's output next to the errors,
+/// capped, so that the operator of a `CompensationFailed` task sees what
+/// to clean up by hand; `--json` has all of it. `resolve` prints the
+/// whole record: the timeline from the task's start, not only the two
+/// entries it added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_prints_outputs_and_resolve_the_whole_record() {
+    let redis = TestRedis::start();
+    let engine = Engine::builder()
+        .saga(Upload)
+        .backend(redis.backend().await)
+        .build()
+        .await
+        .unwrap();
+    let id = engine.start::<Upload>(7).await.unwrap();
+    assert_eq!(
+        engine.wait(id).await.unwrap().status,
+        TaskStatus::CompensationFailed
+    );
+    let (ok, out, err) = sagactl(&redis, &["show", &id.to_string()]);
+    assert!(ok, "{err}");
+    let store = out
+        .lines()
+        .position(|l| l.trim_start().starts_with("1 store"))
+        .unwrap();
+    assert!(
+        out.lines()
+            .nth(store + 1)
+            .unwrap()
+            .contains(r#"output: "s3://zips/order-7.zip""#),
+        "the output under its step: {out}"
+    );
+    assert!(out.contains("S3 refuses the delete"), "{out}");
+    let manifest = out
+        .lines()
+        .find(|l| l.contains("output: \"s3://zips/order-7.zip:m"))
+        .unwrap();
+    assert!(
+        manifest.ends_with("… (1024 bytes; --json for all)") && manifest.len() < 300,
+        "capped: {manifest}"
+    );
+    let (ok, out, _) = sagactl(&redis, &["--json", "show", &id.to_string()]);
+    assert!(ok);
+    let task: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(task["steps"][1]["output"].as_str().unwrap().len(), 1022);
+
+    let (ok, out, err) = sagactl(
+        &redis,
+        &[
+            "resolve",
+            &id.to_string(),
+            "--by",
+            "ana",
+            "--note",
+            "deleted the zip by hand",
+        ],
+    );
+    assert!(ok, "{err}");
+    let stored = engine.task(id).await.unwrap().unwrap().audit_log.len();
+    let timeline = out.split("\ntimeline\n").nth(1).unwrap();
+    assert_eq!(
+        timeline.lines().count(),
+        stored,
+        "the whole audit log: {out}"
+    );
+    assert!(stored > 4, "{stored}");
+    engine.shutdown().await;
+}
+
+/// A task id that is not one (the 8 characters a console shows): the
+/// runtime's own words about what a task id is, as a usage error, before
+/// connecting, with no parser's jargon around them.
+#[test]
+fn a_short_task_id_is_explained() {
+    let (code, out, err) = sagactl_code("redis://127.0.0.1:1", &["show", "4b6c1a2e"]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("full UUID"), "{err}");
+    assert!(
+        !err.contains("invalid value") && !err.contains("<TASK>"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("127.0.0.1:1"),
+        "told before connecting: {err}"
+    );
 }

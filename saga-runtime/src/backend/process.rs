@@ -187,6 +187,14 @@ pub trait ProcessStore: Send + Sync + 'static {
         Ok(Page { items, next })
     }
 
+    /// How many instances of a process manager are stored (any status):
+    /// what an operator's overview shows. The default reads them all;
+    /// the built-in backends count without reading a record (Redis: the
+    /// size of the instance sets; PostgreSQL: an index-only count).
+    async fn process_count(&self, process: &str) -> Result<usize, BackendError> {
+        Ok(self.process_list(process).await?.len())
+    }
+
     /// Writes a [`ProcessCommit`] atomically; returns the instance's new
     /// version (0 when deleted or not written). A version mismatch, an
     /// existing instance when creating, or a correlation entry owned by

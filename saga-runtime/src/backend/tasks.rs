@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 
 use super::{BackendError, Delivery, QueueMessage, Settle};
-use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
+use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp};
 
 /// A held task lock: a lease, not a mutex. It expires after its TTL unless
 /// extended, and a newer lease makes this one's writes fail.
@@ -292,6 +292,40 @@ pub trait TaskStore: Send + Sync + 'static {
         }
     }
 
+    /// How many retained tasks of each of `sagas` are in each of
+    /// `statuses`, as `(saga, status, count)` (pairs with none may be left
+    /// out). The metrics sample it on every housekeeping beat for the
+    /// statuses that wait for an operator, so it must not read the tasks:
+    /// the default asks [`count_tasks`](Self::count_tasks) per saga, which
+    /// a backend with per-status indexes answers from their sizes; one
+    /// whose `count_tasks` reads rows answers the few statuses asked for
+    /// from an index instead.
+    async fn count_in_statuses(
+        &self,
+        sagas: &[&str],
+        statuses: &[TaskStatus],
+    ) -> Result<Vec<(String, TaskStatus, usize)>, BackendError> {
+        let mut counts = Vec::new();
+        for saga in sagas {
+            for (status, n) in self.count_tasks(saga).await? {
+                if statuses.contains(&status) {
+                    counts.push(((*saga).to_owned(), status, n));
+                }
+            }
+        }
+        Ok(counts)
+    }
+
+    /// The names of the sagas with tasks stored here, sorted: what an
+    /// engine that runs no saga (`sagactl`) tells an operator who asked
+    /// for a saga with none (a misspelt name). `None` when this backend
+    /// cannot tell (the default). The built-in backends look at their
+    /// per-saga indexes (on Redis, a `SCAN` of each partition's keys):
+    /// meant for an operator's error path, not for a hot one.
+    async fn saga_names(&self) -> Result<Option<Vec<String>>, BackendError> {
+        Ok(None)
+    }
+
     /// Takes the task's lock if it is free (no waiting) and loads the task
     /// and its cancellation flag: what a worker needs first, in one round
     /// trip where the backend allows. For a task that does not exist it
@@ -375,6 +409,25 @@ pub trait TaskStore: Send + Sync + 'static {
         token: &str,
         wake: &QueueMessage,
     ) -> Result<Option<Timestamp>, BackendError>;
+
+    /// [`request_cancel`](Self::request_cancel), appending `entry` (who
+    /// asked, and why) to the task's audit log in the same write when this
+    /// call is the one that records the request (not for a retry of it,
+    /// nor when an earlier request stands). The task may be running under
+    /// a worker's lease meanwhile, so the entry cannot wait for a write of
+    /// the task's own: the built-in backends keep the audit log apart from
+    /// the record and append to it. The default records the request
+    /// without the entry, for a backend that cannot append on its own.
+    async fn request_cancel_audited(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+        entry: &AuditEntry,
+    ) -> Result<Option<Timestamp>, BackendError> {
+        let _ = entry;
+        self.request_cancel(id, token, wake).await
+    }
 
     /// When cancellation of the task was requested, if it was.
     async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError>;

@@ -127,6 +127,8 @@ fn task_of(def: &SagaDefinition, id: TaskId, input: serde_json::Value) -> TaskIn
     task.id = id;
     task.saga_version = def.version;
     task.fingerprint = Some(def.fingerprint_hex());
+    // For an engine that does not run the saga (`sagactl`) to tell.
+    task.cancellable = Some(def.cancellable);
     crate::otel::begin_task(&mut task);
     task
 }
@@ -258,6 +260,9 @@ impl Engine {
             }
         } else {
             tracing::info!(task_id = %task.id, saga = %task.saga, trace_id = %task.trace_id, "task started");
+            if let Some(saga) = self.registered_name(&task.saga) {
+                crate::metrics::task_started(saga);
+            }
         }
         Ok(created)
     }
@@ -418,15 +423,16 @@ impl Engine {
 
     /// [`cancel`](Self::cancel) for callers that know only the task's id
     /// (an operator's console): a task whose saga version is not
-    /// `#[cancellable]` answers [`CancelResult::NotCancellable`]; one of a
-    /// saga this engine does not run, [`Error::UnknownSaga`] (it cannot
-    /// tell whether it may be cancelled).
+    /// `#[cancellable]` answers [`CancelResult::NotCancellable`]. An
+    /// engine that does not run the task's saga (`sagactl`, a console's
+    /// own process) goes by what the task recorded when it started;
+    /// a task started before that was recorded answers
+    /// [`Error::UnknownSaga`] (it cannot tell whether it may be
+    /// cancelled). [`cancel_by_operator`](Self::cancel_by_operator) also
+    /// records who asked, and why.
     pub async fn cancel_by_id(&self, id: TaskId) -> Result<CancelResult, Error> {
         match self.task(id).await? {
-            // An engine that does not run the saga cannot tell whether it
-            // may be cancelled, and refuses.
-            Some(task) if !self.rt.sagas.contains(&task.saga) => Err(Error::UnknownSaga(task.saga)),
-            Some(task) => self.cancel_loaded(task).await,
+            Some(task) => self.cancel_loaded(task, None).await,
             None => Ok(CancelResult::NotFound),
         }
     }
@@ -439,6 +445,17 @@ impl Engine {
         saga: &str,
         id: TaskId,
     ) -> Result<CancelResult, Error> {
+        self.cancel_named(saga, id, None).await
+    }
+
+    /// [`cancel_by_name`](Self::cancel_by_name), with `by` (who asked) for
+    /// the audit log.
+    pub(super) async fn cancel_named(
+        &self,
+        saga: &str,
+        id: TaskId,
+        by: Option<&crate::model::task::AuditEntry>,
+    ) -> Result<CancelResult, Error> {
         let Some(task) = self.task(id).await? else {
             return Ok(CancelResult::NotFound);
         };
@@ -449,20 +466,34 @@ impl Engine {
                 actual: task.saga,
             });
         }
-        self.cancel_loaded(task).await
+        self.cancel_loaded(task, by).await
     }
 
-    /// Cancels `task`, as just read.
-    async fn cancel_loaded(&self, task: TaskInstance) -> Result<CancelResult, Error> {
+    /// Whether `task` may be cancelled: its own version's to say (a typed
+    /// `cancel::<S>` has checked `S` at compile time), as registered here,
+    /// else as recorded in the task when it started.
+    fn cancellable(&self, task: &TaskInstance) -> Result<bool, Error> {
+        if let Some(saga) = self.rt.sagas.get(&task.saga, task.saga_version) {
+            return Ok(saga.definition().cancellable);
+        }
+        match task.cancellable {
+            Some(cancellable) => Ok(cancellable),
+            // Another version of a saga this engine runs: as before
+            // versions recorded it, the deployment's worker decides.
+            None if self.rt.sagas.contains(&task.saga) => Ok(true),
+            None => Err(Error::UnknownSaga(task.saga.clone())),
+        }
+    }
+
+    /// Cancels `task`, as just read; `by` (an operator's cancellation)
+    /// goes into its audit log with the request.
+    pub(super) async fn cancel_loaded(
+        &self,
+        task: TaskInstance,
+        by: Option<&crate::model::task::AuditEntry>,
+    ) -> Result<CancelResult, Error> {
         let id = task.id;
-        // Whether it may be cancelled is its own version's to say (a typed
-        // `cancel::<S>` has checked `S` at compile time).
-        let cancellable = self
-            .rt
-            .sagas
-            .get(&task.saga, task.saga_version)
-            .is_none_or(|s| s.definition().cancellable);
-        if !cancellable {
+        if !self.cancellable(&task)? {
             return Ok(CancelResult::NotCancellable(task.status));
         }
         match task.status {
@@ -481,8 +512,16 @@ impl Engine {
             seq: task.seq,
         };
         let earlier = self
-            .retrying("cancel", || {
-                self.rt.backend.request_cancel(id, &token, &wake)
+            .retrying("cancel", || async {
+                match by {
+                    Some(entry) => {
+                        let backend = &self.rt.backend;
+                        backend
+                            .request_cancel_audited(id, &token, &wake, entry)
+                            .await
+                    }
+                    None => self.rt.backend.request_cancel(id, &token, &wake).await,
+                }
             })
             .await?;
         if earlier.is_some() {

@@ -121,7 +121,11 @@ impl Engine {
                     true
                 })
                 .await
-                .map(drop)
+                .map(|task| {
+                    if let Some(saga) = self.registered_name(&task.saga) {
+                        crate::metrics::task_reopened(saga, "requeued");
+                    }
+                })
                 .map_err(|e| match e {
                     // Requeued or resolved by someone else meanwhile.
                     Error::NotResolvable { .. } | Error::TaskNotFound(_) => {

@@ -87,6 +87,16 @@ impl Engine {
         })
     }
 
+    /// How many instances (any status) the process manager named
+    /// `process` has stored, counted without reading them where the
+    /// backend can (the built-in ones can).
+    pub async fn process_count(&self, process: &str) -> Result<usize, Error> {
+        self.known_process(process)?;
+        let processes = self.rt.processes()?;
+        self.retrying("process_count", || processes.process_count(process))
+            .await
+    }
+
     /// The instance `id` of the process manager named `process`.
     pub async fn process_instance_named(
         &self,

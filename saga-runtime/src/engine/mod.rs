@@ -122,6 +122,17 @@ impl Engine {
         self.rt.sagas.latest()
     }
 
+    /// The registered saga's own name for `saga`, a metrics label: label
+    /// values come from the definitions only, never from a record.
+    pub(crate) fn registered_name(&self, saga: &str) -> Option<&'static str> {
+        self.rt
+            .sagas
+            .latest()
+            .into_iter()
+            .find(|d| d.name == saga)
+            .map(|d| d.name)
+    }
+
     /// Whether any registered version of saga `name` is `#[cancellable]`.
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn any_version_cancellable(&self, name: &str) -> bool {

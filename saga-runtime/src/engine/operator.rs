@@ -2,10 +2,12 @@
 //! it resolved once what it left behind was fixed by hand, or run its
 //! failed compensation again. Every action is audited with who and why.
 
-use super::Engine;
+use super::{CancelResult, Engine};
 use crate::backend::{Locked, Next, QueueMessage, Settle, TaskCommit, TaskRefusal};
 use crate::error::Error;
-use crate::model::task::{AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus};
+use crate::model::task::{
+    AuditAction, AuditEntry, StepStatus, TaskId, TaskInstance, TaskStatus, AUDIT_LOG_CAP,
+};
 
 /// Who acted on a task by hand, and why: kept in its audit log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +37,10 @@ impl Engine {
     /// resolved task is not requeued ([`Error::ResolvedTask`]).
     ///
     /// Any other status is [`Error::NotResolvable`]: a running task is the
-    /// engine's to finish, a finished one needs nothing.
+    /// engine's to finish, a finished one needs nothing. Returns the task
+    /// as written, with its whole audit log (as every operator action
+    /// here does: what an operator is shown must not look complete and
+    /// lack the history).
     pub async fn resolve(
         &self,
         id: TaskId,
@@ -55,8 +60,8 @@ impl Engine {
             })
             .await?;
         tracing::info!(task_id = %id, by = %intervention.by, "task resolved by hand");
-        if let Some(def) = self.sagas().into_iter().find(|d| d.name == task.saga) {
-            crate::metrics::task_finished(def.name, TaskStatus::Resolved);
+        if let Some(saga) = self.registered_name(&task.saga) {
+            crate::metrics::task_finished(saga, TaskStatus::Resolved);
         }
         Ok(task)
     }
@@ -105,7 +110,52 @@ impl Engine {
             )
             .await?;
         tracing::info!(task_id = %id, by = %intervention.by, "compensation retried by hand");
+        if let Some(saga) = self.registered_name(&task.saga) {
+            crate::metrics::task_reopened(saga, "compensation_retried");
+        }
         Ok(task)
+    }
+
+    /// Cancels a task as [`cancel_by_id`](Self::cancel_by_id) does, and
+    /// records who asked and why in its audit log (a
+    /// `CancellationRequested` entry whose `details` hold `by` and `note`
+    /// as JSON), written with the request itself: the task may be running
+    /// under a worker's lease meanwhile. A request that is refused before
+    /// it is made (repeated, or for a task not cancellable or already
+    /// over) records nothing; one made just as the task ended stays
+    /// recorded as the request it was.
+    ///
+    /// Works from an engine that does not run the task's saga (`sagactl`):
+    /// the task recorded at its start whether it may be cancelled. A task
+    /// started before that was recorded answers [`Error::UnknownSaga`].
+    pub async fn cancel_by_operator(
+        &self,
+        id: TaskId,
+        intervention: Intervention,
+    ) -> Result<CancelResult, Error> {
+        let entry = asked_to_cancel(&intervention);
+        let result = match self.task(id).await? {
+            Some(task) => self.cancel_loaded(task, Some(&entry)).await,
+            None => Ok(CancelResult::NotFound),
+        };
+        tracing::info!(task_id = %id, by = %intervention.by, ?result, "cancellation asked by an operator");
+        result
+    }
+
+    /// [`cancel_by_operator`](Self::cancel_by_operator) of a task of the
+    /// saga named `saga` ([`Error::WrongSaga`] for another's): the
+    /// per-saga `DELETE` route's.
+    #[cfg(feature = "http")]
+    pub(crate) async fn cancel_by_operator_of(
+        &self,
+        saga: &str,
+        id: TaskId,
+        intervention: Intervention,
+    ) -> Result<CancelResult, Error> {
+        let entry = asked_to_cancel(&intervention);
+        let result = self.cancel_named(saga, id, Some(&entry)).await;
+        tracing::info!(task_id = %id, by = %intervention.by, ?result, "cancellation asked by an operator");
+        result
     }
 
     /// An operator's change to a stopped task in one of the `allowed`
@@ -124,7 +174,7 @@ impl Engine {
     ) -> Result<TaskInstance, Error> {
         // A task in another status (running, say) is refused at once, not
         // after waiting out the lease of the worker that runs it.
-        match self.task(id).await? {
+        let read = match self.task(id).await? {
             None => return Err(Error::TaskNotFound(id)),
             Some(task) if !allowed.contains(&task.status) => {
                 return Err(Error::NotResolvable {
@@ -132,8 +182,8 @@ impl Engine {
                     status: task.status,
                 })
             }
-            Some(_) => {}
-        }
+            Some(task) => task,
+        };
         let locked = self.lock_stopped(id, what).await?;
         let unlock = || async {
             let _ = self.rt.backend.unlock(&locked.lease).await;
@@ -158,6 +208,13 @@ impl Engine {
                 return Err(Error::DeadLetterNotFound(letter.to_owned()));
             }
         }
+        // The whole audit log as stored, for the answer: a lease's load may
+        // leave it out (Redis keeps it apart, and a worker needs none).
+        let before = match read.version == task.version {
+            true => Some(read),
+            false => self.task(id).await.ok().flatten(),
+        };
+        let kept = task.audit_log.len();
         let runs = change(&mut task);
         task.seq += 1;
         let next = runs.then(|| Next {
@@ -188,7 +245,10 @@ impl Engine {
             unlock().await;
         }
         match committed? {
-            Ok(_) => Ok(task),
+            Ok(version) => {
+                task.version = version;
+                Ok(whole(task, before, kept))
+            }
             Err(TaskRefusal::Missing) => Err(Error::TaskNotFound(id)),
             Err(reason) => Err(Error::WriteRefused { task: id, reason }),
         }
@@ -212,4 +272,26 @@ impl Engine {
             tokio::time::sleep(self.rt.settings.lock_retry_delay).await;
         }
     }
+}
+
+/// `task` as just written, with the whole audit log as stored: `before`'s
+/// (the task as stored before the write) followed by the entries the write
+/// added (those after the first `kept` of `task`'s own), cut to the
+/// store's cap. Without `before` (it could not be read), `task` as is.
+fn whole(mut task: TaskInstance, before: Option<TaskInstance>, kept: usize) -> TaskInstance {
+    if let Some(before) = before {
+        let added = task.audit_log.split_off(kept.min(task.audit_log.len()));
+        task.audit_log = before.audit_log;
+        task.audit_log.extend(added);
+        let excess = task.audit_log.len().saturating_sub(AUDIT_LOG_CAP);
+        task.audit_log.drain(..excess);
+    }
+    task.audit_saved();
+    task
+}
+
+/// The audit entry of an operator's cancellation: who and why, as JSON.
+fn asked_to_cancel(intervention: &Intervention) -> AuditEntry {
+    let details = serde_json::json!({ "by": intervention.by, "note": intervention.note });
+    AuditEntry::new(AuditAction::CancellationRequested).details(details.to_string())
 }

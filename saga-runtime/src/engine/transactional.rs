@@ -87,6 +87,9 @@ impl Engine {
         match (self.postgres()?.create_in(tx, task, &first).await?, key) {
             (None, _) => {
                 tracing::info!(task_id = %task.id, saga = %task.saga, "task started in the caller's transaction");
+                if let Some(saga) = self.registered_name(&task.saga) {
+                    crate::metrics::task_started(saga);
+                }
                 Ok(task.id)
             }
             (Some(existing), _) if existing.saga != task.saga => Err(Error::WrongSaga {

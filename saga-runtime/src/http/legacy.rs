@@ -1,17 +1,19 @@
 //! The per-saga routes that came before `/api`: `GET` and (for
 //! `#[cancellable]` sagas) `DELETE /sagas/{saga}/{task_id}`. `DELETE`
-//! changes something, so it needs the configured access like `/api`.
+//! changes something, so it needs the configured access like `/api`, and
+//! records the operator in the task's audit log as `/api` does; it answers
+//! what it always has.
 
 use axum::extract::{Path, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use serde_json::json;
 
 use super::access::Operator;
 use super::reply::{task_id, ApiError};
-use super::tasks::cancel_reply;
 use super::ApiState;
-use crate::engine::Engine;
+use crate::engine::{CancelResult, Engine, Intervention};
 use crate::error::Error;
 use crate::model::task::TaskInstance;
 
@@ -56,10 +58,32 @@ async fn cancel_task(
     id: String,
 ) -> Result<Response, ApiError> {
     let id = task_id(&id)?;
-    let result = state.engine.cancel_by_name(saga, id).await;
-    tracing::info!(task_id = %id, by, ?result, "cancel requested through the HTTP API");
+    let result = state
+        .engine
+        .cancel_by_operator_of(saga, id, Intervention::new(by, ""))
+        .await;
     cancel_reply(result.map_err(|e| match e {
         Error::WrongSaga { task, .. } => Error::TaskNotFound(task),
         e => e,
     }))
+}
+
+/// What `DELETE /sagas/{saga}/{task_id}` has always answered (the seed's
+/// promise, kept for its callers): 200 `{"status": "Cancelled"}` or
+/// `{"status": "Already cancelled"}`, 404, or 409. `/api` answers stable
+/// values instead (`tasks::cancel_answer`).
+fn cancel_reply(result: Result<CancelResult, Error>) -> Result<Response, ApiError> {
+    match result? {
+        CancelResult::Cancelled => Ok(Json(json!({ "status": "Cancelled" })).into_response()),
+        CancelResult::AlreadyCancelled => {
+            Ok(Json(json!({ "status": "Already cancelled" })).into_response())
+        }
+        CancelResult::NotFound => Err(ApiError::task_not_found()),
+        CancelResult::AlreadyCompleted => {
+            Err(ApiError::conflict("Task already completed, cannot cancel"))
+        }
+        CancelResult::NotCancellable(status) => Err(ApiError::conflict(format!(
+            "Task is {status}, cannot cancel"
+        ))),
+    }
 }

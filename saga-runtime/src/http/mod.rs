@@ -23,7 +23,7 @@
 //! | `GET /api/tasks/{id}` | the task: steps, attempts, errors, audit log, trace id |
 //! | `GET /api/tasks/{id}/events` | its progress as server-sent events, until it finishes (at most [`Api::max_watchers`] streams open at once) |
 //! | `POST /api/sagas/{saga}/tasks` `{"input":..,"key":..}` | starts a task (201 `{"id":..}`) |
-//! | `POST /api/tasks/{id}/cancel` | cancels it |
+//! | `POST /api/tasks/{id}/cancel` `{"note":..}` (body optional) | cancels it, recording who and why: `result` `Cancelled` or `AlreadyCancelled` (200), `NotFound` (404), `AlreadyCompleted` or `NotCancellable` (409, with the task's `status`) |
 //! | `POST /api/tasks/{id}/resolve` `{"note":..}` | marks it resolved by hand |
 //! | `POST /api/tasks/{id}/retry-compensation` `{"note":..}` | runs its failed compensation again |
 //! | `GET /api/dead-letters?cursor=&limit=` | dead letters, newest first, each with its task's saga, status and step (at most 200 a page) |
@@ -31,10 +31,15 @@
 //! | `POST /api/dead-letters/{id}/requeue` | puts it back |
 //! | `POST /api/dead-letters/{id}/discard` `{"note":..}` | removes it |
 //! | `POST /api/dead-letters/requeue` `{"saga":..,"step":..,"error_contains":..,"max":..}` | requeues every letter picked |
-//! | `GET /api/processes` | process-manager names |
-//! | `GET /api/processes/{name}/instances?cursor=&limit=` | a page of instances |
+//! | `GET /api/processes` | each process manager's `name`, `total` instances and `counts` by status (`null` past 1,000 instances) |
+//! | `GET /api/processes/{name}/instances?status=&cursor=&limit=` | a page of instances (no promised order), only those in `status` if given |
 //! | `GET /api/processes/{name}/instances/{id}` | one, with its pending timeouts |
 //! | `GET /metrics` | Prometheus exposition, with [`Api::metrics`] (feature `metrics`) |
+//!
+//! Every answer carries `X-Content-Type-Options: nosniff`,
+//! `X-Frame-Options: DENY` and `Referrer-Policy: no-referrer`, and every
+//! one but the console's page `Content-Security-Policy: default-src
+//! 'none'; frame-ancestors 'none'` (the console sets its own policy).
 //!
 //! Errors are JSON everywhere: `{"error": "...", "code": "not_found"}`
 //! (`bad_request`, `unauthorized`, `read_only`, `cross_origin`,
@@ -186,7 +191,7 @@ impl Api {
                 "/api/dead-letters/{id}/discard",
                 post(dead_letters::discard),
             )
-            .route("/api/processes", get(processes::names))
+            .route("/api/processes", get(processes::list))
             .route("/api/processes/{name}/instances", get(processes::instances))
             .route(
                 "/api/processes/{name}/instances/{id}",
@@ -199,7 +204,9 @@ impl Api {
             Some(extra) => router.merge(extra),
             None => router,
         };
-        router.layer(axum::middleware::map_response(reply::json_errors))
+        router
+            .layer(axum::middleware::map_response(reply::json_errors))
+            .layer(axum::middleware::map_response(reply::security_headers))
     }
 }
 

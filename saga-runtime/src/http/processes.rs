@@ -1,5 +1,7 @@
-//! `/api/processes`: process-manager instances and their pending
-//! timeouts.
+//! `/api/processes`: process managers with their instance counts, their
+//! instances (all, or those in one status) and pending timeouts.
+
+use std::collections::BTreeMap;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -9,21 +11,81 @@ use serde_json::{json, Value};
 
 use super::reply::ApiError;
 use super::ApiState;
+use crate::backend::ProcessInstance;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::model::process::InstanceStatus;
 
-/// `GET /api/processes`: the process managers' names.
-pub(super) async fn names(State(state): State<ApiState>) -> Json<Value> {
-    Json(json!({ "processes": state.engine.process_names() }))
+/// Up to how many instances `GET /api/processes` reads to count them by
+/// status: the stores keep no index by status, so counting reads every
+/// instance (each status count costs a read of each record).
+const STATUS_COUNT_LIMIT: usize = 1_000;
+
+/// Up to how many instances one filtered page reads looking for matches:
+/// past it the page comes back short, with a cursor to go on from.
+const FILTER_SCAN_LIMIT: usize = 5_000;
+
+/// `GET /api/processes`: each process manager with `total`, its number of
+/// instances (any status; counted without reading them), and `counts`, how
+/// many are in each status (`{"Active": n, "Completed": n, "Stopped": n}`,
+/// statuses with none left out), or `null` past 1,000 instances, where
+/// counting would read each one.
+pub(super) async fn list(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+    let engine = &state.engine;
+    let mut processes = Vec::new();
+    for name in engine.process_names() {
+        let total = engine.process_count(name).await?;
+        let counts = match total <= STATUS_COUNT_LIMIT {
+            true => Some(status_counts(engine, name).await?),
+            false => None,
+        };
+        processes.push(json!({ "name": name, "total": total, "counts": counts }));
+    }
+    Ok(Json(json!({ "processes": processes })))
 }
 
-/// The paging of `GET /api/processes/{name}/instances`.
+/// How many instances of `process` are in each status, from reading them.
+async fn status_counts(engine: &Engine, process: &str) -> Result<BTreeMap<String, usize>, Error> {
+    let mut counts = BTreeMap::new();
+    let mut cursor: Option<String> = None;
+    let mut read = 0;
+    loop {
+        let page = engine
+            .process_instances_page(process, cursor.as_deref(), STATUS_COUNT_LIMIT)
+            .await?;
+        read += page.instances.len();
+        for instance in &page.instances {
+            *counts.entry(status_name(instance.status)).or_default() += 1;
+        }
+        match page.next {
+            Some(next) if read < 2 * STATUS_COUNT_LIMIT => cursor = Some(next),
+            _ => return Ok(counts),
+        }
+    }
+}
+
+/// The name a status has in JSON (`"Active"`).
+fn status_name(status: InstanceStatus) -> String {
+    match serde_json::to_value(status) {
+        Ok(Value::String(name)) => name,
+        _ => format!("{status:?}"),
+    }
+}
+
+/// The filters and paging of `GET /api/processes/{name}/instances`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PageParams {
     cursor: Option<String>,
     limit: Option<usize>,
+    status: Option<String>,
 }
 
-/// `GET /api/processes/{name}/instances?cursor=&limit=`.
+/// `GET /api/processes/{name}/instances?status=&cursor=&limit=`: a page of
+/// instances (in no promised order: the stores keep none by time), only
+/// those in `status` (`Active`, `Completed`, `Stopped`) if given. A
+/// filtered page reads at most 5,000 instances looking for matches, and
+/// may come back short with a `next` cursor to go on from.
 pub(super) async fn instances(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -31,13 +93,53 @@ pub(super) async fn instances(
 ) -> Result<Json<Value>, ApiError> {
     let Query(params) = params?;
     let cursor = params.cursor.filter(|c| !c.is_empty());
-    let page = state
-        .engine
-        .process_instances_page(&name, cursor.as_deref(), params.limit.unwrap_or(50))
-        .await?;
-    Ok(Json(
-        json!({ "instances": page.instances, "next": page.next }),
-    ))
+    let limit = params.limit.unwrap_or(50);
+    let status = match params.status.filter(|s| !s.is_empty()) {
+        Some(status) => Some(
+            serde_json::from_value::<InstanceStatus>(json!(status)).map_err(|_| {
+                ApiError::bad_request(format!(
+                    "`{}` is not an instance status (one of Active, Completed, Stopped)",
+                    status.chars().take(40).collect::<String>()
+                ))
+            })?,
+        ),
+        None => None,
+    };
+    let engine = &state.engine;
+    let Some(status) = status else {
+        let page = engine
+            .process_instances_page(&name, cursor.as_deref(), limit)
+            .await?;
+        return Ok(Json(
+            json!({ "instances": page.instances, "next": page.next }),
+        ));
+    };
+    let (instances, next) = filtered(engine, &name, status, cursor, limit).await?;
+    Ok(Json(json!({ "instances": instances, "next": next })))
+}
+
+/// About `limit` instances of `process` in `status` from `cursor` (every
+/// match of each page read is kept), and where to go on from.
+async fn filtered(
+    engine: &Engine,
+    process: &str,
+    status: InstanceStatus,
+    mut cursor: Option<String>,
+    limit: usize,
+) -> Result<(Vec<ProcessInstance>, Option<String>), Error> {
+    let mut found = Vec::new();
+    let mut read = 0;
+    loop {
+        let page = engine
+            .process_instances_page(process, cursor.as_deref(), limit)
+            .await?;
+        read += page.instances.len();
+        found.extend(page.instances.into_iter().filter(|i| i.status == status));
+        cursor = page.next;
+        if cursor.is_none() || found.len() >= limit.max(1) || read >= FILTER_SCAN_LIMIT {
+            return Ok((found, cursor));
+        }
+    }
 }
 
 /// `GET /api/processes/{name}/instances/{id}`: the instance (state,

@@ -19,6 +19,8 @@ pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Fields an answer adds to the shape (a cancellation's `result`).
+    extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ApiError {
@@ -27,7 +29,14 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            extra: serde_json::Map::new(),
         }
+    }
+
+    /// The answer with `key: value` besides `error` and `code`.
+    pub(crate) fn with(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.extra.insert(key.to_owned(), value.into());
+        self
     }
 
     pub(crate) fn not_found(message: impl Into<String>) -> Self {
@@ -49,11 +58,23 @@ impl ApiError {
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
     }
+
+    /// A body that is not sent as JSON.
+    pub(crate) fn not_json() -> Self {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "send a JSON body with `Content-Type: application/json` (for example \
+             `{\"note\": \"what was found and done\"}`)",
+        )
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": self.message, "code": self.code });
+        let mut body = self.extra;
+        body.insert("error".to_owned(), json!(self.message));
+        body.insert("code".to_owned(), json!(self.code));
         (self.status, Json(body)).into_response()
     }
 }
@@ -94,12 +115,7 @@ impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> Self {
         match rejection {
             // No body at all, the usual mistake with a `curl -X POST`.
-            JsonRejection::MissingJsonContentType(_) => ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "send a JSON body with `Content-Type: application/json` (for example \
-                 `{\"note\": \"what was found and done\"}`)",
-            ),
+            JsonRejection::MissingJsonContentType(_) => ApiError::not_json(),
             rejection => ApiError::new(rejection.status(), "bad_request", rejection.body_text()),
         }
     }
@@ -148,8 +164,38 @@ pub(crate) async fn json_errors(response: Response) -> Response {
     answer
 }
 
-/// `id` as a task id, or 400.
+/// The security headers of every answer, added where the handler set
+/// none of its own (the console's page sets its policy): an answer is not
+/// sniffed into another type, framed by another site, or named in the
+/// `Referer` of a link it holds; and an answer that is not a page (JSON,
+/// an event stream, metrics) loads nothing if a browser renders it.
+pub(crate) async fn security_headers(mut response: Response) -> Response {
+    use axum::http::{header, HeaderValue};
+    let page = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
+    let headers = response.headers_mut();
+    let mut add = |name, value| {
+        headers
+            .entry(name)
+            .or_insert(HeaderValue::from_static(value));
+    };
+    add(header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    add(header::X_FRAME_OPTIONS, "DENY");
+    add(header::REFERRER_POLICY, "no-referrer");
+    if !page {
+        add(
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; frame-ancestors 'none'",
+        );
+    }
+    response
+}
+
+/// `id` as a task id, or 400 saying what a task id is (never the UUID
+/// parser's words, never more than the start of a long `id`).
 pub(crate) fn task_id(id: &str) -> Result<TaskId, ApiError> {
     id.parse()
-        .map_err(|_| ApiError::bad_request(format!("`{id}` is not a task id (a UUID)")))
+        .map_err(|e: crate::model::task::TaskIdError| ApiError::bad_request(e.to_string()))
 }

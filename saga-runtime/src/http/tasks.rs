@@ -3,9 +3,10 @@
 
 use std::convert::Infallible;
 
+use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -150,32 +151,93 @@ pub(super) async fn start(
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))).into_response())
 }
 
-/// `POST /api/tasks/{id}/cancel`.
+/// The body of `POST /api/tasks/{id}/cancel`: the shape of every operator
+/// action's, with the note optional. A cancellation is the saga's own way
+/// out (its compensations clean up), so there may be nothing to explain;
+/// who asked is recorded either way.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CancelBody {
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// `POST /api/tasks/{id}/cancel` (body optional: `{"note": ..}`): records
+/// who asked (and why) in the task's audit log, and answers the outcome
+/// as a stable value (see [`cancel_answer`]).
 pub(super) async fn cancel(
     State(state): State<ApiState>,
     Operator(by): Operator,
     Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Result<Response, ApiError> {
     let id = task_id(&id)?;
-    let result = state.engine.cancel_by_id(id).await;
-    tracing::info!(task_id = %id, by, ?result, "cancel requested through the HTTP API");
-    cancel_reply(result)
+    let note = cancel_note(&headers, &body)?;
+    let result = state
+        .engine
+        .cancel_by_operator(id, Intervention::new(by, note))
+        .await?;
+    Ok(cancel_answer(result))
 }
 
-/// The answer to a cancellation, shared with the `/sagas` routes.
-pub(super) fn cancel_reply(result: Result<CancelResult, Error>) -> Result<Response, ApiError> {
-    match result? {
-        CancelResult::Cancelled => Ok(Json(json!({ "status": "Cancelled" })).into_response()),
+/// The note of a cancellation's body: none for no body (or an empty one,
+/// whatever its type), else the body must be JSON, `{"note": ..}`.
+fn cancel_note(headers: &HeaderMap, body: &Bytes) -> Result<String, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(String::new());
+    }
+    // `application/json`, or `application/<x>+json`, as axum's `Json` takes.
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .is_some_and(|m| {
+            m.strip_prefix("application/")
+                .is_some_and(|sub| sub == "json" || sub.ends_with("+json"))
+        });
+    if !json {
+        return Err(ApiError::not_json());
+    }
+    let Json(body) = Json::<CancelBody>::from_bytes(body)?;
+    Ok(body.note.map(|n| n.trim().to_owned()).unwrap_or_default())
+}
+
+/// A cancellation's outcome as `result`, a [`CancelResult`] variant's
+/// name: 200 `Cancelled` or `AlreadyCancelled`; 404 `NotFound`; 409
+/// `AlreadyCompleted`, or `NotCancellable` with the task's `status`
+/// (the errors in the shape of every error, with their `code`).
+pub(super) fn cancel_answer(result: CancelResult) -> Response {
+    let refused = |message: String, result: &str, status: TaskStatus| {
+        ApiError::conflict(message)
+            .with("result", result)
+            .with("status", status.as_str())
+            .into_response()
+    };
+    match result {
+        CancelResult::Cancelled => Json(json!({ "result": "Cancelled" })).into_response(),
         CancelResult::AlreadyCancelled => {
-            Ok(Json(json!({ "status": "Already cancelled" })).into_response())
+            Json(json!({ "result": "AlreadyCancelled" })).into_response()
         }
-        CancelResult::NotFound => Err(ApiError::task_not_found()),
-        CancelResult::AlreadyCompleted => {
-            Err(ApiError::conflict("Task already completed, cannot cancel"))
-        }
-        CancelResult::NotCancellable(status) => Err(ApiError::conflict(format!(
-            "Task is {status}, cannot cancel"
-        ))),
+        CancelResult::NotFound => ApiError::task_not_found()
+            .with("result", "NotFound")
+            .into_response(),
+        CancelResult::AlreadyCompleted => refused(
+            "Task already completed, cannot cancel".to_owned(),
+            "AlreadyCompleted",
+            TaskStatus::Completed,
+        ),
+        CancelResult::NotCancellable(status) => refused(
+            format!("Task is {status}: it cannot be cancelled"),
+            "NotCancellable",
+            status,
+        ),
     }
 }
 

@@ -32,7 +32,10 @@
 //! | `saga_step_duration_seconds` | histogram | `saga`, `step` | How long each step attempt ran, whatever its outcome. |
 //! | `saga_compensations_total` | counter | `saga`, `step` | Compensation attempts started (`step`: the step being undone), retries included. |
 //! | `saga_compensation_failures_total` | counter | `saga`, `step` | Compensation attempts that failed. Retried per the compensation's policy; one that fails for good ends its task `CompensationFailed`. |
-//! | `saga_tasks_finished_total` | counter | `saga`, `status` | Tasks that reached a terminal status as the workers moved them: `completed`, `compensated`, `failed`, `cancelled`, `compensation_failed` or `dead_lettered`. |
+//! | `saga_tasks_started_total` | counter | `saga` | Tasks created by this process (an idempotent start that finds its task is not counted; a start in your PostgreSQL transaction counts when it is written into it, before your commit). |
+//! | `saga_tasks_finished_total` | counter | `saga`, `status` | Each time a task reaches a terminal status: `completed`, `compensated`, `failed`, `cancelled`, `compensation_failed` or `dead_lettered` as the workers move it, `resolved` when an operator settles it ([`Engine::resolve`](crate::Engine::resolve)). A task an operator reopens (see the next row) counts again when it ends again: a retried compensation counts `compensation_failed`, then `compensated`. |
+//! | `saga_tasks_reopened_total` | counter | `saga`, `action` | Finished tasks an operator sent back to work: `compensation_retried` ([`Engine::retry_compensation`](crate::Engine::retry_compensation)) or `requeued` (a dead letter requeued). Tasks in flight = started + reopened - finished. |
+//! | `saga_tasks_awaiting_operator` | gauge | `saga`, `status` | Retained tasks that wait for an operator: `status` is `compensation_failed` or `dead_lettered` (what the console's overview shows). Deployment-wide, sampled like the queue gauges below. |
 //! | `saga_circuit_breaker_transitions_total` | counter | `saga`, `step`, `to` | Circuit-breaker state changes, `to` is `open`, `half_open` (a probe let through after a break, or again after a probe that did not happen) or `closed`. For `scope = shared` breakers, counted by the engine whose call made the change. |
 //! | `saga_dead_letters_total` | counter | `kind` | Messages parked on a dead-letter queue: `saga` (a task's message; `saga_tasks_finished_total{status="dead_lettered"}` has them by saga), `process` (a process manager's message), `endpoint` (a message an endpoint consumer gave up on) or `undecodable` (an entry that decodes as nothing). |
 //! | `saga_process_messages_total` | counter | `process`, `outcome` | Process-manager messages by outcome: `handled`, `duplicate`, `ignored` (instance complete, stopped or gone), `unmatched` (a continuing message that found no instance), `failed` (each `#[on_error]` decision), `dead_lettered` or `fanned_out`. `process` is `unknown` for a message of a process manager this engine does not run. The same counts as [`Engine::process_metrics`](crate::Engine::process_metrics). |
@@ -43,7 +46,7 @@
 //! | `saga_queue_depth` | gauge | `queue` | Messages on the work queue not yet settled (waiting, or taken and being worked on), `queue` being `saga` or `process`. Delayed messages (retry backoffs, timeouts) count once they are due. |
 //! | `saga_queue_oldest_pending_age_seconds` | gauge | `queue` | How long the oldest of them has been on the queue (since it was enqueued or last handed back); 0 when there are none. |
 //!
-//! The two gauges describe the whole deployment's queue, not this process:
+//! The queue gauges describe the whole deployment's queue, not this process:
 //! every engine running workers samples them once per
 //! [`housekeeping_interval`](crate::EngineBuilder::housekeeping_interval)
 //! (default 30 s; the first time one interval after it starts) with one
@@ -51,8 +54,9 @@
 //! [`WorkQueue::queue_stats`](crate::backend::WorkQueue::queue_stats))
 //! reports neither.
 //!
-//! Tasks settled by an operator ([`Engine::resolve`](crate::Engine::resolve)
-//! and the other operator actions) are not in `saga_tasks_finished_total`.
+//! `saga_tasks_awaiting_operator` is sampled on the same beat, for the
+//! sagas this engine runs, with one more round trip (an index-only count
+//! on PostgreSQL, index sizes on Redis).
 //!
 //! Recording costs a label vector and a lookup in the recorder per call
 //! (label values are the definitions' `&'static str`s, never copied), a
@@ -130,6 +134,12 @@ mod names {
     pub const COMPENSATIONS: &str = "saga_compensations_total";
     /// Compensation attempts that failed (counter; `saga`, `step`).
     pub const COMPENSATION_FAILURES: &str = "saga_compensation_failures_total";
+    /// Tasks created (counter; `saga`).
+    pub const TASKS_STARTED: &str = "saga_tasks_started_total";
+    /// Finished tasks sent back to work by an operator (counter; `saga`, `action`).
+    pub const TASKS_REOPENED: &str = "saga_tasks_reopened_total";
+    /// Retained tasks waiting for an operator (gauge; `saga`, `status`).
+    pub const TASKS_AWAITING_OPERATOR: &str = "saga_tasks_awaiting_operator";
     /// Tasks finished, by terminal status (counter; `saga`, `status`).
     pub const TASKS_FINISHED: &str = "saga_tasks_finished_total";
     /// Circuit-breaker state changes (counter; `saga`, `step`, `to`).

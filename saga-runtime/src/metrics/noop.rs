@@ -34,6 +34,12 @@ pub(crate) fn attempt_ended(
 }
 
 #[inline]
+pub(crate) fn task_started(_saga: &'static str) {}
+
+#[inline]
+pub(crate) fn task_reopened(_saga: &'static str, _action: &'static str) {}
+
+#[inline]
 pub(crate) fn task_finished(_saga: &'static str, _status: TaskStatus) {}
 
 #[inline]
@@ -60,3 +66,7 @@ pub(crate) fn timeout_fired(_process: &'static str, _late: Option<Duration>) {}
 /// No round trip to the backend: the gauges are not sampled at all.
 #[inline]
 pub(crate) async fn sample_queue(_backend: &dyn Backend) {}
+
+/// No round trip to the backend: the task gauge is not sampled at all.
+#[inline]
+pub(crate) async fn sample_tasks(_backend: &dyn Backend, _sagas: &[&'static str]) {}

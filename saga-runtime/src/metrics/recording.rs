@@ -13,7 +13,7 @@ use super::{
     COMPENSATION_FAILURES, DEAD_LETTERS, PROCESS_BATCHED, PROCESS_CONFLICTS, PROCESS_MESSAGES,
     PROCESS_TIMEOUTS_FIRED, PROCESS_TIMEOUT_LATENESS, QUEUE_DEPTH, QUEUE_OLDEST_AGE, STEPS_FAILED,
     STEPS_STARTED, STEPS_SUCCEEDED, STEP_DURATION, STEP_DURATION_BUCKETS, STEP_RETRIES,
-    TASKS_FINISHED,
+    TASKS_AWAITING_OPERATOR, TASKS_FINISHED, TASKS_REOPENED, TASKS_STARTED,
 };
 use crate::backend::Backend;
 use crate::model::task::TaskStatus;
@@ -73,6 +73,20 @@ pub(crate) fn attempt_ended(
     if phase == Phase::Step {
         histogram!(STEP_DURATION, "saga" => saga, "step" => step).record(since.0.elapsed());
     }
+}
+
+/// A task of `saga` was created (not an idempotent start that found it).
+#[inline]
+pub(crate) fn task_started(saga: &'static str) {
+    counter!(TASKS_STARTED, "saga" => saga).increment(1);
+}
+
+/// An operator sent a finished task of `saga` back to work (`action`:
+/// `compensation_retried`, `requeued`): it will count in
+/// `saga_tasks_finished_total` again when it ends again.
+#[inline]
+pub(crate) fn task_reopened(saga: &'static str, action: &'static str) {
+    counter!(TASKS_REOPENED, "saga" => saga, "action" => action).increment(1);
 }
 
 /// A task of `saga` was committed with terminal `status`.
@@ -148,6 +162,29 @@ pub(crate) async fn sample_queue(backend: &dyn Backend) {
     }
 }
 
+/// Samples how many tasks of each of `sagas` wait for an operator
+/// (`CompensationFailed`, `DeadLettered`) from `backend`: one round trip
+/// on Redis and PostgreSQL. Every saga gets a value, 0 included, so that a
+/// resolved backlog shows as 0 rather than as the last value seen.
+pub(crate) async fn sample_tasks(backend: &dyn Backend, sagas: &[&'static str]) {
+    const WAITING: [TaskStatus; 2] = [TaskStatus::CompensationFailed, TaskStatus::DeadLettered];
+    match backend.count_in_statuses(sagas, &WAITING).await {
+        Ok(counts) => {
+            for saga in sagas {
+                for status in WAITING {
+                    let n = counts
+                        .iter()
+                        .find(|(s, st, _)| s == saga && *st == status)
+                        .map_or(0, |(_, _, n)| *n);
+                    gauge!(TASKS_AWAITING_OPERATOR, "saga" => *saga, "status" => status_label(status))
+                        .set(n as f64);
+                }
+            }
+        }
+        Err(error) => tracing::debug!(%error, "sampling the tasks for metrics failed"),
+    }
+}
+
 /// Registers the `# HELP` text and unit of every metric above with the
 /// installed recorder. [`install`] calls it; call it yourself after
 /// installing another recorder.
@@ -174,7 +211,19 @@ pub fn describe() {
         "Compensation attempts started, retries included."
     );
     describe_counter!(COMPENSATION_FAILURES, "Compensation attempts that failed.");
-    describe_counter!(TASKS_FINISHED, "Tasks that reached a terminal status.");
+    describe_counter!(TASKS_STARTED, "Tasks created.");
+    describe_counter!(
+        TASKS_FINISHED,
+        "Tasks that reached a terminal status (a reopened task counts again when it ends again)."
+    );
+    describe_counter!(
+        TASKS_REOPENED,
+        "Finished tasks an operator sent back to work (compensation retried, dead letter requeued)."
+    );
+    describe_gauge!(
+        TASKS_AWAITING_OPERATOR,
+        "Retained tasks that wait for an operator, by status (deployment-wide; aggregate with max)."
+    );
     describe_counter!(BREAKER_TRANSITIONS, "Circuit-breaker state changes.");
     describe_counter!(DEAD_LETTERS, "Messages parked on a dead-letter queue.");
     describe_counter!(PROCESS_MESSAGES, "Process-manager messages, by outcome.");

@@ -6,43 +6,15 @@
 //! stored one.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-/// Identifies one task (one execution of a saga).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct TaskId(pub Uuid);
+mod id;
 
-impl TaskId {
-    /// A new random id.
-    pub fn new() -> Self {
-        TaskId(Uuid::new_v4())
-    }
-}
-
-impl Default for TaskId {
-    fn default() -> Self {
-        TaskId::new()
-    }
-}
-
-impl fmt::Display for TaskId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl FromStr for TaskId {
-    type Err = uuid::Error;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Uuid::parse_str(s).map(TaskId)
-    }
-}
+pub use id::{TaskId, TaskIdError};
 
 /// Wall-clock time in milliseconds since the Unix epoch.
 ///
@@ -305,7 +277,10 @@ pub enum AuditAction {
     /// A compensation failed for good. `details` holds step, error, trace id
     /// and attempt count as JSON.
     CompensationFailed,
-    /// Someone asked to cancel the task.
+    /// Someone asked to cancel the task. An operator's request
+    /// ([`Engine::cancel_by_operator`](crate::Engine::cancel_by_operator))
+    /// is recorded when it is made, with `details` holding who and why as
+    /// JSON; the entry with the trace id is the worker acting on it.
     CancellationRequested,
     /// The task's message went to the dead-letter queue.
     DeadLettered,
@@ -413,6 +388,13 @@ pub struct TaskInstance {
     /// of that definition; `None` in records written before fingerprints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
+    /// Whether that version is `#[cancellable]`, recorded at the start so
+    /// that an engine that does not run the saga (`sagactl`, a console's
+    /// own deployment) can still tell whether it may cancel the task;
+    /// `None` in records written before it was kept (about 19 bytes a
+    /// write: the record is rewritten by every step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancellable: Option<bool>,
     /// Where it is.
     pub status: TaskStatus,
     /// The saga's input, as JSON.
@@ -486,6 +468,7 @@ impl TaskInstance {
             saga: saga.to_owned(),
             saga_version: 1,
             fingerprint: None,
+            cancellable: None,
             status: TaskStatus::Pending,
             input,
             output: None,
@@ -604,6 +587,8 @@ pub struct StoredRecord<'a> {
     saga_version: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     fingerprint: &'a Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cancellable: Option<bool>,
     status: TaskStatus,
     input: &'a Value,
     output: &'a Option<Value>,
@@ -629,6 +614,7 @@ impl<'a> StoredRecord<'a> {
             saga,
             saga_version,
             fingerprint,
+            cancellable,
             status,
             input,
             output,
@@ -650,6 +636,7 @@ impl<'a> StoredRecord<'a> {
             saga,
             saga_version: *saga_version,
             fingerprint,
+            cancellable: *cancellable,
             status: *status,
             input,
             output,
@@ -743,5 +730,20 @@ mod tests {
         let back: TaskInstance = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
         assert_eq!(back, t);
         assert_eq!(t.id.to_string().parse::<TaskId>().unwrap(), t.id);
+    }
+
+    /// Whether a task may be cancelled is stored with it; a record written
+    /// before that was kept still loads, and says it does not know.
+    #[test]
+    fn the_stored_record_says_whether_the_task_is_cancellable() {
+        let mut t = TaskInstance::new("s", Value::Null, [("a".to_owned(), 1)]);
+        t.cancellable = Some(false);
+        let stored = StoredRecord::of(&t, t.updated_at, true).json().unwrap();
+        let back: TaskInstance = serde_json::from_str(&stored).unwrap();
+        assert_eq!(back.cancellable, Some(false));
+        let mut old: Value = serde_json::from_str(&stored).unwrap();
+        old.as_object_mut().unwrap().remove("cancellable");
+        let old: TaskInstance = serde_json::from_value(old).unwrap();
+        assert_eq!(old.cancellable, None);
     }
 }

@@ -4,8 +4,9 @@
 //! that left.
 //!
 //! One engine at a time does it, the one holding the `housekeeping` lease.
-//! Every engine samples the queue gauges on the same beat (feature
-//! `metrics`): one backend round trip, lease or not, from the first beat
+//! Every engine samples the queue gauges and the count of tasks waiting
+//! for an operator on the same beat (feature `metrics`): two backend round
+//! trips, lease or not, from the first beat
 //! on (not at start: many engines starting at once need not all look).
 
 use std::sync::Arc;
@@ -23,6 +24,8 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
             _ = tokio::time::sleep(every) => {}
         }
         crate::metrics::sample_queue(rt.backend.as_ref()).await;
+        let sagas: Vec<&'static str> = rt.sagas.latest().iter().map(|d| d.name).collect();
+        crate::metrics::sample_tasks(rt.backend.as_ref(), &sagas).await;
         match rt
             .leases()
             .named_lease("housekeeping", &token, lease_ttl)

@@ -69,6 +69,15 @@ impl ProcessStore for MemoryBackend {
         Ok(ids)
     }
 
+    async fn process_count(&self, process: &str) -> Result<usize, BackendError> {
+        let state = self.state();
+        Ok(state
+            .instances
+            .values()
+            .filter(|i| i.process == process)
+            .count())
+    }
+
     async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
         let state = self.state();
         let mut list: Vec<_> = state

@@ -13,7 +13,7 @@ use crate::backend::{
     BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
     TaskCommit, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
 };
-use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
+use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
 impl State {
     /// Why a write of `task` under `lease` must be refused, if it must:
@@ -92,6 +92,41 @@ impl State {
     }
 }
 
+impl MemoryBackend {
+    /// Records a cancellation request (and `entry` in the task's audit
+    /// log, as the log's own append: the task may be leased to a worker)
+    /// unless one stands; answers an earlier request's time.
+    fn cancel_request(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+        entry: Option<&AuditEntry>,
+    ) -> Option<Timestamp> {
+        {
+            let mut state = self.state();
+            if let Some((at, by)) = state.cancels.get(&id) {
+                return (by != token).then_some(*at);
+            }
+            // Nothing is recorded for a task that does not exist.
+            let task = state.tasks.get_mut(&id)?;
+            if let Some(entry) = entry {
+                task.audit_log.push(entry.clone());
+                let excess = task.audit_log.len().saturating_sub(AUDIT_LOG_CAP);
+                task.audit_log.drain(..excess);
+                task.audit_saved();
+            }
+            state
+                .cancels
+                .insert(id, (Timestamp::now(), token.to_owned()));
+            state.push_item(&WorkItem::Saga(wake.clone()), Duration::ZERO);
+        }
+        let _ = self.shared.cancels.send(id);
+        self.queue_changed();
+        None
+    }
+}
+
 #[async_trait]
 impl TaskStore for MemoryBackend {
     async fn create_task(
@@ -130,6 +165,16 @@ impl TaskStore for MemoryBackend {
         tasks.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
         tasks.truncate(query.limit);
         Ok(tasks)
+    }
+
+    async fn saga_names(&self) -> Result<Option<Vec<String>>, BackendError> {
+        let names: std::collections::BTreeSet<String> = self
+            .state()
+            .tasks
+            .values()
+            .map(|t| t.saga.clone())
+            .collect();
+        Ok(Some(names.into_iter().collect()))
     }
 
     async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
@@ -303,22 +348,17 @@ impl TaskStore for MemoryBackend {
         token: &str,
         wake: &QueueMessage,
     ) -> Result<Option<Timestamp>, BackendError> {
-        {
-            let mut state = self.state();
-            if let Some((at, by)) = state.cancels.get(&id) {
-                return Ok((by != token).then_some(*at));
-            }
-            if !state.tasks.contains_key(&id) {
-                return Ok(None);
-            }
-            state
-                .cancels
-                .insert(id, (Timestamp::now(), token.to_owned()));
-            state.push_item(&WorkItem::Saga(wake.clone()), Duration::ZERO);
-        }
-        let _ = self.shared.cancels.send(id);
-        self.queue_changed();
-        Ok(None)
+        Ok(self.cancel_request(id, token, wake, None))
+    }
+
+    async fn request_cancel_audited(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+        entry: &AuditEntry,
+    ) -> Result<Option<Timestamp>, BackendError> {
+        Ok(self.cancel_request(id, token, wake, Some(entry)))
     }
 
     async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {

@@ -38,6 +38,7 @@ macro_rules! sql {
 }
 
 mod breakers;
+mod cancel;
 mod dead_letters;
 mod endpoint;
 mod housekeeping;

@@ -377,6 +377,19 @@ impl ProcessStore for PostgresBackend {
         .map_err(failure)
     }
 
+    /// Counted on the primary key's index (`process` leads it).
+    async fn process_count(&self, process: &str) -> Result<usize, BackendError> {
+        let n: i64 = sqlx::query_scalar(sql!(
+            "SELECT count(*) FROM {} WHERE process = $1",
+            self.q("process_instances")
+        ))
+        .bind(process)
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
     async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
         self.instances_where(
             process,

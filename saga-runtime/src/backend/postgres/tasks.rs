@@ -15,7 +15,7 @@ use crate::backend::{
     QueueMessage, Settle, TaskCommit, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
 };
 use crate::model::task::{
-    StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
+    AuditEntry, StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
 };
 
 /// Milliseconds, as the functions take them.
@@ -224,6 +224,22 @@ impl TaskStore for PostgresBackend {
         Ok(tasks)
     }
 
+    async fn saga_names(&self) -> Result<Option<Vec<String>>, BackendError> {
+        let rows = sqlx::query(sql!(
+            "SELECT DISTINCT saga FROM {} \
+             WHERE expires_at IS NULL OR expires_at > clock_timestamp() ORDER BY saga",
+            self.q("tasks")
+        ))
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let names = rows
+            .iter()
+            .map(|row| row.try_get::<String, _>(0).map_err(corrupt))
+            .collect::<Result<_, _>>()?;
+        Ok(Some(names))
+    }
+
     async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
         let rows = sqlx::query(sql!(
             "SELECT status, count(*) FROM {} WHERE saga = $1 \
@@ -240,6 +256,36 @@ impl TaskStore for PostgresBackend {
             let n: i64 = row.try_get(1).map_err(corrupt)?;
             if let Some(status) = TaskStatus::ALL.into_iter().find(|s| s.as_str() == name) {
                 counts.push((status, usize::try_from(n).unwrap_or(0)));
+            }
+        }
+        Ok(counts)
+    }
+
+    /// One index-only count over `tasks_by_status` (saga and status lead
+    /// it), however many tasks the sagas keep in other statuses.
+    async fn count_in_statuses(
+        &self,
+        sagas: &[&str],
+        statuses: &[TaskStatus],
+    ) -> Result<Vec<(String, TaskStatus, usize)>, BackendError> {
+        let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
+        let rows = sqlx::query(sql!(
+            "SELECT saga, status, count(*) FROM {} WHERE saga = ANY($1) AND status = ANY($2) \
+             AND (expires_at IS NULL OR expires_at > clock_timestamp()) GROUP BY saga, status",
+            self.q("tasks")
+        ))
+        .bind(sagas)
+        .bind(&names)
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let mut counts = Vec::new();
+        for row in rows {
+            let saga: String = row.try_get(0).map_err(corrupt)?;
+            let name: String = row.try_get(1).map_err(corrupt)?;
+            let n: i64 = row.try_get(2).map_err(corrupt)?;
+            if let Some(status) = statuses.iter().find(|s| s.as_str() == name) {
+                counts.push((saga, *status, usize::try_from(n).unwrap_or(0)));
             }
         }
         Ok(counts)
@@ -410,19 +456,17 @@ impl TaskStore for PostgresBackend {
         token: &str,
         wake: &QueueMessage,
     ) -> Result<Option<Timestamp>, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT exists_, earlier_ms FROM {}($1, $2, $3, $4)",
-            self.q("request_cancel")
-        ))
-        .bind(id.0)
-        .bind(token)
-        .bind(i64::try_from(Timestamp::now().0).unwrap_or(i64::MAX))
-        .bind(WorkItem::Saga(wake.clone()).encode())
-        .fetch_one(self.pool_ref())
-        .await
-        .map_err(failure)?;
-        let earlier: Option<i64> = row.try_get(1).map_err(corrupt)?;
-        Ok(earlier.map(|t| Timestamp(u64::try_from(t).unwrap_or(0))))
+        self.cancel_request(id, token, wake, None).await
+    }
+
+    async fn request_cancel_audited(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+        entry: &AuditEntry,
+    ) -> Result<Option<Timestamp>, BackendError> {
+        self.cancel_request(id, token, wake, Some(entry)).await
     }
 
     async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {

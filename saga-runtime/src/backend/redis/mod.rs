@@ -54,6 +54,7 @@
 //!   script against a real redis-server).
 
 mod breakers;
+mod cancel;
 mod config;
 mod dead_letters;
 mod endpoint;
@@ -62,6 +63,7 @@ mod finished;
 mod housekeeping;
 mod keys;
 mod leases;
+mod names;
 mod partitions;
 mod primary;
 mod process;

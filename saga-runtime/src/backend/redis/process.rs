@@ -218,6 +218,21 @@ impl ProcessStore for RedisBackend {
         Ok(Page { items, next })
     }
 
+    /// The sizes of the partitions' instance sets, in one round trip.
+    async fn process_count(&self, process: &str) -> Result<usize, BackendError> {
+        let k = self.keys();
+        let cmds = k
+            .pm_parts()
+            .into_iter()
+            .map(|part| redis::cmd("SCARD").arg(k.instances(process, part)).clone())
+            .collect();
+        let mut count = 0;
+        for size in self.query_each(cmds).await? {
+            count += redis::from_redis_value_ref::<usize>(&size).map_err(corrupt)?;
+        }
+        Ok(count)
+    }
+
     async fn process_commit(
         &self,
         process: &str,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::stream::{BoxStream, StreamExt};
+use futures::stream::BoxStream;
 use redis::Value;
 use uuid::Uuid;
 
@@ -16,15 +16,10 @@ use crate::backend::{
     WorkItem,
 };
 use crate::model::task::{
-    StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
+    AuditEntry, StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
 };
 
-/// A stored cancellation flag (`<ms>|<token>`; plain `<ms>` is accepted).
-pub(super) fn cancel_time(stored: Option<String>) -> Option<Timestamp> {
-    let stored = stored?;
-    let ms = stored.split('|').next()?;
-    ms.parse().ok().map(Timestamp)
-}
+pub(super) use super::cancel::cancel_time;
 
 /// A task from its record alone, without the audit log: what a worker
 /// needs (it only appends to the log). A record written before the log had
@@ -304,6 +299,10 @@ impl TaskStore for RedisBackend {
         Ok(tasks)
     }
 
+    async fn saga_names(&self) -> Result<Option<Vec<String>>, BackendError> {
+        self.scan_saga_names().await.map(Some)
+    }
+
     /// The sizes of the per-status indexes of every partition, in one
     /// pipelined round trip.
     async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
@@ -330,6 +329,46 @@ impl TaskStore for RedisBackend {
             .zip(per_status)
             .map(|(status, sizes)| (status, sizes.iter().sum()))
             .filter(|(_, n)| *n > 0)
+            .collect())
+    }
+
+    /// The sizes of the asked-for per-status indexes of every partition,
+    /// in one pipelined round trip.
+    async fn count_in_statuses(
+        &self,
+        sagas: &[&str],
+        statuses: &[TaskStatus],
+    ) -> Result<Vec<(String, TaskStatus, usize)>, BackendError> {
+        let k = self.keys();
+        let mut cmds = Vec::new();
+        let mut cells = Vec::new();
+        for saga in sagas {
+            for status in statuses {
+                for p in 0..k.partitions() {
+                    cmds.push(
+                        redis::cmd("ZCARD")
+                            .arg(k.index(p, saga, Some(*status)))
+                            .clone(),
+                    );
+                }
+                cells.push(((*saga).to_owned(), *status));
+            }
+        }
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sizes: Vec<usize> = self
+            .query_each(cmds)
+            .await?
+            .iter()
+            .map(|v| redis::from_redis_value_ref(v).map_err(corrupt))
+            .collect::<Result<_, _>>()?;
+        let per_cell = sizes.chunks(usize::from(k.partitions()).max(1));
+        Ok(cells
+            .into_iter()
+            .zip(per_cell)
+            .map(|((saga, status), sizes)| (saga, status, sizes.iter().sum()))
+            .filter(|(_, _, n)| *n > 0)
             .collect())
     }
 
@@ -588,20 +627,17 @@ impl TaskStore for RedisBackend {
         token: &str,
         wake: &QueueMessage,
     ) -> Result<Option<Timestamp>, BackendError> {
-        let k = self.keys();
-        let previous = self
-            .call(&s::Cancel {
-                cancel: k.cancel(id),
-                task: k.task(id),
-                queue: k.queue(k.partition_of(id)),
-                at_ms: Timestamp::now().0,
-                token,
-                channel: k.cancel_channel(),
-                id: id.to_string(),
-                wake: WorkItem::Saga(wake.clone()).encode(),
-            })
-            .await?;
-        Ok(cancel_time(previous))
+        self.cancel_request(id, token, wake, None).await
+    }
+
+    async fn request_cancel_audited(
+        &self,
+        id: TaskId,
+        token: &str,
+        wake: &QueueMessage,
+        entry: &AuditEntry,
+    ) -> Result<Option<Timestamp>, BackendError> {
+        self.cancel_request(id, token, wake, Some(entry)).await
     }
 
     async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
@@ -622,50 +658,7 @@ impl TaskStore for RedisBackend {
     }
 
     async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let server = self.shared.server.clone();
-        let channel = self.keys().cancel_channel();
-        // Resubscribes after a disconnect; ends when the receiver is dropped.
-        tokio::spawn(async move {
-            loop {
-                // Connected afresh on every attempt: the primary may have
-                // moved, a cluster node may have died.
-                match server.pubsub().await {
-                    Ok(mut pubsub) => {
-                        if pubsub.subscribe(&channel).await.is_ok() {
-                            let mut messages = pubsub.on_message();
-                            loop {
-                                // The receiver gone (the engine stopped),
-                                // this task ends at once: it holds the
-                                // server, whose sentinel poller lives as
-                                // long as anything does.
-                                let msg = tokio::select! {
-                                    msg = messages.next() => msg,
-                                    _ = tx.closed() => return,
-                                };
-                                let Some(msg) = msg else { break };
-                                let Ok(text) = msg.get_payload::<String>() else {
-                                    continue;
-                                };
-                                if let Ok(id) = text.parse::<TaskId>() {
-                                    if tx.send(id).is_err() {
-                                        return;
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        tracing::debug!(%error, "cancellation subscription failed; retrying")
-                    }
-                }
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                }
-            }
-        });
-        Ok(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed())
+        Ok(self.cancellation_stream())
     }
 }
 

@@ -671,4 +671,17 @@ pub async fn paged_listing_by_status_and_time(b: Arc<dyn Backend>) {
     window.created_from = Some(Timestamp(base + 1));
     window.created_to = Some(Timestamp(base + 3));
     assert_eq!(b.list_tasks(&window).await.unwrap().len(), 3);
+
+    // Counts per status, all of them and only those asked for (the
+    // metrics' gauge of tasks waiting for an operator).
+    let mut counts = b.count_tasks("p").await.unwrap();
+    counts.retain(|(_, n)| *n > 0);
+    counts.sort_by_key(|(s, _)| s.as_str());
+    assert_eq!(counts, [(TaskStatus::Pending, 5), (TaskStatus::Running, 2)]);
+    let some = b
+        .count_in_statuses(&["p", "none"], &[TaskStatus::Running, TaskStatus::Failed])
+        .await
+        .unwrap();
+    let some: Vec<_> = some.into_iter().filter(|(_, _, n)| *n > 0).collect();
+    assert_eq!(some, [("p".to_owned(), TaskStatus::Running, 2)]);
 }

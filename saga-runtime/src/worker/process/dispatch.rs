@@ -148,6 +148,11 @@ fn write_of<'c>(
     batch: &'c [Joined],
 ) -> ProcessCommit<'c> {
     let fx = std::mem::take(&mut commit.effects);
+    // Stamped here, for every store alike: the record says when it was
+    // last written (its completion included), not when it was loaded.
+    if let Some(instance) = commit.instance.as_mut() {
+        instance.updated_at = Timestamp::now();
+    }
     let commit: &'c Commit = commit;
     ProcessCommit {
         instance: commit.instance.as_ref(),

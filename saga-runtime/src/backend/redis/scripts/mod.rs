@@ -149,7 +149,7 @@ scripts! {
     COMMIT = "commit" with "refusals", "time", "settle", "audit", "check";
     HEARTBEAT = "heartbeat";
     UNLOCK = "unlock";
-    CANCEL = "cancel";
+    CANCEL = "cancel" with "audit";
     ACK = "ack" with "settle";
     RELEASE = "release" with "time";
     TAKE = "take" with "route";

@@ -475,6 +475,10 @@ pub(crate) struct Cancel<'a> {
     pub channel: String,
     pub id: String,
     pub wake: String,
+    pub audit: String,
+    pub audit_cap: usize,
+    /// Who asked and why, as JSON (none: only the request is recorded).
+    pub audit_entries: Vec<String>,
 }
 
 impl Call for Cancel<'_> {
@@ -489,11 +493,16 @@ impl Call for Cancel<'_> {
         call.key(&self.cancel)
             .key(&self.task)
             .key(&self.queue)
+            .key(&self.audit)
             .arg(self.at_ms)
             .arg(self.token)
             .arg(&self.channel)
             .arg(&self.id)
-            .arg(&self.wake);
+            .arg(&self.wake)
+            .arg(self.audit_cap);
+        for entry in &self.audit_entries {
+            call.arg(entry);
+        }
     }
 
     fn decode(reply: Value) -> Result<Self::Reply, BackendError> {

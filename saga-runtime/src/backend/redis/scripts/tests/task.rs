@@ -531,6 +531,9 @@ async fn cancel_records_a_request_once() {
         channel: k.cancel_channel(),
         id: id().to_string(),
         wake: "wake".to_owned(),
+        audit: k.audit(id()),
+        audit_cap: 1000,
+        audit_entries: vec![format!("{{\"token\":\"{token}\"}}")],
     };
     // No task: nothing recorded.
     assert_eq!(f.call(&cancel(100, "a")).await.unwrap(), None);
@@ -551,4 +554,8 @@ async fn cancel_records_a_request_once() {
     assert_eq!(flag.as_deref(), Some("100|a"));
     let len: u64 = f.cmd(&["XLEN", &k.queue(0)]).await;
     assert_eq!(len, 2, "the first message and one wake-up");
+    // Who asked is appended once, with the request that was recorded.
+    let audit: Vec<String> = f.cmd(&["LRANGE", &k.audit(id()), "0", "-1"]).await;
+    let asked: Vec<&String> = audit.iter().filter(|e| e.contains("token")).collect();
+    assert_eq!(asked, [&"{\"token\":\"a\"}".to_owned()], "{audit:?}");
 }
