@@ -5,7 +5,14 @@
 //! ```text
 //! cargo run --release --example bench_redis [-- TASKS] [--peer PATH]
 //! cargo run --release --example bench_redis -- TASKS --only 4x16   # one run, for a profiler
+//! cargo run --release --example bench_redis -- TASKS --only 4x16 --durability replicated
 //! ```
+//!
+//! `--durability primary|replicated|fsynced` sets `RedisConfig::durability`
+//! for every engine of the run: `replicated` starts a local replica and
+//! waits for it (`WAIT 1`), `fsynced` turns the primary's append-only file
+//! on (`appendfsync always`) and waits for its disk (`WAITAOF 1 0`, Redis
+//! 7.2 or later: an older server refuses the level at connect).
 //!
 //! Prints, in one run:
 //! - Redis round trips per step in the steady state (counted with
@@ -30,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::backend::redis::{Durability, RedisBackend, RedisConfig};
 use saga_runtime::backend::Partitions;
 use saga_runtime::prelude::*;
 use saga_runtime::{StepStatus, TaskInstance};
@@ -63,16 +70,34 @@ async fn engine(url: &str, done: &Arc<AtomicU64>, workers: usize) -> Engine {
 async fn engine_batched(url: &str, done: &Arc<AtomicU64>, workers: usize, batch: usize) -> Engine {
     let config = RedisConfig {
         block: Duration::from_millis(100),
+        durability: durability(),
         ..RedisConfig::default()
     };
+    let backend = match RedisBackend::connect_with(url, config).await {
+        Ok(backend) => backend,
+        Err(error) => {
+            eprintln!(
+                "connecting at durability {:?} failed: {error}",
+                durability()
+            );
+            std::process::exit(2);
+        }
+    };
     Engine::builder()
-        .backend(RedisBackend::connect_with(url, config).await.unwrap())
+        .backend(backend)
         .saga(NoOp { done: done.clone() })
         .workers(workers)
         .worker_concurrency(batch)
         .build()
         .await
         .unwrap()
+}
+
+/// The level `--durability` chose (default: the primary's acknowledgement).
+static DURABILITY: std::sync::OnceLock<Durability> = std::sync::OnceLock::new();
+
+fn durability() -> Durability {
+    DURABILITY.get().copied().unwrap_or_default()
 }
 
 /// CPU time this process has used (user + system), from `/proc/self/stat`
@@ -347,6 +372,7 @@ async fn run_process(
         async move {
             let config = RedisConfig {
                 block: Duration::from_millis(100),
+                durability: durability(),
                 ..RedisConfig::default()
             };
             Engine::builder()
@@ -541,9 +567,53 @@ async fn main() {
         .and_then(|i| args.get(i + 1))
         .cloned();
     let tasks: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(3000);
-    let redis = redis_server::TestRedis::start_with_aof(false);
+    let level = args
+        .iter()
+        .position(|a| a == "--durability")
+        .map(|i| args.get(i + 1).map(String::as_str).unwrap_or(""));
+    let timeout = Duration::from_secs(1);
+    let level = match level {
+        None | Some("primary") => Durability::Primary,
+        Some("replicated") => Durability::Replicated {
+            replicas: 1,
+            timeout,
+        },
+        Some("fsynced") => Durability::Fsynced {
+            replicas: 0,
+            timeout,
+        },
+        Some(other) => panic!("--durability primary|replicated|fsynced, not `{other}`"),
+    };
+    let _ = DURABILITY.set(level);
+    let redis =
+        redis_server::TestRedis::start_with_aof(matches!(level, Durability::Fsynced { .. }));
     let url = redis.url();
     let port = redis.port();
+    // `--durability replicated`: a local replica, in sync before the runs.
+    let _replica = matches!(level, Durability::Replicated { .. }).then(|| {
+        let replica = redis_server::TestRedis::start_with_aof(false);
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(port)
+            .query(&mut replica.conn())
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut redis.conn())
+                .unwrap();
+            if info.contains("state=online") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        replica
+    });
+    if level != Durability::Primary {
+        println!("durability: {level:?}");
+    }
     // `--only WxC`: one throughput run (W workers of concurrency C), for
     // a profiler.
     if let Some(only) = args

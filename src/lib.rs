@@ -6,6 +6,8 @@
 pub mod batch;
 #[doc(hidden)]
 pub mod chaos;
+#[doc(hidden)]
+pub mod crashy;
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

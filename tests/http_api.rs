@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::http_client::Client;
-use common::ops_sagas::{Fine, Gate, Parked, Remind, Reminders, Stuck};
+use common::ops_sagas::{Fine, Gate, Hold, Parked, Remind, Reminders, Stuck};
 use common::redis_server::TestRedis;
 use saga_runtime::http::{router, Api};
 use saga_runtime::prelude::*;
@@ -32,31 +32,6 @@ impl Once {
             return Err(StepError::transient("flaky"));
         }
         Ok(n)
-    }
-}
-
-/// Holds its task `Running` in step 2 until it is cancelled.
-struct Hold;
-
-#[cancellable]
-#[saga(name = "hold")]
-impl Hold {
-    #[saga_step(1)]
-    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n)
-    }
-
-    #[compensate(reserve)]
-    async fn release(&self, _n: u32) -> Result<(), StepError> {
-        Ok(())
-    }
-
-    #[saga_step(2)]
-    async fn wait(&self, n: u32, ctx: &StepContext) -> Result<u32, StepError> {
-        tokio::select! {
-            _ = ctx.cancelled() => Err(StepError::permanent("cancelled while waiting")),
-            _ = tokio::time::sleep(Duration::from_secs(600)) => Ok(n),
-        }
     }
 }
 

@@ -11,38 +11,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::ops_sagas::{Remind, Reminders, Stuck};
+use common::ops_sagas::{Hold, Remind, Reminders, Stuck};
 use common::postgres_server::TestPostgres;
 use common::redis_server::TestRedis;
 use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::prelude::*;
 use saga_runtime::{AuditAction, Error, Intervention};
 use serde_json::Value;
-
-/// Holds its task `Running` in step 2 until it is cancelled.
-struct Hold;
-
-#[cancellable]
-#[saga(name = "hold")]
-impl Hold {
-    #[saga_step(1)]
-    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n)
-    }
-
-    #[compensate(reserve)]
-    async fn release(&self, _n: u32) -> Result<(), StepError> {
-        Ok(())
-    }
-
-    #[saga_step(2)]
-    async fn wait(&self, n: u32, ctx: &StepContext) -> Result<u32, StepError> {
-        tokio::select! {
-            _ = ctx.cancelled() => Err(StepError::permanent("cancelled while waiting")),
-            _ = tokio::time::sleep(Duration::from_secs(600)) => Ok(n),
-        }
-    }
-}
 
 /// Not `#[cancellable]`: runs until `open` is set.
 struct Plain {

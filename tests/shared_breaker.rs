@@ -141,3 +141,142 @@ async fn a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finis
         );
     }
 }
+
+/// A two-step saga behind a shared breaker that parks tasks, with
+/// `max_retries = 3`: an exhausted `send` compensates `hold`, which
+/// counts in `undone`.
+struct Hold {
+    service: Arc<Service>,
+    undone: Arc<std::sync::atomic::AtomicUsize>,
+    engine: &'static str,
+}
+
+#[saga(name = "hold")]
+impl Hold {
+    #[saga_step(1)]
+    async fn hold(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(hold)]
+    async fn unhold(&self, _n: u32) -> Result<(), StepError> {
+        self.undone.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    #[saga_step(2)]
+    #[retry_policy(max_retries = 3, backoff = constant, base_delay_ms = 50)]
+    #[circuit_breaker(failure_threshold = 3, duration_secs = 1, scope = shared, when_open = wait)]
+    async fn send(&self, n: u32) -> Result<u32, StepError> {
+        let up = self.service.up.load(Ordering::SeqCst);
+        self.service
+            .calls
+            .lock()
+            .unwrap()
+            .push((Instant::now(), self.engine, up));
+        if up {
+            Ok(n)
+        } else {
+            Err(StepError::transient("connection refused"))
+        }
+    }
+}
+
+async fn hold_engine(
+    redis: &TestRedis,
+    service: &Arc<Service>,
+    undone: &Arc<std::sync::atomic::AtomicUsize>,
+    name: &'static str,
+) -> Engine {
+    let config = RedisConfig {
+        block: Duration::from_millis(50),
+        ..RedisConfig::default()
+    };
+    Engine::builder()
+        .backend(
+            RedisBackend::connect_with(&redis.url(), config)
+                .await
+                .unwrap(),
+        )
+        .saga(Hold {
+            service: service.clone(),
+            undone: undone.clone(),
+            engine: name,
+        })
+        .timeout_poll_interval(Duration::from_millis(20))
+        .worker_concurrency(4)
+        .workers(1)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Issue 23's outage on a real redis-server, across two engines sharing
+/// the breaker: 1 s breaks, `max_retries = 3`, 10 tasks, the dependency
+/// down for 6 s (six breaks, each probed). A failed probe costs its task
+/// nothing, so nothing is compensated and every task completes once the
+/// dependency is back, having spent only the attempts it made while the
+/// breaker was closed. Before, each probe spent a retry of the task that
+/// made it and the tasks that probed most were compensated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_outage_behind_a_shared_waiting_breaker_compensates_nothing() {
+    let redis = TestRedis::start();
+    let service = Arc::new(Service::default());
+    let undone = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let a = hold_engine(&redis, &service, &undone, "a").await;
+    let b = hold_engine(&redis, &service, &undone, "b").await;
+    let mut ids = Vec::new();
+    for n in 0..10 {
+        let engine = if n % 2 == 0 { &a } else { &b };
+        ids.push(engine.start::<Hold>(n).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    service.up.store(true, Ordering::SeqCst);
+    let down = service
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| !c.2)
+        .count();
+    let (mut probed, mut counted) = (0, 0);
+    for id in &ids {
+        let Ok(task) = tokio::time::timeout(Duration::from_secs(20), a.wait(*id)).await else {
+            panic!(
+                "every parked task finishes: {:#?}",
+                a.task(*id).await.unwrap()
+            );
+        };
+        let task = task.unwrap();
+        assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
+        let rec = &task.steps[1];
+        let free = task
+            .audit_log
+            .iter()
+            .filter(|e| {
+                e.details
+                    .as_deref()
+                    .is_some_and(|d| d.contains("probe failed"))
+            })
+            .count() as u32;
+        probed += free as usize;
+        counted += (rec.attempt_count - rec.retry_base - 1) as usize;
+        assert_eq!(
+            rec.attempt_count - rec.retry_base,
+            rec.attempt_count - free,
+            "failed probes are recorded and not counted: {task:#?}"
+        );
+        assert!(
+            rec.attempt_count - rec.retry_base <= 3,
+            "only calls through the closed breaker were counted: {task:#?}"
+        );
+    }
+    eprintln!("{down} calls while down: {counted} counted, {probed} failed probes");
+    assert_eq!(undone.load(Ordering::SeqCst), 0, "nothing was undone");
+    assert_eq!(
+        counted + probed,
+        down,
+        "each call while down is one or the other"
+    );
+    assert!(probed >= 3, "the outage was probed: {probed} of {down}");
+}

@@ -15,7 +15,10 @@
 //! `when_open = wait`, a task that meets the open breaker is not failed: it
 //! is parked durably (a scheduled message; no worker, no lease, no retry
 //! spent) until the break ends, spread over part of the break so the tasks
-//! come back gradually.
+//! come back gradually; and a failed half-open probe costs the task that
+//! made it no retry either (it is recorded, and the task parked again), so
+//! an outage of any length compensates nothing. Calls through a closed
+//! breaker count as usual.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -53,7 +56,7 @@ pub enum WhenOpen {
     #[default]
     Fail,
     /// The task is parked until the break ends, then tries again; no retry
-    /// is spent.
+    /// is spent, not even by a failed half-open probe.
     Wait,
 }
 

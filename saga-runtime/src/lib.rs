@@ -60,8 +60,10 @@
 //!   in-memory backend and, with the `redis` feature, `backend::redis`;
 //! - [`process`]: process managers, with [`process::tally`] for fan-in;
 //!   [`endpoint`]: the messages they send to other services, and
-//!   [`Engine::consumer`] to receive them; [`testing`]: `ProcessTest` and,
-//!   with the `conformance` feature, the backend conformance suite;
+//!   [`Engine::consumer`] to receive them; [`testing`]: `ProcessTest`,
+//!   `FaultKit` (your saga under seeded crashes, duplicates and
+//!   cancellations) and, with the `conformance` feature, the backend
+//!   conformance suite;
 //! - `http` (feature `http`): axum routes to inspect and cancel tasks;
 //! - `metrics` (feature `metrics`): Prometheus metrics, and with `http` the
 //!   `GET /metrics` route.

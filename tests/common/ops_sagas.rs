@@ -112,3 +112,28 @@ impl Reminders {
         Ok(())
     }
 }
+
+/// Holds its task `Running` in step 2 until it is cancelled.
+pub struct Hold;
+
+#[cancellable]
+#[saga(name = "hold")]
+impl Hold {
+    #[saga_step(1)]
+    async fn reserve(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(reserve)]
+    async fn release(&self, _n: u32) -> Result<(), StepError> {
+        Ok(())
+    }
+
+    #[saga_step(2)]
+    async fn wait(&self, n: u32, ctx: &StepContext) -> Result<u32, StepError> {
+        tokio::select! {
+            _ = ctx.cancelled() => Err(StepError::permanent("cancelled while waiting")),
+            _ = tokio::time::sleep(Duration::from_secs(600)) => Ok(n),
+        }
+    }
+}

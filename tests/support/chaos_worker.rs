@@ -11,7 +11,9 @@
 //! `MAX_WORK_MS` (20), `FAILURE_RATE` (0.1), `RECORD` (1), `POISON` (an
 //! input whose steps abort the process), `MAX_DELIVERIES` (10),
 //! `TIMER_POLL_MS` (20), `HOUSEKEEPING_MS` (30000), `IDLE_CONSUMER_MS`
-//! (600000), `POLL_MS` (PostgreSQL's idle poll, 100).
+//! (600000), `POLL_MS` (PostgreSQL's idle poll, 100), `PROCESS` (1: also
+//! run the `crashy` process manager), `PM_POISON` (an input whose handler
+//! aborts the process).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,6 +97,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .housekeeping_interval(Duration::from_millis(env("HOUSEKEEPING_MS", 30_000)))
         .idle_consumer_timeout(Duration::from_millis(env("IDLE_CONSUMER_MS", 600_000)))
         .workers(0);
+    // `PROCESS=1`: also the `crashy` process manager, whose handler aborts
+    // the process on the input `PM_POISON`.
+    if env("PROCESS", 0) == 1 {
+        builder = builder.process_manager(sagas::crashy::Crashy {
+            poison: std::env::var("PM_POISON").ok().and_then(|v| v.parse().ok()),
+        });
+    }
     if let Some(ttl) = env_ms("LOCK_TTL_MS") {
         builder = builder.lock_ttl(ttl);
     }

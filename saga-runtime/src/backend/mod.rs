@@ -70,6 +70,7 @@ pub use endpoint::{EndpointDelivery, Endpoints};
 pub use error::{BackendError, BackendErrorKind, SourceError};
 pub use housekeeping::{Housekeeping, Housekept, Retention};
 pub use leases::Leases;
+pub(crate) use partitions::{saga_runs, saga_steps_run, saga_version_run};
 pub use partitions::{ForwardTo, Partitions};
 pub use process::{Batched, ProcessCommit, ProcessRefusal, ProcessStore, ProcessWrite};
 pub use queue::{

@@ -243,6 +243,8 @@ impl EngineBuilder {
     pub async fn build(self) -> Result<Engine, Error> {
         self.check()?;
         let sagas = SagaRegistry::new(self.sagas)?;
+        // The only saga names a record may turn into a metrics label.
+        crate::metrics::register_sagas(sagas.latest().iter().map(|d| d.name));
         let mut processes = HashMap::new();
         let mut routes: HashMap<&'static str, Vec<&'static str>> = HashMap::new();
         for pm in self.processes {

@@ -7,11 +7,10 @@
 //! is created, so a start whose reply was lost finds its own task on the
 //! retry instead of creating a second one.
 
-use std::future::Future;
 use std::time::Duration;
 
 use super::{CancelResult, Engine};
-use crate::backend::{BackendError, Created, QueueMessage, TaskCursor, TaskQuery};
+use crate::backend::{Created, QueueMessage, TaskCursor, TaskQuery};
 use crate::error::Error;
 use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 use crate::saga::{Saga, SagaDefinition};
@@ -36,6 +35,9 @@ pub struct TaskFilter {
     pub cursor: Option<String>,
     /// Page size (default 50, at most 1000).
     pub limit: usize,
+    /// The most tasks one call reads from the store to fill a page
+    /// filtered by step or error text (default [`TASK_SCAN_LIMIT`]).
+    pub scan_limit: Option<usize>,
 }
 
 impl TaskFilter {
@@ -84,6 +86,15 @@ impl TaskFilter {
     /// At most `n` tasks per page.
     pub fn limit(mut self, n: usize) -> Self {
         self.limit = n;
+        self
+    }
+
+    /// Reads at most `n` tasks from the store per call when filtering by
+    /// step or error text (at least one page of the store's index is read
+    /// per saga): a short page with a `next` cursor says to go on. An
+    /// HTTP API caps what one anonymous request can make the store send.
+    pub fn scan_limit(mut self, n: usize) -> Self {
+        self.scan_limit = Some(n);
         self
     }
 
@@ -144,20 +155,6 @@ pub(super) fn keyed_id(saga: &str, key: &str) -> TaskId {
 }
 
 impl Engine {
-    /// Runs `call` until it succeeds, fails for good, or the backend stayed
-    /// unreachable for the whole client retry policy.
-    pub(crate) async fn retrying<T, F, Fut>(
-        &self,
-        operation: &'static str,
-        call: F,
-    ) -> Result<T, Error>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, BackendError>>,
-    {
-        self.rt.retrying(operation, call).await
-    }
-
     /// Starts a task of saga `S`; returns at once with its id.
     pub async fn start<S: Saga>(&self, input: S::Input) -> Result<TaskId, Error> {
         let task = self.new_task::<S>(TaskId::new(), &input)?;
@@ -278,22 +275,34 @@ impl Engine {
     ///
     /// Saga, status and creation time are indexed. Step and error text
     /// are checked on the tasks read: such a page reads at most
-    /// 5,000 tasks (`TASK_SCAN_LIMIT`) and may come back with fewer than the
-    /// limit and a `next` cursor to continue the search from.
+    /// [`TaskFilter::scan_limit`] tasks (5,000, `TASK_SCAN_LIMIT`, by
+    /// default) and may come back with fewer than the limit and a `next`
+    /// cursor to continue the search from.
     pub async fn tasks(&self, filter: TaskFilter) -> Result<TaskPage, Error> {
         let limit = filter.page_size();
         if !filter.scans() {
-            return self
+            let (page, _) = self
                 .indexed_tasks(&filter, filter.cursor.as_deref(), limit)
-                .await;
+                .await?;
+            return Ok(page);
         }
+        let budget = filter.scan_limit.unwrap_or(TASK_SCAN_LIMIT).max(1);
+        let sagas = match filter.saga {
+            Some(_) => 1,
+            None => self.sagas().len().max(1),
+        };
         let mut found = Vec::new();
         let mut cursor = filter.cursor.clone();
         let mut scanned = 0;
         loop {
-            let page = self.indexed_tasks(&filter, cursor.as_deref(), 200).await?;
+            // Each saga's index gives up to `chunk + 1` tasks: the budget
+            // counts every task read, kept or not.
+            let chunk = (budget.saturating_sub(scanned) / sagas).clamp(1, 200);
+            let (page, read) = self
+                .indexed_tasks(&filter, cursor.as_deref(), chunk)
+                .await?;
+            scanned += read;
             for task in page.tasks {
-                scanned += 1;
                 cursor = Some(TaskCursor::after(&task).to_string());
                 if filter.keeps(&task) {
                     found.push(task);
@@ -311,7 +320,7 @@ impl Engine {
                     next: None,
                 });
             }
-            if scanned >= TASK_SCAN_LIMIT {
+            if scanned >= budget {
                 return Ok(TaskPage {
                     tasks: found,
                     next: cursor,
@@ -320,13 +329,14 @@ impl Engine {
         }
     }
 
-    /// A page of the tasks the store's indexes select.
+    /// A page of the tasks the store's indexes select, and how many tasks
+    /// were read from the store to make it.
     async fn indexed_tasks(
         &self,
         filter: &TaskFilter,
         cursor: Option<&str>,
         limit: usize,
-    ) -> Result<TaskPage, Error> {
+    ) -> Result<(TaskPage, usize), Error> {
         let after = cursor
             .map(|c| c.parse::<TaskCursor>().map_err(Error::InvalidCursor))
             .transpose()?;
@@ -349,13 +359,14 @@ impl Engine {
                 .await?;
             tasks.extend(page);
         }
+        let read = tasks.len();
         tasks.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
         let more = tasks.len() > limit;
         tasks.truncate(limit);
         let next = more
             .then(|| tasks.last().map(|t| TaskCursor::after(t).to_string()))
             .flatten();
-        Ok(TaskPage { tasks, next })
+        Ok((TaskPage { tasks, next }, read))
     }
 
     /// Every retained task of the saga named `saga`, oldest first (read in

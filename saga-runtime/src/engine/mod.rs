@@ -3,6 +3,8 @@
 //!
 //! The façade: every `impl Engine` is here; what runs is `worker`'s.
 //!
+//! - `budget`: a handle whose calls give up on an unreachable backend
+//!   after a short budget (the HTTP API's);
 //! - `builder`: [`EngineBuilder`], registration and settings;
 //! - `consumer`: [`Consumer`], an endpoint's consumer as configured;
 //! - `client`: starting, waiting, listing, cancelling (riding out transient
@@ -14,6 +16,7 @@
 //! - `watch`: a task's progress as a stream of events;
 //! - `lifecycle`: the workers and background duties of this process.
 
+mod budget;
 mod builder;
 mod client;
 mod consumer;
@@ -91,6 +94,10 @@ impl Drop for Owner {
 #[derive(Clone)]
 pub struct Engine {
     pub(crate) rt: Arc<Runtime>,
+    /// How long this handle's calls keep retrying an unreachable backend,
+    /// when shorter than the client retry policy (see
+    /// [`with_retry_budget`](Self::with_retry_budget)).
+    budget: Option<std::time::Duration>,
     _owner: Arc<Owner>,
 }
 
@@ -112,6 +119,7 @@ impl Engine {
         let owner = Owner(rt.shutdown.clone());
         Engine {
             rt,
+            budget: None,
             _owner: Arc::new(owner),
         }
     }

@@ -19,9 +19,9 @@
 //! |---|---|
 //! | `GET /api/overview` | task counts by saga and status, dead letters, process managers |
 //! | `GET /api/sagas` | each saga's name, version, steps, whether cancellable |
-//! | `GET /api/tasks?saga=&status=&step=&error=&from=&to=&cursor=&limit=` | a page of tasks, newest first |
+//! | `GET /api/tasks?saga=&status=&step=&error=&from=&to=&cursor=&limit=` | a page of tasks, newest first (filtered by `step` or `error`, a page reads at most [`Api::scan_limit`] tasks and may come back short, with a `next` cursor) |
 //! | `GET /api/tasks/{id}` | the task: steps, attempts, errors, audit log, trace id |
-//! | `GET /api/tasks/{id}/events` | its progress as server-sent events, until it finishes (at most [`Api::max_watchers`] streams open at once) |
+//! | `GET /api/tasks/{id}/events` | its progress as server-sent events, until it finishes (at most [`Api::max_watchers`] streams open at once, a quarter of them kept for operators, and [`Api::max_watchers_per_client`] per reader's address) |
 //! | `POST /api/sagas/{saga}/tasks` `{"input":..,"key":..}` | starts a task (201 `{"id":..}`) |
 //! | `POST /api/tasks/{id}/cancel` `{"note":..}` (body optional) | cancels it, recording who and why: `result` `Cancelled` or `AlreadyCancelled` (200), `NotFound` (404), `AlreadyCompleted` or `NotCancellable` (409, with the task's `status`) |
 //! | `POST /api/tasks/{id}/resolve` `{"note":..}` | marks it resolved by hand |
@@ -44,7 +44,9 @@
 //! Errors are JSON everywhere: `{"error": "...", "code": "not_found"}`
 //! (`bad_request`, `unauthorized`, `read_only`, `cross_origin`,
 //! `conflict`, `invalid_input`, `unsupported_media_type`, `too_many_watchers`, `unavailable`,
-//! `internal`). An unknown saga, process
+//! `internal`). A store that stays unreachable for
+//! [`Api::retry_budget`] (5 s) answers 503 `unavailable`, saying what could
+//! not be done, not why (the reason is logged). An unknown saga, process
 //! manager, task or dead letter answers 404 alike.
 
 mod access;
@@ -54,6 +56,7 @@ mod legacy;
 mod processes;
 mod reply;
 mod tasks;
+mod watchers;
 
 use std::sync::Arc;
 
@@ -67,6 +70,7 @@ use crate::engine::Engine;
 use access::Access;
 pub use access::Authorize;
 use reply::ApiError;
+pub use watchers::DEFAULT_MAX_WATCHERS_PER_CLIENT;
 
 /// Builds the router; see the [module docs](self).
 #[derive(Clone)]
@@ -74,6 +78,9 @@ pub struct Api {
     engine: Engine,
     access: Access,
     max_watchers: usize,
+    max_watchers_per_client: usize,
+    retry_budget: std::time::Duration,
+    scan_limit: usize,
     /// `GET /metrics`, when [`Api::metrics`] added it.
     extra: Option<Router>,
 }
@@ -85,11 +92,22 @@ pub(crate) struct ApiState {
     access: Arc<Access>,
     /// Open event streams: each polls the store until its task ends or
     /// its client leaves, so their number is capped.
-    watchers: Arc<tokio::sync::Semaphore>,
+    watchers: Arc<watchers::Watchers>,
+    /// The most tasks one `GET /api/tasks` filtered by step or error text
+    /// reads from the store.
+    scan_limit: usize,
 }
 
 /// Event streams open at once, by default ([`Api::max_watchers`]).
 pub const DEFAULT_MAX_WATCHERS: usize = 64;
+
+/// The most tasks one filtered listing reads, by default
+/// ([`Api::scan_limit`]).
+pub const DEFAULT_SCAN_LIMIT: usize = 200;
+
+/// How long a request rides out an unreachable store before it answers
+/// 503, by default ([`Api::retry_budget`]).
+pub const DEFAULT_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Api {
     /// A read-only API over `engine` until [`token`](Self::token) or
@@ -99,6 +117,9 @@ impl Api {
             engine,
             access: Access::ReadOnly,
             max_watchers: DEFAULT_MAX_WATCHERS,
+            max_watchers_per_client: DEFAULT_MAX_WATCHERS_PER_CLIENT,
+            retry_budget: DEFAULT_RETRY_BUDGET,
+            scan_limit: DEFAULT_SCAN_LIMIT,
             extra: None,
         }
     }
@@ -137,8 +158,50 @@ impl Api {
     /// [`WATCH_POLL`](crate::engine::WATCH_POLL), for as long as its client
     /// stays: without a cap, anyone who can reach a read route could load
     /// the store at will.
+    ///
+    /// Reading is open to whoever reaches the router, so readers without
+    /// the API's access ([`token`](Self::token) or
+    /// [`authorize`](Self::authorize)) share at most three quarters of the
+    /// places: the rest are kept for operators, whom a reader holding
+    /// every stream would otherwise lock out with 503.
     pub fn max_watchers(mut self, n: usize) -> Self {
         self.max_watchers = n;
+        self
+    }
+
+    /// At most `n` event streams open at once per peer address for
+    /// readers without the API's access (default
+    /// [`DEFAULT_MAX_WATCHERS_PER_CLIENT`], 4); one more is refused with
+    /// 429 `too_many_watchers`. The peer address is known when the server
+    /// is started with
+    /// `router.into_make_service_with_connect_info::<SocketAddr>()`;
+    /// without it (or behind a proxy, where every request comes from the
+    /// proxy) only the shared cap above holds.
+    pub fn max_watchers_per_client(mut self, n: usize) -> Self {
+        self.max_watchers_per_client = n;
+        self
+    }
+
+    /// How long a request keeps retrying a store it cannot reach before
+    /// it answers 503 `unavailable` (default [`DEFAULT_RETRY_BUDGET`], 5 s;
+    /// each try is cut off at the budget too). The engine's own
+    /// [client retry policy](crate::EngineBuilder::client_retry) rides out
+    /// a minute, longer than the proxy in front of the API waits: the
+    /// proxy would answer its own 504 while the request still holds its
+    /// connection and, for an event stream, its place.
+    pub fn retry_budget(mut self, budget: std::time::Duration) -> Self {
+        self.retry_budget = budget;
+        self
+    }
+
+    /// At most `n` tasks read from the store by one `GET /api/tasks`
+    /// filtered by `step` or `error` (default [`DEFAULT_SCAN_LIMIT`]), which
+    /// the store does not index: past it the page comes back short, with
+    /// a `next` cursor to go on from. Without it one anonymous request
+    /// (`?error=x&limit=1`) made the store send 5,000 tasks, half a
+    /// megabyte, for an empty answer.
+    pub fn scan_limit(mut self, n: usize) -> Self {
+        self.scan_limit = n.max(1);
         self
     }
 
@@ -159,10 +222,16 @@ impl Api {
                  to allow starting, cancelling, resolving and requeueing"
             );
         }
+        let reserve = self.access.allows_changes();
         let state = ApiState {
-            engine: self.engine.clone(),
+            engine: self.engine.with_retry_budget(self.retry_budget),
             access: Arc::new(self.access),
-            watchers: Arc::new(tokio::sync::Semaphore::new(self.max_watchers)),
+            watchers: Arc::new(watchers::Watchers::new(
+                self.max_watchers,
+                self.max_watchers_per_client,
+                reserve,
+            )),
+            scan_limit: self.scan_limit,
         };
         let api = Router::new()
             .route("/api/overview", get(overview))

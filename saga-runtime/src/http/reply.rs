@@ -99,9 +99,30 @@ impl From<Error> for ApiError {
             Error::InvalidCursor(_) | Error::Backend(BackendError::InvalidCursor(_)) => {
                 ApiError::bad_request(message)
             }
-            Error::Unavailable { .. } | Error::Backend(_) => {
-                tracing::warn!(error = %message, "HTTP request failed");
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+            // What failed, not why: the store's own words (an address, an
+            // OS error, a script's text) are for the log.
+            Error::Unavailable {
+                operation,
+                attempts,
+                ..
+            } => {
+                tracing::warn!(error = %message, "HTTP request failed: the store is unreachable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!(
+                        "The task store could not be reached (`{operation}`, {attempts} tries); \
+                         try again later"
+                    ),
+                )
+            }
+            Error::Backend(_) => {
+                tracing::warn!(error = %message, "HTTP request failed: the store refused it");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "The task store failed to answer this request; the server's log says why",
+                )
             }
             _ => {
                 tracing::warn!(error = %message, "HTTP request failed");
@@ -116,14 +137,39 @@ impl From<JsonRejection> for ApiError {
         match rejection {
             // No body at all, the usual mistake with a `curl -X POST`.
             JsonRejection::MissingJsonContentType(_) => ApiError::not_json(),
-            rejection => ApiError::new(rejection.status(), "bad_request", rejection.body_text()),
+            rejection => ApiError::new(
+                rejection.status(),
+                "bad_request",
+                without_values(&rejection.body_text()),
+            ),
         }
+    }
+}
+
+/// A body's decoding error as axum words it, without the values serde
+/// quotes (`note: invalid type: integer `4111`, expected a string`): an
+/// error body is logged and shown, and the value is the caller's data.
+fn without_values(text: &str) -> String {
+    const KINDS: &[&str] = &[
+        "invalid type: ",
+        "invalid value: ",
+        "unknown variant `",
+        "unknown field `",
+        "duplicate field `",
+    ];
+    match KINDS.iter().filter_map(|k| text.find(k)).min() {
+        Some(at) => format!(
+            "{}{}",
+            &text[..at],
+            crate::model::decode::without_values(&text[at..])
+        ),
+        None => text.to_owned(),
     }
 }
 
 impl From<QueryRejection> for ApiError {
     fn from(rejection: QueryRejection) -> Self {
-        ApiError::bad_request(rejection.body_text())
+        ApiError::bad_request(without_values(&rejection.body_text()))
     }
 }
 

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use super::access::Operator;
 use super::reply::{task_id, ApiError};
+use super::watchers::Watcher;
 use super::ApiState;
 use crate::engine::{CancelResult, Intervention, TaskFilter};
 use crate::error::Error;
@@ -90,7 +91,9 @@ pub(super) async fn list(
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(params) = params?;
-    let mut filter = TaskFilter::new().limit(params.limit.unwrap_or(50));
+    let mut filter = TaskFilter::new()
+        .limit(params.limit.unwrap_or(50))
+        .scan_limit(state.scan_limit);
     if let Some(saga) = params.saga.filter(|s| !s.is_empty()) {
         if !state.engine.sagas().iter().any(|d| d.name == saga) {
             return Err(Error::UnknownSaga(saga).into());
@@ -295,15 +298,17 @@ pub(super) async fn retry_compensation(
 pub(super) async fn events(
     State(state): State<ApiState>,
     Path(id): Path<String>,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let id = task_id(&id)?;
-    let Ok(watching) = state.watchers.clone().try_acquire_owned() else {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_watchers",
-            "Too many task event streams are open; try again once one has closed",
-        ));
+    let watcher = Watcher {
+        operator: state.access.authorizes(&headers),
+        client: extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|info| info.0.ip()),
     };
+    let watching = state.watchers.open(watcher)?;
     // Unknown tasks answer 404 like everywhere else, not an empty stream.
     state
         .engine

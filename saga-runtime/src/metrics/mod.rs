@@ -21,7 +21,9 @@
 //! Counters count in this process since it started; sum them over the
 //! processes of a deployment. Labels are bounded: saga, step and process
 //! names come from the definitions registered with the engine, never from
-//! task ids or error texts.
+//! task ids or error texts; a saga name read from a stored record (a task
+//! parked by a worker that does not run its saga) that no engine of this
+//! process registered counts as `other`.
 //!
 //! | Name | Type | Labels | Meaning |
 //! |---|---|---|---|

@@ -46,6 +46,9 @@ pub(crate) fn task_finished(_saga: &'static str, _status: TaskStatus) {}
 pub(crate) fn task_parked(_saga: &str) {}
 
 #[inline]
+pub(crate) fn register_sagas(_names: impl IntoIterator<Item = &'static str>) {}
+
+#[inline]
 pub(crate) fn breaker_transition(_saga: &'static str, _step: &'static str, _to: BreakerState) {}
 
 #[inline]

@@ -61,8 +61,11 @@ impl EndpointMessage {
 
     /// An envelope as stored; `Err` with the reason if it is not one.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let message: EndpointMessage =
-            serde_json::from_str(raw).map_err(|e| format!("not an envelope: {e}"))?;
+        let message: EndpointMessage = serde_json::from_str(raw).map_err(|e| {
+            // Not the values it quotes: this is a dead letter's reason.
+            let e = super::decode::without_values(&e.to_string());
+            format!("not an envelope: {e}")
+        })?;
         if message.v != ENVELOPE_VERSION {
             return Err(format!(
                 "envelope version {} (this library reads {ENVELOPE_VERSION})",

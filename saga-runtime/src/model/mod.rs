@@ -8,8 +8,11 @@
 //! - [`message`]: the traits of what process managers handle and send;
 //! - [`endpoint`]: what a process manager sends to an endpoint;
 //! - [`process`]: a process-manager instance as stored;
-//! - [`tally`]: tallies, what a check did, and their messages.
+//! - [`tally`]: tallies, what a check did, and their messages;
+//! - `decode`: JSON decoded into a type, with an error that says where and
+//!   what kind, never the value.
 
+pub(crate) mod decode;
 pub mod endpoint;
 pub mod envelope;
 pub mod message;

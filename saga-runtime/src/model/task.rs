@@ -210,6 +210,17 @@ pub struct StepRecord {
     /// no worker is busy meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<Timestamp>,
+    /// The last step attempt made alone: by a message recovered from a
+    /// worker that stopped answering it, which runs with no other message
+    /// beside it. Cut short by a crash, such an attempt is the step's own
+    /// failure; one made beside other messages may have been cut short by
+    /// another's crash, and is made again without counting against the
+    /// retry budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alone_attempt: Option<u32>,
+    /// The same for the compensation's attempts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alone_compensation: Option<u32>,
 }
 
 impl StepRecord {
@@ -230,6 +241,8 @@ impl StepRecord {
             retry_base: 0,
             compensation_retry_base: 0,
             next_attempt_at: None,
+            alone_attempt: None,
+            alone_compensation: None,
         }
     }
 }

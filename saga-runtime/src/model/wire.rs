@@ -55,14 +55,17 @@ impl WorkItem {
     /// Decodes an entry; the error says what is wrong with it, for the
     /// dead-letter queue.
     pub fn decode(bytes: &[u8]) -> Result<WorkItem, String> {
-        let value: Value = serde_json::from_slice(bytes)
-            .map_err(|e| format!("malformed message (not JSON): {e}"))?;
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+            let e = super::decode::without_values(&e.to_string());
+            format!("malformed message (not JSON): {e}")
+        })?;
         if value.get("process").is_some() {
-            return serde_json::from_value(value)
+            // Where and what kind, not the values: this is a dead letter's reason.
+            return super::decode::decode(value)
                 .map(WorkItem::Process)
                 .map_err(|e| format!("malformed process-manager envelope: {e}"));
         }
-        serde_json::from_value(value)
+        super::decode::decode(value)
             .map(WorkItem::Saga)
             .map_err(|e| {
                 format!(

@@ -303,7 +303,8 @@ pub fn same_field<'a, State, MessageField: SameField<State>>(
 /// Decodes a message payload for a handler.
 #[doc(hidden)]
 pub fn decode_message<T: DeserializeOwned>(message: Value) -> Result<T, ProcessError> {
-    serde_json::from_value(message).map_err(|e| {
+    // Where and what kind, not the value: the text is a dead letter's reason.
+    crate::model::decode::decode(message).map_err(|e| {
         ProcessError::invalid_payload(format!(
             "message does not deserialize as `{}`: {e}",
             std::any::type_name::<T>()
@@ -416,7 +417,7 @@ fn encode_state<S: Serialize>(state: &S) -> Result<Value, ProcessError> {
 }
 
 fn decode_state<S: DeserializeOwned>(state: Value) -> Result<S, ProcessError> {
-    serde_json::from_value(state).map_err(|e| {
+    crate::model::decode::decode(state).map_err(|e| {
         ProcessError::invalid_payload(format!(
             "stored state does not deserialize as `{}`: {e}",
             std::any::type_name::<S>()

@@ -315,10 +315,12 @@ pub trait UndoesOutputOf<const STEP: u32, Output> {}
 #[diagnostic::do_not_recommend]
 impl<const STEP: u32, T> UndoesOutputOf<STEP, T> for T {}
 
-/// Deserializes a persisted value into a step's parameter type.
+/// Deserializes a persisted value into a step's parameter type. The
+/// error names the place and kind of the mismatch, not the value: it
+/// becomes the task's `error`, a dead letter's reason, a 422 body.
 #[doc(hidden)]
 pub fn decode<T: DeserializeOwned>(value: Value) -> Result<T, StepError> {
-    serde_json::from_value(value).map_err(|e| {
+    crate::model::decode::decode(value).map_err(|e| {
         StepError::invalid_payload(format!(
             "payload does not deserialize as `{}`: {e}",
             std::any::type_name::<T>()

@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::circuit::CircuitBreakerConfig;
 use crate::error::StepErrorKind;
 use crate::model::task::{
     AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp,
@@ -406,21 +405,7 @@ fn step_outcome(
             return exhausted(task, def, idx, error, false);
         }
         Outcome::CircuitWait { error, retry_after } => {
-            // Never at once: a parked task that came straight back would
-            // spin on the breaker.
-            let delay =
-                retry_after.max(MIN_PARK) + release_spread(task, def.steps[idx].circuit_breaker);
-            task.audit(
-                AuditEntry::new(AuditAction::CircuitOpen)
-                    .step(name)
-                    .error(&error)
-                    .details(format!(
-                        "parked until the break ends: tried again in {}",
-                        humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
-                    )),
-            );
-            task.steps[idx].status = StepStatus::Pending;
-            return Effects::next(NextMove::After(delay));
+            return breaker::parked(task, def, idx, error, retry_after);
         }
         Outcome::AlreadyClaimed => {
             // Someone else began this attempt number (a duplicate delivery,
@@ -639,22 +624,6 @@ fn next_compensable(task: &TaskInstance, def: &SagaDefinition) -> Option<usize> 
 
 /// The step used up its retries (or failed permanently): its
 /// `on_exhausted` action decides.
-/// The shortest a task parked by a breaker waits.
-const MIN_PARK: Duration = Duration::from_millis(100);
-
-/// How much later than the end of the break a parked task comes back: a
-/// share of half the break, fixed per task (pure: derived from its id), so
-/// that tasks parked together return spread out instead of all at once on
-/// a dependency that has only just recovered.
-fn release_spread(task: &TaskInstance, breaker: Option<CircuitBreakerConfig>) -> Duration {
-    let Some(config) = breaker else {
-        return Duration::ZERO;
-    };
-    let window = config.duration / 2;
-    let share = (task.id.0.as_u128() % 1000) as u32;
-    window * share / 1000
-}
-
 fn exhausted(
     task: &mut TaskInstance,
     def: &SagaDefinition,
@@ -778,6 +747,9 @@ fn failed(
         .attempt(attempt)
         .error(error)
 }
+
+mod breaker;
+pub(crate) use breaker::on_probe_outcome;
 
 #[cfg(test)]
 #[path = "state_machine/tests.rs"]

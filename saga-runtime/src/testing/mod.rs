@@ -1,6 +1,8 @@
-//! A test kit for process managers: drive one with messages and virtual
-//! time, then assert on its state, the messages it sent and published, and
-//! the timeouts it scheduled.
+//! Test kits. [`faults`]: run your saga (or process manager) under seeded
+//! faults and see how many times each body ran ([`FaultKit`]). Here:
+//! [`ProcessTest`], a test kit for process managers: drive one with
+//! messages and virtual time, then assert on its state, the messages it
+//! sent and published, and the timeouts it scheduled.
 //!
 //! It runs the real routing, correlation and save code (the same dispatch
 //! the workers run) against an in-memory store, synchronously: each call
@@ -47,6 +49,9 @@
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
+pub mod faults;
+
+pub use faults::{FaultKit, FaultReport, Faults};
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -135,12 +140,23 @@ impl<P: ProcessManager> ProcessTest<P> {
     /// [`when`](Self::when) with an explicit message id: call it twice with
     /// the same id to test duplicate delivery.
     pub async fn when_with_id<M: Message>(&mut self, message_id: &str, msg: M) -> Dispatched {
+        let payload = serde_json::to_value(&msg).expect("message serializes");
+        self.when_raw(message_id, M::TYPE, payload).await
+    }
+
+    /// [`when_with_id`](Self::when_with_id) with the message as JSON.
+    pub(crate) async fn when_raw(
+        &mut self,
+        message_id: &str,
+        message_type: &str,
+        payload: Value,
+    ) -> Dispatched {
         let def = P::definition();
         assert!(
-            def.handler(M::TYPE).is_some(),
+            def.handler(message_type).is_some(),
             "process manager `{}` has no handler for `{}`",
             def.name,
-            M::TYPE
+            message_type
         );
         let envelope = Envelope {
             traceparent: crate::otel::current(),
@@ -148,8 +164,8 @@ impl<P: ProcessManager> ProcessTest<P> {
             hops: 0,
             message_id: message_id.to_owned(),
             process: def.name.to_owned(),
-            message_type: M::TYPE.to_owned(),
-            payload: serde_json::to_value(&msg).expect("message serializes"),
+            message_type: message_type.to_owned(),
+            payload,
             kind: EnvelopeKind::Message,
             instance_id: None,
             generation: None,

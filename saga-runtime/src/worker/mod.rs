@@ -11,6 +11,8 @@
 //!   the pure `saga::state_machine` (attempt, call, commit, breaker,
 //!   versions this engine does not run);
 //! - `lease`: keep a task's lease and message alive while a step runs;
+//! - `isolation`: a message recovered from a worker that died runs alone,
+//!   so that its crash costs no other message a delivery;
 //! - `process/`: deliver one message to a process manager, driving the
 //!   pure `process::machine` (dispatch, the handler's run, batching,
 //!   instance locks, counters);
@@ -21,6 +23,7 @@
 
 pub(crate) mod endpoint;
 mod housekeeping;
+pub(crate) mod isolation;
 mod lease;
 pub(crate) mod partitions;
 pub(crate) mod process;
@@ -94,6 +97,12 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
         if rt.shutdown.is_cancelled() {
             break;
         }
+        // A message recovered from a dead worker runs alone: no new one
+        // is read meanwhile (it would only be handed back).
+        tokio::select! {
+            _ = isolation::settled(&rt) => {}
+            _ = rt.shutdown.cancelled() => break,
+        }
         if interest.processes {
             interest.process_partitions = partitions::owned(&rt).await;
         }
@@ -124,9 +133,12 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
                 backoff.reset();
                 for delivery in deliveries {
                     taken += 1;
+                    // Decided here, before the next read: nothing is read
+                    // beside a recovered message that is to run alone.
+                    let ticket = isolation::ticket(&rt, &delivery);
                     let delivery = Arc::new(delivery);
                     holding.insert(taken, delivery.clone());
-                    running.spawn(work(rt.clone(), delivery, taken));
+                    running.spawn(work(rt.clone(), delivery, ticket, taken));
                 }
             }
             Err(error) => {
@@ -166,7 +178,12 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
 }
 
 /// Works on one message as a task of its own; returns `n`.
-async fn work(rt: Arc<Runtime>, delivery: Arc<Delivery>, n: u64) -> u64 {
+async fn work(rt: Arc<Runtime>, delivery: Arc<Delivery>, ticket: isolation::Ticket, n: u64) -> u64 {
+    // A message recovered from a worker that died runs alone, so that a
+    // message that crashes its process costs no other one a delivery.
+    let Some((_turn, delivery)) = isolation::turn(&rt, delivery, ticket).await else {
+        return n;
+    };
     // A panic anywhere in handling (user code outside a step, a bug of
     // ours) must not end the worker: the process would look alive and
     // handle nothing.
@@ -183,7 +200,8 @@ async fn work(rt: Arc<Runtime>, delivery: Arc<Delivery>, n: u64) -> u64 {
 /// hold it small: see `the_future_spawned_per_message_stays_small`).
 #[cfg(test)]
 pub(crate) fn message_future_size(rt: Arc<Runtime>, delivery: Arc<Delivery>) -> usize {
-    std::mem::size_of_val(&work(rt, delivery, 1))
+    let ticket = isolation::ticket(&rt, &delivery);
+    std::mem::size_of_val(&work(rt, delivery, ticket, 1))
 }
 
 fn settled(

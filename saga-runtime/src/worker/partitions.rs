@@ -100,18 +100,65 @@ fn process_names(rt: &Runtime) -> Vec<&'static str> {
     rt.processes.keys().copied().collect()
 }
 
-/// Keeps this engine's share renewed until it shuts down, then lets go of
-/// it so that the others take it over at once.
-pub(crate) async fn run(rt: Arc<Runtime>) {
-    if rt.processes.is_empty() {
+/// Every form under which this engine announces the saga versions it runs
+/// (see `saga_runs`): a few per registered version.
+fn saga_runs(rt: &Runtime) -> Vec<String> {
+    let mut runs = Vec::new();
+    for latest in rt.sagas.latest() {
+        for version in rt.sagas.versions(latest.name).unwrap_or_default() {
+            if let Some(saga) = rt.sagas.get(latest.name, version) {
+                let def = saga.definition();
+                runs.extend(crate::backend::saga_runs(
+                    def.name,
+                    def.version,
+                    &def.fingerprint_hex(),
+                ));
+            }
+        }
+    }
+    runs.sort();
+    runs.dedup();
+    runs
+}
+
+/// Announces the saga versions this engine runs for the next `ttl`
+/// (`None`: leaving), so that an engine lacking a task's version hands
+/// its message back at once and uncounted while this one runs it.
+async fn announce_sagas(rt: &Runtime, runs: &[String], ttl: Option<Duration>) {
+    if runs.is_empty() {
         return;
     }
-    owned(&rt).await;
+    if let Err(error) = rt.placement().announce_sagas(&rt.instance, runs, ttl).await {
+        tracing::warn!(%error, "announcing the saga versions this engine runs failed; will retry");
+    }
+}
+
+/// Keeps this engine's share renewed (and what it runs announced) until it
+/// shuts down, then lets go of it so that the others take it over at once.
+pub(crate) async fn run(rt: Arc<Runtime>) {
+    let runs = saga_runs(&rt);
+    if rt.processes.is_empty() && runs.is_empty() {
+        return;
+    }
+    let processes = !rt.processes.is_empty();
+    if processes {
+        owned(&rt).await;
+    }
+    announce_sagas(&rt, &runs, Some(ttl(&rt))).await;
     loop {
         tokio::select! {
             _ = rt.shutdown.cancelled() => break,
-            _ = tokio::time::sleep(rt.heartbeat_every()) => renew(&rt).await,
+            _ = tokio::time::sleep(rt.heartbeat_every()) => {
+                if processes {
+                    renew(&rt).await;
+                }
+                announce_sagas(&rt, &runs, Some(ttl(&rt))).await;
+            }
         }
+    }
+    announce_sagas(&rt, &runs, None).await;
+    if !processes {
+        return;
     }
     rt.partitions.set(Grant::Owned(0, Instant::now()));
     if let Err(error) = rt.placement().leave_process_partitions(&rt.instance).await {

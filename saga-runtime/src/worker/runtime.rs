@@ -137,6 +137,9 @@ pub(crate) struct Runtime {
     pub instance_locks: super::process::instance_lock::InstanceLocks,
     /// The process-manager partitions this engine's workers read.
     pub partitions: super::partitions::Ownership,
+    /// Messages recovered from a worker that stopped answering them run
+    /// alone (see `isolation`).
+    pub isolation: super::isolation::Isolation,
     /// The backend's process-manager store, if it has one.
     process_store: Option<Arc<dyn ProcessBackend>>,
     /// Named leases: the backend's, shared by the deployment, or this
@@ -178,6 +181,7 @@ impl Runtime {
             tasks: TaskTracker::new(),
             instance_locks: Default::default(),
             partitions: Default::default(),
+            isolation: Default::default(),
             process_store: backend.clone().processes(),
             leases: backend.clone().leases().unwrap_or_else(local_leases),
             shared_breakers: backend.clone().breakers().unwrap_or_else(local_breakers),

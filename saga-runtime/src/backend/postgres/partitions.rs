@@ -39,6 +39,32 @@ impl Partitions for PostgresBackend {
         Ok(())
     }
 
+    /// The process managers' rows, under names no process manager can
+    /// have (`saga:` holds a character their names may not).
+    async fn announce_sagas(
+        &self,
+        member: &str,
+        runs: &[String],
+        ttl: Option<Duration>,
+    ) -> Result<(), BackendError> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = runs.iter().map(|run| format!("saga:{run}")).collect();
+        sqlx::query(sql!("SELECT {}($1, $2, $3)", self.q("announce_processes")))
+            .bind(member)
+            .bind(&names)
+            .bind(ttl.map(ms))
+            .execute(self.pool_ref())
+            .await
+            .map_err(failure)?;
+        Ok(())
+    }
+
+    async fn saga_runner_alive(&self, run: &str) -> Result<bool, BackendError> {
+        self.process_runner_alive(&format!("saga:{run}")).await
+    }
+
     /// Each engine's announcement counts until its own expiry: an engine
     /// that announced briefly, or left, cuts no other's.
     async fn process_runner_alive(&self, name: &str) -> Result<bool, BackendError> {

@@ -50,6 +50,89 @@ pub struct RedisConfig {
     /// Each endpoint stream (`ctx.send`) keeps about this many messages
     /// (default 100,000); older ones are trimmed.
     pub endpoint_max_len: usize,
+    /// When a write counts as done: see [`Durability`] (default
+    /// [`Durability::Primary`], acknowledged by the primary alone).
+    pub durability: Durability,
+    /// Connect even though the server's `maxmemory-policy` evicts keys
+    /// (default `false`: connecting fails with
+    /// [`BackendError::Misconfigured`]). An evicting server deletes task
+    /// records, messages and leases silently when it runs out of memory,
+    /// and `volatile-*` policies are no safer: the engine sets expiries on
+    /// the keys of finished tasks and on leases, so live keys carry
+    /// expiries too. Set it only for a server whose memory cannot run out
+    /// (or for a throwaway one).
+    pub allow_eviction: bool,
+}
+
+/// When a write (a task's start, a step's outcome, a cancellation, a
+/// process manager's commit, a message moved to another shard) counts as
+/// done, and so what a failover or a crash of the server can still lose.
+/// See the README, "Durability", for each level's cost.
+///
+/// A write that does not reach the level within its timeout fails with a
+/// transient [`BackendError::Unavailable`] saying so; it is not undone (it
+/// was applied on the primary, and Redis cannot roll it back). The engine
+/// treats it as a write whose reply was lost: every write is fenced and
+/// versioned, so the retry is refused, found to have landed and not
+/// applied twice; while the level cannot be reached (every replica down)
+/// the engine makes no progress, and resumes when it can.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Done when the primary applied it (Redis' own behaviour). A failover
+    /// loses what the replicas had not copied yet (usually milliseconds of
+    /// writes); a crash of a server without `appendfsync always` loses
+    /// what was not fsynced.
+    #[default]
+    Primary,
+    /// Done when `replicas` replicas (of the primary that took it) hold it:
+    /// `WAIT replicas timeout` after it. A failover to one of those
+    /// replicas loses nothing acknowledged; a power loss of every server
+    /// at once can, since replicas acknowledge from memory.
+    Replicated {
+        /// How many replicas must acknowledge (at least 1).
+        replicas: u32,
+        /// How long to wait for them; then the write fails as above.
+        timeout: Duration,
+    },
+    /// Done when the primary's append-only file holds it on disk, and the
+    /// append-only files of `replicas` replicas too: `WAITAOF 1 replicas
+    /// timeout` after it. Needs Redis 7.2 or later and `appendonly yes`
+    /// on the primary (and on the replicas counted); connecting fails
+    /// otherwise.
+    Fsynced {
+        /// How many replicas must have it on disk too (0: the primary's
+        /// disk alone).
+        replicas: u32,
+        /// How long to wait; then the write fails as above.
+        timeout: Duration,
+    },
+}
+
+impl Durability {
+    /// The command that waits for the level after a write, if any.
+    pub(super) fn wait_cmd(&self) -> Option<redis::Cmd> {
+        match *self {
+            Durability::Primary => None,
+            Durability::Replicated { replicas, timeout } => {
+                let mut cmd = redis::cmd("WAIT");
+                cmd.arg(replicas).arg(super::ms(timeout));
+                Some(cmd)
+            }
+            Durability::Fsynced { replicas, timeout } => {
+                let mut cmd = redis::cmd("WAITAOF");
+                cmd.arg(1).arg(replicas).arg(super::ms(timeout));
+                Some(cmd)
+            }
+        }
+    }
+
+    /// How long a write may wait for the level.
+    pub(super) fn timeout(&self) -> Duration {
+        match *self {
+            Durability::Primary => Duration::ZERO,
+            Durability::Replicated { timeout, .. } | Durability::Fsynced { timeout, .. } => timeout,
+        }
+    }
 }
 
 /// The saga partitions of a deployment on Redis Cluster unless
@@ -94,6 +177,8 @@ impl Default for RedisConfig {
             response_timeout: Duration::from_secs(5),
             dead_letter_payload_limit: crate::backend::memory::DEFAULT_DEAD_LETTER_PAYLOAD_LIMIT,
             endpoint_max_len: 100_000,
+            durability: Durability::Primary,
+            allow_eviction: false,
         }
     }
 }

@@ -57,6 +57,7 @@ mod breakers;
 mod cancel;
 mod config;
 mod dead_letters;
+mod durability;
 mod endpoint;
 mod entry;
 mod finished;
@@ -87,7 +88,7 @@ use tokio::time::Instant;
 use super::{BackendError, Delivery};
 use keys::Keys;
 
-pub use config::{KeyLayout, RedisConfig, CLUSTER_PARTITIONS};
+pub use config::{Durability, KeyLayout, RedisConfig, CLUSTER_PARTITIONS};
 pub use keys::{MAX_PROCESS_PARTITIONS, PROCESS_PARTITIONS};
 
 /// The Redis backend. Cheap to clone.
@@ -109,6 +110,8 @@ struct Shared {
     finished: Arc<finished::Finished>,
     /// Idle readers' wake-ups on a cluster (see `watch`).
     watch: watch::Watch,
+    /// The connections durable writes wait on (see `durability`).
+    durable: durability::Pool,
 }
 
 /// The blocking-read state of one consumer.
@@ -248,6 +251,7 @@ impl RedisBackend {
     /// Connects with `config` (`url` as for [`connect`](Self::connect)).
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, BackendError> {
         let backend = RedisBackend::open(url, config).await?;
+        backend.check_server().await?;
         backend.check_layout().await?;
         backend.ensure_groups().await?;
         Ok(backend)
@@ -265,6 +269,7 @@ impl RedisBackend {
     ) -> Result<Self, BackendError> {
         let server = RedisBackend::cluster_server(nodes, &config).await?;
         let backend = RedisBackend::with_server(server, config);
+        backend.check_server().await?;
         backend.check_layout().await?;
         backend.ensure_groups().await?;
         Ok(backend)
@@ -333,6 +338,7 @@ impl RedisBackend {
     ) -> Result<Self, BackendError> {
         let server = RedisBackend::sentinel_server(sentinels, service, &config).await?;
         let backend = RedisBackend::with_server(server, config);
+        backend.check_server().await?;
         backend.check_layout().await?;
         backend.ensure_groups().await?;
         Ok(backend)
@@ -419,6 +425,7 @@ impl RedisBackend {
                 dead_letters_max: std::sync::atomic::AtomicUsize::new(100_000),
                 finished: finished::Finished::new(),
                 watch: watch::Watch::default(),
+                durable: durability::Pool::default(),
             }),
         }
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{ms, scripts as s, unavailable, RedisBackend};
+use super::{ms, scripts as s, RedisBackend};
 use crate::backend::{BackendError, Delivery, ForwardTo, Partitions, WorkItem};
 use crate::model::envelope::Envelope;
 
@@ -94,6 +94,38 @@ impl Partitions for RedisBackend {
         Ok(runners > 0)
     }
 
+    /// The process managers' runner sets and scripts, under names no
+    /// process manager can have (`saga:` holds a character their names
+    /// may not).
+    async fn announce_sagas(
+        &self,
+        member: &str,
+        runs: &[String],
+        ttl: Option<Duration>,
+    ) -> Result<(), BackendError> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        self.call(&s::Announce {
+            runner_sets: runs
+                .iter()
+                .map(|run| self.keys().process_runners(&format!("saga:{run}")))
+                .collect(),
+            member,
+            ttl_ms: ttl.map(ms),
+        })
+        .await
+    }
+
+    async fn saga_runner_alive(&self, run: &str) -> Result<bool, BackendError> {
+        let runners = self
+            .call(&s::Runners {
+                runners: self.keys().process_runners(&format!("saga:{run}")),
+            })
+            .await?;
+        Ok(runners > 0)
+    }
+
     async fn share(&self, delivery: &Delivery) -> Result<bool, BackendError> {
         let (p, entry) = self.locate(delivery)?;
         let k = self.keys();
@@ -146,16 +178,19 @@ impl Partitions for RedisBackend {
         };
         // The copy first: a crash in between leaves the message here too,
         // and it is forwarded again (the instance drops the duplicate).
-        let _: String = redis::cmd("XADD")
-            .arg(k.queue(to))
-            .arg("*")
-            .arg("payload")
-            .arg(WorkItem::Process(moved).encode())
-            .arg("unanswered")
-            .arg(unanswered)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        // At a durability level above the default, the copy waits for the
+        // target shard's replicas (or disk) before the source lets go.
+        self.query_durable(
+            redis::cmd("XADD")
+                .arg(k.queue(to))
+                .arg("*")
+                .arg("payload")
+                .arg(WorkItem::Process(moved).encode())
+                .arg("unanswered")
+                .arg(unanswered)
+                .clone(),
+        )
+        .await?;
         self.call(&s::Ack {
             queue: k.queue(p),
             group: self.group(),

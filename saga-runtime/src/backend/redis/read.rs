@@ -186,15 +186,20 @@ impl RedisBackend {
         envelope: &str,
         entry: &str,
     ) -> bool {
-        let appended: Result<String, _> = redis::cmd("XADD")
-            .arg(endpoint)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
-            .arg("*")
-            .arg("envelope")
-            .arg(envelope)
-            .query_async(&mut self.conn())
+        // At a durability level above the default, the copy waits for the
+        // endpoint's shard's replicas (or disk) before the entry goes.
+        let appended = self
+            .query_durable(
+                redis::cmd("XADD")
+                    .arg(endpoint)
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
+                    .arg("*")
+                    .arg("envelope")
+                    .arg(envelope)
+                    .clone(),
+            )
             .await;
         let deleted = match appended {
             Ok(_) => redis::cmd("XDEL")
@@ -202,7 +207,8 @@ impl RedisBackend {
                 .arg(entry)
                 .query_async::<i64>(&mut self.conn())
                 .await
-                .map(drop),
+                .map(drop)
+                .map_err(super::unavailable),
             Err(error) => Err(error),
         };
         match deleted {

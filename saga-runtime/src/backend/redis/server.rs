@@ -263,6 +263,65 @@ impl Server {
         }
     }
 
+    /// A connection of its own for commands answered within
+    /// `response_timeout`: the durable writes' (`durability.rs`), whose
+    /// `WAIT` blocks the connection it is sent on. On a cluster, a routed
+    /// connection of its own (a pipeline goes to its keys' primary).
+    pub(super) async fn dedicated(&self, response_timeout: Duration) -> RedisResult<Conn> {
+        match self {
+            Server::Single(primary) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_response_timeout(Some(response_timeout))
+                    .set_connection_timeout(Some(Duration::from_secs(5)));
+                let conn = primary
+                    .client()
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                Ok(Conn::Plain(conn))
+            }
+            Server::Cluster(cluster) => {
+                let client = ClusterClient::builder(cluster.seeds.clone())
+                    .connection_timeout(Duration::from_secs(5))
+                    .response_timeout(response_timeout)
+                    .overall_response_timeout(Some(response_timeout * 2))
+                    .retries(6)
+                    .build()?;
+                Ok(Conn::Cluster(client.get_async_connection().await?))
+            }
+        }
+    }
+
+    /// Runs `cmd` on every primary (one on a single server or Sentinel,
+    /// each shard's on a cluster): the settings checked at connect. The
+    /// answers, by node address.
+    pub(super) async fn on_primaries(&self, cmd: Cmd) -> RedisResult<Vec<(String, Value)>> {
+        match self {
+            Server::Single(primary) => {
+                let address = primary.client().get_connection_info().addr().to_string();
+                let reply: Value = cmd.query_async(&mut self.conn()).await?;
+                Ok(vec![(address, reply)])
+            }
+            Server::Cluster(cluster) => {
+                use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+                let reply = cluster
+                    .conn
+                    .clone()
+                    .route_command(
+                        cmd,
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                    )
+                    .await?;
+                Ok(match reply {
+                    Value::Map(answers) => answers
+                        .into_iter()
+                        .map(|(node, answer)| (super::entry::text(&node), answer))
+                        .collect(),
+                    other => vec![("cluster".to_owned(), other)],
+                })
+            }
+        }
+    }
+
     /// Tells the deployment that a command failed with `error` (Sentinel:
     /// the primary may have moved).
     pub(super) fn failed(&self, error: &RedisError) {

@@ -2904,3 +2904,101 @@ fn a_task_meeting_a_breaker_that_waits_is_parked_until_the_break_ends() {
     let again = expect_call(plan(&mut t, &WAITS, None, W));
     assert_eq!(again.idx, 0);
 }
+
+/// One attempt that was its breaker's half-open probe, as the worker makes
+/// it.
+fn probe(task: &mut TaskInstance, def: &SagaDefinition, outcome: Outcome) -> Ran {
+    let call = expect_call(plan(task, def, None, W));
+    let attempt = record_attempt(task, def, call);
+    let t0 = Timestamp::now().0;
+    let effects = on_probe_outcome(task, def, call, outcome, W);
+    let t1 = Timestamp::now().0;
+    Ran {
+        call,
+        attempt,
+        effects,
+        t0,
+        t1,
+    }
+}
+
+#[test]
+fn failed_probes_of_a_breaker_that_waits_spend_no_retry_however_many() {
+    let mut t = fresh(&WAITS);
+    // One failure through the closed breaker counts (2 retries allowed).
+    run(&mut t, &WAITS, transient("refused"));
+    assert_eq!(t.steps[0].attempt_count - t.steps[0].retry_base, 1);
+    // A 10 s break takes 20 breaks' probes, each failing: none counts.
+    let spread = Duration::from_secs(5) * (t.id.0.as_u128() % 1000) as u32 / 1000;
+    let delay = Duration::from_secs(15) + spread;
+    for n in 2..22 {
+        let before = t.audit_log.len();
+        let ran = probe(&mut t, &WAITS, transient("still refused"));
+        assert_eq!(ran.attempt.claim, format!("notify:{n}"), "numbers go on");
+        // Past the new break and the whole release window after it: every
+        // task parked in that break comes back first, and probes next.
+        assert_effects(&ran.effects, NextMove::After(delay), None, false);
+        let rec = &t.steps[0];
+        assert_due(rec, &ran, delay.as_millis() as u64);
+        assert_eq!((rec.attempt_count, rec.retry_base), (n, n - 1));
+        assert_eq!(rec.status, S::Pending);
+        assert_eq!(rec.error.as_deref(), Some("still refused"));
+        assert_eq!(t.status, T::Running);
+        assert_eq!(
+            lines(&t, before),
+            [af("notify", n, Some(delay.as_millis() as u64), false)]
+        );
+        assert!(last(&t)
+            .details
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("half-open probe failed: not counted"));
+    }
+    // A timed-out probe is a failed probe too.
+    probe(&mut t, &WAITS, Outcome::TimedOut { after: ms(500) });
+    assert_eq!(t.steps[0].attempt_count - t.steps[0].retry_base, 1);
+    // The dependency is back: the next probe completes the task.
+    let ran = probe(&mut t, &WAITS, succeeded(0));
+    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_eq!(t.status, T::Completed);
+}
+
+#[test]
+fn calls_through_a_closed_breaker_that_waits_still_exhaust_the_step() {
+    let mut t = fresh(&WAITS);
+    run(&mut t, &WAITS, transient("bad input for this one"));
+    // A free probe in between changes nothing in the count.
+    probe(&mut t, &WAITS, transient("bad input for this one"));
+    run(&mut t, &WAITS, transient("bad input for this one"));
+    let ran = run(&mut t, &WAITS, transient("bad input for this one"));
+    assert_eq!(ran.attempt.claim, "notify:4");
+    assert_eq!(t.status, T::Compensated, "2 retries spent");
+    assert_eq!(t.steps[0].status, S::Failed);
+}
+
+#[test]
+fn a_probe_that_answers_for_good_or_of_a_breaker_that_fails_is_an_ordinary_outcome() {
+    // A permanent error proves the dependency answered.
+    let mut t = fresh(&WAITS);
+    let ran = probe(&mut t, &WAITS, permanent("no such hook"));
+    assert!(ran.effects.guard.is_some(), "the running phase ends");
+    assert_eq!(t.status, T::Compensated);
+    // `when_open = fail`: a failed probe counts like any failure.
+    static FAILS: SagaDefinition = SagaDefinition {
+        name: "fails",
+        steps: &[StepDefinition {
+            circuit_breaker: Some(crate::circuit::CircuitBreakerConfig::new(3, 10)),
+            ..step(
+                "notify",
+                1,
+                RetryPolicy::new(2, BackoffKind::Constant, 100),
+                None,
+            )
+        }],
+        ..WAITS
+    };
+    let mut t = fresh(&FAILS);
+    let ran = probe(&mut t, &FAILS, transient("refused"));
+    assert_effects(&ran.effects, after_ms(100), None, false);
+    assert_eq!((t.steps[0].attempt_count, t.steps[0].retry_base), (1, 0));
+}

@@ -5,7 +5,7 @@ use super::{Attempted, BreakerPermit, Run, Stopped};
 use crate::backend::{NextAttempt, TaskRefusal};
 use crate::error::StepErrorKind;
 use crate::metrics;
-use crate::model::task::{TaskInstance, TaskStatus};
+use crate::model::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus};
 use crate::saga::state_machine as sm;
 use crate::saga::state_machine::{Call, Effects, NextMove, Outcome, Phase, Plan};
 
@@ -27,6 +27,7 @@ impl Run<'_> {
             let effects = sm::poisoned(&mut task, self.def, self.delivery.deliveries - 1);
             return self.commit(task, stored, effects).await;
         }
+        forgive_crash(&mut task, self.worker);
         let mut plan = sm::plan(&mut task, self.def, cancel, self.worker);
         let mut continuing = false;
         loop {
@@ -60,6 +61,12 @@ impl Run<'_> {
             };
             return self.commit(task, stored, effects).await;
         }
+    }
+
+    /// Whether this delivery runs alone: a message recovered from a worker
+    /// that stopped answering it (see `worker::isolation`).
+    fn alone(&self) -> bool {
+        self.delivery.deliveries > 1
     }
 
     /// Whether the worker goes on with the task after an attempt rather
@@ -115,6 +122,13 @@ impl Run<'_> {
             && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
         let before = unless_cancelled.then(|| Box::new(task.clone()));
         let attempt = sm::record_attempt(task, self.def, call);
+        if self.alone() {
+            let rec = &mut task.steps[call.idx];
+            match call.phase {
+                Phase::Step => rec.alone_attempt = Some(attempt.number),
+                Phase::Compensation => rec.alone_compensation = Some(attempt.number),
+            }
+        }
         let sent = tokio::time::Instant::now();
         // Renewed with the write when a heartbeat would have renewed it by
         // now; a chain of quick steps renews nothing.
@@ -200,6 +214,9 @@ impl Run<'_> {
             }
         };
         metrics::attempt_ended(self.def.name, step.name, call.phase, &outcome, watch);
+        // A failed half-open probe may cost its task less than a failed call
+        // (`when_open = wait`): the state machine decides.
+        let probe = permit.as_ref().is_some_and(BreakerPermit::is_probe);
         if let Some(permit) = permit {
             let failed = match &outcome {
                 Outcome::Succeeded(_) => Some(false),
@@ -213,10 +230,55 @@ impl Run<'_> {
             };
             permit.report(self.rt, failed).await;
         }
-        let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
+        let effects = match probe {
+            true => sm::on_probe_outcome(task, self.def, call, outcome, self.worker),
+            false => sm::on_outcome(task, self.def, call, outcome, self.worker),
+        };
         Ok(Attempted::Effects {
             effects,
             wrote: true,
         })
+    }
+}
+
+/// An attempt cut short (its worker stopped) that was made beside other
+/// messages is not counted against the retry budget: the crash that cut it
+/// short may have been another message's, and an innocent task must not
+/// pay for its neighbour. The message now runs alone (see
+/// `worker::isolation`), so a crash from here on is the task's own: it is
+/// counted, and the delivery cap still ends a message that crashes its
+/// worker every time.
+fn forgive_crash(task: &mut TaskInstance, worker: &str) {
+    let mut forgiven = Vec::new();
+    for rec in &mut task.steps {
+        let attempt = match rec.status {
+            StepStatus::Running if rec.alone_attempt != Some(rec.attempt_count) => {
+                rec.retry_base += 1;
+                rec.attempt_count
+            }
+            StepStatus::Compensating
+                if rec.compensation_attempts > 0
+                    && rec.next_attempt_at.is_none()
+                    && rec.alone_compensation != Some(rec.compensation_attempts) =>
+            {
+                rec.compensation_retry_base += 1;
+                rec.compensation_attempts
+            }
+            _ => continue,
+        };
+        forgiven.push((rec.name.clone(), attempt));
+    }
+    for (step, attempt) in forgiven {
+        task.audit(
+            AuditEntry::new(AuditAction::AttemptAbandoned)
+                .step(&step)
+                .attempt(attempt)
+                .error(format!(
+                    "attempt {attempt} was cut short when its worker stopped with other \
+                     messages in flight beside it; made again alone, not counted against \
+                     the retry budget"
+                ))
+                .worker(worker),
+        );
     }
 }

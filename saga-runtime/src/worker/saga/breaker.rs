@@ -32,6 +32,14 @@ pub(super) enum BreakerPermit<'b> {
 }
 
 impl BreakerPermit<'_> {
+    /// Whether this call is the breaker's half-open probe.
+    pub(super) fn is_probe(&self) -> bool {
+        match self {
+            BreakerPermit::Local { permit, .. } => permit.is_probe(),
+            BreakerPermit::Shared { probe, .. } => probe.is_some(),
+        }
+    }
+
     /// A permit whose call did not happen (its attempt was claimed
     /// elsewhere, its write failed, its task was cancelled): a shared
     /// probe's slot is freed now rather than when it expires.

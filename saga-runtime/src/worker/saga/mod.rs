@@ -28,7 +28,8 @@ use std::time::Duration;
 
 use super::lease::LeaseGuard;
 use crate::backend::{
-    BackendError, Delivery, Lease, Locked, QueueMessage, TakenLease, TaskRefusal,
+    saga_steps_run, saga_version_run, BackendError, Delivery, Lease, Locked, QueueMessage,
+    TakenLease, TaskRefusal,
 };
 use crate::model::task::{TaskInstance, TaskStatus};
 use crate::saga::state_machine::Effects;
@@ -49,7 +50,8 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
             message.saga,
             known_sagas(rt)
         );
-        return another_version(rt, delivery, message, why).await;
+        let runner = Some(message.saga.clone());
+        return another_version(rt, delivery, message, why, runner).await;
     }
     let taken = match taken {
         Some(taken) => Ok(taken),
@@ -73,7 +75,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
                 "this worker cannot read the record of task {} ({error}); a newer version may have written it",
                 message.task_id
             );
-            return another_version(rt, delivery, message, why).await;
+            return another_version(rt, delivery, message, why, None).await;
         }
         Err(error) => {
             tracing::warn!(%error, "locking failed; message handed back");
@@ -120,12 +122,17 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &Que
                 known_sagas(rt)
             );
             guard.release().await;
-            return another_version(rt, delivery, message, why).await;
+            let runner = saga_version_run(&task.saga, task.saga_version);
+            return another_version(rt, delivery, message, why, Some(runner)).await;
         }
     };
     if let Some(why) = incompatible(&task, saga.definition()) {
         guard.release().await;
-        return another_version(rt, delivery, message, why).await;
+        let runner = task
+            .fingerprint
+            .as_deref()
+            .map(|steps| saga_steps_run(&task.saga, task.saga_version, steps));
+        return another_version(rt, delivery, message, why, runner).await;
     }
     let run = Run {
         rt,

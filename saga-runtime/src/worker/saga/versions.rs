@@ -50,18 +50,42 @@ pub(super) fn incompatible(task: &TaskInstance, def: &SagaDefinition) -> Option<
 
 /// A message this worker cannot handle but another version may: a saga
 /// it does not run (a rolling deploy that adds one), a task started with
-/// other steps, a record it cannot parse. It goes back with growing delays
-/// (1 s, 2 s, 4 s, ... up to 5 minutes) for a worker that can; each such
-/// hand-back counts as an unanswered delivery, so a message no worker ever
-/// handles is, at the delivery cap, dead-lettered and its task parked
-/// `DeadLettered` (waitable, listable, and requeueable once a compatible
-/// version is deployed).
+/// other steps, a record it cannot parse.
+///
+/// When another live engine announced that it runs what the task needs
+/// (`runner`, one of the forms `Partitions::announce_sagas` records), the
+/// message goes back at once as an *answered* delivery: during a rolling
+/// deploy an engine that lacks a version is handed its tasks' messages as
+/// often as the one that has it, and counting those hand-backs would park
+/// runnable tasks as poison with a reason (a crash) that is false.
+///
+/// Otherwise it goes back with growing delays (1 s, 2 s, 4 s, ... up to 5
+/// minutes) for a worker that can; each such hand-back counts as an
+/// unanswered delivery, so a message no worker ever handles is, at the
+/// delivery cap, dead-lettered and its task parked `DeadLettered`
+/// (waitable, listable, and requeueable once a compatible version is
+/// deployed), with a reason that says no live engine runs it.
 pub(super) async fn another_version(
     rt: &Arc<Runtime>,
     delivery: &Delivery,
     message: &QueueMessage,
     why: String,
+    runner: Option<String>,
 ) {
+    let announced = match &runner {
+        Some(run) => match rt.placement().saga_runner_alive(run).await {
+            Ok(alive) => Some(alive),
+            Err(error) => {
+                tracing::debug!(%error, "could not tell whether another engine runs it");
+                None
+            }
+        },
+        None => None,
+    };
+    if announced == Some(true) {
+        tracing::debug!(task_id = %message.task_id, "{why}; run by another live engine: handed back");
+        return crate::worker::release(rt, delivery, rt.settings.lock_retry_delay).await;
+    }
     if delivery.deliveries <= rt.settings.max_deliveries {
         let delay = crate::worker::another_version_delay(delivery.deliveries);
         tracing::warn!(task_id = %message.task_id, ?delay, "{why}; handed back for a worker that can handle it");
@@ -70,8 +94,15 @@ pub(super) async fn another_version(
         }
         return;
     }
+    let waited: u64 = (1..delivery.deliveries)
+        .map(|n| crate::worker::another_version_delay(n).as_secs())
+        .sum();
+    let nobody = match announced {
+        Some(_) => "no live engine announces that it runs it, and none",
+        None => "no worker able to handle it",
+    };
     let reason = format!(
-        "{why}; no worker able to handle it took the message in {} deliveries: requeue it once a compatible version is deployed",
+        "{why}; {nobody} took the message in {} deliveries over about {waited} s: requeue it once a compatible version is deployed",
         delivery.deliveries - 1,
     );
     match park(rt, delivery, message, &reason).await {

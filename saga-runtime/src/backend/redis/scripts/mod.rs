@@ -77,9 +77,37 @@ impl RedisBackend {
     /// Runs a script call (recreating lost consumer groups, as
     /// [`run`](RedisBackend::run) does) and decodes its reply.
     pub(super) async fn call<C: Call>(&self, call: &C) -> Result<C::Reply, BackendError> {
-        let reply: Value = self.run(&call.invocation()).await?;
+        let invocation = call.invocation();
+        let reply: Value = match durable(C::script()) {
+            true => self.run_durable(&invocation).await?,
+            false => self.run(&invocation).await?,
+        };
         C::decode(reply)
     }
+}
+
+/// Whether `script` records what the engine reports or builds on (a start,
+/// a step's outcome, a cancellation, a dead letter, a process manager's
+/// commit, a published message, a tally): at a `RedisConfig::durability`
+/// level above the default it waits for the level (`durability.rs`).
+/// Leases, reads, acknowledgements and housekeeping do not: a failover
+/// that loses one of those redelivers or redoes it.
+fn durable(script: &Script) -> bool {
+    [
+        &CREATE,
+        &RECORD_ATTEMPT,
+        &RECORD_NEXT,
+        &COMMIT,
+        &CANCEL,
+        &DEAD_LETTER,
+        &REQUEUE,
+        &ENQUEUE_PM,
+        &PROCESS_COMMIT,
+        &TALLY_FINISH,
+        &TALLY_PROGRESS,
+    ]
+    .iter()
+    .any(|durable| std::ptr::eq(&***durable, script))
 }
 
 /// A refused write: why, and what came with the refusal (the stored fence,
