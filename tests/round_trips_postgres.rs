@@ -149,15 +149,21 @@ async fn statements(pg: &TestPostgres) -> BTreeMap<String, (i64, i64)> {
         })
 }
 
-/// Statements an engine runs once, not per step: connecting (each new
-/// connection sets its timeouts), the migration check, `LISTEN`, and
-/// `UNLISTEN` as the listener closes.
+/// Statements an engine runs once, or on its own beat, not per step:
+/// connecting (each new connection sets its timeouts), the migration check,
+/// `LISTEN`, `UNLISTEN` as the listener closes, its announcements and its
+/// named leases.
 fn once(query: &str) -> bool {
     ["SET ", "LISTEN ", "UNLISTEN ", "BEGIN", "COMMIT", "CREATE "]
         .iter()
         .any(|start| query.starts_with(start))
         || query.contains("schema_version")
         || query.contains("pg_advisory_xact_lock")
+        // The engine's own beat, not a step's: announcing what it runs
+        // (process managers and saga versions, at start, every heartbeat,
+        // withdrawn at shutdown) and letting its named leases go.
+        || query.contains(".announce_processes(")
+        || query.contains(".release_named_lease(")
 }
 
 /// Forgets every statement counted so far.
