@@ -6,6 +6,7 @@
 //! cargo run --release --example bench_redis [-- TASKS] [--peer PATH]
 //! cargo run --release --example bench_redis -- TASKS --only 4x16   # one run, for a profiler
 //! cargo run --release --example bench_redis -- TASKS --only 4x16 --durability replicated
+//! cargo run --release --example bench_redis -- TASKS --limits   # a limited step next to an unlimited one
 //! ```
 //!
 //! `--durability primary|replicated|fsynced` sets `RedisConfig::durability`
@@ -31,6 +32,10 @@
 #[path = "../tests/common/redis_server.rs"]
 #[allow(dead_code)]
 mod redis_server;
+
+/// `--limits`: a limited step next to an unlimited one.
+#[path = "bench_redis/limits.rs"]
+mod limits;
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -630,6 +635,10 @@ async fn main() {
             "{workers} worker(s), read batch {batch}: {:.0} steps/s; Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
             t.steps_per_s, t.redis_us_per_step, t.engine_us_per_step
         );
+        return;
+    }
+    if args.iter().any(|a| a == "--limits") {
+        limits::limits(&redis, tasks).await;
         return;
     }
     if args.iter().any(|a| a == "--process-only") {

@@ -31,6 +31,7 @@ const FLOORS: &[&str] = &[
     "context",
     "otel",
     "circuit",
+    "limit",
     "backend",
     "error",
     "saga",

@@ -407,3 +407,93 @@ async fn a_failed_write_gives_up_the_entries_it_claimed() {
         assert_eq!(found.id, format!("b-{n}"));
     }
 }
+
+/// Flow-control limits on a cluster: each `(limit, key)` lives in a slot
+/// of its own (one script per call), so keys of one limit spread over the
+/// shards, and two limits whose keys sit on different primaries hold,
+/// queue and hand on their slots each on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_with_keys_on_different_shards_each_hold() {
+    use saga_runtime::backend::{LimitDecision, LimitRequest};
+    use saga_runtime::limit::LimitConfig;
+
+    let cluster = TestCluster::start();
+    let b: Arc<dyn Backend> = Arc::new(backend(&cluster, config("lim")).await);
+    let limits = b.clone().limits().expect("the Redis backend shares limits");
+    let one = LimitConfig {
+        concurrency: Some(1),
+        rate: None,
+    };
+    let ask = |limit: &'static str, key: String, holder: &'static str| {
+        let limits = limits.clone();
+        async move {
+            let request = LimitRequest {
+                limit,
+                key: Some(&key),
+                config: one,
+                holder,
+                waiter: holder,
+                hold_for: Duration::from_secs(30),
+                wake: Some(holder),
+            };
+            limits.limit_acquire(&request).await.unwrap()
+        }
+    };
+    // Where a key's state lives: the primary serving its slot.
+    let mut conn = cluster.conn();
+    let mut home = |limit: &str, n: u32| {
+        let key = format!("lim:{{lim:limit:{limit}={n}}}:holders");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query(&mut conn)
+            .unwrap();
+        let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap();
+        (exists, cluster.primary_of_slot(slot))
+    };
+    assert_eq!(
+        ask("psp", "0".to_owned(), "h1").await.decision,
+        LimitDecision::Granted
+    );
+    let (held, a_home) = home("psp", 0);
+    assert!(held, "psp's slot is held in its key's slot");
+    let mut other = None;
+    for n in 0..16 {
+        let got = ask("mail", n.to_string(), "h1").await;
+        assert_eq!(got.decision, LimitDecision::Granted, "mail key {n}");
+        let (held, at) = home("mail", n);
+        assert!(held, "mail key {n}");
+        if at != a_home {
+            other.get_or_insert(n);
+        }
+    }
+    let b_key = other.expect("16 keys spread over more than one primary");
+    // Two limits, whose keys' state lives on different primaries.
+    let waits = |d: &LimitDecision| matches!(d, LimitDecision::Wait { .. });
+    assert!(waits(&ask("psp", "0".to_owned(), "h2").await.decision));
+    assert!(waits(&ask("mail", b_key.to_string(), "h3").await.decision));
+    let released = limits
+        .limit_release("psp", Some("0"), "h1", one)
+        .await
+        .unwrap();
+    assert!(released.released);
+    assert_eq!(released.wake, ["h2"], "only psp's line is woken");
+    let usage = limits
+        .limit_usage("mail", Some(&b_key.to_string()), one)
+        .await
+        .unwrap();
+    assert_eq!((usage.in_use, usage.waiting), (1, 1), "mail is untouched");
+    let released = limits
+        .limit_release("mail", Some(&b_key.to_string()), "h1", one)
+        .await
+        .unwrap();
+    assert_eq!(released.wake, ["h3"]);
+    assert_eq!(
+        ask("psp", "0".to_owned(), "h2").await.decision,
+        LimitDecision::Granted
+    );
+    assert_eq!(
+        ask("mail", b_key.to_string(), "h3").await.decision,
+        LimitDecision::Granted
+    );
+}

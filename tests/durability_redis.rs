@@ -453,3 +453,63 @@ async fn a_message_forwarded_to_another_shard_waits_for_its_replica() {
         "{copies} copies seen, {forwarded} forwarded"
     );
 }
+
+/// A limit's grant is a write an attempt starts on: at
+/// `Durability::Replicated` it waits for the replica (a failover to it
+/// loses no slot given), and with the replica paused it reports the
+/// failure; the grant stays on the primary, and the retry by the same
+/// holder finds its slot, taking no second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_grant_waits_for_the_replica() {
+    use saga_runtime::backend::{LimitDecision, LimitRequest, Limits};
+    use saga_runtime::limit::LimitConfig;
+
+    let primary = TestRedis::start();
+    let replica = TestRedis::start();
+    attach_replica(&primary, &replica);
+    let timeout = Duration::from_millis(400);
+    let durable = RedisBackend::connect_with(
+        &primary.url(),
+        config(Durability::Replicated {
+            replicas: 1,
+            timeout,
+        }),
+    )
+    .await
+    .unwrap();
+    let two = LimitConfig {
+        concurrency: Some(2),
+        rate: None,
+    };
+    let request = |holder| LimitRequest {
+        limit: "psp",
+        key: None,
+        config: two,
+        holder,
+        waiter: holder,
+        hold_for: Duration::from_secs(30),
+        wake: Some(holder),
+    };
+    let granted = durable.limit_acquire(&request("h1")).await.unwrap();
+    assert_eq!(granted.decision, LimitDecision::Granted);
+    let replicated: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg("saga:{saga:limit:psp}:holders")
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut replica.conn())
+        .unwrap();
+    assert_eq!(replicated.len(), 1, "the replica holds the grant");
+    assert_eq!(replicated[0].0, "h1");
+
+    let replica_pid = pid(replica.port());
+    signal(&replica_pid, "-STOP");
+    let error = durable.limit_acquire(&request("h2")).await.unwrap_err();
+    signal(&replica_pid, "-CONT");
+    assert!(error.is_transient(), "{error}");
+    assert!(error.to_string().contains("0 of the 1 replica"), "{error}");
+    let again = durable.limit_acquire(&request("h2")).await.unwrap();
+    assert_eq!(again.decision, LimitDecision::Granted);
+    let usage = durable.limit_usage("psp", None, two).await.unwrap();
+    assert_eq!(usage.in_use, 2, "h2's retry took no second slot");
+}

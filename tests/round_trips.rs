@@ -130,6 +130,174 @@ async fn a_chain_of_steps_costs_at_most_two_round_trips_per_step() {
     );
 }
 
+/// `Chain` with a concurrency limit on every step, never saturated.
+struct ChainSlots {
+    done: Arc<AtomicU64>,
+}
+
+#[saga(name = "chain-slots")]
+impl ChainSlots {
+    #[saga_step(1)]
+    #[limit(concurrency = 1000)]
+    async fn one(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(2)]
+    #[limit(concurrency = 1000)]
+    async fn two(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(3)]
+    #[limit(concurrency = 1000)]
+    async fn three(&self, n: u64) -> Result<u64, StepError> {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// `Chain` with a start rate on every step, never saturated.
+struct ChainRate {
+    done: Arc<AtomicU64>,
+}
+
+#[saga(name = "chain-rate")]
+impl ChainRate {
+    #[saga_step(1)]
+    #[limit(rate = 100000, per = "1s", burst = 10000)]
+    async fn one(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(2)]
+    #[limit(rate = 100000, per = "1s", burst = 10000)]
+    async fn two(&self, n: u64) -> Result<u64, StepError> {
+        Ok(n)
+    }
+    #[saga_step(3)]
+    #[limit(rate = 100000, per = "1s", burst = 10000)]
+    async fn three(&self, n: u64) -> Result<u64, StepError> {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// What one worker sends per step while it runs `tasks` 3-step tasks of
+/// `S` (made by `saga`) on a fresh server, as the test above counts it:
+/// by command, then in all.
+async fn per_step<S: Saga<Input = u64>>(
+    saga: impl Fn(Arc<AtomicU64>) -> S,
+    tasks: u64,
+) -> (BTreeMap<String, f64>, f64) {
+    let redis = TestRedis::start_with_aof(false);
+    let done = Arc::new(AtomicU64::new(0));
+    let build = |workers| {
+        let saga = saga(done.clone());
+        let redis = &redis;
+        async move {
+            let config = RedisConfig {
+                block: Duration::from_millis(200),
+                ..RedisConfig::default()
+            };
+            Engine::builder()
+                .backend(
+                    RedisBackend::connect_with(&redis.url(), config)
+                        .await
+                        .unwrap(),
+                )
+                .saga(saga)
+                .timeout_poll_interval(Duration::from_secs(600))
+                .housekeeping_interval(Duration::from_secs(600))
+                .workers(workers)
+                .build()
+                .await
+                .unwrap()
+        }
+    };
+    let client = build(0).await;
+    let mut ids = Vec::new();
+    for n in 0..tasks {
+        ids.push(client.start::<S>(n).await.unwrap());
+    }
+    let workers = build(0).await;
+    let counts = commands_during(&redis, async {
+        let pool = workers.clone();
+        tokio::spawn(async move { pool.run_workers(1).await });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while done.load(Ordering::Relaxed) < tasks {
+            assert!(Instant::now() < deadline, "the tasks did not finish");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for id in &ids {
+            let task = client.wait(*id).await.unwrap();
+            assert_eq!(task.status, TaskStatus::Completed);
+            assert!(task.steps.iter().all(|s| s.attempt_count == 1));
+        }
+        // The last slot's release is sent after the last commit.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    })
+    .await;
+    workers.shutdown().await;
+    let steps = (tasks * 3) as f64;
+    let mut by_command: BTreeMap<String, f64> = BTreeMap::new();
+    for (cmd, n) in &counts {
+        // `wait` reads each task once (record and audit log): the test's.
+        let n = match cmd.as_str() {
+            "HMGET" | "LRANGE" => n - n.min(&tasks),
+            _ => *n,
+        };
+        by_command.insert(cmd.clone(), n as f64 / steps);
+    }
+    let total = by_command.values().sum();
+    (by_command, total)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_step_costs_one_round_trip_more_per_grant_and_one_per_slot_release() {
+    let tasks = 200;
+    let (plain, plain_total) = per_step(|done| Chain { done }, tasks).await;
+    let (slots, slots_total) = per_step(|done| ChainSlots { done }, tasks).await;
+    let (rate, rate_total) = per_step(|done| ChainRate { done }, tasks).await;
+    let evalsha = |c: &BTreeMap<String, f64>| c.get("EVALSHA").copied().unwrap_or(0.0);
+    println!("round trips per step, 1 worker, {tasks} tasks x 3 steps:");
+    println!("  unlimited          {plain_total:.2} {plain:.2?}");
+    println!(
+        "  concurrency = 1000 {slots_total:.2} (+{:.2}; EVALSHA +{:.2}) {slots:.2?}",
+        slots_total - plain_total,
+        evalsha(&slots) - evalsha(&plain)
+    );
+    println!(
+        "  rate = 100000/s    {rate_total:.2} (+{:.2}; EVALSHA +{:.2}) {rate:.2?}",
+        rate_total - plain_total,
+        evalsha(&rate) - evalsha(&plain)
+    );
+    // The unlimited chain keeps its budget (the test above, again here on
+    // a fresh server).
+    assert!(plain_total <= 2.0, "{plain_total:.2} per unlimited step");
+    // A slot costs its acquire and its release (a script call each); a
+    // rate its acquire only. A little slack for the idle reads, whose
+    // number depends on timing.
+    let slack = 0.05;
+    let slot_scripts = evalsha(&slots) - evalsha(&plain);
+    let rate_scripts = evalsha(&rate) - evalsha(&plain);
+    assert!(
+        (slot_scripts - 2.0).abs() <= slack,
+        "a slot's scripts per step: {slot_scripts:.2} (acquire + release)"
+    );
+    assert!(
+        (rate_scripts - 1.0).abs() <= slack,
+        "a rate's scripts per step: {rate_scripts:.2} (acquire)"
+    );
+    assert!(
+        slots_total - plain_total <= 2.0 + slack,
+        "a concurrency limit costs {:.2} round trips per step",
+        slots_total - plain_total
+    );
+    assert!(
+        rate_total - plain_total <= 1.0 + slack,
+        "a rate costs {:.2} round trips per step",
+        rate_total - plain_total
+    );
+}
+
 /// Fails its first `failures` calls, then succeeds.
 struct Flaky {
     failures: u32,

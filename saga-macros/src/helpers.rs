@@ -25,8 +25,11 @@ pub fn attr_name(attr: &Attribute) -> Option<String> {
     attr.path().segments.last().map(|s| s.ident.to_string())
 }
 
+/// One of `METHOD_HELPERS`, or `#[limit]` (only as `limit` or
+/// `saga_runtime::limit`: another crate's `#[x::limit]` is left alone).
 pub fn is_method_helper(attr: &Attribute) -> bool {
     attr_name(attr).is_some_and(|n| METHOD_HELPERS.contains(&n.as_str()))
+        || crate::limit::parse::is_limit(attr)
 }
 
 fn is_saga_attr(attr: &Attribute) -> bool {

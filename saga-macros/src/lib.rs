@@ -12,6 +12,7 @@ mod attr_args;
 mod ctxt;
 mod helpers;
 mod item;
+mod limit;
 mod message;
 mod name;
 mod process;
@@ -80,6 +81,23 @@ pub fn compensate(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn circuit_breaker(args: TokenStream, item: TokenStream) -> TokenStream {
     helpers::standalone("circuit_breaker", args.into(), item.into()).into()
+}
+
+/// Flow control on a step (or a process manager's handler), across the
+/// whole deployment: `#[limit(concurrency = 10)]`,
+/// `#[limit(rate = 100, per = "1s", burst = 20, key = input.merchant_id, name = "psp")]`.
+///
+/// `concurrency = N`: at most N attempts at once. `rate = N`: at most N
+/// starts per `per` (default `"1s"`; `"500ms"`, `"2m"`, `"1h"`), of which
+/// `burst` (default 1) may come at once. `key = input.field`: per value of
+/// that field (`msg.field` on a handler). `name = ".."`: one budget shared
+/// by every step and handler naming it (default `"{saga}.{method}"`).
+/// Several `#[limit]` on one method must each grant. An attempt that cannot
+/// start waits parked, holding no worker, and not against its retries or
+/// timeout.
+#[proc_macro_attribute]
+pub fn limit(_args: TokenStream, item: TokenStream) -> TokenStream {
+    limit::standalone(item.into()).into()
 }
 
 /// Allows `engine.cancel::<S>(id)`; goes next to `#[saga]` (above or below).

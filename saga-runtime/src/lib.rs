@@ -53,6 +53,7 @@
 //!   workers and shutdown) and its [`EngineBuilder`];
 //! - [`saga`](mod@saga): what `#[saga]` generates ([`Saga`], [`saga::SagaDefinition`],
 //!   versions); [`policy`] and [`circuit`]: retries and breakers;
+//!   [`limit`]: flow control (`#[limit]`);
 //! - [`model`]: the plain records every layer passes around; [`task`] is
 //!   the persisted task ([`TaskInstance`], statuses, audit log);
 //! - [`backend`]: the storage seam (the core a saga-only backend
@@ -72,7 +73,7 @@
 //! that each can be read and changed knowing what it may touch (the
 //! repository's `tests/architecture.rs` keeps it so). Lowest first: `model`
 //! (the persisted records); `util`, `name`, `policy`, `context`, `otel` and
-//! `circuit`; `backend` (storage); `error`; the state machines `saga` and
+//! `circuit`; `limit`; `backend` (storage); `error`; the state machines `saga` and
 //! `process`; `metrics`; `worker` (what runs them); `engine`; then
 //! `endpoint`, `reconcile`, `http` and `testing` on top. Data flows down the
 //! same way: engine -> worker -> state machines -> backend -> model.
@@ -94,6 +95,7 @@ pub mod error;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+pub mod limit;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
@@ -112,7 +114,7 @@ mod util;
 mod worker;
 
 pub use saga_macros::{
-    cancellable, circuit_breaker, compensate, compensation_retry_policy, correlate, handles,
+    cancellable, circuit_breaker, compensate, compensation_retry_policy, correlate, handles, limit,
     on_error, process_manager, retry_policy, saga, saga_step, starts, timeout, Message,
 };
 
@@ -142,7 +144,7 @@ pub mod prelude {
     pub use crate::saga::{Cancellable, Saga};
     pub use saga_macros::{
         cancellable, circuit_breaker, compensate, compensation_retry_policy, correlate, handles,
-        on_error, process_manager, retry_policy, saga, saga_step, starts, timeout, Message,
+        limit, on_error, process_manager, retry_policy, saga, saga_step, starts, timeout, Message,
     };
 
     /// What `crate = my_module` finds when `my_module` re-exports this
@@ -165,6 +167,7 @@ pub mod __private {
     pub use crate::context::StepContext;
     pub use crate::engine::Engine;
     pub use crate::error::StepError;
+    pub use crate::limit::{limit_key_from, LimitKey, LimitKeyValue, LimitSpec, Rate};
     pub use crate::policy::{BackoffKind, OnExhausted, RetryPolicy};
     pub use crate::process::same_field;
     pub use crate::process::{

@@ -46,6 +46,7 @@ impl Saga for Handle {
                     circuit_breaker: None,
                     timeout: None,
                     input_type: "u32",
+                    limits: &[],
                     output_type: "u32",
                 },
                 StepDefinition {
@@ -59,6 +60,7 @@ impl Saga for Handle {
                     circuit_breaker: None,
                     timeout: None,
                     input_type: "u32",
+                    limits: &[],
                     output_type: "u32",
                 },
                 StepDefinition {
@@ -69,6 +71,7 @@ impl Saga for Handle {
                     circuit_breaker: None,
                     timeout: None,
                     input_type: "u32",
+                    limits: &[],
                     output_type: "u32",
                 },
             ],

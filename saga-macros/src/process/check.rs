@@ -14,6 +14,7 @@ use syn::{Ident, Type};
 
 use super::model::{member_name, Correlation, HandlerDef, HandlerKind, ProcessDef};
 use crate::ctxt::Ctxt;
+use crate::limit::model::Limit;
 use crate::types::{normalize, type_to_string};
 
 pub fn check(cx: &Ctxt, pm: &ProcessDef) {
@@ -22,6 +23,12 @@ pub fn check(cx: &Ctxt, pm: &ProcessDef) {
     check_one_on_error(cx, pm);
     check_generic_params(cx, pm);
     check_shared_fields_do_not_start(cx, pm);
+    let limits: Vec<(&Ident, &[Limit])> = pm
+        .handlers
+        .iter()
+        .map(|h| (&h.ident, h.limits.as_slice()))
+        .collect();
+    crate::limit::check::check_names(cx, &pm.name, &limits);
 }
 
 /// A field `#[handles(many)]` shares among instances cannot find the one

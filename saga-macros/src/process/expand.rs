@@ -280,7 +280,7 @@ fn trait_impl(pm: &ProcessDef) -> TokenStream {
     let name = &pm.name;
     let state_type = type_to_string(&state);
     let ops = state_ops(&rt, &state);
-    let handlers = pm.handlers.iter().map(|h| handler_definition(&rt, h));
+    let handlers = pm.handlers.iter().map(|h| handler_definition(pm, h));
     let on_complete = match pm.on_complete {
         OnComplete::Keep => quote!(Keep),
         OnComplete::Delete => quote!(Delete),
@@ -384,9 +384,21 @@ fn trait_impl(pm: &ProcessDef) -> TokenStream {
     }
 }
 
-fn handler_definition(rt: &TokenStream, handler: &HandlerDef) -> TokenStream {
+fn handler_definition(pm: &ProcessDef, handler: &HandlerDef) -> TokenStream {
+    let rt = &pm.rt();
     let method = handler.ident.to_string();
-    let ops = message_ops(rt, &message_of(rt, handler));
+    let message = message_of(rt, handler);
+    let ops = message_ops(rt, &message);
+    // A keyed limit decodes the message through the same `message_ops`
+    // as the handler: a type that is not a message stays one error.
+    let limits = crate::limit::expand::specs(
+        rt,
+        &pm.name,
+        &handler.ident,
+        &handler.limits,
+        &message,
+        &|value| quote!((#ops.decode)(#value)),
+    );
     let kind = match handler.kind {
         HandlerKind::Starts { strict } => quote!(Starts { strict: #strict }),
         HandlerKind::Handles { strict, many } => quote!(Handles { strict: #strict, many: #many }),
@@ -407,6 +419,7 @@ fn handler_definition(rt: &TokenStream, handler: &HandlerDef) -> TokenStream {
             message_type: #ops.type_name,
             kind: #rt::HandlerKind::#kind,
             correlation: #rt::Correlation::#correlation,
+            limits: #limits,
         }
     }
 }

@@ -53,6 +53,7 @@ fn build_process(cx: &Ctxt, parsed: ParsedProcess) -> Result<ProcessDef, TokenSt
                     message,
                     state,
                     correlate,
+                    limits,
                 } = *handler;
                 let kind = match kind {
                     Kind::Starts { strict } => HandlerKind::Starts { strict },
@@ -73,6 +74,7 @@ fn build_process(cx: &Ctxt, parsed: ParsedProcess) -> Result<ProcessDef, TokenSt
                     message,
                     state,
                     correlation,
+                    limits,
                 });
             }
         }

@@ -12,6 +12,8 @@ mod model;
 mod parse;
 mod vocab;
 
+pub(crate) use parse::is_helper;
+
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
 
@@ -108,6 +110,8 @@ mod tests {
                 async fn submitted(&self, msg: OrderSubmitted, state: &mut FulfillmentState, ctx: &mut ProcessContext) -> Result<(), ProcessError> { Ok(()) }
                 #[handles(strict)]
                 #[correlate(state.order_number = msg.order_number)]
+                #[limit(concurrency = 2, rate = 10, per = "1m", key = msg.warehouse.code)]
+                #[saga_runtime::limit(concurrency = 5, name = "wms")]
                 async fn reserved(&self, msg: InventoryReserved, state: &mut FulfillmentState, ctx: &mut ProcessContext) -> Result<(), ProcessError> { Ok(()) }
                 #[timeout]
                 async fn payment_due(&self, t: PaymentDue, state: &mut FulfillmentState, ctx: &mut ProcessContext) -> Result<(), ProcessError> { Ok(()) }
@@ -137,6 +141,8 @@ mod tests {
             "# [correlate",
             "# [timeout]",
             "# [on_error]",
+            "# [limit",
+            "# [saga_runtime :: limit",
         ] {
             assert!(!text.contains(helper), "{helper} left in {text}");
         }
@@ -160,6 +166,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("fn on_error"), "{text}");
+        assert!(text.contains("name : \"fulfillment.reserved\""), "{text}");
+        assert!(text.contains("expr : \"msg.warehouse.code\""), "{text}");
+        assert!(text.contains("name : \"wms\""), "{text}");
     }
 
     /// Prelude names used without a leading `::path::`.

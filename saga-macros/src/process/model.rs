@@ -9,6 +9,7 @@ use proc_macro2::TokenStream;
 use syn::{Ident, Member, Type};
 
 pub use super::vocab::{Concurrency, OnComplete};
+use crate::limit::model::Limit;
 
 pub struct ProcessDef {
     /// The user's impl block, helper attributes removed, otherwise untouched.
@@ -41,6 +42,8 @@ pub struct HandlerDef {
     /// `S` in the state parameter `&mut S`, as written.
     pub state: Option<Type>,
     pub correlation: Correlation,
+    /// `#[limit(..)]`, in source order.
+    pub limits: Vec<Limit>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

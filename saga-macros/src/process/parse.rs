@@ -27,10 +27,22 @@ use crate::attr_args::{
     choice, key_values, last_segment, last_segment_is, name_value, runtime_path,
 };
 use crate::ctxt::Ctxt;
+use crate::limit::{
+    self,
+    model::{Limit, Site},
+    parse::Misplaced,
+};
 use crate::types::{same_type, type_to_string};
 
 /// The helper attributes `#[process_manager]` reads from its methods.
-pub const HELPERS: [&str; 5] = ["starts", "handles", "correlate", "timeout", "on_error"];
+pub const HELPERS: [&str; 6] = [
+    "starts",
+    "handles",
+    "correlate",
+    "timeout",
+    "on_error",
+    "limit",
+];
 
 /// The helper an attribute is, if it is one of ours: `#[starts]`, or written
 /// through the crate (`#[saga_runtime::starts]`). A `timeout` attribute of
@@ -107,6 +119,8 @@ pub struct HandlerAttrs {
     /// is judged by the compiler); `None` if the signature is wrong there.
     pub state: Option<Type>,
     pub correlate: Option<CorrelateArgs>,
+    /// `#[limit(..)]`, the valid ones.
+    pub limits: Vec<Limit>,
 }
 
 /// `#[correlate(state.<state_field> = msg.<message_field>)]`.
@@ -369,6 +383,8 @@ struct MethodHelpers {
     /// `#[starts]`, `#[handles]`, `#[timeout]`, `#[on_error]`: the first one.
     role: Option<Attribute>,
     correlate: Option<Attribute>,
+    /// Every `#[limit]`: several compose.
+    limits: Vec<Attribute>,
 }
 
 fn parse_method(
@@ -381,6 +397,10 @@ fn parse_method(
     let mut helpers = MethodHelpers::default();
     for attr in attrs {
         let name = helper_name(&attr).unwrap_or_default();
+        if name == "limit" {
+            helpers.limits.push(attr);
+            continue;
+        }
         if name == "correlate" {
             if helpers.correlate.is_some() {
                 cx.error_spanned_by(
@@ -415,6 +435,7 @@ fn parse_method(
                 ),
             );
         }
+        limit::parse::misplaced(cx, &helpers.limits, Misplaced::NotAHandler(ident));
         return None;
     };
     let role_name = helper_name(&role_attr).unwrap_or_default();
@@ -427,6 +448,7 @@ fn parse_method(
                  `#[on_error]` policy; remove it",
             );
         }
+        limit::parse::misplaced(cx, &helpers.limits, Misplaced::OnError);
         no_arguments(
             cx,
             &role_attr,
@@ -487,6 +509,12 @@ fn parse_method(
         Some(attr) => parse_correlate(cx, attr, &sig),
         None => None,
     };
+    let limits = limit::parse::parse_all(
+        cx,
+        &helpers.limits,
+        Site::Handler,
+        sig.message_name.as_ref(),
+    );
 
     Some(ParsedMethod {
         ident: ident.clone(),
@@ -504,6 +532,7 @@ fn parse_method(
             message: sig.message,
             state: sig.state,
             correlate,
+            limits,
         })),
     })
 }

@@ -14,6 +14,7 @@ use syn::Ident;
 
 use super::model::{CompensationDef, SagaDef, StepDef};
 use crate::ctxt::Ctxt;
+use crate::limit::model::Limit;
 use crate::suggest;
 
 pub fn check(cx: &Ctxt, saga: &SagaDef) {
@@ -21,6 +22,21 @@ pub fn check(cx: &Ctxt, saga: &SagaDef) {
     check_numbering(cx, saga);
     check_compensations(cx, saga);
     check_generic_params(cx, saga);
+    check_limits(cx, saga);
+}
+
+/// A limit's name is one budget (`crate::limit::check`); a keyed one
+/// names the step's input in the definition.
+fn check_limits(cx: &Ctxt, saga: &SagaDef) {
+    let uses: Vec<(&Ident, &[Limit])> = saga
+        .steps
+        .iter()
+        .map(|s| (&s.ident, s.limits.as_slice()))
+        .collect();
+    crate::limit::check::check_names(cx, &saga.name, &uses);
+    for step in &saga.steps {
+        crate::limit::check::check_key_type(cx, &step.limits, step.input.as_ref());
+    }
 }
 
 fn check_has_steps(cx: &Ctxt, saga: &SagaDef) {

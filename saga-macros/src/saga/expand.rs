@@ -399,6 +399,19 @@ fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
         None => quote!(::core::option::Option::None),
     };
     let (input_type, output_type) = &step.written;
+    // A keyed limit decodes the input through the step's `Codec`: a type
+    // that does not decode stays the one error its check gives.
+    let input = step
+        .input
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(#rt::Value));
+    let traits = codec_traits(&rt);
+    let decode = |v| {
+        let decode = decode(&rt, &input, v);
+        quote!({ #traits #decode })
+    };
+    let limits =
+        crate::limit::expand::specs(&rt, &saga.name, &step.ident, &step.limits, &input, &decode);
     quote! {
         #rt::StepDefinition {
             name: #name,
@@ -409,6 +422,7 @@ fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
             timeout: #timeout,
             input_type: #input_type,
             output_type: #output_type,
+            limits: #limits,
         }
     }
 }

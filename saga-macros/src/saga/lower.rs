@@ -75,6 +75,7 @@ fn build_saga(cx: &Ctxt, parsed: ParsedSaga) -> Result<SagaDef, TokenStream> {
                         scope: b.scope,
                         when_open: b.when_open,
                     }),
+                    limits: step.limits,
                 });
             }
             Role::Compensation(comp) => compensations.push(CompensationDef {

@@ -13,6 +13,7 @@ use quote::format_ident;
 use syn::{Ident, Type};
 
 pub use super::vocab::{Backoff, BreakerScope, OnExhausted, WhenOpen};
+use crate::limit::model::Limit;
 
 #[derive(Clone)]
 pub struct SagaDef {
@@ -55,6 +56,8 @@ pub struct StepDef {
     pub retry: Option<PolicyDef>,
     pub compensation_retry: Option<PolicyDef>,
     pub breaker: Option<BreakerDef>,
+    /// `#[limit(..)]`, in source order.
+    pub limits: Vec<Limit>,
 }
 
 #[derive(Clone)]

@@ -27,6 +27,11 @@ use crate::attr_args::{
 };
 use crate::ctxt::Ctxt;
 use crate::helpers::{attr_name, is_method_helper};
+use crate::limit::{
+    self,
+    model::{Limit, Site},
+    parse::Misplaced,
+};
 use crate::types::type_to_string;
 
 /// What `#[saga]` was put on.
@@ -79,6 +84,8 @@ pub struct StepAttrs {
     pub retry: Option<PolicyArgs>,
     pub compensation_retry: Option<PolicyArgs>,
     pub breaker: Option<BreakerArgs>,
+    /// `#[limit(..)]`, the valid ones.
+    pub limits: Vec<Limit>,
 }
 
 pub struct CompensationAttrs {
@@ -318,12 +325,18 @@ struct MethodHelpers {
     retry_policy: Option<Attribute>,
     compensation_retry_policy: Option<Attribute>,
     circuit_breaker: Option<Attribute>,
+    /// Every `#[limit]`: several compose.
+    limits: Vec<Attribute>,
 }
 
 fn parse_method(cx: &Ctxt, method: &ImplItemFn, attrs: Vec<Attribute>) -> Option<ParsedMethod> {
     let ident = &method.sig.ident;
     let mut helpers = MethodHelpers::default();
     for attr in attrs {
+        if limit::parse::is_limit(&attr) {
+            helpers.limits.push(attr);
+            continue;
+        }
         let name = attr_name(&attr).unwrap_or_default();
         let slot = match name.as_str() {
             "saga_step" => &mut helpers.saga_step,
@@ -367,6 +380,8 @@ fn parse_method(cx: &Ctxt, method: &ImplItemFn, attrs: Vec<Attribute>) -> Option
             .circuit_breaker
             .as_ref()
             .and_then(|a| parse_breaker(cx, a));
+        let param = limit::parse::first_param(method);
+        let limits = limit::parse::parse_all(cx, &helpers.limits, Site::Step, param.as_ref());
         return Some(ParsedMethod {
             ident: ident.clone(),
             role: Role::Step(Box::new(StepAttrs {
@@ -376,6 +391,7 @@ fn parse_method(cx: &Ctxt, method: &ImplItemFn, attrs: Vec<Attribute>) -> Option
                 retry,
                 compensation_retry,
                 breaker,
+                limits,
             })),
         });
     }
@@ -406,6 +422,11 @@ fn parse_method(cx: &Ctxt, method: &ImplItemFn, attrs: Vec<Attribute>) -> Option
             format!("`#[{name}]` applies only to a `#[saga_step]` method, and `{ident}` is not a step{fix}"),
         );
     }
+    let place = match &compensation {
+        Some(_) => Misplaced::Compensation,
+        None => Misplaced::NotAStep(ident),
+    };
+    limit::parse::misplaced(cx, &helpers.limits, place);
 
     let (_, target) = compensation?;
     let sig = parse_signature(cx, method, Kind::Compensation);

@@ -51,6 +51,7 @@ mod endpoint;
 mod error;
 mod housekeeping;
 mod leases;
+pub(crate) mod limits;
 pub mod memory;
 mod partitions;
 #[cfg(feature = "postgres")]
@@ -70,6 +71,10 @@ pub use endpoint::{EndpointDelivery, Endpoints};
 pub use error::{BackendError, BackendErrorKind, SourceError};
 pub use housekeeping::{Housekeeping, Housekept, Retention};
 pub use leases::Leases;
+pub use limits::{
+    Acquired, LimitCause, LimitDecision, LimitRequest, LimitUsage, Limits, Released, BOOKING_GRACE,
+    LATE,
+};
 pub(crate) use partitions::{saga_runs, saga_steps_run, saga_version_run};
 pub use partitions::{ForwardTo, Partitions};
 pub use process::{Batched, ProcessCommit, ProcessRefusal, ProcessStore, ProcessWrite};
@@ -141,6 +146,13 @@ pub trait Backend: TaskStore + WorkQueue + DeadLetters + Housekeeping + std::any
     /// Circuit breakers shared by every engine on this backend; `None`:
     /// `scope = shared` breakers are kept per process.
     fn breakers(self: Arc<Self>) -> Option<Arc<dyn Breakers>> {
+        None
+    }
+
+    /// Flow-control limits (`#[limit]`) shared by every engine on this
+    /// backend; `None`: each engine keeps them in its own process (a
+    /// limit then holds per engine, not across the deployment).
+    fn limits(self: Arc<Self>) -> Option<Arc<dyn Limits>> {
         None
     }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{BackendError, Locked, ProcessInstance, WorkItem};
+use super::{BackendError, Locked, ProcessInstance, QueueMessage, WorkItem};
 use crate::model::task::TaskId;
 
 /// A message handed to a worker; settle it (commit, acknowledge,
@@ -253,6 +253,18 @@ pub trait WorkQueue: Send + Sync + 'static {
     /// returns how many moved. Backends that promote them on `receive` may
     /// return 0.
     async fn release_due(&self, limit: usize) -> Result<usize, BackendError>;
+
+    /// Makes `message` due now if it still waits as a delayed message (a
+    /// task parked by a flow-control limit, woken because a slot freed),
+    /// whether or not its delay already ran out (the timer poller may not
+    /// have moved it yet); true when this call moved it. A message already
+    /// moved, taken or gone is left alone, so a late or repeated wake does
+    /// nothing. `Ok(false)`, the default: the parked task comes back when
+    /// its delay ends.
+    async fn wake(&self, message: &QueueMessage) -> Result<bool, BackendError> {
+        let _ = message;
+        Ok(false)
+    }
 
     /// The queue's backlog, for the `saga_queue_*` metrics: every engine
     /// running workers asks once per housekeeping interval, so it must be

@@ -279,6 +279,17 @@ impl EngineBuilder {
                     .to_owned(),
             ));
         }
+        let declared = crate::worker::limits::declared(
+            sagas.all(),
+            processes.values().map(|p| p.definition()),
+        )?;
+        if !declared.is_empty() && backend.clone().limits().is_none() {
+            tracing::warn!(
+                limits = ?declared.keys().collect::<Vec<_>>(),
+                "the backend shares no flow-control limits (`Backend::limits` is `None`): each engine \
+                 keeps its own, so a limit holds per engine, not across the deployment"
+            );
+        }
         let rt = Arc::new(Runtime::new(
             backend,
             sagas,

@@ -31,6 +31,7 @@
 //! | `POST /api/dead-letters/{id}/requeue` | puts it back |
 //! | `POST /api/dead-letters/{id}/discard` `{"note":..}` | removes it |
 //! | `POST /api/dead-letters/requeue` `{"saga":..,"step":..,"error_contains":..,"max":..}` | requeues every letter picked |
+//! | `GET /api/limits` | the flow-control limits (`#[limit]`): each one's `name`, `concurrency`, `rate`, `keyed`, `used_by` and the unkeyed budget's `usage` now (`in_use`, `waiting`, `booked`) |
 //! | `GET /api/processes` | each process manager's `name`, `total` instances and `counts` by status (`null` past 1,000 instances) |
 //! | `GET /api/processes/{name}/instances?status=&cursor=&limit=` | a page of instances (no promised order), only those in `status` if given |
 //! | `GET /api/processes/{name}/instances/{id}` | one, with its pending timeouts |
@@ -260,6 +261,7 @@ impl Api {
                 "/api/dead-letters/{id}/discard",
                 post(dead_letters::discard),
             )
+            .route("/api/limits", get(limits))
             .route("/api/processes", get(processes::list))
             .route("/api/processes/{name}/instances", get(processes::instances))
             .route(
@@ -283,6 +285,14 @@ impl Api {
 /// [module docs](self)); [`Api`] configures access for changes.
 pub fn router(engine: Engine) -> Router {
     Api::new(engine).router()
+}
+
+/// `GET /api/limits`: the flow-control limits the engine declares, with
+/// the use of each unkeyed budget now ([`Engine::limits`]).
+async fn limits(
+    State(state): State<ApiState>,
+) -> Result<Json<Vec<crate::engine::LimitInfo>>, ApiError> {
+    Ok(Json(state.engine.limits().await?))
 }
 
 /// `GET /api/overview`.

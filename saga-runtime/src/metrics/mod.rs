@@ -45,6 +45,10 @@
 //! | `saga_process_batched_total` | counter | `process` | Messages saved in the write of another message of their instance (counted as `handled` too). |
 //! | `saga_process_timeouts_fired_total` | counter | `process` | Timeouts delivered to their process manager (handled, or ignored because the instance ended). |
 //! | `saga_process_timeout_lateness_seconds` | histogram | `process` | How long after it was due each timeout was handled (timer polling, queueing, a backlog). |
+//! | `saga_limit_waits_total` | counter | `limit`, `cause` | Attempts (and process-manager messages) a flow-control limit held back: `cause` is `concurrency` (every slot taken) or `rate` (no token yet). A task counts again each time it comes back and still waits. |
+//! | `saga_limit_wait_seconds` | histogram | `limit` | How long a step waited for its limit, from the first refusal to its start. |
+//! | `saga_limit_in_use` / `saga_limit_capacity` | gauge | `limit` | Slots held (or reserved for a woken waiter) of each unkeyed concurrency limit, and how many there are: saturation is their ratio. Deployment-wide, sampled like the queue gauges below. Keyed limits are not sampled (one series per key would be unbounded): see [`Engine::limits`](crate::Engine::limits). |
+//! | `saga_limit_slots_lost_total` | counter | `limit` | Slots that expired while their attempt still ran (its heartbeat came too late): the limit may be exceeded by one until the attempt ends. |
 //! | `saga_queue_depth` | gauge | `queue` | Messages on the work queue not yet settled (waiting, or taken and being worked on), `queue` being `saga` or `process`. Delayed messages (retry backoffs, timeouts) count once they are due. |
 //! | `saga_queue_oldest_pending_age_seconds` | gauge | `queue` | How long the oldest of them has been on the queue (since it was enqueued or last handed back); 0 when there are none. |
 //!
@@ -162,6 +166,16 @@ mod names {
     pub const QUEUE_DEPTH: &str = "saga_queue_depth";
     /// Age of the oldest of them (gauge, seconds; `queue`).
     pub const QUEUE_OLDEST_AGE: &str = "saga_queue_oldest_pending_age_seconds";
+    /// Attempts a limit made wait (counter; `limit`, `cause`).
+    pub const LIMIT_WAITS: &str = "saga_limit_waits_total";
+    /// How long attempts waited for a limit (histogram, seconds; `limit`).
+    pub const LIMIT_WAIT: &str = "saga_limit_wait_seconds";
+    /// Slots held of an unkeyed concurrency limit (gauge; `limit`).
+    pub const LIMIT_IN_USE: &str = "saga_limit_in_use";
+    /// Its capacity (gauge; `limit`).
+    pub const LIMIT_CAPACITY: &str = "saga_limit_capacity";
+    /// Slots that expired under a running attempt (counter; `limit`).
+    pub const LIMIT_SLOTS_LOST: &str = "saga_limit_slots_lost_total";
 
     /// The buckets of `saga_step_duration_seconds`, in seconds: from 5 ms to the
     /// default step timeout (5 minutes).
@@ -228,7 +242,8 @@ mod names {
             Outcome::Interrupted
             | Outcome::AlreadyClaimed
             | Outcome::CircuitOpen(_)
-            | Outcome::CircuitWait { .. } => None,
+            | Outcome::CircuitWait { .. }
+            | Outcome::LimitWait(_) => None,
         }
     }
 }

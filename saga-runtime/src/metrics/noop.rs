@@ -73,3 +73,15 @@ pub(crate) async fn sample_queue(_backend: &dyn Backend) {}
 /// No round trip to the backend: the task gauge is not sampled at all.
 #[inline]
 pub(crate) async fn sample_tasks(_backend: &dyn Backend, _sagas: &[&'static str]) {}
+
+#[inline]
+pub(crate) fn limit_waited(_limit: &'static str, _cause: crate::backend::LimitCause) {}
+
+#[inline]
+pub(crate) fn limit_wait_ended(_limit: &'static str, _waited: std::time::Duration) {}
+
+#[inline]
+pub(crate) fn limit_slot_lost(_limit: &'static str) {}
+
+#[inline]
+pub(crate) fn limit_in_use(_limit: &'static str, _in_use: u32, _capacity: u32) {}

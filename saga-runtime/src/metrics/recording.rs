@@ -15,7 +15,9 @@ use super::{
     STEPS_STARTED, STEPS_SUCCEEDED, STEP_DURATION, STEP_DURATION_BUCKETS, STEP_RETRIES,
     TASKS_AWAITING_OPERATOR, TASKS_FINISHED, TASKS_REOPENED, TASKS_STARTED,
 };
+use super::{LIMIT_CAPACITY, LIMIT_IN_USE, LIMIT_SLOTS_LOST, LIMIT_WAIT, LIMIT_WAITS};
 use crate::backend::Backend;
+use crate::backend::LimitCause;
 use crate::model::task::TaskStatus;
 use crate::saga::state_machine::{Outcome, Phase};
 
@@ -169,6 +171,36 @@ pub(crate) fn timeout_fired(process: &'static str, late: Option<Duration>) {
     }
 }
 
+/// A limit made an attempt wait.
+#[inline]
+pub(crate) fn limit_waited(limit: &'static str, cause: LimitCause) {
+    let cause = match cause {
+        LimitCause::Concurrency => "concurrency",
+        LimitCause::Rate => "rate",
+    };
+    counter!(LIMIT_WAITS, "limit" => limit, "cause" => cause).increment(1);
+}
+
+/// An attempt that waited for `limit` starts, `waited` after its wait
+/// began.
+#[inline]
+pub(crate) fn limit_wait_ended(limit: &'static str, waited: Duration) {
+    histogram!(LIMIT_WAIT, "limit" => limit).record(waited.as_secs_f64());
+}
+
+/// A running attempt's slot expired before it was renewed.
+#[inline]
+pub(crate) fn limit_slot_lost(limit: &'static str) {
+    counter!(LIMIT_SLOTS_LOST, "limit" => limit).increment(1);
+}
+
+/// An unkeyed concurrency limit's use, as sampled.
+#[inline]
+pub(crate) fn limit_in_use(limit: &'static str, in_use: u32, capacity: u32) {
+    gauge!(LIMIT_IN_USE, "limit" => limit).set(f64::from(in_use));
+    gauge!(LIMIT_CAPACITY, "limit" => limit).set(f64::from(capacity));
+}
+
 /// Samples the queue gauges from `backend` (one round trip); does nothing
 /// if the backend cannot tell.
 pub(crate) async fn sample_queue(backend: &dyn Backend) {
@@ -267,6 +299,24 @@ pub fn describe() {
         Unit::Seconds,
         "How long after it was due each process-manager timeout was handled."
     );
+    describe_counter!(
+        LIMIT_WAITS,
+        "Attempts a flow-control limit held back, by cause."
+    );
+    describe_histogram!(
+        LIMIT_WAIT,
+        Unit::Seconds,
+        "How long steps waited for a flow-control limit before they started."
+    );
+    describe_gauge!(
+        LIMIT_IN_USE,
+        "Slots held of each unkeyed concurrency limit (deployment-wide; aggregate with max)."
+    );
+    describe_gauge!(LIMIT_CAPACITY, "Slots of each unkeyed concurrency limit.");
+    describe_counter!(
+        LIMIT_SLOTS_LOST,
+        "Limit slots that expired while their attempt still ran."
+    );
     describe_gauge!(
         QUEUE_DEPTH,
         "Messages on the work queue not yet settled (deployment-wide; aggregate with max)."
@@ -297,6 +347,9 @@ pub fn prometheus_builder() -> PrometheusBuilder {
                 Matcher::Full(PROCESS_TIMEOUT_LATENESS.to_owned()),
                 STEP_DURATION_BUCKETS,
             )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(LIMIT_WAIT.to_owned()), STEP_DURATION_BUCKETS)
         })
         .expect("the buckets are not empty")
 }

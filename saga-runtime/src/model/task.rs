@@ -13,8 +13,10 @@ use serde_json::Value;
 use uuid::Uuid;
 
 mod id;
+mod waiting;
 
 pub use id::{TaskId, TaskIdError};
+pub use waiting::WaitingForLimit;
 
 /// Wall-clock time in milliseconds since the Unix epoch.
 ///
@@ -221,6 +223,10 @@ pub struct StepRecord {
     /// The same for the compensation's attempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alone_compensation: Option<u32>,
+    /// While the step waits for a flow-control limit: which, since when
+    /// (kept here, not in the audit log a worker may load without).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_wait: Option<WaitingForLimit>,
 }
 
 impl StepRecord {
@@ -243,6 +249,7 @@ impl StepRecord {
             next_attempt_at: None,
             alone_attempt: None,
             alone_compensation: None,
+            limit_wait: None,
         }
     }
 }
@@ -315,6 +322,21 @@ pub enum AuditAction {
     /// delivery, or a worker whose lease expired): that attempt number was
     /// skipped rather than run twice.
     DuplicateAttempt,
+    /// The step waits for a flow-control limit (`#[limit]`): no attempt
+    /// was made, none counted. Recorded once per wait (not at every
+    /// return while it lasts); `details` says how many were ahead and when
+    /// it is tried again.
+    LimitWait {
+        /// The limit's name.
+        limit: String,
+        /// The key's value, for a keyed limit.
+        key: Option<String>,
+    },
+    /// An entry of a kind this version does not know, written by a newer
+    /// one (during a rolling deploy): read rather than refused, so that
+    /// the task stays readable and runnable here.
+    #[serde(other)]
+    Unrecognised,
 }
 
 /// One line of a task's audit log.

@@ -92,6 +92,8 @@ pub struct HandlerDefinition {
     pub kind: HandlerKind,
     /// How its message finds the instance.
     pub correlation: Correlation,
+    /// `#[limit(..)]`s, in the order written (the key reads the message).
+    pub limits: &'static [crate::limit::LimitSpec],
 }
 
 /// What happens to a completed instance's record.

@@ -76,6 +76,9 @@ pub struct StepDefinition {
     pub input_type: &'static str,
     /// The output type as written, for messages.
     pub output_type: &'static str,
+    /// `#[limit(..)]`s, in the order written: flow control shared by the
+    /// deployment (see [`crate::limit`]).
+    pub limits: &'static [crate::limit::LimitSpec],
 }
 
 /// The compensation of one step.

@@ -43,6 +43,13 @@ impl SagaRegistry {
         Ok(SagaRegistry { by_name })
     }
 
+    /// Every registered definition, every version.
+    pub fn all(&self) -> impl Iterator<Item = &'static SagaDefinition> + '_ {
+        self.by_name
+            .values()
+            .flat_map(|versions| versions.values().map(|s| s.definition()))
+    }
+
     /// Version `version` of saga `name`.
     pub fn get(&self, name: &str, version: u32) -> Option<&Arc<dyn ErasedSaga>> {
         self.by_name.get(name)?.get(&version)

@@ -156,6 +156,10 @@ pub(crate) enum Outcome {
         error: String,
         retry_after: Duration,
     },
+    /// A flow-control limit (`#[limit]`) has no slot or token now: no
+    /// attempt was made; the task is parked until `retry_after` (or woken
+    /// sooner when a slot frees), no retry spent (steps only).
+    LimitWait(limit::Waiting),
     /// The attempt's claim was already taken: this attempt number ran (or
     /// began) elsewhere, so it was not run again.
     AlreadyClaimed,
@@ -316,6 +320,7 @@ pub(crate) fn record_attempt(task: &mut TaskInstance, def: &SagaDefinition, call
     let method = call.method(def);
     let rec = &mut task.steps[call.idx];
     rec.next_attempt_at = None;
+    rec.limit_wait = None;
     let number = match call.phase {
         Phase::Step => {
             rec.attempt_count += 1;
@@ -407,6 +412,7 @@ fn step_outcome(
         Outcome::CircuitWait { error, retry_after } => {
             return breaker::parked(task, def, idx, error, retry_after);
         }
+        Outcome::LimitWait(waiting) => return limit::parked(task, def, idx, waiting),
         Outcome::AlreadyClaimed => {
             // Someone else began this attempt number (a duplicate delivery,
             // a worker whose lease expired, a store restored from an older
@@ -508,6 +514,7 @@ fn compensation_outcome(
         Outcome::Cancelled { error, .. }
         | Outcome::CircuitOpen(error)
         | Outcome::CircuitWait { error, .. } => (error, true),
+        Outcome::LimitWait(waiting) => (waiting.to_string(), true),
     };
     task.steps[idx].compensation_error = Some(error.clone());
     let used = attempt - task.steps[idx].compensation_retry_base;
@@ -750,6 +757,8 @@ fn failed(
 
 mod breaker;
 pub(crate) use breaker::on_probe_outcome;
+mod limit;
+pub(crate) use limit::{waiting_since, Waiting};
 
 #[cfg(test)]
 #[path = "state_machine/tests.rs"]

@@ -26,6 +26,9 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
         crate::metrics::sample_queue(rt.backend.as_ref()).await;
         let sagas: Vec<&'static str> = rt.sagas.latest().iter().map(|d| d.name).collect();
         crate::metrics::sample_tasks(rt.backend.as_ref(), &sagas).await;
+        if cfg!(feature = "metrics") {
+            super::limits::sample(&rt).await;
+        }
         match rt
             .leases()
             .named_lease("housekeeping", &token, lease_ttl)

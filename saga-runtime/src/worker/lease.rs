@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Delivery, Lease, TaskRefusal};
 use crate::model::task::Timestamp;
+use crate::worker::limits::HeldLimits;
 use crate::worker::runtime::Runtime;
 
 /// Releases the lock if processing stops before a commit released it (an
@@ -71,6 +72,9 @@ pub(super) struct Heartbeat<'a> {
     pub cancel: &'a CancellationToken,
     /// When the cancellation was requested, once known.
     pub cancelled_at: Mutex<Option<Timestamp>>,
+    /// The limit slots the attempt holds: renewed with the lease, so that
+    /// a killed worker's slots are freed as soon as its lease would be.
+    pub limits: Option<&'a HeldLimits>,
 }
 
 impl Heartbeat<'_> {
@@ -100,6 +104,10 @@ impl Heartbeat<'_> {
                     renewed = sent;
                     if let Some(at) = beat.cancel_requested {
                         self.cancelled(at);
+                    }
+                    if let Some(limits) = self.limits {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        limits.renew(ttl, left.min(tick)).await;
                     }
                 }
                 Ok(Err(error)) => tracing::debug!(%error, "heartbeat failed; will retry"),

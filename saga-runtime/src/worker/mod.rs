@@ -25,6 +25,7 @@ pub(crate) mod endpoint;
 mod housekeeping;
 pub(crate) mod isolation;
 mod lease;
+pub(crate) mod limits;
 pub(crate) mod partitions;
 pub(crate) mod process;
 pub(crate) mod runtime;

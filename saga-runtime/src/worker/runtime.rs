@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use super::process::ProcessMetrics;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Backend, Breakers, Leases, Partitions, ProcessBackend, Retention};
+use crate::backend::{Backend, Breakers, Leases, Limits, Partitions, ProcessBackend, Retention};
 use crate::circuit::CircuitBreaker;
 use crate::model::task::{TaskId, TaskStatus};
 use crate::policy::{BackoffKind, RetryPolicy};
@@ -151,6 +151,9 @@ pub(crate) struct Runtime {
     /// Placement of process-manager work: the backend's, or none (this
     /// process's own, which keeps everything together).
     partitions_placement: Arc<dyn Partitions>,
+    /// Flow-control limits: the backend's, shared by the deployment, or
+    /// this process's own.
+    limits: Arc<dyn Limits>,
 }
 
 impl Runtime {
@@ -189,6 +192,10 @@ impl Runtime {
                 .clone()
                 .partitions()
                 .unwrap_or_else(|| Arc::new(MemoryBackend::new())),
+            limits: backend
+                .clone()
+                .limits()
+                .unwrap_or_else(|| Arc::new(MemoryBackend::new())),
         }
     }
 
@@ -214,6 +221,11 @@ impl Runtime {
     /// or everything together).
     pub fn placement(&self) -> &dyn Partitions {
         &*self.partitions_placement
+    }
+
+    /// Flow-control limits (the backend's, or this process's own).
+    pub fn limits(&self) -> &dyn Limits {
+        &*self.limits
     }
 
     /// `scope = shared` circuit breakers (the backend's, or this

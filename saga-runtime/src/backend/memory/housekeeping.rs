@@ -14,6 +14,8 @@ impl Housekeeping for MemoryBackend {
     async fn housekeep(&self, retention: &Retention) -> Result<Housekept, BackendError> {
         let mut state = self.state();
         let now = Instant::now();
+        // A limit's key whose holders died and that nobody asked for since.
+        state.sweep_limits(now);
         let mut expired: Vec<TaskId> = state
             .expiry
             .iter()

@@ -12,6 +12,7 @@ mod dead_letters;
 mod endpoint;
 mod housekeeping;
 mod leases;
+mod limits;
 mod partitions;
 mod process;
 mod queue;
@@ -85,6 +86,8 @@ struct State {
     tombstones: HashMap<Tombstone, (HashSet<String>, Instant)>,
     breakers: HashMap<String, SharedBreaker>,
     tallies: HashMap<TallyRef, MemTally>,
+    /// Flow-control limits, by `(limit, key)`; dropped once idle.
+    limits: HashMap<(String, Option<String>), limits::MemLimit>,
 }
 
 /// Everything: one process has nothing to coordinate with but itself.
@@ -98,6 +101,10 @@ impl Backend for MemoryBackend {
     }
 
     fn breakers(self: Arc<Self>) -> Option<Arc<dyn Breakers>> {
+        Some(self)
+    }
+
+    fn limits(self: Arc<Self>) -> Option<Arc<dyn super::Limits>> {
         Some(self)
     }
 }

@@ -7,8 +7,8 @@ use tokio::time::Instant;
 
 use super::{later, MemoryBackend, State};
 use crate::backend::{
-    truncate_payload, BackendError, DeadLetter, Delivery, Interest, QueueStats, Settle, WorkItem,
-    WorkQueue,
+    truncate_payload, BackendError, DeadLetter, Delivery, Interest, QueueMessage, QueueStats,
+    Settle, WorkItem, WorkQueue,
 };
 use crate::model::task::{TaskId, Timestamp};
 
@@ -126,6 +126,27 @@ impl State {
 impl WorkQueue for MemoryBackend {
     fn visibility_timeout(&self) -> Duration {
         self.shared.visibility_timeout
+    }
+
+    async fn wake(&self, message: &QueueMessage) -> Result<bool, BackendError> {
+        let raw = WorkItem::Saga(message.clone()).encode().into_bytes();
+        let woken = {
+            let mut state = self.state();
+            let now = Instant::now();
+            match state.delayed.iter().position(|(_, m)| m.raw == raw) {
+                Some(i) => {
+                    let (_, mut m) = state.delayed.swap_remove(i);
+                    m.since = now;
+                    state.ready.push_back(m);
+                    true
+                }
+                None => false,
+            }
+        };
+        if woken {
+            self.queue_changed();
+        }
+        Ok(woken)
     }
 
     async fn enqueue(&self, items: &[WorkItem]) -> Result<(), BackendError> {

@@ -23,10 +23,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "coordination",
         include_str!("migrations/0003_coordination.sql"),
     ),
+    (4, "limits", include_str!("migrations/0004_limits.sql")),
 ];
 
 /// The schema version this library writes: the newest migration.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// `schema` checked and quoted for SQL. Lower-case letters, digits and
 /// `_` only: the name is also part of the notification channels'.

@@ -25,9 +25,9 @@
 //!
 //! Files mirror the seam's: `tasks`, `queue`, `dead_letters`,
 //! `housekeeping`, `process`, `tally`, `endpoint`, `leases`, `breakers`,
-//! `partitions`; `migrate` (the migrator), `listen` (notifications
-//! received), `wake` (notifications sent for the engine's writes), `steps`
-//! (which step rows a write must send).
+//! `partitions`, `limits`; `migrate` (the migrator), `listen`
+//! (notifications received), `wake` (notifications sent for the engine's
+//! writes), `steps` (which step rows a write must send).
 
 /// A statement built from the schema's (checked) name: what sqlx asks to
 /// be told is not built from untrusted input.
@@ -43,6 +43,7 @@ mod dead_letters;
 mod endpoint;
 mod housekeeping;
 mod leases;
+mod limits;
 mod listen;
 mod migrate;
 mod partitions;
@@ -59,7 +60,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::{Backend, BackendError, Breakers, Leases, Partitions, ProcessBackend};
+use super::{Backend, BackendError, Breakers, Leases, Limits, Partitions, ProcessBackend};
 use listen::Signals;
 use wake::Waker;
 
@@ -293,6 +294,10 @@ impl Backend for PostgresBackend {
     }
 
     fn partitions(self: Arc<Self>) -> Option<Arc<dyn Partitions>> {
+        Some(self)
+    }
+
+    fn limits(self: Arc<Self>) -> Option<Arc<dyn Limits>> {
         Some(self)
     }
 }

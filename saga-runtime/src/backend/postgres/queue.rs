@@ -12,8 +12,8 @@ use uuid::Uuid;
 use super::tasks::{located, ms, parse_task};
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Delivery, Interest, Lease, Locked, QueueBacklog, QueueStats,
-    TakenLease, WorkItem, WorkQueue,
+    truncate_payload, BackendError, Delivery, Interest, Lease, Locked, QueueBacklog, QueueMessage,
+    QueueStats, TakenLease, WorkItem, WorkQueue,
 };
 use crate::model::task::{TaskId, Timestamp};
 
@@ -361,6 +361,22 @@ impl WorkQueue for PostgresBackend {
         .await
         .map_err(failure)?;
         Ok(())
+    }
+
+    async fn wake(&self, message: &QueueMessage) -> Result<bool, BackendError> {
+        let payload = WorkItem::Saga(message.clone()).encode();
+        let woken: bool = sqlx::query_scalar(sql!("SELECT {}($1, $2)", self.q("wake_delayed")))
+            .bind(message.task_id.0)
+            .bind(payload)
+            .fetch_one(self.pool_ref())
+            .await
+            .map_err(failure)?;
+        if woken {
+            // Readers sleep until the next delayed message is due: the one
+            // woken was it, or later.
+            self.shared.waker.work();
+        }
+        Ok(woken)
     }
 
     async fn release_due(&self, _limit: usize) -> Result<usize, BackendError> {

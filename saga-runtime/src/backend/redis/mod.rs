@@ -42,7 +42,7 @@
 //! - one per trait of the seam, as in `backend/`: `tasks`, `queue` (with
 //!   `read`, how workers read), `dead_letters`, `housekeeping`, `process`
 //!   (with `process_commit`), `tally`, `endpoint`, `leases`, `breakers`,
-//!   `partitions`;
+//!   `limits`, `partitions`;
 //! - `config` ([`RedisConfig`]), `server` (where commands go: a server,
 //!   Sentinel, a cluster) and `primary` (Sentinel's primary), `keys`
 //!   (the layout), `entry` (decoding stream entries), `watch` (idle
@@ -64,6 +64,7 @@ mod finished;
 mod housekeeping;
 mod keys;
 mod leases;
+mod limits;
 mod names;
 mod partitions;
 mod primary;
@@ -656,6 +657,10 @@ impl crate::backend::Backend for RedisBackend {
     }
 
     fn breakers(self: Arc<Self>) -> Option<Arc<dyn crate::backend::Breakers>> {
+        Some(self)
+    }
+
+    fn limits(self: Arc<Self>) -> Option<Arc<dyn crate::backend::Limits>> {
         Some(self)
     }
 

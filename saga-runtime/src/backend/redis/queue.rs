@@ -12,7 +12,8 @@ use super::entry::entries;
 use super::scripts::{self as s};
 use super::{unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Delivery, Interest, QueueStats, WorkItem, WorkQueue,
+    truncate_payload, BackendError, Delivery, Interest, QueueMessage, QueueStats, WorkItem,
+    WorkQueue,
 };
 use crate::model::task::TaskId;
 
@@ -253,6 +254,22 @@ impl WorkQueue for RedisBackend {
         })
         .await?;
         Ok(())
+    }
+
+    /// The delayed entry the commit that parked the task left
+    /// (`0:<payload>` in its partition's delayed set) moves onto the
+    /// partition's queue, in one script. A message handed back with a
+    /// delay (`release`, `defer`) carries its count of unanswered
+    /// deliveries in its entry and is not found: it comes back when its
+    /// delay ends.
+    async fn wake(&self, message: &QueueMessage) -> Result<bool, BackendError> {
+        let p = self.keys().partition_of(message.task_id);
+        self.call(&s::Wake {
+            delayed: self.keys().delayed(p),
+            queue: self.keys().queue(p),
+            payload: WorkItem::Saga(message.clone()).encode(),
+        })
+        .await
     }
 
     async fn release_due(&self, limit: usize) -> Result<usize, BackendError> {

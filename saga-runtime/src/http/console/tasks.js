@@ -259,6 +259,8 @@ function kindText(entry) {
       return `attempt failed${retry || (entry.permanent ? " (permanent error)" : " (retries used up)")}`;
     case "CompensationAttemptFailed":
       return `compensation attempt failed${retry}`;
+    case "LimitWait":
+      return `waiting for limit ${entry.limit}${entry.key != null ? ` (key ${entry.key})` : ""}: no attempt made, none counted`;
     default: return KIND_TEXT[entry.kind] || words(entry.kind);
   }
 }

@@ -34,6 +34,7 @@ const fn handler(
         message_type,
         kind,
         correlation,
+        limits: &[],
     }
 }
 

@@ -30,6 +30,7 @@ const fn step(
         circuit_breaker: None,
         timeout: None,
         input_type: "serde_json::Value",
+        limits: &[],
         output_type: "serde_json::Value",
     }
 }
@@ -3001,4 +3002,87 @@ fn a_probe_that_answers_for_good_or_of_a_breaker_that_fails_is_an_ordinary_outco
     let ran = probe(&mut t, &FAILS, transient("refused"));
     assert_effects(&ran.effects, after_ms(100), None, false);
     assert_eq!((t.steps[0].attempt_count, t.steps[0].retry_base), (1, 0));
+}
+
+// ---- flow-control limits -------------------------------------------------
+
+fn limit_wait(limit: &str, retry_ms: u64, ahead: u64) -> Outcome {
+    Outcome::LimitWait(Waiting {
+        limit: limit.to_owned(),
+        key: Some("42".to_owned()),
+        retry_after: ms(retry_ms),
+        ahead,
+        rate: false,
+    })
+}
+
+#[test]
+fn a_limit_wait_parks_the_step_without_an_attempt_and_records_the_wait_once() {
+    let mut task = fresh(&BOOK);
+    let call = expect_call(plan(&mut task, &BOOK, None, W));
+    assert_eq!(call, step_call(0));
+    // Refused before the attempt is recorded: nothing counted.
+    let effects = on_outcome(&mut task, &BOOK, call, limit_wait("psp", 700, 3), W);
+    assert_effects(&effects, after_ms(700), None, false);
+    let rec = &task.steps[0];
+    assert_eq!(rec.status, StepStatus::Pending);
+    assert_eq!((rec.attempt_count, rec.retry_base), (0, 0));
+    assert!(rec.next_attempt_at.is_some());
+    assert_eq!(task.audit_log.len(), 1);
+    let entry = &task.audit_log[0];
+    assert_eq!(
+        entry.action,
+        AuditAction::LimitWait {
+            limit: "psp".into(),
+            key: Some("42".into())
+        }
+    );
+    assert_eq!(entry.step.as_deref(), Some("reserve"));
+    let details = entry.details.as_deref().unwrap_or_default();
+    assert!(
+        details.contains("waiting for limit `psp` (key 42)") && details.contains("3 ahead"),
+        "{details}"
+    );
+    let since = waiting_since(&task, 0, "psp").expect("waiting");
+    assert_eq!(since, entry.at);
+    assert_eq!(waiting_since(&task, 0, "other"), None);
+    // A worker may load the task without its audit log: the wait is on
+    // the step.
+    task.audit_log.clear();
+    task.audit_saved();
+
+    // Back, and still waiting: the same wait, not recorded again.
+    let call = expect_call(plan(&mut task, &BOOK, None, W));
+    let effects = on_outcome(&mut task, &BOOK, call, limit_wait("psp", 0, 0), W);
+    assert_effects(&effects, after_ms(1), None, false);
+    assert!(
+        task.audit_log.is_empty(),
+        "not recorded again: {:#?}",
+        task.audit_log
+    );
+
+    // Granted at last: the attempt is the step's first, and ends the wait.
+    let call = expect_call(plan(&mut task, &BOOK, None, W));
+    let attempt = record_attempt(&mut task, &BOOK, call);
+    assert_eq!(attempt.number, 1);
+    assert_eq!(task.status, TaskStatus::Running);
+    assert_eq!(task.steps[0].limit_wait, None);
+}
+
+#[test]
+fn a_wait_for_another_limit_is_a_new_wait() {
+    let mut task = fresh(&BOOK);
+    let call = expect_call(plan(&mut task, &BOOK, None, W));
+    on_outcome(&mut task, &BOOK, call, limit_wait("psp", 10, 0), W);
+    on_outcome(&mut task, &BOOK, call, limit_wait("mail", 10, 0), W);
+    on_outcome(&mut task, &BOOK, call, limit_wait("mail", 10, 0), W);
+    let limits: Vec<_> = task
+        .audit_log
+        .iter()
+        .map(|e| match &e.action {
+            AuditAction::LimitWait { limit, .. } => limit.as_str(),
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(limits, ["psp", "mail"]);
 }

@@ -22,13 +22,14 @@
 //! The cases are grouped by the trait they hold to, one file each: the
 //! core a saga-only backend implements (`tasks`, `queue`, `dead_letters`,
 //! `housekeeping`), then the parts a full backend offers (`process`,
-//! `tally`, `endpoint`, `leases`, `breakers`).
+//! `tally`, `endpoint`, `leases`, `breakers`, `limits`).
 
 mod breakers;
 mod dead_letters;
 mod endpoint;
 mod housekeeping;
 mod leases;
+mod limits;
 mod process;
 mod queue;
 mod tally;
@@ -39,6 +40,7 @@ pub use dead_letters::*;
 pub use endpoint::*;
 pub use housekeeping::*;
 pub use leases::*;
+pub use limits::*;
 pub use process::*;
 pub use queue::*;
 pub use tally::*;
@@ -342,6 +344,12 @@ macro_rules! backend_conformance {
             process_outbox_schedule_and_single_delivery_of_due_entries,
             named_leases_have_one_holder_at_a_time,
             shared_breakers_open_probe_once_and_close,
+            limits_hold_slots_and_hand_them_on_in_line,
+            limits_expire_renew_and_never_free_twice,
+            limits_pace_starts_and_book_tokens_in_order,
+            limits_keep_keys_apart_and_wake_delayed_messages,
+            limits_pace_waiters_that_come_back_late,
+            limits_a_waiter_that_leaves_frees_its_place,
         );
     };
 }

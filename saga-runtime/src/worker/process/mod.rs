@@ -19,8 +19,12 @@ use dispatch::{dispatch, DispatchEnv};
 use instance_lock::{Cached, HeldLease, InstanceGuard, Locked};
 pub use metrics::ProcessMetrics;
 
+use super::limits::{Asker, HeldLimits, Refusal};
 use super::runtime::Runtime;
-use crate::backend::{BackendError, Delivery, ForwardTo, LoadedInstance, ProcessBackend};
+use crate::backend::{
+    BackendError, Delivery, ForwardTo, LimitCause, LoadedInstance, ProcessBackend,
+};
+use crate::limit::LimitSpec;
 use crate::metrics::DeadLetterKind;
 use crate::model::task::Timestamp;
 use crate::process::{
@@ -46,12 +50,22 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         return;
     };
     let pessimistic = pm.definition().concurrency == Concurrency::Pessimistic;
-    let mut local = match lock_local(rt, delivery, envelope, &target, pessimistic).await {
+    // A limited handler neither joins another's write nor takes others
+    // into its own: each of its messages needs its own slot. It asks for
+    // it once it holds its instance's lock (a slot held while waiting for
+    // the lock would not be renewed).
+    let limits = handler_limits(pm.as_ref(), envelope);
+    let joins = !pessimistic && limits.1.is_empty();
+    let mut local = match lock_local(rt, delivery, envelope, &target, !joins).await {
         Ok(local) => local,
         Err(outcome) => {
             rt.metrics.count_batched(process);
             return counted(rt, process, envelope, &outcome);
         }
+    };
+    let held = match limited(rt, (limits.0, limits.1), delivery, envelope).await {
+        Ok(held) => held,
+        Err(delay) => return super::release(rt, delivery, delay).await,
     };
     let Cached {
         instance: cached,
@@ -106,7 +120,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         metrics: Some(&rt.metrics),
         joiners: local
             .as_ref()
-            .filter(|_| !pessimistic)
+            .filter(|_| !pessimistic && held.is_none())
             .map(|l| l as &dyn Joiners),
     };
     let span = tracing::info_span!(
@@ -117,7 +131,8 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     );
     crate::otel::continue_trace(&span, envelope.traceparent.as_deref(), None);
     let work = dispatch(pm.as_ref(), &env, envelope).instrument(span);
-    let result = kept_alive(rt, delivery, lease.as_ref(), work).await;
+    let result = kept_alive(rt, delivery, lease.as_ref(), held.as_ref(), work).await;
+    drop(held);
     let saved = saved.into_inner().unwrap_or_else(|p| p.into_inner());
     hand_over(rt, local.as_mut(), lease, saved, result.is_ok()).await;
     drop(local);
@@ -126,6 +141,73 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         Err(error) => {
             tracing::warn!(%error, "process message not recorded; it will be redelivered");
             super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }
+    }
+}
+
+/// Asks the limits of the message's handler (`None`: it has none), or
+/// says after how long to hand the message back: a message held back by a
+/// limit is handed back answered, so the wait does not count towards its
+/// delivery cap.
+async fn limited(
+    rt: &Arc<Runtime>,
+    (method, limits): (&str, &'static [LimitSpec]),
+    delivery: &Delivery,
+    envelope: &Envelope,
+) -> Result<Option<HeldLimits>, std::time::Duration> {
+    if limits.is_empty() {
+        return Ok(None);
+    }
+    let waiter = format!("{}:{}", envelope.message_id, method);
+    // It waits in line like a saga step (so a saga sharing the limit's
+    // name cannot keep it out), but nothing can wake it: it looks again
+    // on its own, and a slot reserved for it waits for it meanwhile.
+    let asker = Asker {
+        waiter: &waiter,
+        wake: Some(String::new()),
+    };
+    match HeldLimits::acquire(rt, limits, &envelope.payload, asker).await {
+        Ok(Ok(held)) => Ok(Some(held)),
+        Ok(Err(refused)) => {
+            tracing::debug!(limit = refused.limit, message_id = %envelope.message_id, "held back by its limit; handed back");
+            Err(handed_back_for(&refused, delivery))
+        }
+        Err(error) => {
+            tracing::warn!(%error, "asking the handler's limits failed; message handed back");
+            Err(rt.settings.lock_retry_delay)
+        }
+    }
+}
+
+/// The limits of the handler of `envelope`'s message type (none if it
+/// has no handler here: the dispatch deals with that).
+fn handler_limits(
+    pm: &dyn ErasedProcess,
+    envelope: &Envelope,
+) -> (&'static str, &'static [LimitSpec]) {
+    pm.definition()
+        .handlers
+        .iter()
+        .find(|h| h.message_type == envelope.message_type)
+        .map_or(("", &[]), |h| (h.method, h.limits))
+}
+
+/// How long a message a limit held back stays away: until its booked
+/// token (a rate), or a share of a second (a slot: nothing wakes a
+/// process-manager message, so it looks again soon, spread so that the
+/// messages held back together do not all come back at once).
+fn handed_back_for(refused: &Refusal, delivery: &Delivery) -> std::time::Duration {
+    use std::hash::{Hash, Hasher};
+    match refused.cause {
+        LimitCause::Rate => refused.retry_after,
+        LimitCause::Concurrency => {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            delivery.id.hash(&mut h);
+            let spread = std::time::Duration::from_millis(h.finish() % 500);
+            refused
+                .retry_after
+                .min(std::time::Duration::from_millis(500))
+                + spread
         }
     }
 }
@@ -284,12 +366,16 @@ async fn kept_alive<T>(
     rt: &Runtime,
     delivery: &Delivery,
     lease: Option<&NamedLeaseGuard>,
+    limits: Option<&HeldLimits>,
     work: impl Future<Output = T>,
 ) -> T {
     let keep_alive = async {
         loop {
             tokio::time::sleep(rt.heartbeat_every()).await;
             let _ = rt.backend.touch(delivery).await;
+            if let Some(limits) = limits {
+                limits.renew(rt.lease_ttl(), rt.heartbeat_every()).await;
+            }
             if let Some(lease) = lease {
                 let _ = rt
                     .leases()

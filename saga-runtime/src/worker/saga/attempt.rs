@@ -65,7 +65,7 @@ impl Run<'_> {
 
     /// Whether this delivery runs alone: a message recovered from a worker
     /// that stopped answering it (see `worker::isolation`).
-    fn alone(&self) -> bool {
+    pub(super) fn alone(&self) -> bool {
         self.delivery.deliveries > 1
     }
 
@@ -97,6 +97,21 @@ impl Run<'_> {
         continuing: bool,
     ) -> Result<Attempted, Stopped> {
         let step = &self.def.steps[call.idx];
+        // Limits first: a task that must wait is parked before its breaker
+        // is asked (a probe must not be spent on a call that waits).
+        let held = match call.phase {
+            Phase::Step if !step.limits.is_empty() => match self.limit_permit(task, call).await? {
+                Ok(held) => Some(held),
+                Err(outcome) => {
+                    let effects = self.parked(task, call, outcome);
+                    return Ok(Attempted::Effects {
+                        effects,
+                        wrote: false,
+                    });
+                }
+            },
+            _ => None,
+        };
         let local = match call.phase {
             Phase::Step => self.rt.breaker(self.def.name, step),
             Phase::Compensation => None,
@@ -206,7 +221,9 @@ impl Run<'_> {
             Phase::Compensation => attempt.number.saturating_sub(rec.compensation_retry_base) > 1,
         };
         let watch = metrics::attempt_started(self.def.name, step.name, call.phase, retry);
-        let outcome = match self.call(task, call, attempt.number).await {
+        let outcome = self.call(task, call, attempt.number, held.as_ref()).await;
+        self.free_limits(held, call).await;
+        let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(lost) => {
                 BreakerPermit::abandon(permit, self.rt).await;

@@ -8,6 +8,7 @@ use crate::error::StepError;
 use crate::model::task::TaskInstance;
 use crate::saga::state_machine::{Call, Outcome, Phase};
 use crate::worker::lease::Heartbeat;
+use crate::worker::limits::HeldLimits;
 use futures::FutureExt;
 use serde_json::Value;
 use std::panic::AssertUnwindSafe;
@@ -24,6 +25,7 @@ impl Run<'_> {
         task: &TaskInstance,
         call: Call,
         attempt: u32,
+        limits: Option<&HeldLimits>,
     ) -> Result<Outcome, TaskRefusal> {
         let step = &self.def.steps[call.idx];
         let method = call.method(self.def);
@@ -84,6 +86,7 @@ impl Run<'_> {
             leased_at: *self.leased_at.lock().unwrap_or_else(|p| p.into_inner()),
             cancel: &running.token,
             cancelled_at: Mutex::new(None),
+            limits,
         };
         let beat = heartbeat.beat();
         tokio::pin!(beat);

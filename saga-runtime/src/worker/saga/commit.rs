@@ -65,6 +65,7 @@ impl Run<'_> {
         dead_letter: Option<&str>,
         unless_cancelled: bool,
     ) -> Result<(), Stopped> {
+        self.leave_limits(task);
         let delay = match next {
             NextMove::Stop => None,
             NextMove::Now => Some(Duration::ZERO),

@@ -17,6 +17,7 @@ mod attempt;
 mod breaker;
 mod call;
 mod commit;
+mod limits;
 mod versions;
 
 use breaker::BreakerPermit;

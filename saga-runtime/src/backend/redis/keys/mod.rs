@@ -561,6 +561,20 @@ impl Keys {
         )
     }
 
+    /// One part (`holders`, `line`, ...) of the state of flow-control
+    /// limit `name` for `key`: every part under one hash tag of its own
+    /// (`<prefix>:{<prefix>:limit:<id>}:<part>`, see [`limit_id`]), so that
+    /// each call is one script in one slot, and the limits and their keys
+    /// spread over the slots of a cluster.
+    pub fn limit(&self, name: &str, key: Option<&str>, part: &str) -> String {
+        format!(
+            "{}:{{{}:limit:{}}}:{part}",
+            self.prefix,
+            self.prefix,
+            limit_id(name, key)
+        )
+    }
+
     /// The deployment's layout (its partition count), recorded by the first
     /// backend to connect.
     pub fn layout(&self) -> String {
@@ -603,6 +617,34 @@ pub const PROCESS_PARTITIONS: u16 = 16;
 /// The most process-manager partitions a deployment may have (an engine's
 /// share of them is a 64-bit mask).
 pub const MAX_PROCESS_PARTITIONS: u16 = 64;
+
+/// How a limit's `(name, key)` is written in its keys: as it is when both
+/// are short and plain (`psp`, `psp=42`), else `#` and the SHA-256 of an
+/// unambiguous encoding. A key's value is user data: its keys stay short
+/// whatever it holds, never hold a brace (which would move the hash tag),
+/// and stay apart: `=` and `#` are not plain, so `("a=b", None)`,
+/// `("a", Some("b"))` and a hashed id never meet.
+pub fn limit_id(name: &str, key: Option<&str>) -> String {
+    const PLAIN_MAX: usize = 64;
+    let plain = |s: &str| {
+        s.len() <= PLAIN_MAX
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    };
+    match key {
+        None if plain(name) => return name.to_owned(),
+        Some(key) if plain(name) && plain(key) => return format!("{name}={key}"),
+        _ => {}
+    }
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(format!("{}:{name}", name.len()));
+    if let Some(key) = key {
+        hash.update(format!("={key}"));
+    }
+    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("#{hex}")
+}
 
 /// The routing hash of process-manager messages, computed alike here and
 /// in scripts (`lua/lib/route.lua`): a polynomial hash modulo a prime below

@@ -31,6 +31,7 @@
 
 mod coordination;
 mod housekeeping;
+mod limits;
 mod process;
 mod queue;
 mod refusal;
@@ -44,6 +45,7 @@ use super::{unavailable, RedisBackend};
 use crate::backend::BackendError;
 pub(super) use coordination::*;
 pub(super) use housekeeping::*;
+pub(super) use limits::*;
 pub(super) use process::*;
 pub(super) use queue::*;
 pub(super) use refusal::Refusal;
@@ -91,9 +93,13 @@ impl RedisBackend {
 /// commit, a published message, a tally): at a `RedisConfig::durability`
 /// level above the default it waits for the level (`durability.rs`).
 /// Leases, reads, acknowledgements and housekeeping do not: a failover
-/// that loses one of those redelivers or redoes it.
+/// that loses one of those redelivers or redoes it. A limit's grant does
+/// (an attempt starts on it: lost, its slot or token would be given
+/// again); its release and renewal do not (lost, a slot is held until its
+/// hold runs out, or renewed by the next renewal).
 fn durable(script: &Script) -> bool {
     [
+        &LIMIT_ACQUIRE,
         &CREATE,
         &RECORD_ATTEMPT,
         &RECORD_NEXT,
@@ -208,6 +214,12 @@ scripts! {
     ANNOUNCE = "announce" with "time";
     RUNNERS = "runners" with "time";
     READERS = "readers" with "time";
+    LIMIT_ACQUIRE = "limit_acquire" with "limit_state";
+    LIMIT_RELEASE = "limit_release" with "limit_state";
+    LIMIT_LEAVE = "limit_leave" with "limit_state";
+    LIMIT_RENEW = "limit_renew" with "limit_state";
+    LIMIT_USAGE = "limit_usage" with "limit_state";
+    WAKE = "wake";
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! redis-server.
 
 mod coordination;
+mod limits;
 mod process;
 mod queue;
 mod server;
@@ -131,7 +132,7 @@ fn every_lua_file_is_a_script() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(files, listed);
-    assert_eq!(listed.len(), 38);
+    assert_eq!(listed.len(), 44);
 }
 
 /// Every library under `lua/lib/`: its name, its text, and what it

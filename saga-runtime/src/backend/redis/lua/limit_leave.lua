@@ -1,0 +1,39 @@
+-- A waiter stops waiting (its task was cancelled, or ended, while
+-- parked): it leaves the line, a slot reserved for it is freed and
+-- reserved for the next in line, and its booked token is dropped.
+--
+-- KEYS[1]: the limit's slots (holders and reservations, by expiry)
+-- KEYS[2]: its line (waiters by arrival)
+-- KEYS[3]: its waiters by deadline
+-- KEYS[4]: its waiters' records
+-- KEYS[5]: its rate bookings (by due time)
+-- KEYS[6]: its state (a hash: tat)
+-- ARGV[1]: how long a booking is kept after it was due (us)
+-- ARGV[2]: how long the keys outlive what they hold (us)
+-- ARGV[3]: the waiter
+-- ARGV[4]: the concurrency ('' = none)
+-- Returns: {left (1 if it was in line, had a reservation or a booking,
+-- else 0), wake...}: the wakes of the waiters given a reservation.
+local holders = KEYS[1]
+local line = KEYS[2]
+local waiting = KEYS[3]
+local waiters = KEYS[4]
+local bookings = KEYS[5]
+local state = KEYS[6]
+local grace = ARGV[1]
+local margin = ARGV[2]
+local waiter = ARGV[3]
+local concurrency = tonumber(ARGV[4])
+
+local L = limit_keys(holders, line, waiting, waiters, bookings, state, grace, margin)
+local now = limit_clock()
+limit_prune_slots(L, now)
+limit_prune_bookings(L, now)
+local in_line = limit_leave_line(L, waiter)
+local reserved = redis.call('ZREM', holders, 'w:' .. waiter) == 1
+local booked = redis.call('ZREM', bookings, waiter) == 1
+local reply = {0}
+if in_line or reserved or booked then reply[1] = 1 end
+for _, w in ipairs(limit_promote(L, concurrency, now)) do table.insert(reply, w) end
+limit_keep(L, now)
+return reply

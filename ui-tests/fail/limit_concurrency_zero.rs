@@ -1,0 +1,25 @@
+//! `concurrency = 0`: no attempt could ever start.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct ChargeRequest {
+    pub merchant_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Charged;
+
+pub struct Checkout;
+
+#[saga(name = "checkout")]
+impl Checkout {
+    #[saga_step(1)]
+    #[limit(concurrency = 0)]
+    async fn charge(&self, req: ChargeRequest) -> Result<Charged, StepError> {
+        let _ = req;
+        Ok(Charged)
+    }
+}
+
+fn main() {}

@@ -1,0 +1,27 @@
+//! `#[limit]` on a method of a saga that is not a step.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct ChargeRequest {
+    pub merchant_id: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Charged;
+
+pub struct Checkout;
+
+#[saga(name = "checkout")]
+impl Checkout {
+    #[saga_step(1)]
+    async fn charge(&self, req: ChargeRequest) -> Result<Charged, StepError> {
+        let _ = req;
+        Ok(Charged)
+    }
+
+    #[limit(concurrency = 1)]
+    async fn helper(&self) {}
+}
+
+fn main() {}
