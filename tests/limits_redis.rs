@@ -498,8 +498,10 @@ async fn slot_of_a_killed_worker(child_first: bool) -> Duration {
 async fn a_sigkilled_workers_slot_comes_back_after_its_lease_and_not_before() {
     let lease = Duration::from_secs(1);
     let after = slot_of_a_killed_worker(false).await;
+    // The margin is for a busy machine (this file's tests run side by
+    // side); the slot would otherwise stay taken for good.
     assert!(
-        after <= lease + Duration::from_millis(500),
+        after <= lease + Duration::from_millis(1500),
         "the dead worker's slot came back only {after:?} after the kill (lease {lease:?})"
     );
 }
@@ -515,7 +517,7 @@ async fn a_sigkilled_timer_holders_slot_comes_back_once_the_timers_are_taken_ove
     let takeover = Duration::from_millis(2500);
     let after = slot_of_a_killed_worker(true).await;
     assert!(
-        after <= lease.max(takeover) + Duration::from_millis(500),
+        after <= lease.max(takeover) + Duration::from_millis(1500),
         "the dead worker's slot came back only {after:?} after the kill (lease {lease:?})"
     );
 }
