@@ -104,19 +104,8 @@ impl Limits for PostgresBackend {
         holder: &str,
         config: LimitConfig,
     ) -> Result<Released, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT released, wakes FROM {}($1, $2, $3, $4, $5)",
-            self.q("limit_release")
-        ))
-        .bind(limit)
-        .bind(key)
-        .bind(holder)
-        .bind(concurrency(config))
-        .bind(us(BOOKING_GRACE))
-        .fetch_one(self.pool_ref())
-        .await
-        .map_err(failure)?;
-        released_of(&row)
+        self.free_up("limit_release", limit, key, holder, config)
+            .await
     }
 
     async fn limit_leave(
@@ -126,19 +115,8 @@ impl Limits for PostgresBackend {
         waiter: &str,
         config: LimitConfig,
     ) -> Result<Released, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT released, wakes FROM {}($1, $2, $3, $4, $5)",
-            self.q("limit_leave")
-        ))
-        .bind(limit)
-        .bind(key)
-        .bind(waiter)
-        .bind(concurrency(config))
-        .bind(us(BOOKING_GRACE))
-        .fetch_one(self.pool_ref())
-        .await
-        .map_err(failure)?;
-        released_of(&row)
+        self.free_up("limit_leave", limit, key, waiter, config)
+            .await
     }
 
     async fn limit_renew(
@@ -180,6 +158,34 @@ impl Limits for PostgresBackend {
             waiting: count(&row, 1)?,
             booked: count(&row, 2)?,
         })
+    }
+}
+
+impl PostgresBackend {
+    /// Frees what `who` holds or waits for, by `function` (`limit_release`
+    /// for a holder, `limit_leave` for a waiter): both answer whether
+    /// anything was freed and the wakes of whom it went to.
+    async fn free_up(
+        &self,
+        function: &str,
+        limit: &str,
+        key: Option<&str>,
+        who: &str,
+        config: LimitConfig,
+    ) -> Result<Released, BackendError> {
+        let row = sqlx::query(sql!(
+            "SELECT released, wakes FROM {}($1, $2, $3, $4, $5)",
+            self.q(function)
+        ))
+        .bind(limit)
+        .bind(key)
+        .bind(who)
+        .bind(concurrency(config))
+        .bind(us(BOOKING_GRACE))
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        released_of(&row)
     }
 }
 

@@ -151,30 +151,12 @@ impl Run<'_> {
         let renew = (continuing && sent - leased_at >= self.rt.heartbeat_every())
             .then(|| self.rt.lease_ttl());
         let written = self
-            .persist(task.id, task.version, || async {
-                match continuing {
-                    false => {
-                        self.rt
-                            .backend
-                            .record_attempt(task, *stored, self.lease, &attempt.claim)
-                            .await
-                    }
-                    true => {
-                        self.rt
-                            .backend
-                            .record_next_attempt(NextAttempt {
-                                task,
-                                stored_status: *stored,
-                                lease: self.lease,
-                                claim: &attempt.claim,
-                                delivery: self.delivery,
-                                renew,
-                                unless_cancelled,
-                            })
-                            .await
-                    }
-                }
-            })
+            .write_attempt(
+                task,
+                *stored,
+                &attempt.claim,
+                continuing.then_some((renew, unless_cancelled)),
+            )
             .await;
         let landed = match written {
             Ok(Ok(landed)) => landed,
@@ -235,17 +217,7 @@ impl Run<'_> {
         // (`when_open = wait`): the state machine decides.
         let probe = permit.as_ref().is_some_and(BreakerPermit::is_probe);
         if let Some(permit) = permit {
-            let failed = match &outcome {
-                Outcome::Succeeded(_) => Some(false),
-                // A permanent error proves the endpoint answered.
-                Outcome::Failed {
-                    kind: StepErrorKind::Permanent | StepErrorKind::InvalidPayload,
-                    ..
-                } => Some(false),
-                Outcome::Failed { .. } | Outcome::TimedOut { .. } => Some(true),
-                _ => None,
-            };
-            permit.report(self.rt, failed).await;
+            permit.report(self.rt, breaker_verdict(&outcome)).await;
         }
         let effects = match probe {
             true => sm::on_probe_outcome(task, self.def, call, outcome, self.worker),
@@ -255,6 +227,61 @@ impl Run<'_> {
             effects,
             wrote: true,
         })
+    }
+}
+
+impl Run<'_> {
+    /// Records the attempt's start and claims it: alone (the first attempt
+    /// of this delivery), or with the previous attempt's outcome when
+    /// `going_on` (`(renew, unless_cancelled)`), riding out a dropped
+    /// connection.
+    async fn write_attempt(
+        &self,
+        task: &TaskInstance,
+        stored: TaskStatus,
+        claim: &str,
+        going_on: Option<(Option<std::time::Duration>, bool)>,
+    ) -> Result<crate::backend::TaskWrite<Landed<(u64, bool)>>, crate::backend::BackendError> {
+        self.persist(task.id, task.version, || async {
+            match going_on {
+                None => {
+                    self.rt
+                        .backend
+                        .record_attempt(task, stored, self.lease, claim)
+                        .await
+                }
+                Some((renew, unless_cancelled)) => {
+                    self.rt
+                        .backend
+                        .record_next_attempt(NextAttempt {
+                            task,
+                            stored_status: stored,
+                            lease: self.lease,
+                            claim,
+                            delivery: self.delivery,
+                            renew,
+                            unless_cancelled,
+                        })
+                        .await
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// What a call's outcome tells its circuit breaker: `Some(failed)`, or
+/// `None` when it proves nothing (it did not run, or was cut short).
+fn breaker_verdict(outcome: &Outcome) -> Option<bool> {
+    match outcome {
+        Outcome::Succeeded(_) => Some(false),
+        // A permanent error proves the endpoint answered.
+        Outcome::Failed {
+            kind: StepErrorKind::Permanent | StepErrorKind::InvalidPayload,
+            ..
+        } => Some(false),
+        Outcome::Failed { .. } | Outcome::TimedOut { .. } => Some(true),
+        _ => None,
     }
 }
 
