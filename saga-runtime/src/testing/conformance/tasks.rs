@@ -151,6 +151,12 @@ pub async fn a_lease_taken_with_a_delivery_is_the_tasks_lock(b: Arc<dyn Backend>
     };
     assert_eq!(locked.lease.task_id, t.id);
     assert!(locked.lease.fence >= 1);
+    // The lease runs for the visibility timeout (`VISIBILITY`, short for
+    // the redelivery cases): extend it and the message, as a worker's
+    // heartbeat does, so that a busy machine cannot let it lapse while
+    // the rest of this case runs.
+    let beat = b.heartbeat(&locked.lease, &d, TTL).await.unwrap();
+    assert!(beat.lock_held, "the taken lease is held");
     let stored = b.load_task(t.id).await.unwrap().unwrap();
     assert_eq!(
         locked.task.as_ref(),
