@@ -370,17 +370,34 @@ async fn a_task_record_a_worker_cannot_read_is_dead_lettered_not_looped() {
     // version reads those as `Unrecognised`.)
     let key = format!("saga:{{saga:0}}:task:{id}");
     let mut conn = redis.conn();
-    let doc: String = redis::cmd("HGET")
+    // The step's own field (record layout 2, where a fresh deployment
+    // keeps each step apart), else the whole record's `doc`.
+    let step: Option<String> = redis::cmd("HGET")
         .arg(&key)
-        .arg("doc")
+        .arg("s:0")
         .query(&mut conn)
         .unwrap();
-    let mut doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
-    doc["steps"][0]["status"] = serde_json::json!("Paused");
+    let (field, text) = match step {
+        Some(step) => {
+            let mut step: serde_json::Value = serde_json::from_str(&step).unwrap();
+            step["status"] = serde_json::json!("Paused");
+            ("s:0", step.to_string())
+        }
+        None => {
+            let doc: String = redis::cmd("HGET")
+                .arg(&key)
+                .arg("doc")
+                .query(&mut conn)
+                .unwrap();
+            let mut doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+            doc["steps"][0]["status"] = serde_json::json!("Paused");
+            ("doc", doc.to_string())
+        }
+    };
     let _: () = redis::cmd("HSET")
         .arg(&key)
-        .arg("doc")
-        .arg(doc.to_string())
+        .arg(field)
+        .arg(text)
         .query(&mut conn)
         .unwrap();
 

@@ -115,7 +115,7 @@ async fn a_chain_of_steps_costs_at_most_two_round_trips_per_step() {
     workers.shutdown().await;
     // `wait` above reads each task once (record and audit log, pipelined);
     // those reads are the test's, not the worker's.
-    let waits = ["HMGET", "LRANGE"]
+    let waits = ["HGETALL", "LRANGE"]
         .iter()
         .map(|c| counts.get(*c).copied().unwrap_or(0).min(tasks))
         .sum::<u64>();
@@ -241,7 +241,7 @@ async fn per_step<S: Saga<Input = u64>>(
     for (cmd, n) in &counts {
         // `wait` reads each task once (record and audit log): the test's.
         let n = match cmd.as_str() {
-            "HMGET" | "LRANGE" => n - n.min(&tasks),
+            "HGETALL" | "LRANGE" => n - n.min(&tasks),
             _ => *n,
         };
         by_command.insert(cmd.clone(), n as f64 / steps);

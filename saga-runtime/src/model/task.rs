@@ -13,9 +13,12 @@ use serde_json::Value;
 use uuid::Uuid;
 
 mod id;
+mod stored;
 mod waiting;
 
 pub use id::{TaskId, TaskIdError};
+#[doc(hidden)]
+pub use stored::{StoredAudit, StoredSteps};
 pub use waiting::WaitingForLimit;
 
 /// Wall-clock time in milliseconds since the Unix epoch.
@@ -470,23 +473,15 @@ pub struct TaskInstance {
     #[serde(skip)]
     #[doc(hidden)]
     pub audit_stored: StoredAudit,
+    /// Which step records the store holds as they are in this copy (see
+    /// [`StoredSteps`]). Not part of the record.
+    #[serde(skip)]
+    #[doc(hidden)]
+    pub steps_stored: StoredSteps,
 }
 
 fn first_version() -> u32 {
     1
-}
-
-/// Bookkeeping of [`TaskInstance::audit_stored`]: how many audit entries
-/// are already stored. Two tasks compare equal whatever it says: it is
-/// about the copy, not the record.
-#[derive(Debug, Clone, Copy, Default)]
-#[doc(hidden)]
-pub struct StoredAudit(pub usize);
-
-impl PartialEq for StoredAudit {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
 }
 
 /// A task's audit log keeps its most recent entries, at most this many: a
@@ -522,20 +517,8 @@ impl TaskInstance {
             version: 0,
             seq: 0,
             audit_stored: StoredAudit(0),
+            steps_stored: StoredSteps::default(),
         }
-    }
-
-    /// The audit entries a write must append: those after the ones the
-    /// store holds.
-    pub fn unstored_audit(&self) -> &[AuditEntry] {
-        self.audit_log
-            .get(self.audit_stored.0..)
-            .unwrap_or_default()
-    }
-
-    /// Records that the store now holds every audit entry of this copy.
-    pub fn audit_saved(&mut self) {
-        self.audit_stored = StoredAudit(self.audit_log.len());
     }
 
     /// The step the task is at or stopped at: the first one that failed
@@ -665,6 +648,7 @@ impl<'a> StoredRecord<'a> {
             version,
             seq,
             audit_stored: _,
+            steps_stored: _,
         } = task;
         StoredRecord {
             id,
@@ -689,9 +673,12 @@ impl<'a> StoredRecord<'a> {
         }
     }
 
-    /// As JSON.
+    /// As JSON, written into a buffer sized for a typical record at once
+    /// (growing it step by step cost more than the serialisation itself).
     pub fn json(&self) -> serde_json::Result<String> {
-        serde_json::to_string(self)
+        let mut out = Vec::with_capacity(512 + 320 * self.steps.len());
+        serde_json::to_writer(&mut out, self)?;
+        String::from_utf8(out).map_err(<serde_json::Error as serde::ser::Error>::custom)
     }
 }
 

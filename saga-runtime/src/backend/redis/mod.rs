@@ -72,6 +72,7 @@ mod process;
 mod process_commit;
 mod queue;
 mod read;
+mod record;
 mod scripts;
 mod server;
 mod tally;
@@ -113,6 +114,8 @@ struct Shared {
     watch: watch::Watch,
     /// The connections durable writes wait on (see `durability`).
     durable: durability::Pool,
+    /// Which record layout new writes use (see `record`).
+    records: record::Mode,
 }
 
 /// The blocking-read state of one consumer.
@@ -427,6 +430,7 @@ impl RedisBackend {
                 finished: finished::Finished::new(),
                 watch: watch::Watch::default(),
                 durable: durability::Pool::default(),
+                records: record::Mode::default(),
             }),
         }
     }
@@ -462,7 +466,7 @@ impl RedisBackend {
         }
         let record = self.keys().layout_record();
         let key = self.keys().layout();
-        let (_, stored): (Option<String>, String) = redis::pipe()
+        let (fresh, stored): (Option<String>, String) = redis::pipe()
             .cmd("SET")
             .arg(&key)
             .arg(&record)
@@ -473,7 +477,7 @@ impl RedisBackend {
             .await
             .map_err(unavailable)?;
         if stored == record {
-            return Ok(());
+            return self.load_record_layout(fresh.is_some()).await;
         }
         let Some(mine) = keys::parse_layout(&record) else {
             return Err(corrupt(format!(

@@ -233,15 +233,14 @@ impl RedisBackend {
         ttl: Duration,
     ) -> Option<TakenLease> {
         let is_for = |id| matches!(&delivery.item, Ok(WorkItem::Saga(m)) if m.task_id == id);
-        let (fence, id, doc, version, cancel) = match loaded {
+        let (fence, id, record, cancel) = match loaded {
             Loaded::Busy { task } => return is_for(*task).then_some(TakenLease::Busy),
             Loaded::Lease {
                 fence,
                 task,
-                doc,
-                version,
+                record,
                 cancel,
-            } => (*fence, *task, doc, version, cancel),
+            } => (*fence, *task, record, cancel),
             _ => return None,
         };
         let lease = Lease {
@@ -249,7 +248,7 @@ impl RedisBackend {
             token: token.to_owned(),
             fence,
         };
-        match super::tasks::parse_doc(doc.clone(), version.clone()) {
+        match super::tasks::parse_doc(record.clone()) {
             Ok(Some(task)) if is_for(id) => Some(TakenLease::Held {
                 locked: Box::new(Locked {
                     lease,

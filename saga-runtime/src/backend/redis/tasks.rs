@@ -8,6 +8,7 @@ use redis::Value;
 use uuid::Uuid;
 
 use super::keys::Keys;
+use super::record::{write_fields, RawRecord};
 use super::scripts::{self as s, Locking, Refusal, Refused, Settling};
 use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{
@@ -15,9 +16,7 @@ use crate::backend::{
     QueueMessage, Settle, TaskCommit, TaskCursor, TaskQuery, TaskRefusal, TaskStore, TaskWrite,
     WorkItem,
 };
-use crate::model::task::{
-    AuditEntry, StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
-};
+use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
 pub(super) use super::cancel::cancel_time;
 
@@ -25,23 +24,13 @@ pub(super) use super::cancel::cancel_time;
 /// needs (it only appends to the log). A record written before the log had
 /// its own list carries its entries inline; they count as not stored yet,
 /// so the next write moves them to the list.
-pub(super) fn parse_doc(
-    doc: Option<String>,
-    version: Option<String>,
-) -> Result<Option<TaskInstance>, BackendError> {
-    let Some(doc) = doc else { return Ok(None) };
-    let mut task: TaskInstance = serde_json::from_str(&doc).map_err(corrupt)?;
-    task.version = version.and_then(|v| v.parse().ok()).unwrap_or(task.version);
-    Ok(Some(task))
+pub(super) fn parse_doc(record: RawRecord) -> Result<Option<TaskInstance>, BackendError> {
+    record.parse()
 }
 
 /// A whole task: its record and its audit log.
-fn parse_full(
-    doc: Option<String>,
-    version: Option<String>,
-    audit: Vec<String>,
-) -> Result<Option<TaskInstance>, BackendError> {
-    let Some(mut task) = parse_doc(doc, version)? else {
+fn parse_full(record: RawRecord, audit: Vec<String>) -> Result<Option<TaskInstance>, BackendError> {
+    let Some(mut task) = parse_doc(record)? else {
         return Ok(None);
     };
     let inline = !task.audit_log.is_empty();
@@ -55,18 +44,13 @@ fn parse_full(
     Ok(Some(task))
 }
 
-fn doc(task: &TaskInstance) -> Result<String, BackendError> {
-    StoredRecord::of(task, task.updated_at, true)
-        .json()
-        .map_err(corrupt)
-}
-
-/// The record of a write: stamped with when it was written (the store's
-/// `updated_at`, as the in-memory backend keeps it).
-fn written(task: &TaskInstance) -> Result<String, BackendError> {
-    StoredRecord::of(task, Timestamp::now(), true)
-        .json()
-        .map_err(corrupt)
+impl RedisBackend {
+    /// The record of a write (`doc` and the other fields, see
+    /// `record::write_fields`): stamped with when it was written (the
+    /// store's `updated_at`, as the in-memory backend keeps it).
+    fn written(&self, task: &TaskInstance) -> Result<(String, Vec<String>), BackendError> {
+        write_fields(task, Timestamp::now(), self.steps_apart())
+    }
 }
 
 /// The audit entries a write appends: those the store does not hold yet,
@@ -214,10 +198,7 @@ impl RedisBackend {
         let mut pipe = redis::pipe();
         for id in ids {
             let id: TaskId = id.parse().map_err(corrupt)?;
-            pipe.cmd("HMGET")
-                .arg(self.keys().task(id))
-                .arg("doc")
-                .arg("version");
+            pipe.cmd("HGETALL").arg(self.keys().task(id));
             pipe.cmd("LRANGE").arg(self.keys().audit(id)).arg(0).arg(-1);
         }
         let replies: Vec<Value> = pipe
@@ -227,12 +208,11 @@ impl RedisBackend {
         let mut tasks = Vec::new();
         for pair in replies.chunks(2) {
             let [record, audit] = pair else { break };
-            let (doc, version): (Option<String>, Option<String>) =
-                redis::from_redis_value(record.clone()).map_err(corrupt)?;
-            let audit: Vec<String> = redis::from_redis_value(audit.clone()).map_err(corrupt)?;
+            let record = RawRecord::from_fields(record)?;
+            let audit: Vec<String> = redis::from_redis_value_ref(audit).map_err(corrupt)?;
             // An index entry whose task just expired: skip it (the janitor
             // removes the entry).
-            tasks.extend(parse_full(doc, version, audit)?.filter(|t| query.matches(t)));
+            tasks.extend(parse_full(record, audit)?.filter(|t| query.matches(t)));
         }
         Ok(tasks)
     }
@@ -247,6 +227,7 @@ impl TaskStore for RedisBackend {
     ) -> Result<Created, BackendError> {
         let k = self.keys();
         let p = k.partition_of(task.id);
+        let (doc, fields) = write_fields(task, task.updated_at, self.steps_apart())?;
         let existing = self
             .call(&s::Create {
                 task: k.task(task.id),
@@ -254,39 +235,37 @@ impl TaskStore for RedisBackend {
                 index_pending: k.index(p, &task.saga, Some(TaskStatus::Pending)),
                 queue: k.queue(p),
                 audit: k.audit(task.id),
-                doc: doc(task)?,
+                doc,
                 id: task.id.to_string(),
                 payload: WorkItem::Saga(first.clone()).encode(),
                 created_ms: task.created_at.0,
                 audit_cap: AUDIT_LOG_CAP,
+                fields,
                 audit_entries: audit_entries(task)?,
             })
             .await?;
         match existing {
             None => Ok(Created::New),
             Some(stored) => {
-                let task = parse_doc(Some(stored), None)?
-                    .ok_or_else(|| corrupt("create returned no record"))?;
+                let task =
+                    parse_doc(stored)?.ok_or_else(|| corrupt("create returned no record"))?;
                 Ok(Created::Existing(Box::new(task)))
             }
         }
     }
 
     async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError> {
-        let ((doc, version), audit): ((Option<String>, Option<String>), Vec<String>) =
-            redis::pipe()
-                .cmd("HMGET")
-                .arg(self.keys().task(id))
-                .arg("doc")
-                .arg("version")
-                .cmd("LRANGE")
-                .arg(self.keys().audit(id))
-                .arg(0)
-                .arg(-1)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(unavailable)?;
-        parse_full(doc, version, audit)
+        let (record, audit): (Value, Vec<String>) = redis::pipe()
+            .cmd("HGETALL")
+            .arg(self.keys().task(id))
+            .cmd("LRANGE")
+            .arg(self.keys().audit(id))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        parse_full(RawRecord::from_fields(&record)?, audit)
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError> {
@@ -389,17 +368,16 @@ impl TaskStore for RedisBackend {
                 ttl_ms: ms(ttl),
             })
             .await?;
-        let (fence, doc, version, cancel) = match locking {
+        let (fence, record, cancel) = match locking {
             Locking::Busy => return Ok(None),
             Locking::Missing => return Ok(Some(Locked::missing(id))),
             Locking::Taken {
                 fence,
-                doc,
-                version,
+                record,
                 cancel,
-            } => (fence, doc, version, cancel),
+            } => (fence, record, cancel),
         };
-        let task = match parse_doc(doc, version) {
+        let task = match parse_doc(record) {
             Ok(task) => task,
             Err(error) => {
                 // The lock is ours but no lease goes back to the caller:
@@ -432,6 +410,7 @@ impl TaskStore for RedisBackend {
     ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
         let k = self.keys();
         let p = k.partition_of(task.id);
+        let (doc, fields) = self.written(task)?;
         let written = self
             .call(&s::RecordAttempt {
                 fence: k.fence(task.id),
@@ -442,12 +421,13 @@ impl TaskStore for RedisBackend {
                 audit: k.audit(task.id),
                 lease_fence: lease.fence,
                 version: task.version,
-                doc: written(task)?,
+                doc,
                 claim,
                 status: task.status,
                 id: task.id.to_string(),
                 created_ms: task.created_at.0,
                 audit_cap: AUDIT_LOG_CAP,
+                fields,
                 audit_entries: audit_entries(task)?,
             })
             .await?;
@@ -468,6 +448,7 @@ impl TaskStore for RedisBackend {
             Some(ttl) => Some((ms(ttl), self.entry_of(next.delivery, p)?)),
             None => None,
         };
+        let (doc, fields) = self.written(task)?;
         let written = self
             .call(&s::RecordNext {
                 fence: k.fence(task.id),
@@ -481,7 +462,7 @@ impl TaskStore for RedisBackend {
                 audit: k.audit(task.id),
                 lease_fence: next.lease.fence,
                 version: task.version,
-                doc: written(task)?,
+                doc,
                 claim: next.claim,
                 status: task.status,
                 id: task.id.to_string(),
@@ -492,6 +473,7 @@ impl TaskStore for RedisBackend {
                 consumer: &next.delivery.consumer,
                 unless_cancelled: next.unless_cancelled,
                 audit_cap: AUDIT_LOG_CAP,
+                fields,
                 audit_entries: audit_entries(task)?,
             })
             .await?;
@@ -541,6 +523,7 @@ impl TaskStore for RedisBackend {
                 next.delay.as_millis().min(1_000_000_000_000) as u64,
             )
         });
+        let (doc, fields) = self.written(task)?;
         let written = self
             .call(&s::Commit {
                 fence: k.fence(task.id),
@@ -557,7 +540,7 @@ impl TaskStore for RedisBackend {
                 audit: k.audit(task.id),
                 lease_fence: commit.lease.fence,
                 version: task.version,
-                doc: written(task)?,
+                doc,
                 token: &commit.lease.token,
                 next,
                 settle,
@@ -577,6 +560,7 @@ impl TaskStore for RedisBackend {
                 dead_cap: self.dead_letters_ceiling(),
                 publish: task.status.is_terminal().then(|| k.finished_channel()),
                 audit_cap: AUDIT_LOG_CAP,
+                fields,
                 audit_entries: audit_entries(task)?,
             })
             .await?;
@@ -665,10 +649,28 @@ impl TaskStore for RedisBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::task::{AuditAction, AuditEntry};
+    use crate::model::task::{AuditAction, AuditEntry, StepStatus};
 
-    #[test]
-    fn the_stored_record_is_the_task_without_its_audit_log() {
+    fn raw(doc: String, version: Option<&str>) -> RawRecord {
+        RawRecord {
+            doc: Some(doc),
+            version: version.map(str::to_owned),
+            apart: false,
+        }
+    }
+
+    /// What `HGETALL` answers for a hash of these fields.
+    fn hash(fields: &[(&str, &str)]) -> Value {
+        Value::Array(
+            fields
+                .iter()
+                .flat_map(|(k, v)| [k, v])
+                .map(|s| Value::BulkString(s.as_bytes().to_vec()))
+                .collect(),
+        )
+    }
+
+    fn sample() -> TaskInstance {
         let mut task = TaskInstance::new(
             "s",
             serde_json::json!({"n": 1}),
@@ -682,7 +684,15 @@ mod tests {
         task.version = 3;
         task.seq = 9;
         task.audit(AuditEntry::new(AuditAction::StepCompleted).step("a"));
-        let stored: TaskInstance = serde_json::from_str(&doc(&task).unwrap()).unwrap();
+        task
+    }
+
+    #[test]
+    fn the_stored_record_is_the_task_without_its_audit_log() {
+        let task = sample();
+        let (doc, fields) = write_fields(&task, task.updated_at, false).unwrap();
+        assert!(fields.is_empty(), "layout 1: the whole record in doc");
+        let stored: TaskInstance = serde_json::from_str(&doc).unwrap();
         let mut expected = task.clone();
         expected.audit_log.clear();
         assert_eq!(stored, expected);
@@ -690,9 +700,7 @@ mod tests {
         // Read back whole: the record and the list.
         let entries = audit_entries(&task).unwrap();
         assert_eq!(entries.len(), 1);
-        let full = parse_full(Some(doc(&task).unwrap()), Some("3".into()), entries)
-            .unwrap()
-            .unwrap();
+        let full = parse_full(raw(doc, Some("3")), entries).unwrap().unwrap();
         assert_eq!(full, task);
         assert!(
             full.unstored_audit().is_empty(),
@@ -702,7 +710,43 @@ mod tests {
         // A record with its entries inline (written before the list) hands
         // them to the next write.
         let inline = serde_json::to_string(&task).unwrap();
-        let old = parse_full(Some(inline), None, Vec::new()).unwrap().unwrap();
+        let old = parse_full(raw(inline, None), Vec::new()).unwrap().unwrap();
         assert_eq!(old.unstored_audit().len(), 1);
+    }
+
+    /// Layout 2: the fixed fields and every step when a record moves
+    /// there; then the changing fields and the steps that changed; read
+    /// back whole.
+    #[test]
+    fn a_record_with_its_steps_apart_sends_only_what_changed() {
+        let task = sample();
+        let (doc, fields) = write_fields(&task, task.updated_at, true).unwrap();
+        let names: Vec<&str> = fields.iter().step_by(2).map(String::as_str).collect();
+        assert_eq!(names, ["n", "h", "s:0", "s:1"], "on the move: everything");
+        assert!(!doc.contains("input") && !doc.contains("steps"), "{doc}");
+        let mut stored: Vec<(&str, &str)> = vec![("doc", &doc), ("version", "3")];
+        stored.extend(fields.chunks(2).map(|p| (p[0].as_str(), p[1].as_str())));
+        let mut loaded = parse_doc(RawRecord::from_fields(&hash(&stored)).unwrap())
+            .unwrap()
+            .unwrap();
+        let mut expected = task.clone();
+        expected.audit_log.clear();
+        assert_eq!(loaded, expected);
+        assert!(loaded.steps_apart());
+
+        // A step changes: its field alone, whatever the deployment writes.
+        loaded.steps[1].status = StepStatus::Running;
+        let (_, fields) = write_fields(&loaded, loaded.updated_at, false).unwrap();
+        let names: Vec<&str> = fields.iter().step_by(2).map(String::as_str).collect();
+        assert_eq!(names, ["n", "s:1"]);
+        // Saved at the next version: nothing to send but `doc` and `n`.
+        loaded.version += 1;
+        loaded.steps_saved(loaded.version);
+        let (_, fields) = write_fields(&loaded, loaded.updated_at, true).unwrap();
+        assert_eq!(fields, ["n", "2"]);
+
+        // A step field missing: unreadable, not a task with a step less.
+        let short: Vec<(&str, &str)> = stored.into_iter().filter(|(k, _)| *k != "s:1").collect();
+        assert!(parse_doc(RawRecord::from_fields(&hash(&short)).unwrap()).is_err());
     }
 }

@@ -187,6 +187,7 @@ impl Run<'_> {
         }
         task.version = version;
         task.audit_saved();
+        task.steps_saved(version);
         *stored = task.status;
         if !claimed {
             BreakerPermit::abandon(permit, self.rt).await;

@@ -97,12 +97,14 @@ impl Run<'_> {
         };
         // Written now, or by an earlier try whose reply was lost: either way
         // the commit landed.
-        let _landed: Landed<u64> = self
+        let landed: Landed<u64> = self
             .persist(task.id, task.version, || {
                 self.rt.backend.commit(commit.clone())
             })
             .await??;
         task.audit_saved();
+        let (Landed::Replied(version) | Landed::ReplyLost(version)) = landed;
+        task.steps_saved(version);
         if dead_letter.is_some() {
             metrics::dead_lettered(DeadLetterKind::Saga);
         }

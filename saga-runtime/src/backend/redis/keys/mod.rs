@@ -27,6 +27,11 @@ pub(crate) struct Keys {
     partitions: u16,
     /// The hash tag of each saga partition, braces included.
     tags: Vec<String>,
+    /// `<prefix>:<tag>` of each saga partition: what every key of the
+    /// partition starts with. Kept built, since keys are built on every
+    /// step (formatting them afresh was a fifth of a worker's
+    /// instructions per step).
+    heads: Vec<String>,
     /// The hash tag of each process-manager partition (spread layout), or
     /// the one tag they all share (compact).
     pm_tags: Vec<String>,
@@ -37,6 +42,20 @@ pub(crate) struct Keys {
     spread: bool,
     /// The slot of each stream.
     slots: Vec<u16>,
+}
+
+/// `parts` joined by `sep`, allocated once at its final size: keys are
+/// built on every step, and `format!` costs several times as much.
+fn joined(parts: &[&str], sep: char) -> String {
+    let len = parts.iter().map(|p| p.len() + 1).sum::<usize>();
+    let mut out = String::with_capacity(len);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(sep);
+        }
+        out.push_str(part);
+    }
+    out
 }
 
 /// The number of hash slots of Redis Cluster.
@@ -164,7 +183,13 @@ impl Keys {
             },
             spread,
             slots: Vec::new(),
+            heads: Vec::new(),
         };
+        keys.heads = keys
+            .tags
+            .iter()
+            .map(|tag| format!("{prefix}:{tag}"))
+            .collect();
         keys.slots = (0..keys.streams()).map(|s| slot(&keys.queue(s))).collect();
         keys
     }
@@ -285,7 +310,11 @@ impl Keys {
     }
 
     fn tag(&self, partition: u16) -> String {
-        format!("{}:{}", self.prefix, self.tags[usize::from(partition)])
+        self.head(partition).to_owned()
+    }
+
+    fn head(&self, partition: u16) -> &str {
+        &self.heads[usize::from(partition)]
     }
 
     /// What every key of a task of `partition` starts with:
@@ -306,7 +335,9 @@ impl Keys {
     }
 
     fn task_key(&self, kind: &str, id: TaskId) -> String {
-        format!("{}:{kind}:{id}", self.tag(self.partition_of(id)))
+        let mut buf = uuid::Uuid::encode_buffer();
+        let id_text = id.0.hyphenated().encode_lower(&mut buf);
+        joined(&[self.head(self.partition_of(id)), kind, id_text], ':')
     }
 
     pub fn task(&self, id: TaskId) -> String {
@@ -334,21 +365,24 @@ impl Keys {
     /// A partition's index of one saga's tasks (sorted by creation time),
     /// all of them or those in one status.
     pub fn index(&self, partition: u16, saga: &str, status: Option<TaskStatus>) -> String {
+        let head = self.head(partition);
         match status {
-            Some(status) => format!("{}:idx:{saga}:{}", self.tag(partition), status.as_str()),
-            None => format!("{}:idx:{saga}", self.tag(partition)),
+            Some(status) => joined(&[head, "idx", saga, status.as_str()], ':'),
+            None => joined(&[head, "idx", saga], ':'),
         }
     }
 
     /// A partition's finished tasks, by when their retention runs out.
     pub fn expiring(&self, partition: u16) -> String {
-        format!("{}:expiring", self.tag(partition))
+        joined(&[self.head(partition), "expiring"], ':')
     }
 
     /// A task's entry in [`expiring`](Self::expiring): enough to find its
     /// index entries once its record is gone.
     pub fn expiring_member(id: TaskId, status: TaskStatus, saga: &str) -> String {
-        format!("{id}|{}|{saga}", status.as_str())
+        let mut buf = uuid::Uuid::encode_buffer();
+        let id_text = id.0.hyphenated().encode_lower(&mut buf);
+        joined(&[id_text, status.as_str(), saga], '|')
     }
 
     /// A stream's delayed messages (retry backoffs, hand-backs with a
@@ -371,7 +405,7 @@ impl Keys {
     /// `<tag of k>:shared:<kind>`.
     fn stream_key(&self, stream: u16, kind: &str) -> String {
         if stream < self.partitions {
-            return format!("{}:{kind}", self.tag(stream));
+            return joined(&[self.head(stream), kind], ':');
         }
         match self.pm_partition_of(stream) {
             None => format!("{}:{kind}", self.pm_tag()),
@@ -579,6 +613,12 @@ impl Keys {
     /// backend to connect.
     pub fn layout(&self) -> String {
         format!("{}:layout", self.prefix)
+    }
+
+    /// Which record layout the deployment writes (see `record.rs`):
+    /// absent for layout 1, `2` once its steps are kept apart.
+    pub fn record_layout(&self) -> String {
+        format!("{}:records", self.prefix)
     }
 
     /// Where the commit that ends a task publishes its id.

@@ -21,7 +21,7 @@
 -- KEYS[12]: the task's audit log
 -- ARGV[1]: the fence of the writer's lease
 -- ARGV[2]: the version the writer read
--- ARGV[3]: the new record (JSON)
+-- ARGV[3]: the new record (JSON), or its head (record.lua)
 -- ARGV[4]: the lease token
 -- ARGV[5]: the next message's payload ('' = none)
 -- ARGV[6]: the next message's delay (ms)
@@ -43,7 +43,9 @@
 -- ARGV[20]: the dead letters' cap (`MAXLEN ~`)
 -- ARGV[21]: the channel to publish the task id on ('' = none)
 -- ARGV[22]: how many audit entries the log keeps
--- ARGV[23..]: the audit entries to append
+-- ARGV[23]: how many pairs of field and value of the record follow
+--   (record.lua)
+-- ARGV[24..]: those pairs, then the audit entries to append
 -- Returns: {new version}, or a refusal: {LOCK_LOST, fence}, {MISSING},
 -- {CONFLICT, stored version}, {CANCEL_REQUESTED, flag}; an error for a
 -- delay or an expiry out of range.
@@ -81,7 +83,8 @@ local size = ARGV[19]
 local dead_cap = ARGV[20]
 local channel = ARGV[21]
 local audit_cap = ARGV[22]
-local AUDIT_FROM = 23
+local RECORD_FROM = 23
+local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
 local now = server_time()
 local refused, nv = check_write(fence_key, fence, task_key, version)
@@ -100,7 +103,7 @@ if not delay or delay < 0 or delay > 1e13 then
 end
 if cancelled then delay = 0 end
 audit(audit_key, audit_cap, ARGV, AUDIT_FROM)
-redis.call('HSET', task_key, 'doc', doc, 'version', nv, 'status', status)
+write_record(task_key, doc, nv, status, ARGV, RECORD_FROM)
 if index_from ~= index_to then
   redis.call('ZREM', index_from, id)
   redis.call('ZADD', index_to, created, id)

@@ -10,7 +10,8 @@
 -- ARGV[1]: the lease token
 -- ARGV[2]: the lease's time to live (ms)
 -- Returns: nil when the lease is held by another, {0} when the task does
--- not exist, else {fence, record, version, cancellation flag}.
+-- not exist, else {fence, record, version, cancellation flag, apart}
+-- (the record whole, as read_record reads it).
 local lock_key = KEYS[1]
 local fence_key = KEYS[2]
 local task_key = KEYS[3]
@@ -21,5 +22,5 @@ local ttl = ARGV[2]
 if redis.call('EXISTS', task_key) == 0 then return {0} end
 if not redis.call('SET', lock_key, token, 'NX', 'PX', ttl) then return false end
 local fence = redis.call('INCR', fence_key)
-local rec = redis.call('HMGET', task_key, 'doc', 'version')
-return {fence, rec[1], rec[2], redis.call('GET', cancel_key)}
+local doc, version, apart = read_record(task_key)
+return {fence, doc, version, redis.call('GET', cancel_key), apart}

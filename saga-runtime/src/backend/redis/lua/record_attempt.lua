@@ -10,13 +10,15 @@
 -- KEYS[6]: the task's audit log
 -- ARGV[1]: the fence of the writer's lease
 -- ARGV[2]: the version the writer read
--- ARGV[3]: the new record (JSON)
+-- ARGV[3]: the new record (JSON), or its head (record.lua)
 -- ARGV[4]: the attempt's claim (a field of KEYS[3])
 -- ARGV[5]: the new status (`TaskStatus::as_str`)
 -- ARGV[6]: the task id
 -- ARGV[7]: when the task was created (ms)
 -- ARGV[8]: how many audit entries the log keeps
--- ARGV[9..]: the audit entries to append
+-- ARGV[9]: how many pairs of field and value of the record follow
+--   (record.lua)
+-- ARGV[10..]: those pairs, then the audit entries to append
 -- Returns: {new version, 1 if the claim is new else 0}, or a refusal:
 -- {LOCK_LOST, fence}, {MISSING}, {CONFLICT, stored version}.
 local fence_key = KEYS[1]
@@ -33,12 +35,13 @@ local status = ARGV[5]
 local id = ARGV[6]
 local created = ARGV[7]
 local audit_cap = ARGV[8]
-local AUDIT_FROM = 9
+local RECORD_FROM = 9
+local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
 local refused, nv = check_write(fence_key, fence, task_key, version)
 if refused then return refused end
 audit(audit_key, audit_cap, ARGV, AUDIT_FROM)
-redis.call('HSET', task_key, 'doc', doc, 'version', nv, 'status', status)
+write_record(task_key, doc, nv, status, ARGV, RECORD_FROM)
 if index_from ~= index_to then
   redis.call('ZREM', index_from, id)
   redis.call('ZADD', index_to, created, id)

@@ -16,7 +16,7 @@
 -- KEYS[9]: the task's audit log
 -- ARGV[1]: the fence of the writer's lease
 -- ARGV[2]: the version the writer read
--- ARGV[3]: the new record (JSON)
+-- ARGV[3]: the new record (JSON), or its head (record.lua)
 -- ARGV[4]: the next attempt's claim (a field of KEYS[3])
 -- ARGV[5]: the new status (`TaskStatus::as_str`)
 -- ARGV[6]: the task id
@@ -28,7 +28,9 @@
 -- ARGV[12]: the message's entry id
 -- ARGV[13]: '1' to refuse when cancellation was requested
 -- ARGV[14]: how many audit entries the log keeps
--- ARGV[15..]: the audit entries to append
+-- ARGV[15]: how many pairs of field and value of the record follow
+--   (record.lua)
+-- ARGV[16..]: those pairs, then the audit entries to append
 -- Returns: {new version, 1 if the claim is new else 0}, or a refusal:
 -- {LOCK_LOST, fence}, {MISSING}, {CONFLICT, stored version},
 -- {CANCEL_REQUESTED, flag}.
@@ -55,7 +57,8 @@ local consumer = ARGV[11]
 local entry = ARGV[12]
 local unless_cancelled = ARGV[13]
 local audit_cap = ARGV[14]
-local AUDIT_FROM = 15
+local RECORD_FROM = 15
+local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
 local refused, nv = check_write(fence_key, fence, task_key, version)
 if refused then return refused end
@@ -64,7 +67,7 @@ if unless_cancelled == '1' then
   if c then return {CANCEL_REQUESTED, c} end
 end
 audit(audit_key, audit_cap, ARGV, AUDIT_FROM)
-redis.call('HSET', task_key, 'doc', doc, 'version', nv, 'status', status)
+write_record(task_key, doc, nv, status, ARGV, RECORD_FROM)
 if index_from ~= index_to then
   redis.call('ZREM', index_from, id)
   redis.call('ZADD', index_to, created, id)

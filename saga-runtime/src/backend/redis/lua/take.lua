@@ -37,9 +37,10 @@
 -- Returns: a list of {stream index, entry id, fields, delivery count,
 -- loaded}; the fields raw, for the caller to decode. `loaded` is nil
 -- (nothing), {0, id} (the task's lease is held by another worker),
--- {fence, id, record, version, cancellation flag} (the task's lease,
--- taken), or {'pm', key, key field, record, version} (an instance, or
--- none: no record).
+-- {fence, id, record, version, cancellation flag, apart} (the task's
+-- lease, taken; the record whole and whether it is kept apart, as
+-- read_record reads them), or {'pm', key, key field, record, version}
+-- (an instance, or none: no record).
 local group = ARGV[1]
 local consumer = ARGV[2]
 local first = tonumber(ARGV[3])
@@ -106,13 +107,13 @@ local function lease(prefix, fields)
   if m.process ~= nil or not string.match(id, '^[0-9a-f%-]+$') then return false end
   -- The record first (the script is atomic): no lease for a task that
   -- does not exist here.
-  local rec = redis.call('HMGET', prefix .. ':task:' .. id, 'doc', 'version')
-  if not rec[1] then return false end
+  local doc, version, apart = read_record(prefix .. ':task:' .. id)
+  if not doc then return false end
   if not redis.call('SET', prefix .. ':lock:' .. id, token, 'NX', 'PX', ttl) then
     return {0, id}
   end
   local fence = redis.call('INCR', prefix .. ':fence:' .. id)
-  return {fence, id, rec[1], rec[2], redis.call('GET', prefix .. ':cancel:' .. id)}
+  return {fence, id, doc, version, redis.call('GET', prefix .. ':cancel:' .. id), apart}
 end
 
 local n = #KEYS

@@ -176,17 +176,17 @@ macro_rules! scripts {
 }
 
 scripts! {
-    CREATE = "create" with "audit";
-    LOCK = "lock";
-    RECORD_ATTEMPT = "record_attempt" with "refusals", "audit", "check";
-    RECORD_NEXT = "record_next" with "refusals", "audit", "check";
-    COMMIT = "commit" with "refusals", "time", "settle", "audit", "check";
+    CREATE = "create" with "audit", "record";
+    LOCK = "lock" with "record";
+    RECORD_ATTEMPT = "record_attempt" with "refusals", "audit", "check", "record";
+    RECORD_NEXT = "record_next" with "refusals", "audit", "check", "record";
+    COMMIT = "commit" with "refusals", "time", "settle", "audit", "check", "record";
     HEARTBEAT = "heartbeat";
     UNLOCK = "unlock";
     CANCEL = "cancel" with "audit";
     ACK = "ack" with "settle";
     RELEASE = "release" with "time";
-    TAKE = "take" with "route";
+    TAKE = "take" with "route", "record";
     CLAIM = "claim";
     DEAD_LETTER = "dead_letter" with "time", "settle";
     REQUEUE = "requeue";

@@ -10,6 +10,7 @@ use super::{
     REQUEUE, SHARE, TAKE,
 };
 use crate::backend::redis::entry::{items, text, text_at};
+use crate::backend::redis::record::RawRecord;
 use crate::backend::BackendError;
 use crate::model::task::TaskId;
 
@@ -121,8 +122,7 @@ pub(crate) enum Loaded {
     Lease {
         fence: u64,
         task: TaskId,
-        doc: Option<String>,
-        version: Option<String>,
+        record: RawRecord,
         cancel: Option<String>,
     },
     /// A process-manager instance as stored (none: no record), found by
@@ -157,8 +157,7 @@ impl Loaded {
             (Some(fence), Some(task)) => Loaded::Lease {
                 fence,
                 task,
-                doc: text(2),
-                version: text(3),
+                record: RawRecord::from_reply(&items, 2, 5),
                 cancel: text(4),
             },
             _ => Loaded::Nothing,

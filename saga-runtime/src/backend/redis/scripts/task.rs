@@ -7,7 +7,8 @@ use redis::{Script, ScriptInvocation, Value};
 use super::{flag, or_empty, typed, Call, Refusal, Refused};
 use super::{CANCEL, COMMIT, CREATE, HEARTBEAT, LOCK, RECORD_ATTEMPT, RECORD_NEXT, UNLOCK};
 use crate::backend::redis::corrupt;
-use crate::backend::redis::entry::text_at;
+use crate::backend::redis::entry::{items, text_at};
+use crate::backend::redis::record::RawRecord;
 use crate::backend::BackendError;
 use crate::model::task::TaskStatus;
 
@@ -24,12 +25,14 @@ pub(crate) struct Create {
     pub payload: String,
     pub created_ms: u64,
     pub audit_cap: usize,
+    /// The record's fields after `doc` (see `record::write_fields`).
+    pub fields: Vec<String>,
     pub audit_entries: Vec<String>,
 }
 
 impl Call for Create {
     /// The stored record when the task exists already (nothing written).
-    type Reply = Option<String>;
+    type Reply = Option<RawRecord>;
 
     fn script() -> &'static Script {
         &CREATE
@@ -46,11 +49,16 @@ impl Call for Create {
             .arg(&self.payload)
             .arg(self.created_ms)
             .arg(self.audit_cap)
+            .arg(self.fields.len() / 2)
+            .arg(&self.fields)
             .arg(&self.audit_entries);
     }
 
     fn decode(reply: Value) -> Result<Self::Reply, BackendError> {
-        typed(reply)
+        Ok(match reply {
+            Value::Nil => None,
+            reply => Some(RawRecord::from_reply(&items(&reply), 0, 2)),
+        })
     }
 }
 
@@ -74,8 +82,7 @@ pub(crate) enum Locking {
     /// The lease, taken under a new fence, with the record as stored.
     Taken {
         fence: u64,
-        doc: Option<String>,
-        version: Option<String>,
+        record: RawRecord,
         cancel: Option<String>,
     },
 }
@@ -106,8 +113,7 @@ impl Call for Lock<'_> {
             0 => Locking::Missing,
             fence => Locking::Taken {
                 fence,
-                doc: text(1),
-                version: text(2),
+                record: RawRecord::from_reply(&reply.iter().collect::<Vec<_>>(), 1, 4),
                 cancel: text(3),
             },
         })
@@ -163,6 +169,8 @@ pub(crate) struct RecordAttempt<'a> {
     pub id: String,
     pub created_ms: u64,
     pub audit_cap: usize,
+    /// The record's fields after `doc` (see `record::write_fields`).
+    pub fields: Vec<String>,
     pub audit_entries: Vec<String>,
 }
 
@@ -188,6 +196,8 @@ impl Call for RecordAttempt<'_> {
             .arg(&self.id)
             .arg(self.created_ms)
             .arg(self.audit_cap)
+            .arg(self.fields.len() / 2)
+            .arg(&self.fields)
             .arg(&self.audit_entries);
     }
 
@@ -222,6 +232,8 @@ pub(crate) struct RecordNext<'a> {
     pub consumer: &'a str,
     pub unless_cancelled: bool,
     pub audit_cap: usize,
+    /// The record's fields after `doc` (see `record::write_fields`).
+    pub fields: Vec<String>,
     pub audit_entries: Vec<String>,
 }
 
@@ -260,6 +272,8 @@ impl Call for RecordNext<'_> {
             .arg(entry)
             .arg(flag(self.unless_cancelled))
             .arg(self.audit_cap)
+            .arg(self.fields.len() / 2)
+            .arg(&self.fields)
             .arg(&self.audit_entries);
     }
 
@@ -324,6 +338,8 @@ pub(crate) struct Commit<'a> {
     /// The channel to publish the task id on (when it ends).
     pub publish: Option<String>,
     pub audit_cap: usize,
+    /// The record's fields after `doc` (see `record::write_fields`).
+    pub fields: Vec<String>,
     pub audit_entries: Vec<String>,
 }
 
@@ -384,6 +400,8 @@ impl Call for Commit<'_> {
             .arg(self.dead_cap)
             .arg(self.publish.as_deref().unwrap_or_default())
             .arg(self.audit_cap)
+            .arg(self.fields.len() / 2)
+            .arg(&self.fields)
             .arg(&self.audit_entries);
     }
 

@@ -4,6 +4,7 @@ use redis::Value;
 
 use super::Fixture;
 use crate::backend::redis::scripts::{self as s, Claimed, EndpointTaken, Loaded, Taken};
+use crate::backend::redis::record::RawRecord;
 use crate::model::task::TaskId;
 
 const GROUP: &str = "workers";
@@ -77,8 +78,11 @@ async fn take_reads_messages_and_leases_their_tasks() {
         Loaded::Lease {
             fence: 1,
             task: id(),
-            doc: Some("{}".to_owned()),
-            version: Some("4".to_owned()),
+            record: RawRecord {
+                doc: Some("{}".to_owned()),
+                version: Some("4".to_owned()),
+                apart: false,
+            },
             cancel: None,
         },
         // A second message of the task in the same read: the lease is

@@ -5,6 +5,7 @@
 use redis::Value;
 
 use super::Fixture;
+use crate::backend::redis::record::RawRecord;
 use crate::backend::redis::scripts::{
     self as s, Beat, Locking, Refusal, Refused, Settling, Written,
 };
@@ -43,6 +44,7 @@ impl Fixture {
             payload: "first".to_owned(),
             created_ms: 1000,
             audit_cap: 3,
+            fields: Vec::new(),
             audit_entries: vec!["created".to_owned()],
         }
     }
@@ -76,6 +78,7 @@ impl Fixture {
             id: id().to_string(),
             created_ms: 1000,
             audit_cap: 3,
+            fields: Vec::new(),
             audit_entries: vec![format!("attempt {claim}")],
         }
     }
@@ -105,6 +108,7 @@ impl Fixture {
             consumer: "c1",
             unless_cancelled,
             audit_cap: 3,
+            fields: Vec::new(),
             audit_entries: vec!["next".to_owned()],
         }
     }
@@ -141,6 +145,7 @@ impl Fixture {
             dead_cap: 100,
             publish: None,
             audit_cap: 3,
+            fields: Vec::new(),
             audit_entries: vec!["step".to_owned()],
         }
     }
@@ -203,7 +208,11 @@ async fn create_writes_a_task_once() {
     // The same create again: the stored record, nothing written.
     assert_eq!(
         f.call(&f.create(r#"{"n":2}"#)).await.unwrap(),
-        Some(DOC.to_owned())
+        Some(RawRecord {
+            doc: Some(DOC.to_owned()),
+            version: Some("1".to_owned()),
+            apart: false,
+        })
     );
     let len: u64 = f.cmd(&["XLEN", &k.queue(0)]).await;
     assert_eq!(len, 1, "one first message");
@@ -223,8 +232,11 @@ async fn lock_takes_a_fenced_lease_of_a_task_that_exists() {
     f.call(&f.create(DOC)).await.unwrap();
     let taken = Locking::Taken {
         fence: 1,
-        doc: Some(DOC.to_owned()),
-        version: Some("1".to_owned()),
+        record: RawRecord {
+            doc: Some(DOC.to_owned()),
+            version: Some("1".to_owned()),
+            apart: false,
+        },
         cancel: None,
     };
     assert_eq!(f.call(&f.lock("t1")).await.unwrap(), taken);
@@ -243,8 +255,11 @@ async fn lock_takes_a_fenced_lease_of_a_task_that_exists() {
     let _: () = f.cmd(&["SET", &k.cancel(id()), "5|c"]).await;
     let taken = Locking::Taken {
         fence: 2,
-        doc: Some(DOC.to_owned()),
-        version: Some("1".to_owned()),
+        record: RawRecord {
+            doc: Some(DOC.to_owned()),
+            version: Some("1".to_owned()),
+            apart: false,
+        },
         cancel: Some("5|c".to_owned()),
     };
     assert_eq!(f.call(&f.lock("t2")).await.unwrap(), taken);
@@ -558,4 +573,75 @@ async fn cancel_records_a_request_once() {
     let audit: Vec<String> = f.cmd(&["LRANGE", &k.audit(id()), "0", "-1"]).await;
     let asked: Vec<&String> = audit.iter().filter(|e| e.contains("token")).collect();
     assert_eq!(asked, [&"{\"token\":\"a\"}".to_owned()], "{audit:?}");
+}
+
+/// Record layout 2: the fixed fields in `h`, the changing ones in `doc`,
+/// `n` and one field per step; a write sets the fields it is given and
+/// leaves the others as stored; `lock` and `create` read the record back
+/// whole, as one JSON object; more fields than Lua unpacks at once are
+/// written in chunks.
+#[tokio::test]
+async fn records_with_their_steps_apart_are_written_by_field_and_read_whole() {
+    let mut f = Fixture::new().await;
+    let pairs = |p: &[(&str, &str)]| -> Vec<String> {
+        p.iter()
+            .flat_map(|(k, v)| [k.to_string(), v.to_string()])
+            .collect()
+    };
+    let mut create = f.create(r#"{"status":1}"#);
+    create.fields = pairs(&[
+        ("n", "2"),
+        ("h", r#"{"id":7}"#),
+        ("s:0", "10"),
+        ("s:1", "20"),
+    ]);
+    assert_eq!(f.call(&create).await.unwrap(), None);
+    let record = |doc: &str, version: &str| RawRecord {
+        doc: Some(doc.to_owned()),
+        version: Some(version.to_owned()),
+        apart: true,
+    };
+    // Created again: the stored record, whole.
+    let whole = r#"{"id":7,"status":1,"steps":[10,20]}"#;
+    assert_eq!(f.call(&create).await.unwrap(), Some(record(whole, "1")));
+    let taken = f.call(&f.lock("t1")).await.unwrap();
+    let Locking::Taken { record: got, .. } = taken else {
+        panic!("{taken:?}")
+    };
+    assert_eq!(got, record(whole, "1"));
+
+    // One step changed: only its field is sent, the other is kept.
+    let mut write = f.record(1, 1, "one");
+    write.doc = r#"{"status":2}"#.to_owned();
+    write.fields = pairs(&[("n", "2"), ("s:1", "21")]);
+    assert_eq!(f.call(&write).await.unwrap(), Ok(written(2, true)));
+    let (fields, _) = f.task_state().await;
+    let stored: std::collections::HashMap<_, _> = fields
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
+    assert_eq!(stored["s:0"], "10");
+    assert_eq!(stored["s:1"], "21");
+    assert_eq!(stored["h"], r#"{"id":7}"#);
+    assert_eq!(stored["version"], "2");
+
+    // 700 steps: 1,400 values, past what one unpack takes.
+    let mut many = vec![("n".to_owned(), "700".to_owned())];
+    many.extend((0..700).map(|i| (format!("s:{i}"), i.to_string())));
+    let mut big = f.record(1, 2, "two");
+    big.doc = r#"{"status":3}"#.to_owned();
+    big.fields = many.into_iter().flat_map(|(k, v)| [k, v]).collect();
+    assert_eq!(f.call(&big).await.unwrap(), Ok(written(3, true)));
+    let unlock = s::Unlock {
+        lock: f.keys.lock(id()),
+        token: "t1",
+    };
+    assert!(f.call(&unlock).await.unwrap());
+    let Locking::Taken { record: got, .. } = f.call(&f.lock("t2")).await.unwrap() else {
+        panic!("not taken")
+    };
+    let doc: serde_json::Value = serde_json::from_str(&got.doc.unwrap()).unwrap();
+    assert_eq!(doc["steps"].as_array().unwrap().len(), 700);
+    assert_eq!(doc["steps"][699], 699);
+    assert_eq!(doc["status"], 3);
 }

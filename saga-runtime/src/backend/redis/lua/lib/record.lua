@@ -1,0 +1,51 @@
+-- A task's record in its hash (see record.rs). Layout 1: `doc` holds the
+-- whole record. Layout 2: `h` holds what is fixed when the task is
+-- created, `doc` what changes (neither has `steps`), `n` the number of
+-- steps and `s:<i>` step `i`.
+--
+-- Reads record `key` as one JSON object, the whole record in either
+-- layout (nil: no task), with its version and whether its steps are
+-- kept apart (layout 2).
+local function read_record(key)
+  local rec = redis.call('HMGET', key, 'doc', 'version', 'n', 'h')
+  if not rec[1] then return nil, nil, false end
+  local n = tonumber(rec[3])
+  if not n then return rec[1], rec[2], false end
+  local steps = {}
+  if n > 0 then
+    local names = {}
+    for i = 0, n - 1 do names[i + 1] = 's:' .. i end
+    steps = redis.call('HMGET', key, unpack(names))
+    for i = 1, n do
+      -- A missing step leaves the list short: unreadable, not a task
+      -- with a step less.
+      if not steps[i] then steps[i] = 'null' end
+    end
+  end
+  local head = rec[4] or '{}'
+  local whole = '{' .. string.sub(head, 2, -2) .. ',' .. string.sub(rec[1], 2, -2)
+    .. ',"steps":[' .. table.concat(steps, ',') .. ']}'
+  return whole, rec[2], 1
+end
+-- Writes record `key`: `doc`, the version and the status, and the
+-- `argv[from]` pairs of field and value after it (in layout 2: `n`, the
+-- steps that changed, and `h` when the record moves to layout 2; none in
+-- layout 1). Returns the index of the argument after them.
+local function write_record(key, doc, version, status, argv, from)
+  local last = from + 2 * tonumber(argv[from])
+  local fields = {'doc', doc, 'version', version, 'status', status}
+  for i = from + 1, last do
+    fields[#fields + 1] = argv[i]
+    -- Lua unpacks at most a few thousand values at once.
+    if #fields >= 1000 then
+      redis.call('HSET', key, unpack(fields))
+      fields = {}
+    end
+  end
+  if #fields > 0 then redis.call('HSET', key, unpack(fields)) end
+  return last + 1
+end
+-- The index of the argument after the pairs counted at `argv[from]`.
+local function after_record(argv, from)
+  return from + 1 + 2 * tonumber(argv[from])
+end
