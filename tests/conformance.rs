@@ -1,6 +1,7 @@
 //! The backend conformance suite (`saga_runtime::testing::conformance`),
 //! run unchanged against every backend: the in-memory one, Redis (a
-//! private redis-server per case, with three partitions) and PostgreSQL
+//! private redis-server per case, with three partitions; in record layout
+//! 2, and again as a deployment that still writes layout 1) and PostgreSQL
 //! (one private server, a schema per case).
 
 mod common;
@@ -42,6 +43,41 @@ mod redis {
         let backend = RedisBackend::connect_with(&server.url(), config)
             .await
             .unwrap();
+        (Arc::new(backend), server)
+    }
+
+    saga_runtime::backend_conformance!(fresh);
+}
+
+/// The same on a deployment that ran before record layout 2 (its key
+/// layout recorded, no record layout): tasks are written in layout 1,
+/// their fence, claims and cancellation flag in keys of their own.
+mod redis_layout_1 {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::common::redis_server::TestRedis;
+    use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+    use saga_runtime::backend::Backend;
+    use saga_runtime::testing::conformance::VISIBILITY;
+
+    async fn fresh() -> (Arc<dyn Backend>, TestRedis) {
+        let server = TestRedis::start();
+        let _: () = redis::cmd("SET")
+            .arg("saga:layout")
+            .arg("3")
+            .query(&mut server.conn())
+            .unwrap();
+        let config = RedisConfig {
+            visibility_timeout: VISIBILITY,
+            block: Duration::from_millis(50),
+            partitions: Some(3),
+            ..RedisConfig::default()
+        };
+        let backend = RedisBackend::connect_with(&server.url(), config)
+            .await
+            .unwrap();
+        assert!(!backend.writes_steps_apart().await.unwrap());
         (Arc::new(backend), server)
     }
 

@@ -240,9 +240,17 @@ async fn on_redis() {
             .into_iter()
             .find(|k| k.ends_with(&format!(":task:{id}")))
             .unwrap();
+        // What is fixed at the start: field `h` in record layout 2 (a
+        // fresh deployment's), else the whole record in `doc`.
+        let fixed: Option<String> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("h")
+            .query(&mut redis.conn())
+            .unwrap();
+        let field = if fixed.is_some() { "h" } else { "doc" };
         let doc: String = redis::cmd("HGET")
             .arg(&key)
-            .arg("doc")
+            .arg(field)
             .query(&mut redis.conn())
             .unwrap();
         let mut doc: Value = serde_json::from_str(&doc).unwrap();
@@ -250,7 +258,7 @@ async fn on_redis() {
         doc.as_object_mut().unwrap().remove("cancellable");
         let _: () = redis::cmd("HSET")
             .arg(&key)
-            .arg("doc")
+            .arg(field)
             .arg(doc.to_string())
             .query(&mut redis.conn())
             .unwrap();

@@ -3,7 +3,7 @@
 //! record), and how a deployment moves from layout 1 to layout 2: new
 //! engines write layout 1, which engines of earlier versions read, until
 //! the operator switches; records in either layout are read and run on;
-//! a record moves to layout 2 on its next write after the switch.
+//! a task keeps the layout it was created in.
 
 mod common;
 
@@ -283,9 +283,10 @@ fn fields(redis: &TestRedis, id: TaskId) -> std::collections::HashMap<String, St
 /// A deployment that ran before layout 2 (its key layout recorded, no
 /// record layout): new engines write layout 1, as engines of earlier
 /// versions read it (the whole record in `doc`, no step fields), until
-/// the operator switches; then tasks in flight move to layout 2 on their
-/// next write and every task completes whole, with engines that saw the
-/// switch and engines that did not yet side by side.
+/// the operator switches; tasks in flight finish in layout 1, tasks
+/// started after it are created in layout 2, and every task completes
+/// whole, with engines that saw the switch and engines that did not yet
+/// side by side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_deployment_moves_to_layout_2_when_its_operator_says() {
     let redis = TestRedis::start_with_aof(false);
@@ -320,6 +321,7 @@ async fn a_running_deployment_moves_to_layout_2_when_its_operator_says() {
     assert!(engine_writes_apart(&redis).await);
     for id in &ids {
         assert_whole(&second.wait(*id).await.unwrap());
+        assert!(!fields(&redis, *id).contains_key("n"), "stays in layout 1");
     }
     // A task started after the switch, once every engine has looked again.
     tokio::time::sleep(Duration::from_secs(11)).await;

@@ -21,8 +21,15 @@
 //! layout 2 at once; a deployment that was running before records it when
 //! its operator says all its engines are upgraded
 //! ([`RedisBackend::write_steps_apart`]). Engines see the switch within
-//! [`REFRESH`]; until then a task may be written in either layout, and a
-//! record once in layout 2 stays there.
+//! [`REFRESH`]. A record keeps the layout it was created in: tasks
+//! started before the switch finish in layout 1.
+//!
+//! Layout 2 also keeps the task's control state in the same hash, where
+//! the one `HMGET` that checks a write reaches all of it: field `fence`
+//! (the lease's fencing counter), `cancel` (the cancellation flag) and
+//! `c:<claim>` (each attempt claimed). Layout 1 keeps them in keys of
+//! their own (`fence:<id>`, `cancel:<id>`, `claims:<id>`). The lease
+//! itself stays a key of its own (`lock:<id>`): it expires alone.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -192,30 +199,30 @@ fn changing(task: &TaskInstance, stamp: Timestamp) -> Changing<'_> {
 }
 
 /// What a write of `task` stores: the `doc` field and the other fields
-/// to set (pairs of name and value). In layout 1 (`apart` false and the
-/// record not in layout 2 already) the whole record in `doc`. In layout
-/// 2 the changing fields in `doc`, `n`, and the steps the store does not
-/// hold as they are; when the record moves to layout 2, also `h` and
-/// every step.
+/// to set (pairs of name and value). A record keeps the layout it was
+/// created in: in layout 1 the whole record in `doc`; in layout 2 the
+/// changing fields in `doc`, `n` and the steps the store does not hold as
+/// they are. `create`: the first write of a task, in layout 2 if `apart`
+/// (the deployment writes layout 2), with `h` and every step.
 pub(crate) fn write_fields(
     task: &TaskInstance,
     stamp: Timestamp,
-    apart: bool,
+    create: Option<bool>,
 ) -> Result<(String, Vec<String>), BackendError> {
-    if !(apart || task.steps_apart()) {
+    let apart = create.unwrap_or_else(|| task.steps_apart());
+    if !apart {
         let whole = StoredRecord::of(task, stamp, true);
         return Ok((whole.json().map_err(corrupt)?, Vec::new()));
     }
     let doc = serde_json::to_string(&changing(task, stamp)).map_err(corrupt)?;
-    let moving = !task.steps_apart();
-    let changed: Vec<usize> = match moving {
-        false => task.unstored_steps(),
-        true => (0..task.steps.len()).collect(),
+    let changed: Vec<usize> = match create {
+        None => task.unstored_steps(),
+        Some(_) => (0..task.steps.len()).collect(),
     };
     let mut fields = Vec::with_capacity(4 + 2 * changed.len());
     fields.push("n".to_owned());
     fields.push(task.steps.len().to_string());
-    if moving {
+    if create.is_some() {
         fields.push("h".to_owned());
         fields.push(serde_json::to_string(&fixed(task)).map_err(corrupt)?);
     }
@@ -255,17 +262,15 @@ impl Mode {
 }
 
 impl RedisBackend {
-    /// Whether new records are written with their steps apart (layout 2).
-    /// Looks again, in the background, every [`REFRESH`].
-    pub(super) fn steps_apart(&self) -> bool {
+    /// Whether a task created now is written in layout 2: as last read,
+    /// read again (one `GET`) when that is older than [`REFRESH`]. Once
+    /// layout 2, always layout 2.
+    pub(super) async fn creates_apart(&self) -> bool {
         let mode = &self.shared.records;
-        if mode.due() && !mode.apart.load(Ordering::Relaxed) {
-            let backend = self.clone();
-            tokio::spawn(async move {
-                if let Ok(apart) = backend.read_record_layout().await {
-                    backend.shared.records.set(apart);
-                }
-            });
+        if !mode.apart.load(Ordering::Relaxed) && mode.due() {
+            if let Ok(apart) = self.read_record_layout().await {
+                mode.set(apart);
+            }
         }
         mode.apart.load(Ordering::Relaxed)
     }
@@ -305,8 +310,9 @@ impl RedisBackend {
     /// history). Call it once every engine of the deployment runs a
     /// version that reads layout 2 (this one or later): an older engine
     /// cannot read a record written so, and reports it unreadable. Every
-    /// engine follows within 10 seconds; records written before move to
-    /// layout 2 on their next write. There is no way back to layout 1. A
+    /// engine follows within 10 seconds; tasks started before it finish
+    /// in layout 1, tasks started after are created in layout 2. There is
+    /// no way back to layout 1. A
     /// deployment whose first engine was of this version or later writes
     /// layout 2 from the start.
     pub async fn write_steps_apart(&self) -> Result<(), BackendError> {

@@ -49,7 +49,7 @@ impl RedisBackend {
     /// `record::write_fields`): stamped with when it was written (the
     /// store's `updated_at`, as the in-memory backend keeps it).
     fn written(&self, task: &TaskInstance) -> Result<(String, Vec<String>), BackendError> {
-        write_fields(task, Timestamp::now(), self.steps_apart())
+        write_fields(task, Timestamp::now(), None)
     }
 }
 
@@ -227,7 +227,7 @@ impl TaskStore for RedisBackend {
     ) -> Result<Created, BackendError> {
         let k = self.keys();
         let p = k.partition_of(task.id);
-        let (doc, fields) = write_fields(task, task.updated_at, self.steps_apart())?;
+        let (doc, fields) = write_fields(task, task.updated_at, Some(self.creates_apart().await))?;
         let existing = self
             .call(&s::Create {
                 task: k.task(task.id),
@@ -428,6 +428,7 @@ impl TaskStore for RedisBackend {
                 created_ms: task.created_at.0,
                 audit_cap: AUDIT_LOG_CAP,
                 fields,
+                apart: task.steps_apart(),
                 audit_entries: audit_entries(task)?,
             })
             .await?;
@@ -474,6 +475,7 @@ impl TaskStore for RedisBackend {
                 unless_cancelled: next.unless_cancelled,
                 audit_cap: AUDIT_LOG_CAP,
                 fields,
+                apart: task.steps_apart(),
                 audit_entries: audit_entries(task)?,
             })
             .await?;
@@ -561,6 +563,7 @@ impl TaskStore for RedisBackend {
                 publish: task.status.is_terminal().then(|| k.finished_channel()),
                 audit_cap: AUDIT_LOG_CAP,
                 fields,
+                apart: task.steps_apart(),
                 audit_entries: audit_entries(task)?,
             })
             .await?;
@@ -584,6 +587,7 @@ impl TaskStore for RedisBackend {
                 lock: k.lock(lease.task_id),
                 queue: k.queue(p),
                 cancel: k.cancel(lease.task_id),
+                task: k.task(lease.task_id),
                 token: &lease.token,
                 ttl_ms: ms(ttl),
                 group: self.group(),
@@ -625,12 +629,17 @@ impl TaskStore for RedisBackend {
     }
 
     async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
-        let at: Option<String> = redis::cmd("GET")
+        // A key of its own (record layout 1) or a field of the record.
+        let (key, field): (Option<String>, Option<String>) = redis::pipe()
+            .cmd("GET")
             .arg(self.keys().cancel(id))
+            .cmd("HGET")
+            .arg(self.keys().task(id))
+            .arg("cancel")
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        Ok(cancel_time(at))
+        Ok(cancel_time(key.or(field)))
     }
 
     async fn wait_for_change(&self, id: TaskId, timeout: Duration) {
@@ -690,7 +699,7 @@ mod tests {
     #[test]
     fn the_stored_record_is_the_task_without_its_audit_log() {
         let task = sample();
-        let (doc, fields) = write_fields(&task, task.updated_at, false).unwrap();
+        let (doc, fields) = write_fields(&task, task.updated_at, None).unwrap();
         assert!(fields.is_empty(), "layout 1: the whole record in doc");
         let stored: TaskInstance = serde_json::from_str(&doc).unwrap();
         let mut expected = task.clone();
@@ -714,15 +723,15 @@ mod tests {
         assert_eq!(old.unstored_audit().len(), 1);
     }
 
-    /// Layout 2: the fixed fields and every step when a record moves
-    /// there; then the changing fields and the steps that changed; read
-    /// back whole.
+    /// Layout 2: the fixed fields and every step when a task is created;
+    /// then the changing fields and the steps that changed; read back
+    /// whole. A record in layout 1 stays there.
     #[test]
     fn a_record_with_its_steps_apart_sends_only_what_changed() {
         let task = sample();
-        let (doc, fields) = write_fields(&task, task.updated_at, true).unwrap();
+        let (doc, fields) = write_fields(&task, task.updated_at, Some(true)).unwrap();
         let names: Vec<&str> = fields.iter().step_by(2).map(String::as_str).collect();
-        assert_eq!(names, ["n", "h", "s:0", "s:1"], "on the move: everything");
+        assert_eq!(names, ["n", "h", "s:0", "s:1"], "created: everything");
         assert!(!doc.contains("input") && !doc.contains("steps"), "{doc}");
         let mut stored: Vec<(&str, &str)> = vec![("doc", &doc), ("version", "3")];
         stored.extend(fields.chunks(2).map(|p| (p[0].as_str(), p[1].as_str())));
@@ -734,15 +743,15 @@ mod tests {
         assert_eq!(loaded, expected);
         assert!(loaded.steps_apart());
 
-        // A step changes: its field alone, whatever the deployment writes.
+        // A step changes: its field alone.
         loaded.steps[1].status = StepStatus::Running;
-        let (_, fields) = write_fields(&loaded, loaded.updated_at, false).unwrap();
+        let (_, fields) = write_fields(&loaded, loaded.updated_at, None).unwrap();
         let names: Vec<&str> = fields.iter().step_by(2).map(String::as_str).collect();
         assert_eq!(names, ["n", "s:1"]);
         // Saved at the next version: nothing to send but `doc` and `n`.
         loaded.version += 1;
         loaded.steps_saved(loaded.version);
-        let (_, fields) = write_fields(&loaded, loaded.updated_at, true).unwrap();
+        let (_, fields) = write_fields(&loaded, loaded.updated_at, None).unwrap();
         assert_eq!(fields, ["n", "2"]);
 
         // A step field missing: unreadable, not a task with a step less.

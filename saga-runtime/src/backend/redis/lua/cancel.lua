@@ -6,7 +6,7 @@
 -- this creates) expires with the task; nothing is written for a task that
 -- does not exist.
 --
--- KEYS[1]: the task's cancellation flag
+-- KEYS[1]: the task's cancellation flag (record layout 1; layout 2 keeps it in KEYS[2])
 -- KEYS[2]: the task's record
 -- KEYS[3]: the partition's queue
 -- KEYS[4]: the task's audit log
@@ -31,7 +31,14 @@ local wake = ARGV[5]
 local audit_cap = ARGV[6]
 local AUDIT_FROM = 7
 
-local prev = redis.call('GET', cancel_key)
+-- Record layout 2 (record.lua) keeps the flag in the record itself.
+local apart = redis.call('HEXISTS', task_key, 'n') == 1
+local prev
+if apart then
+  prev = redis.call('HGET', task_key, 'cancel')
+else
+  prev = redis.call('GET', cancel_key)
+end
 if prev then
   local sep = string.find(prev, '|', 1, true)
   if sep and string.sub(prev, sep + 1) == token then return false end
@@ -40,7 +47,9 @@ if prev then
 end
 local ttl = redis.call('PTTL', task_key)
 if ttl == -2 then return false end
-if ttl > 0 then
+if apart then
+  redis.call('HSET', task_key, 'cancel', at .. '|' .. token)
+elseif ttl > 0 then
   redis.call('SET', cancel_key, at .. '|' .. token, 'PX', ttl)
 else
   redis.call('SET', cancel_key, at .. '|' .. token)

@@ -43,9 +43,11 @@
 -- ARGV[20]: the dead letters' cap (`MAXLEN ~`)
 -- ARGV[21]: the channel to publish the task id on ('' = none)
 -- ARGV[22]: how many audit entries the log keeps
--- ARGV[23]: how many pairs of field and value of the record follow
---   (record.lua)
--- ARGV[24..]: those pairs, then the audit entries to append
+-- ARGV[23]: '1' when the record is in layout 2 (record.lua: its fence,
+--   claims and cancellation flag are fields of KEYS[2], and its keys to
+--   expire are KEYS[2] and KEYS[12] alone)
+-- ARGV[24]: how many pairs of field and value of the record follow
+-- ARGV[25..]: those pairs, then the audit entries to append
 -- Returns: {new version}, or a refusal: {LOCK_LOST, fence}, {MISSING},
 -- {CONFLICT, stored version}, {CANCEL_REQUESTED, flag}; an error for a
 -- delay or an expiry out of range.
@@ -83,15 +85,22 @@ local size = ARGV[19]
 local dead_cap = ARGV[20]
 local channel = ARGV[21]
 local audit_cap = ARGV[22]
-local RECORD_FROM = 23
+local apart = ARGV[23] == '1'
+local RECORD_FROM = 24
 local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
 local now = server_time()
-local refused, nv = check_write(fence_key, fence, task_key, version)
+local refused, nv, flag
+if apart then
+  refused, nv, flag = check_write_apart(task_key, fence, version, '')
+else
+  refused, nv = check_write(fence_key, fence, task_key, version)
+  flag = redis.call('GET', cancel_key)
+end
 if refused then return refused end
-local cancelled = redis.call('EXISTS', cancel_key) == 1
+local cancelled = flag ~= false
 if unless_cancelled == '1' and cancelled then
-  return {CANCEL_REQUESTED, redis.call('GET', cancel_key)}
+  return {CANCEL_REQUESTED, flag}
 end
 local expire = tonumber(expire_after)
 if expire_after ~= '' and (not expire or expire < 1 or expire > 1e13) then
@@ -110,6 +119,7 @@ if index_from ~= index_to then
 end
 if stored_member ~= '' then redis.call('ZREM', expiring, stored_member) end
 local task_keys = {task_key, fence_key, cancel_key, claims_key, audit_key}
+if apart then task_keys = {task_key, audit_key} end
 if expire_after ~= '' then
   for _, k in ipairs(task_keys) do redis.call('PEXPIRE', k, expire) end
   redis.call('ZADD', expiring, now + expire, new_member)

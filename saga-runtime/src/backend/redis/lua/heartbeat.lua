@@ -3,7 +3,8 @@
 --
 -- KEYS[1]: the task's lock
 -- KEYS[2]: the partition's queue
--- KEYS[3]: the task's cancellation flag
+-- KEYS[3]: the task's cancellation flag (record layout 1)
+-- KEYS[4]: the task's record (layout 2 keeps the flag in it)
 -- ARGV[1]: the lease token
 -- ARGV[2]: the lease's new time to live (ms)
 -- ARGV[3]: the consumer group
@@ -13,6 +14,7 @@
 local lock_key = KEYS[1]
 local queue = KEYS[2]
 local cancel_key = KEYS[3]
+local task_key = KEYS[4]
 local token = ARGV[1]
 local ttl = ARGV[2]
 local group = ARGV[3]
@@ -27,4 +29,7 @@ if redis.call('GET', lock_key) == token then
   pcall(redis.call, 'XCLAIM', queue, group, consumer, 0, entry, 'JUSTID')
   held = 1
 end
-return {held, redis.call('GET', cancel_key)}
+-- The flag: a key of its own (record layout 1) or a field of the record.
+local flag = redis.call('GET', cancel_key)
+if not flag then flag = redis.call('HGET', task_key, 'cancel') end
+return {held, flag}

@@ -4,9 +4,9 @@
 -- stray message must not leave a fence behind.
 --
 -- KEYS[1]: the task's lock
--- KEYS[2]: the task's fence counter
+-- KEYS[2]: the task's fence counter (layout 1; see record.lua)
 -- KEYS[3]: the task's record
--- KEYS[4]: the task's cancellation flag
+-- KEYS[4]: the task's cancellation flag (layout 1)
 -- ARGV[1]: the lease token
 -- ARGV[2]: the lease's time to live (ms)
 -- Returns: nil when the lease is held by another, {0} when the task does
@@ -19,8 +19,9 @@ local cancel_key = KEYS[4]
 local token = ARGV[1]
 local ttl = ARGV[2]
 
-if redis.call('EXISTS', task_key) == 0 then return {0} end
+local doc, version, apart, cancel = read_record(task_key)
+if not doc then return {0} end
 if not redis.call('SET', lock_key, token, 'NX', 'PX', ttl) then return false end
-local fence = redis.call('INCR', fence_key)
-local doc, version, apart = read_record(task_key)
-return {fence, doc, version, redis.call('GET', cancel_key), apart}
+local fence = next_fence(task_key, fence_key, apart)
+if not apart then cancel = redis.call('GET', cancel_key) end
+return {fence, doc, version, cancel, apart}

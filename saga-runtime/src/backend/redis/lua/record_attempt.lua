@@ -16,9 +16,10 @@
 -- ARGV[6]: the task id
 -- ARGV[7]: when the task was created (ms)
 -- ARGV[8]: how many audit entries the log keeps
--- ARGV[9]: how many pairs of field and value of the record follow
---   (record.lua)
--- ARGV[10..]: those pairs, then the audit entries to append
+-- ARGV[9]: '1' when the record is in layout 2 (record.lua: its fence
+--   and claims are fields of KEYS[2], not KEYS[1] and KEYS[3])
+-- ARGV[10]: how many pairs of field and value of the record follow
+-- ARGV[11..]: those pairs, then the audit entries to append
 -- Returns: {new version, 1 if the claim is new else 0}, or a refusal:
 -- {LOCK_LOST, fence}, {MISSING}, {CONFLICT, stored version}.
 local fence_key = KEYS[1]
@@ -35,15 +36,24 @@ local status = ARGV[5]
 local id = ARGV[6]
 local created = ARGV[7]
 local audit_cap = ARGV[8]
-local RECORD_FROM = 9
+local apart = ARGV[9] == '1'
+local RECORD_FROM = 10
 local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
-local refused, nv = check_write(fence_key, fence, task_key, version)
+local refused, nv, _, claimed
+if apart then
+  refused, nv, _, claimed = check_write_apart(task_key, fence, version, claim)
+else
+  refused, nv = check_write(fence_key, fence, task_key, version)
+end
 if refused then return refused end
 audit(audit_key, audit_cap, ARGV, AUDIT_FROM)
-write_record(task_key, doc, nv, status, ARGV, RECORD_FROM)
+local extra = nil
+if apart and not claimed then extra = {'c:' .. claim, 1} end
+write_record(task_key, doc, nv, status, ARGV, RECORD_FROM, extra)
 if index_from ~= index_to then
   redis.call('ZREM', index_from, id)
   redis.call('ZADD', index_to, created, id)
 end
+if apart then return {nv, claimed and 0 or 1} end
 return {nv, redis.call('HSETNX', claims_key, claim, 1)}

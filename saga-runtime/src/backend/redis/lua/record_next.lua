@@ -28,9 +28,10 @@
 -- ARGV[12]: the message's entry id
 -- ARGV[13]: '1' to refuse when cancellation was requested
 -- ARGV[14]: how many audit entries the log keeps
--- ARGV[15]: how many pairs of field and value of the record follow
---   (record.lua)
--- ARGV[16..]: those pairs, then the audit entries to append
+-- ARGV[15]: '1' when the record is in layout 2 (record.lua: its fence,
+--   claims and cancellation flag are fields of KEYS[2])
+-- ARGV[16]: how many pairs of field and value of the record follow
+-- ARGV[17..]: those pairs, then the audit entries to append
 -- Returns: {new version, 1 if the claim is new else 0}, or a refusal:
 -- {LOCK_LOST, fence}, {MISSING}, {CONFLICT, stored version},
 -- {CANCEL_REQUESTED, flag}.
@@ -57,17 +58,25 @@ local consumer = ARGV[11]
 local entry = ARGV[12]
 local unless_cancelled = ARGV[13]
 local audit_cap = ARGV[14]
-local RECORD_FROM = 15
+local apart = ARGV[15] == '1'
+local RECORD_FROM = 16
 local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
-local refused, nv = check_write(fence_key, fence, task_key, version)
+local refused, nv, flag, claimed
+if apart then
+  refused, nv, flag, claimed = check_write_apart(task_key, fence, version, claim)
+else
+  refused, nv = check_write(fence_key, fence, task_key, version)
+end
 if refused then return refused end
 if unless_cancelled == '1' then
-  local c = redis.call('GET', cancel_key)
-  if c then return {CANCEL_REQUESTED, c} end
+  if not apart then flag = redis.call('GET', cancel_key) end
+  if flag then return {CANCEL_REQUESTED, flag} end
 end
 audit(audit_key, audit_cap, ARGV, AUDIT_FROM)
-write_record(task_key, doc, nv, status, ARGV, RECORD_FROM)
+local extra = nil
+if apart and not claimed then extra = {'c:' .. claim, 1} end
+write_record(task_key, doc, nv, status, ARGV, RECORD_FROM, extra)
 if index_from ~= index_to then
   redis.call('ZREM', index_from, id)
   redis.call('ZADD', index_to, created, id)
@@ -76,4 +85,5 @@ if ttl ~= '' then
   redis.call('SET', lock_key, token, 'PX', ttl)
   pcall(redis.call, 'XCLAIM', queue, group, consumer, 0, entry, 'JUSTID')
 end
+if apart then return {nv, claimed and 0 or 1} end
 return {nv, redis.call('HSETNX', claims_key, claim, 1)}

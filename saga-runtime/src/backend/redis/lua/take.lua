@@ -107,13 +107,15 @@ local function lease(prefix, fields)
   if m.process ~= nil or not string.match(id, '^[0-9a-f%-]+$') then return false end
   -- The record first (the script is atomic): no lease for a task that
   -- does not exist here.
-  local doc, version, apart = read_record(prefix .. ':task:' .. id)
+  local task_key = prefix .. ':task:' .. id
+  local doc, version, apart, cancel = read_record(task_key)
   if not doc then return false end
   if not redis.call('SET', prefix .. ':lock:' .. id, token, 'NX', 'PX', ttl) then
     return {0, id}
   end
-  local fence = redis.call('INCR', prefix .. ':fence:' .. id)
-  return {fence, id, doc, version, redis.call('GET', prefix .. ':cancel:' .. id), apart}
+  local fence = next_fence(task_key, prefix .. ':fence:' .. id, apart)
+  if not apart then cancel = redis.call('GET', prefix .. ':cancel:' .. id) end
+  return {fence, id, doc, version, cancel, apart}
 end
 
 local n = #KEYS

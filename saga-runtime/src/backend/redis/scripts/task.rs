@@ -171,6 +171,8 @@ pub(crate) struct RecordAttempt<'a> {
     pub audit_cap: usize,
     /// The record's fields after `doc` (see `record::write_fields`).
     pub fields: Vec<String>,
+    /// The record is in layout 2 (see `record`).
+    pub apart: bool,
     pub audit_entries: Vec<String>,
 }
 
@@ -196,6 +198,7 @@ impl Call for RecordAttempt<'_> {
             .arg(&self.id)
             .arg(self.created_ms)
             .arg(self.audit_cap)
+            .arg(flag(self.apart))
             .arg(self.fields.len() / 2)
             .arg(&self.fields)
             .arg(&self.audit_entries);
@@ -234,6 +237,8 @@ pub(crate) struct RecordNext<'a> {
     pub audit_cap: usize,
     /// The record's fields after `doc` (see `record::write_fields`).
     pub fields: Vec<String>,
+    /// The record is in layout 2 (see `record`).
+    pub apart: bool,
     pub audit_entries: Vec<String>,
 }
 
@@ -272,6 +277,7 @@ impl Call for RecordNext<'_> {
             .arg(entry)
             .arg(flag(self.unless_cancelled))
             .arg(self.audit_cap)
+            .arg(flag(self.apart))
             .arg(self.fields.len() / 2)
             .arg(&self.fields)
             .arg(&self.audit_entries);
@@ -340,6 +346,8 @@ pub(crate) struct Commit<'a> {
     pub audit_cap: usize,
     /// The record's fields after `doc` (see `record::write_fields`).
     pub fields: Vec<String>,
+    /// The record is in layout 2 (see `record`).
+    pub apart: bool,
     pub audit_entries: Vec<String>,
 }
 
@@ -400,6 +408,7 @@ impl Call for Commit<'_> {
             .arg(self.dead_cap)
             .arg(self.publish.as_deref().unwrap_or_default())
             .arg(self.audit_cap)
+            .arg(flag(self.apart))
             .arg(self.fields.len() / 2)
             .arg(&self.fields)
             .arg(&self.audit_entries);
@@ -416,6 +425,7 @@ pub(crate) struct Heartbeat<'a> {
     pub lock: String,
     pub queue: String,
     pub cancel: String,
+    pub task: String,
     pub token: &'a str,
     pub ttl_ms: u64,
     pub group: &'a str,
@@ -443,6 +453,7 @@ impl Call for Heartbeat<'_> {
         call.key(&self.lock)
             .key(&self.queue)
             .key(&self.cancel)
+            .key(&self.task)
             .arg(self.token)
             .arg(self.ttl_ms)
             .arg(self.group)

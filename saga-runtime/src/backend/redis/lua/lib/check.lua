@@ -11,3 +11,15 @@ local function check_write(fence_key, fence, task_key, version)
   if v ~= version then return {CONFLICT, v} end
   return nil, tonumber(v) + 1
 end
+-- The same for a record that keeps its control state in its hash (record
+-- layout 2, see record.lua): one HMGET reads the fence, the version, the
+-- cancellation flag and whether `claim` was claimed. Returns the refusal,
+-- or nil, the version the write stores, the flag (false: none) and
+-- whether the claim was there.
+local function check_write_apart(task_key, fence, version, claim)
+  local r = redis.call('HMGET', task_key, 'fence', 'version', 'cancel', 'c:' .. claim)
+  if r[1] ~= fence then return {LOCK_LOST, r[1]} end
+  if not r[2] then return {MISSING, false} end
+  if r[2] ~= version then return {CONFLICT, r[2]} end
+  return nil, tonumber(r[2]) + 1, r[3], r[4] ~= false
+end

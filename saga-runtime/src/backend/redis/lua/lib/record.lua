@@ -4,13 +4,14 @@
 -- steps and `s:<i>` step `i`.
 --
 -- Reads record `key` as one JSON object, the whole record in either
--- layout (nil: no task), with its version and whether its steps are
--- kept apart (layout 2).
+-- layout (nil: no task), with its version, whether it is kept apart
+-- (layout 2: 1, else false) and, in layout 2, its cancellation flag
+-- (layout 1 keeps the flag in a key of its own).
 local function read_record(key)
-  local rec = redis.call('HMGET', key, 'doc', 'version', 'n', 'h')
-  if not rec[1] then return nil, nil, false end
+  local rec = redis.call('HMGET', key, 'doc', 'version', 'n', 'h', 'cancel')
+  if not rec[1] then return nil, nil, false, false end
   local n = tonumber(rec[3])
-  if not n then return rec[1], rec[2], false end
+  if not n then return rec[1], rec[2], false, false end
   local steps = {}
   if n > 0 then
     local names = {}
@@ -25,15 +26,23 @@ local function read_record(key)
   local head = rec[4] or '{}'
   local whole = '{' .. string.sub(head, 2, -2) .. ',' .. string.sub(rec[1], 2, -2)
     .. ',"steps":[' .. table.concat(steps, ',') .. ']}'
-  return whole, rec[2], 1
+  return whole, rec[2], 1, rec[5]
 end
--- Writes record `key`: `doc`, the version and the status, and the
--- `argv[from]` pairs of field and value after it (in layout 2: `n`, the
--- steps that changed, and `h` when the record moves to layout 2; none in
--- layout 1). Returns the index of the argument after them.
-local function write_record(key, doc, version, status, argv, from)
+-- Takes the next fence of a task whose record was just read: a field of
+-- its hash in layout 2, a key of its own in layout 1.
+local function next_fence(task_key, fence_key, apart)
+  if apart then return redis.call('HINCRBY', task_key, 'fence', 1) end
+  return redis.call('INCR', fence_key)
+end
+-- Writes record `key`: `doc`, the version and the status, the `argv[from]`
+-- pairs of field and value after it (in layout 2: `n`, the steps that
+-- changed, and `h` when the task is created; none in layout 1), and the
+-- pairs in `extra` (a claim, in layout 2). Returns the index of the
+-- argument after them.
+local function write_record(key, doc, version, status, argv, from, extra)
   local last = from + 2 * tonumber(argv[from])
   local fields = {'doc', doc, 'version', version, 'status', status}
+  for _, v in ipairs(extra or {}) do fields[#fields + 1] = v end
   for i = from + 1, last do
     fields[#fields + 1] = argv[i]
     -- Lua unpacks at most a few thousand values at once.

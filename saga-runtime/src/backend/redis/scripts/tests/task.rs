@@ -79,6 +79,7 @@ impl Fixture {
             created_ms: 1000,
             audit_cap: 3,
             fields: Vec::new(),
+            apart: false,
             audit_entries: vec![format!("attempt {claim}")],
         }
     }
@@ -109,6 +110,7 @@ impl Fixture {
             unless_cancelled,
             audit_cap: 3,
             fields: Vec::new(),
+            apart: false,
             audit_entries: vec!["next".to_owned()],
         }
     }
@@ -146,6 +148,7 @@ impl Fixture {
             publish: None,
             audit_cap: 3,
             fields: Vec::new(),
+            apart: false,
             audit_entries: vec!["step".to_owned()],
         }
     }
@@ -505,6 +508,7 @@ async fn heartbeat_extends_only_its_own_lease() {
         lock: k.lock(id()),
         queue: k.queue(0),
         cancel: k.cancel(id()),
+        task: k.task(id()),
         token,
         ttl_ms: 60_000,
         group: GROUP,
@@ -611,7 +615,10 @@ async fn records_with_their_steps_apart_are_written_by_field_and_read_whole() {
     assert_eq!(got, record(whole, "1"));
 
     // One step changed: only its field is sent, the other is kept.
+    // The control state is in the record: the fence the lock took, the
+    // claim the write makes.
     let mut write = f.record(1, 1, "one");
+    write.apart = true;
     write.doc = r#"{"status":2}"#.to_owned();
     write.fields = pairs(&[("n", "2"), ("s:1", "21")]);
     assert_eq!(f.call(&write).await.unwrap(), Ok(written(2, true)));
@@ -624,22 +631,44 @@ async fn records_with_their_steps_apart_are_written_by_field_and_read_whole() {
     assert_eq!(stored["s:1"], "21");
     assert_eq!(stored["h"], r#"{"id":7}"#);
     assert_eq!(stored["version"], "2");
+    assert_eq!(stored["fence"], "1");
+    assert_eq!(stored["c:one"], "1");
+    let apart_keys: u64 = f
+        .cmd(&["EXISTS", &f.keys.fence(id()), &f.keys.claims(id())])
+        .await;
+    assert_eq!(apart_keys, 0, "no fence or claims key of its own");
+    // A stale fence is refused; the same claim again is not new.
+    let mut stale = f.record(0, 2, "one");
+    stale.apart = true;
+    assert_eq!(
+        f.call(&stale).await.unwrap(),
+        Err(refused(Refusal::LockLost, Some("1")))
+    );
+    let mut again = f.record(1, 2, "one");
+    again.apart = true;
+    again.fields = pairs(&[("n", "2")]);
+    assert_eq!(f.call(&again).await.unwrap(), Ok(written(3, false)));
 
     // 700 steps: 1,400 values, past what one unpack takes.
     let mut many = vec![("n".to_owned(), "700".to_owned())];
     many.extend((0..700).map(|i| (format!("s:{i}"), i.to_string())));
-    let mut big = f.record(1, 2, "two");
+    let mut big = f.record(1, 3, "two");
+    big.apart = true;
     big.doc = r#"{"status":3}"#.to_owned();
     big.fields = many.into_iter().flat_map(|(k, v)| [k, v]).collect();
-    assert_eq!(f.call(&big).await.unwrap(), Ok(written(3, true)));
+    assert_eq!(f.call(&big).await.unwrap(), Ok(written(4, true)));
     let unlock = s::Unlock {
         lock: f.keys.lock(id()),
         token: "t1",
     };
     assert!(f.call(&unlock).await.unwrap());
-    let Locking::Taken { record: got, .. } = f.call(&f.lock("t2")).await.unwrap() else {
+    let Locking::Taken {
+        record: got, fence, ..
+    } = f.call(&f.lock("t2")).await.unwrap()
+    else {
         panic!("not taken")
     };
+    assert_eq!(fence, 2, "the next fence, from the record");
     let doc: serde_json::Value = serde_json::from_str(&got.doc.unwrap()).unwrap();
     assert_eq!(doc["steps"].as_array().unwrap().len(), 700);
     assert_eq!(doc["steps"][699], 699);
