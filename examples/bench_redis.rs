@@ -3,11 +3,17 @@
 //! server in the same run, and optionally next to the peer (apalis-redis).
 //!
 //! ```text
-//! cargo run --release --example bench_redis [-- TASKS] [--peer PATH]
-//! cargo run --release --example bench_redis -- TASKS --only 4x16   # one run, for a profiler
+//! cargo run --release --example bench_redis [-- TASKS] [--runs N] [--peer PATH]
+//! cargo run --release --example bench_redis -- TASKS --only 4x16 [--runs 1]   # one configuration
 //! cargo run --release --example bench_redis -- TASKS --only 4x16 --durability replicated
 //! cargo run --release --example bench_redis -- TASKS --limits   # a limited step next to an unlimited one
+//! cargo run --release --example bench_redis -- --instructions [TASKS]   # callgrind, twice
 //! ```
+//!
+//! TASKS defaults to 30,000 (3 steps each): on a shared 2-core machine a
+//! smaller run measures start-up and noise more than the steady state.
+//! The headline (4 workers of read batch 16, or `--only WxC`) runs `--runs`
+//! times (default 3), each run printed and then the median of each figure.
 //!
 //! `--durability primary|replicated|fsynced` sets `RedisConfig::durability`
 //! for every engine of the run: `replicated` starts a local replica and
@@ -18,16 +24,19 @@
 //! Prints, in one run:
 //! - Redis round trips per step in the steady state (counted with
 //!   `MONITOR`, excluding commands that scripts run inside Redis);
-//! - steps per second with 1, 2, 4 and 8 workers, with the Redis server's
-//!   and this process's CPU microseconds per step;
+//! - steps per second, with the Redis server's and this process's CPU
+//!   microseconds per step: 4 workers x read batch 16 three times (median),
+//!   then 1x1, 4x1, 1x16, 2x16 and 8x16 once each on a third of the tasks;
 //! - end-to-end latency (p50, p99) of a 3-step task, `start` to `wait`
 //!   returning, one task at a time and with 32 callers at once;
 //! - the in-memory engine next to a hand-written loop that does the same
 //!   serde_json bookkeeping;
 //! - the messages per second one process-manager instance sustains;
+//! - engine instructions per step (callgrind, when `valgrind` is on PATH);
 //! - with `--peer PATH` (the `peer-apalis` binary built from
 //!   `../shared/peer-apalis`), the peer's chained jobs on the same server
-//!   right after, stock and favourable settings at concurrency 4.
+//!   right after, favourable settings at concurrency 4 and 16, three runs
+//!   each; then a summary of both medians and their ratio.
 
 #[path = "../tests/common/redis_server.rs"]
 #[allow(dead_code)]
@@ -37,13 +46,34 @@ mod redis_server;
 #[path = "bench_redis/limits.rs"]
 mod limits;
 
+/// The process-manager section (and `--process-only`).
+#[path = "bench_redis/process.rs"]
+mod process;
+
+/// `--peer PATH`: apalis-redis on the same server.
+#[path = "bench_redis/peer.rs"]
+mod peer;
+
+/// Engine instructions per step, under callgrind.
+#[path = "bench_redis/instructions.rs"]
+mod instructions;
+
+/// Tasks per throughput run unless the command line gives a number.
+const DEFAULT_TASKS: u64 = 30_000;
+
+/// Runs of the headline configuration (and of `--only`), for a median.
+const RUNS: usize = 3;
+
+/// The configuration the headline figure is measured with: workers, read
+/// batch (`worker_concurrency`).
+const HEADLINE: (usize, usize) = (4, 16);
+
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use saga_runtime::backend::redis::{Durability, RedisBackend, RedisConfig};
-use saga_runtime::backend::Partitions;
 use saga_runtime::prelude::*;
 use saga_runtime::{StepStatus, TaskInstance};
 
@@ -138,6 +168,8 @@ fn redis_cpu(port: u16) -> Duration {
     Duration::from_secs_f64(field("used_cpu_user:") + field("used_cpu_sys:"))
 }
 
+/// One throughput run's figures (or the medians of several).
+#[derive(Clone, Copy)]
 struct Throughput {
     steps_per_s: f64,
     redis_us_per_step: f64,
@@ -145,23 +177,27 @@ struct Throughput {
 }
 
 /// Starts `tasks` tasks with no worker running, then runs `workers` workers
-/// until all are done.
+/// until all are done. The database is flushed first, so that runs do not
+/// pile up finished tasks in the server's memory.
 async fn run(url: &str, port: u16, tasks: u64, workers: usize, batch: usize) -> Throughput {
+    let _ = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "flushall"])
+        .output();
     let done = Arc::new(AtomicU64::new(0));
     let client = engine(url, &done, 0).await;
-    for n in 0..tasks {
-        client.start::<NoOp>(n).await.unwrap();
-    }
+    start_all(&client, tasks).await;
     let _ = Command::new("redis-cli")
         .args(["-p", &port.to_string(), "config", "resetstat"])
         .output();
     let (redis0, cpu0) = (redis_cpu(port), process_cpu());
+    instructions::bench_steady_start(tasks);
     let started = Instant::now();
     let pool = engine_batched(url, &done, workers, batch).await;
     while done.load(Ordering::Relaxed) < tasks {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
+    instructions::bench_steady_end(tasks * 3);
     let (redis1, cpu1) = (redis_cpu(port), process_cpu());
     pool.shutdown().await;
     let steps = (tasks * 3) as f64;
@@ -172,6 +208,69 @@ async fn run(url: &str, port: u16, tasks: u64, workers: usize, batch: usize) -> 
         steps_per_s: steps / elapsed.as_secs_f64(),
         redis_us_per_step: (redis1 - redis0).as_secs_f64() * 1e6 / steps,
         engine_us_per_step: (cpu1 - cpu0).as_secs_f64() * 1e6 / steps,
+    }
+}
+
+/// Starts tasks `0..tasks` from 16 callers at once: outside the timed
+/// window, but one at a time 30,000 starts take longer than the run.
+async fn start_all(client: &Engine, tasks: u64) {
+    const CALLERS: u64 = 16;
+    let mut handles = Vec::new();
+    for first in 0..CALLERS {
+        let client = client.clone();
+        handles.push(tokio::spawn(async move {
+            for n in (first..tasks).step_by(CALLERS as usize) {
+                client.start::<NoOp>(n).await.unwrap();
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
+}
+
+/// `runs` runs of one configuration, each printed, then the medians.
+async fn repeated(
+    url: &str,
+    port: u16,
+    tasks: u64,
+    (workers, batch): (usize, usize),
+    runs: usize,
+) -> Throughput {
+    let mut all = Vec::new();
+    let label = format!("{workers} worker(s) x read batch {batch:>2}");
+    for i in 1..=runs {
+        let t = run(url, port, tasks, workers, batch).await;
+        println!(
+            "{label}, run {i}/{runs} ({tasks} tasks x 3 steps): {:.0} steps/s; Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
+            t.steps_per_s, t.redis_us_per_step, t.engine_us_per_step
+        );
+        all.push(t);
+    }
+    let m = median_of(&all);
+    println!(
+        "{label}, median of {runs}: {:.0} steps/s; Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
+        m.steps_per_s, m.redis_us_per_step, m.engine_us_per_step
+    );
+    m
+}
+
+/// The median of each figure over `runs` (figure by figure: the median
+/// steps/s and the median Redis CPU may come from different runs).
+fn median_of(runs: &[Throughput]) -> Throughput {
+    let median = |figure: fn(&Throughput) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(figure).collect();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    };
+    Throughput {
+        steps_per_s: median(|t| t.steps_per_s),
+        redis_us_per_step: median(|t| t.redis_us_per_step),
+        engine_us_per_step: median(|t| t.engine_us_per_step),
     }
 }
 
@@ -304,136 +403,6 @@ fn ping_p50_ms(port: u16) -> f64 {
         .unwrap_or_else(|| panic!("could not parse redis-benchmark output: {text}"))
 }
 
-#[derive(Message, serde::Serialize, serde::Deserialize)]
-struct Tick {
-    #[correlation_id]
-    id: String,
-}
-
-#[derive(Default, serde::Serialize, serde::Deserialize)]
-struct Ticks {
-    n: u64,
-}
-
-struct Hot {
-    done: Arc<AtomicU64>,
-}
-
-#[process_manager(name = "hot", state = Ticks)]
-impl Hot {
-    #[starts]
-    async fn tick(
-        &self,
-        _t: Tick,
-        s: &mut Ticks,
-        _ctx: &mut ProcessContext,
-    ) -> Result<(), ProcessError> {
-        s.n += 1;
-        self.done.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// The same instance counter, with `concurrency = pessimistic`.
-struct HotLocked {
-    done: Arc<AtomicU64>,
-}
-
-#[derive(serde::Serialize, serde::Deserialize, saga_runtime::Message)]
-struct LockedTick {
-    #[correlation_id]
-    id: String,
-}
-
-#[process_manager(name = "hot-locked", state = Ticks, concurrency = pessimistic)]
-impl HotLocked {
-    #[starts]
-    async fn tick(
-        &self,
-        _t: LockedTick,
-        s: &mut Ticks,
-        _ctx: &mut ProcessContext,
-    ) -> Result<(), ProcessError> {
-        s.n += 1;
-        self.done.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// Enqueues `messages` for one instance, then runs `workers` workers in
-/// each of `engines` engines (as separate processes would: each its own
-/// runtime, instance locks and partitions) until the instance has counted
-/// them all. Returns messages per second.
-async fn run_process(
-    url: &str,
-    messages: u64,
-    (engines, workers): (usize, usize),
-    id: &str,
-    locked: bool,
-) -> f64 {
-    let done = Arc::new(AtomicU64::new(0));
-    let build = |workers| {
-        let done = done.clone();
-        async move {
-            let config = RedisConfig {
-                block: Duration::from_millis(100),
-                durability: durability(),
-                ..RedisConfig::default()
-            };
-            Engine::builder()
-                .backend(RedisBackend::connect_with(url, config).await.unwrap())
-                .process_manager(Hot { done: done.clone() })
-                .process_manager(HotLocked { done })
-                .workers(workers)
-                .build()
-                .await
-                .unwrap()
-        }
-    };
-    let client = build(0).await;
-    // Queued as while workers run (on the instance's partition, not the
-    // stream a deployment without partition readers writes to), by a
-    // stand-in reader that lets go before the workers start.
-    let stand_in = RedisBackend::connect(url).await.unwrap();
-    stand_in
-        .process_partitions("bench-publisher", Duration::from_secs(60))
-        .await
-        .unwrap();
-    for _ in 0..messages {
-        match locked {
-            true => client.publish(LockedTick { id: id.to_owned() }).await,
-            false => client.publish(Tick { id: id.to_owned() }).await,
-        }
-        .unwrap();
-    }
-    stand_in
-        .leave_process_partitions("bench-publisher")
-        .await
-        .unwrap();
-    let started = Instant::now();
-    let mut pools = Vec::new();
-    for _ in 0..engines {
-        pools.push(build(workers).await);
-    }
-    loop {
-        let n = match locked {
-            true => client.process_state::<HotLocked>(id).await,
-            false => client.process_state::<Hot>(id).await,
-        }
-        .unwrap()
-        .map_or(0, |s| s.n);
-        if n >= messages {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let elapsed = started.elapsed();
-    for pool in pools {
-        pool.shutdown().await;
-    }
-    messages as f64 / elapsed.as_secs_f64()
-}
-
 /// The in-memory engine with one worker: steps per second.
 async fn run_memory(tasks: u64) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
@@ -493,91 +462,39 @@ fn run_handwritten(tasks: u64) -> f64 {
     (tasks * 3) as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Runs the peer's chained jobs on the same server, concurrency 4.
-fn run_peer(peer: &str, port: u16, tasks: u64) {
-    let url = format!("redis://127.0.0.1:{port}/");
-    for (label, args) in [
-        ("stock", &["--wake", "100"][..]),
-        (
-            "favourable",
-            &["--wake", "tick:1", "--batch", "50", "--lean"][..],
-        ),
-    ] {
-        let _ = Command::new("redis-cli")
-            .args(["-p", &port.to_string(), "flushall"])
-            .output();
-        let out = Command::new(peer)
-            .args(["--jobs", &tasks.to_string(), "--concurrency", "4"])
-            .args(["--redis", &url, "--timeout-s", "100"])
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("could not run the peer {peer}: {e}"));
-        let text = String::from_utf8_lossy(&out.stdout);
-        let result = text.lines().find(|l| l.starts_with("RESULT")).unwrap_or("");
-        let field = |name: &str| {
-            result
-                .split_whitespace()
-                .find_map(|f| f.strip_prefix(name))
-                .unwrap_or("?")
-                .to_owned()
-        };
-        println!(
-            "peer apalis-redis {label:<10} c=4: {} steps/s, {} Redis calls per step, Redis CPU {} s, client CPU {} s",
-            field("steps_per_s="),
-            field("calls_per_step="),
-            field("redis_cpu_s="),
-            field("client_cpu_s="),
-        );
-    }
+/// The command line (see the module docs).
+struct Options {
+    /// The first positional number, if any.
+    tasks_arg: Option<u64>,
+    tasks: u64,
+    runs: usize,
+    peer: Option<String>,
+    level: Durability,
+    /// `--durability LEVEL` as given, passed on to the callgrind run.
+    level_args: Vec<String>,
+    only: Option<(usize, usize)>,
+    limits: bool,
+    process_only: bool,
+    instructions: bool,
 }
 
-/// One instance receiving `messages` at once, with 1 and 4 workers, in
-/// both concurrency modes; and the ratios the issue tracks.
-async fn hot_instance(url: &str, messages: u64) {
-    let mut rates = Vec::new();
-    for locked in [false, true] {
-        for (engines, workers) in [(1usize, 1usize), (1, 4), (2, 2)] {
-            let mode = if locked { "pessimistic" } else { "optimistic" };
-            let id = format!("hot-{mode}-{engines}x{workers}");
-            let rate = run_process(url, messages, (engines, workers), &id, locked).await;
-            println!(
-                "process manager, one instance, {mode}, {engines} engine(s) x {workers} worker(s): {rate:.0} messages/s ({messages} messages)"
-            );
-            rates.push(rate);
-        }
-    }
-    println!(
-        "hot instance / 1 worker: optimistic 4 workers {:.2}, 2 engines x 2 {:.2}; pessimistic 4 workers {:.2}, 2 engines x 2 {:.2}",
-        rates[1] / rates[0],
-        rates[2] / rates[0],
-        rates[4] / rates[3],
-        rates[5] / rates[3],
-    );
-    // The two modes side by side, with the same workers.
-    let ratio = |i: usize| rates[i].min(rates[i + 3]) / rates[i].max(rates[i + 3]);
-    println!(
-        "hot instance, slower concurrency mode / faster: 1 worker {:.2}, 4 workers {:.2}, 2 engines x 2 {:.2}",
-        ratio(0),
-        ratio(1),
-        ratio(2),
-    );
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn options() -> Options {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let peer = args
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .map(|i| args.get(i + 1).cloned().unwrap_or_default())
+    };
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    // The first number that is not the value of `--runs`.
+    let tasks_arg = args
         .iter()
-        .position(|a| a == "--peer")
-        .and_then(|i| args.get(i + 1))
-        .cloned();
-    let tasks: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(3000);
-    let level = args
-        .iter()
-        .position(|a| a == "--durability")
-        .map(|i| args.get(i + 1).map(String::as_str).unwrap_or(""));
+        .enumerate()
+        .filter(|(i, _)| *i == 0 || args[i - 1] != "--runs")
+        .find_map(|(_, a)| a.parse().ok());
     let timeout = Duration::from_secs(1);
-    let level = match level {
+    let level_arg = value("--durability");
+    let level = match level_arg.as_deref() {
         None | Some("primary") => Durability::Primary,
         Some("replicated") => Durability::Replicated {
             replicas: 1,
@@ -589,13 +506,32 @@ async fn main() {
         },
         Some(other) => panic!("--durability primary|replicated|fsynced, not `{other}`"),
     };
-    let _ = DURABILITY.set(level);
+    let only = value("--only").map(|only| {
+        only.split_once('x')
+            .and_then(|(w, c)| Some((w.parse().ok()?, c.parse().ok()?)))
+            .expect("--only WxC, for example --only 4x16")
+    });
+    Options {
+        tasks_arg,
+        tasks: tasks_arg.unwrap_or(DEFAULT_TASKS),
+        runs: value("--runs").map_or(RUNS, |r| r.parse().expect("--runs N")),
+        peer: value("--peer"),
+        level,
+        level_args: level_arg.map_or(Vec::new(), |l| vec!["--durability".into(), l]),
+        only,
+        limits: has("--limits"),
+        process_only: has("--process-only"),
+        instructions: has("--instructions"),
+    }
+}
+
+/// The private server, and with `--durability replicated` a local replica
+/// in sync before the runs.
+fn servers(level: Durability) -> (redis_server::TestRedis, Option<redis_server::TestRedis>) {
     let redis =
         redis_server::TestRedis::start_with_aof(matches!(level, Durability::Fsynced { .. }));
-    let url = redis.url();
     let port = redis.port();
-    // `--durability replicated`: a local replica, in sync before the runs.
-    let _replica = matches!(level, Durability::Replicated { .. }).then(|| {
+    let replica = matches!(level, Durability::Replicated { .. }).then(|| {
         let replica = redis_server::TestRedis::start_with_aof(false);
         let _: () = redis::cmd("REPLICAOF")
             .arg("127.0.0.1")
@@ -616,38 +552,13 @@ async fn main() {
         }
         replica
     });
-    if level != Durability::Primary {
-        println!("durability: {level:?}");
-    }
-    // `--only WxC`: one throughput run (W workers of concurrency C), for
-    // a profiler.
-    if let Some(only) = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-    {
-        let (workers, batch) = only
-            .split_once('x')
-            .and_then(|(w, c)| Some((w.parse().ok()?, c.parse().ok()?)))
-            .expect("--only WxC, for example --only 4x16");
-        let t = run(&url, port, tasks, workers, batch).await;
-        println!(
-            "{workers} worker(s), read batch {batch}: {:.0} steps/s; Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
-            t.steps_per_s, t.redis_us_per_step, t.engine_us_per_step
-        );
-        return;
-    }
-    if args.iter().any(|a| a == "--limits") {
-        limits::limits(&redis, tasks).await;
-        return;
-    }
-    if args.iter().any(|a| a == "--process-only") {
-        hot_instance(&url, (tasks / 2).max(200)).await;
-        return;
-    }
+    (redis, replica)
+}
 
-    // Round trips: every command the worker sends while it runs the
-    // sample (MONITOR; those a script runs inside Redis are not counted).
+/// Round trips: every command the worker sends while it runs a sample
+/// (MONITOR; those a script runs inside Redis are not counted).
+async fn round_trips(redis: &redis_server::TestRedis) {
+    let url = redis.url();
     let done = Arc::new(AtomicU64::new(0));
     let client = engine(&url, &done, 0).await;
     let sample = 300u64;
@@ -668,7 +579,6 @@ async fn main() {
     for (cmd, _) in monitor.stop() {
         *counts.entry(cmd).or_default() += 1;
     }
-    drop(client);
     let total: u64 = counts.values().sum::<u64>();
     println!("round trips (MONITOR, {sample} tasks x 3 steps, 1 worker, {processing:.2?} of processing):");
     for (cmd, n) in &counts {
@@ -678,35 +588,171 @@ async fn main() {
         "  => {:.2} round trips per step (total {total}, the worker's start-up and idle polling included)",
         total as f64 / (sample * 3) as f64
     );
+}
 
-    let set = set_rps(port);
-    println!("\nredis-benchmark -t set -c 50: {set:.0} requests/s");
-    let mut by_workers = Vec::new();
-    for batch in [1usize, 16] {
-        for workers in [1usize, 2, 4, 8] {
-            let t = run(&url, port, tasks, workers, batch).await;
-            println!(
-                "{workers} worker(s), read batch {batch:>2}: {:.0} steps/s ({tasks} tasks x 3 steps) = {:.4} x SET rps; \
-                 Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
-                t.steps_per_s,
-                t.steps_per_s / set,
-                t.redis_us_per_step,
-                t.engine_us_per_step,
-            );
-            by_workers.push((workers, batch, t.steps_per_s));
+/// Steps per second: the headline configuration (4 workers of read batch
+/// 16) `runs` times at `tasks`, then the others once each at a third of
+/// that (enough for a rate; they show scaling, not the headline). Returns
+/// the headline's medians.
+async fn throughput(url: &str, port: u16, tasks: u64, runs: usize, set: f64) -> Throughput {
+    let best = repeated(url, port, tasks, HEADLINE, runs).await;
+    println!("  = {:.4} x SET rps", best.steps_per_s / set);
+    let side = (tasks / 3).max(300);
+    let mut one = best.steps_per_s;
+    for (workers, batch) in [(1usize, 1usize), (4, 1), (1, 16), (2, 16), (8, 16)] {
+        let t = run(url, port, side, workers, batch).await;
+        println!(
+            "{workers} worker(s) x read batch {batch:>2}, one run of {side} tasks: {:.0} steps/s = {:.4} x SET rps; \
+             Redis CPU {:.1} us/step, engine CPU {:.1} us/step",
+            t.steps_per_s,
+            t.steps_per_s / set,
+            t.redis_us_per_step,
+            t.engine_us_per_step,
+        );
+        if (workers, batch) == (1, 1) {
+            one = t.steps_per_s;
         }
     }
-    let one = by_workers[0].2;
-    let best = by_workers
-        .iter()
-        .max_by(|a, b| a.2.total_cmp(&b.2))
-        .unwrap();
     println!(
-        "scaling: best ({} workers, batch {}) / 1 worker = {:.2}",
-        best.0,
-        best.1,
-        best.2 / one
+        "scaling: {} workers x read batch {} (median) / 1 worker x read batch 1 = {:.2}",
+        HEADLINE.0,
+        HEADLINE.1,
+        best.steps_per_s / one
     );
+    best
+}
+
+/// `--instructions`: the callgrind figure, twice (it should repeat within
+/// about 1%).
+fn instructions_twice(opts: &Options) {
+    let tasks = opts.tasks_arg.unwrap_or(instructions::TASKS);
+    let mut counts = Vec::new();
+    for _ in 0..2 {
+        match instructions::per_step(tasks, &opts.level_args) {
+            Ok(n) => {
+                println!(
+                    "engine instructions per step: {n:.0} (callgrind, {tasks} tasks, --only 4x16)"
+                );
+                counts.push(n);
+            }
+            Err(e) => println!("engine instructions per step: not measured: {e}"),
+        }
+    }
+    if let [a, b] = counts[..] {
+        println!(
+            "repeatability: the two runs differ by {:.2}%",
+            (a - b).abs() * 100.0 / a.min(b)
+        );
+    }
+}
+
+/// One callgrind run in the default run, when valgrind is on PATH.
+fn instructions_once(opts: &Options) -> Option<f64> {
+    if !instructions::valgrind_on_path() {
+        println!("engine instructions per step: not measured (valgrind is not on PATH)");
+        return None;
+    }
+    let tasks = instructions::TASKS;
+    match instructions::per_step(tasks, &opts.level_args) {
+        Ok(n) => {
+            println!("engine instructions per step: {n:.0} (callgrind, {tasks} tasks, --only 4x16, steady state only)");
+            Some(n)
+        }
+        Err(e) => {
+            println!("engine instructions per step: not measured: {e}");
+            None
+        }
+    }
+}
+
+/// Where a peer binary may have been built; used only to say how to
+/// include it, never run without `--peer`.
+fn peer_hint() {
+    let found = std::env::var_os("PEER_APALIS")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain([std::path::PathBuf::from(
+            "/work/target-peer/release/peer-apalis",
+        )])
+        .find(|p| p.exists());
+    if let Some(path) = found {
+        println!(
+            "\npeer not run: add `--peer {}` to run apalis-redis on the same server",
+            path.display()
+        );
+    }
+}
+
+/// The headline next to the peer's best median.
+fn summary(
+    tasks: u64,
+    runs: usize,
+    ours: &Throughput,
+    peer: Option<&(usize, Throughput)>,
+    instr: Option<f64>,
+) {
+    println!("\nsummary ({tasks} tasks x 3 steps per run, medians of {runs} runs):");
+    println!(
+        "  {:<34} {:>9} {:>17} {:>27}",
+        "", "steps/s", "Redis CPU us/step", "engine/client CPU us/step"
+    );
+    let row = |label: &str, t: &Throughput| {
+        println!(
+            "  {label:<34} {:>9.0} {:>17.1} {:>27.1}",
+            t.steps_per_s, t.redis_us_per_step, t.engine_us_per_step
+        )
+    };
+    row(
+        &format!("ours, {} workers x read batch {}", HEADLINE.0, HEADLINE.1),
+        ours,
+    );
+    if let Some((c, p)) = peer {
+        row(&format!("apalis-redis favourable, c={c}"), p);
+        println!(
+            "  {:<34} {:>9.2} {:>17.2} {:>27.2}",
+            "ours / apalis",
+            ours.steps_per_s / p.steps_per_s,
+            ours.redis_us_per_step / p.redis_us_per_step,
+            ours.engine_us_per_step / p.engine_us_per_step,
+        );
+    }
+    if let Some(n) = instr {
+        println!("  engine instructions per step: {n:.0}");
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let opts = options();
+    let _ = DURABILITY.set(opts.level);
+    if opts.instructions {
+        instructions_twice(&opts);
+        return;
+    }
+    let (redis, _replica) = servers(opts.level);
+    let (url, port, tasks) = (redis.url(), redis.port(), opts.tasks);
+    if opts.level != Durability::Primary {
+        println!("durability: {:?}", opts.level);
+    }
+    if let Some(only) = opts.only {
+        repeated(&url, port, tasks, only, opts.runs).await;
+        return;
+    }
+    if opts.limits {
+        limits::limits(&redis, tasks).await;
+        return;
+    }
+    // The secondary sections keep the sizes of the old default (3,000).
+    let secondary = tasks.min(3000);
+    if opts.process_only {
+        process::hot_instance(&url, (secondary / 2).max(200)).await;
+        return;
+    }
+
+    round_trips(&redis).await;
+    let set = set_rps(port);
+    println!("\nredis-benchmark -t set -c 50: {set:.0} requests/s");
+    let ours = throughput(&url, port, tasks, opts.runs, set).await;
 
     let ping = ping_p50_ms(port);
     let (p50, p99) = latency(&url, 300, 1, 4).await;
@@ -718,17 +764,27 @@ async fn main() {
     let (p50, p99) = latency(&url, 1280, 32, 4).await;
     println!("latency of a 3-step task, start to wait, 32 callers at once, 4 workers: p50 {p50:.2?}, p99 {p99:.2?}");
 
-    let memory = run_memory(tasks * 10).await;
-    let hand = run_handwritten(tasks * 10);
+    let memory = run_memory(secondary * 10).await;
+    let hand = run_handwritten(secondary * 10);
     println!(
         "\nin-memory engine, 1 worker: {memory:.0} steps/s; hand-written loop with the same serde_json bookkeeping: {hand:.0} steps/s; ratio {:.2}",
         memory / hand
     );
 
-    hot_instance(&url, (tasks / 2).max(200)).await;
+    process::hot_instance(&url, (secondary / 2).max(200)).await;
 
-    if let Some(peer) = peer {
-        println!();
-        run_peer(&peer, port, tasks);
-    }
+    println!();
+    let instr = instructions_once(&opts);
+
+    let peer = match &opts.peer {
+        Some(peer) => {
+            println!();
+            peer::run_peer(peer, port, tasks, opts.runs)
+        }
+        None => {
+            peer_hint();
+            None
+        }
+    };
+    summary(tasks, opts.runs, &ours, peer.as_ref(), instr);
 }
