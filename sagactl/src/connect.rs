@@ -108,6 +108,35 @@ impl Store {
         Ok(Arc::new(RedisBackend::attach(&self.url, config).await?))
     }
 
+    /// The record layout a Redis deployment writes (`1` or `2`), after
+    /// switching it to 2 if `switch`.
+    pub async fn record_layout(&self, switch: bool) -> Result<u8, String> {
+        if self.is_postgres() {
+            return Err(
+                "record layouts are a Redis deployment's: PostgreSQL keeps each \
+                        step in a row of its own already"
+                    .to_owned(),
+            );
+        }
+        self.attach().await?;
+        let config = RedisConfig {
+            prefix: self.prefix.clone(),
+            ..RedisConfig::default()
+        };
+        let work = async {
+            let backend = RedisBackend::attach(&self.url, config).await?;
+            if switch {
+                backend.write_steps_apart().await?;
+            }
+            backend.writes_steps_apart().await
+        };
+        match tokio::time::timeout(self.timeout, work).await {
+            Ok(Ok(apart)) => Ok(if apart { 2 } else { 1 }),
+            Ok(Err(error)) => Err(self.explain_attach(&error).await),
+            Err(_) => Err(self.silent()),
+        }
+    }
+
     /// What a server that accepted the connection and never answered is.
     pub fn silent(&self) -> String {
         format!(

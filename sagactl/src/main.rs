@@ -149,6 +149,18 @@ enum Command {
         #[command(flatten)]
         who: Who,
     },
+    /// Which record layout a Redis deployment writes: prints `1` or `2`.
+    ///
+    /// Layout 2 writes what a step changed, not the task's whole record.
+    /// A deployment that ran before it writes layout 1 until switched:
+    /// switch once every engine runs a version that reads layout 2 (an
+    /// older one cannot), with `--write-steps-apart`. There is no way
+    /// back.
+    RecordLayout {
+        /// Switches the deployment to layout 2.
+        #[arg(long)]
+        write_steps_apart: bool,
+    },
     /// Discards every dead letter the filters pick.
     Purge {
         #[command(flatten)]
@@ -304,7 +316,13 @@ impl Command {
             Command::Requeue { .. } => Some("requeue"),
             Command::Discard { .. } => Some("discard"),
             Command::Purge { .. } => Some("purge"),
-            Command::List { .. } | Command::Show { .. } | Command::DeadLetters { .. } => None,
+            Command::RecordLayout {
+                write_steps_apart: true,
+            } => Some("record-layout --write-steps-apart"),
+            Command::List { .. }
+            | Command::Show { .. }
+            | Command::DeadLetters { .. }
+            | Command::RecordLayout { .. } => None,
         }
     }
 }
@@ -414,6 +432,9 @@ async fn run(cli: Cli, store: &Store) -> Result<ExitCode, String> {
                 .await
                 .map_err(explain)?;
             out.bulk("discarded", &bulk);
+        }
+        Command::RecordLayout { write_steps_apart } => {
+            println!("{}", store.record_layout(write_steps_apart).await?);
         }
     }
     Ok(ExitCode::SUCCESS)

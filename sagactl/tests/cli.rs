@@ -465,3 +465,28 @@ fn a_short_task_id_is_explained() {
         "told before connecting: {err}"
     );
 }
+
+/// `record-layout` tells which record layout a deployment writes, and
+/// switches a deployment that ran before layout 2 (its key layout
+/// recorded, no record layout) once asked; a fresh one writes layout 2.
+#[test]
+fn record_layout_is_shown_and_switched() {
+    let redis = TestRedis::start();
+    let _: () = redis::cmd("SET")
+        .arg("saga:layout")
+        .arg("1")
+        .query(&mut redis.conn())
+        .unwrap();
+    let (ok, out, err) = sagactl(&redis, &["record-layout"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "1");
+    let (ok, out, err) = sagactl(&redis, &["record-layout", "--write-steps-apart"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "2");
+    assert!(
+        err.contains("record-layout --write-steps-apart on"),
+        "{err}"
+    );
+    let (_, out, _) = sagactl(&redis, &["record-layout"]);
+    assert_eq!(out.trim(), "2", "the switch stays");
+}
