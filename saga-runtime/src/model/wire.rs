@@ -55,6 +55,9 @@ impl WorkItem {
     /// Decodes an entry; the error says what is wrong with it, for the
     /// dead-letter queue.
     pub fn decode(bytes: &[u8]) -> Result<WorkItem, String> {
+        if let Some(message) = SagaEntry::fast(bytes) {
+            return Ok(WorkItem::Saga(message));
+        }
         let value: Value = serde_json::from_slice(bytes).map_err(|e| {
             let e = super::decode::without_values(&e.to_string());
             format!("malformed message (not JSON): {e}")
@@ -82,6 +85,38 @@ impl WorkItem {
             WorkItem::Process(_) => None,
         }
     }
+}
+
+/// A saga message read straight from its bytes: what every delivery of a
+/// step is, decoded without building a [`Value`] first (a third of the
+/// cost of reading a delivery). Anything this does not read cleanly (a
+/// `process` key, null included; a duplicate or missing field; not an
+/// object) goes the general way, which gives the same result or the error.
+#[derive(Deserialize)]
+struct SagaEntry {
+    task_id: TaskId,
+    saga: String,
+    seq: u64,
+    #[serde(default, rename = "process", deserialize_with = "present")]
+    has_process: bool,
+}
+
+impl SagaEntry {
+    fn fast(bytes: &[u8]) -> Option<QueueMessage> {
+        match serde_json::from_slice::<SagaEntry>(bytes) {
+            Ok(entry) if !entry.has_process => Some(QueueMessage {
+                task_id: entry.task_id,
+                saga: entry.saga,
+                seq: entry.seq,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a field is there at all (`null` included): its value skipped.
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(deserializer).map(|_| true)
 }
 
 impl From<QueueMessage> for WorkItem {
@@ -132,5 +167,27 @@ mod tests {
         let e = WorkItem::decode(b"{\"process\": 1}").unwrap_err();
         assert!(e.starts_with("malformed process-manager envelope"), "{e}");
         assert!(WorkItem::decode(&[0xff, 0xfe]).is_err());
+    }
+
+    #[test]
+    fn the_fast_path_leaves_what_it_cannot_read_to_the_general_one() {
+        let id = TaskId::new();
+        let expected = WorkItem::Saga(QueueMessage {
+            task_id: id,
+            saga: "s".into(),
+            seq: 2,
+        });
+        // Unknown fields ignored; a duplicate keeps the last value.
+        let extra = format!(r#"{{"task_id":"{id}","saga":"x","seq":2,"saga":"s","more":[1]}}"#);
+        assert!(SagaEntry::fast(extra.as_bytes()).is_none());
+        assert_eq!(WorkItem::decode(extra.as_bytes()).unwrap(), expected);
+        let plain = format!(r#"{{"task_id":"{id}","saga":"s","seq":2,"more":[1]}}"#);
+        assert!(SagaEntry::fast(plain.as_bytes()).is_some());
+        assert_eq!(WorkItem::decode(plain.as_bytes()).unwrap(), expected);
+        // A `process` key, even null, makes it an envelope.
+        let null = format!(r#"{{"task_id":"{id}","saga":"s","seq":2,"process":null}}"#);
+        assert!(SagaEntry::fast(null.as_bytes()).is_none());
+        let e = WorkItem::decode(null.as_bytes()).unwrap_err();
+        assert!(e.starts_with("malformed process-manager envelope"), "{e}");
     }
 }

@@ -44,7 +44,7 @@ pub(crate) use housekeeping::run as housekeeping;
 pub(crate) use partitions::run as partitions;
 pub(crate) use timers::run as timers;
 
-use crate::backend::{Delivery, Interest, TakenLease, WorkItem};
+use crate::backend::{Delivery, Interest, Locked, TakenLease, WorkItem};
 use crate::metrics::DeadLetterKind;
 use runtime::Runtime;
 
@@ -137,9 +137,10 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
                     // Decided here, before the next read: nothing is read
                     // beside a recovered message that is to run alone.
                     let ticket = isolation::ticket(&rt, &delivery);
+                    let (delivery, lease) = split_lease(delivery);
                     let delivery = Arc::new(delivery);
                     holding.insert(taken, delivery.clone());
-                    running.spawn(work(rt.clone(), delivery, ticket, taken));
+                    running.spawn(work(rt.clone(), delivery, lease, ticket, taken));
                 }
             }
             Err(error) => {
@@ -178,17 +179,53 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
     }
 }
 
-/// Works on one message as a task of its own; returns `n`.
-async fn work(rt: Arc<Runtime>, delivery: Arc<Delivery>, ticket: isolation::Ticket, n: u64) -> u64 {
+/// Takes the task loaded with a delivery's lease out of it: the message's
+/// handling gets the lease with the task (`lease`, moved, not copied),
+/// and the delivery keeps the lease alone, which is all that handing it
+/// back on a shutdown or a wait needs. Copying the task (every step's
+/// record, their stored copies) for each message cost more than anything
+/// else the worker does with it.
+fn split_lease(mut delivery: Delivery) -> (Delivery, Option<TakenLease>) {
+    let lease = delivery.lease.take();
+    delivery.lease = lease.as_ref().map(|lease| match lease {
+        TakenLease::Busy => TakenLease::Busy,
+        TakenLease::Held {
+            locked,
+            requested_at,
+            ttl,
+        } => TakenLease::Held {
+            locked: Box::new(Locked {
+                lease: locked.lease.clone(),
+                task: None,
+                cancel_requested: locked.cancel_requested,
+            }),
+            requested_at: *requested_at,
+            ttl: *ttl,
+        },
+    });
+    (delivery, lease)
+}
+
+/// Works on one message as a task of its own; returns `n`. `lease` is
+/// the one taken with the delivery, with its task ([`split_lease`]).
+async fn work(
+    rt: Arc<Runtime>,
+    delivery: Arc<Delivery>,
+    lease: Option<TakenLease>,
+    ticket: isolation::Ticket,
+    n: u64,
+) -> u64 {
     // A message recovered from a worker that died runs alone, so that a
     // message that crashes its process costs no other one a delivery.
     let Some((_turn, delivery)) = isolation::turn(&rt, delivery, ticket).await else {
         return n;
     };
+    // One that waited let go of its lease (`isolation::turn`).
+    let lease = lease.filter(|_| delivery.lease.is_some());
     // A panic anywhere in handling (user code outside a step, a bug of
     // ours) must not end the worker: the process would look alive and
     // handle nothing.
-    if let Err(panic) = AssertUnwindSafe(handle(&rt, &delivery))
+    if let Err(panic) = AssertUnwindSafe(handle(&rt, &delivery, lease))
         .catch_unwind()
         .await
     {
@@ -202,7 +239,7 @@ async fn work(rt: Arc<Runtime>, delivery: Arc<Delivery>, ticket: isolation::Tick
 #[cfg(test)]
 pub(crate) fn message_future_size(rt: Arc<Runtime>, delivery: Arc<Delivery>) -> usize {
     let ticket = isolation::ticket(&rt, &delivery);
-    std::mem::size_of_val(&work(rt, delivery, ticket, 1))
+    std::mem::size_of_val(&work(rt, delivery, None, ticket, 1))
 }
 
 fn settled(
@@ -248,7 +285,7 @@ impl ErrorBackoff {
     }
 }
 
-async fn handle(rt: &Arc<Runtime>, delivery: &Delivery) {
+async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, lease: Option<TakenLease>) {
     let item = match &delivery.item {
         Ok(item) => item,
         Err(reason) => return dead_letter(rt, delivery, reason.clone(), None).await,
@@ -258,7 +295,7 @@ async fn handle(rt: &Arc<Runtime>, delivery: &Delivery) {
     // every stage change of its task, which cost more than a saga step's
     // own work. Boxed, a message pays one allocation of its own path.
     match item {
-        WorkItem::Saga(message) => Box::pin(saga::handle(rt, delivery, message)).await,
+        WorkItem::Saga(message) => Box::pin(saga::handle(rt, delivery, message, lease)).await,
         WorkItem::Process(envelope) => Box::pin(process::handle(rt, delivery, envelope)).await,
     }
 }

@@ -5,7 +5,9 @@ use super::{Attempted, BreakerPermit, Run, Stopped};
 use crate::backend::{NextAttempt, TaskRefusal};
 use crate::error::StepErrorKind;
 use crate::metrics;
-use crate::model::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus};
+use crate::model::task::{
+    AuditAction, AuditEntry, StepRecord, StepStatus, TaskInstance, TaskStatus, Timestamp,
+};
 use crate::saga::state_machine as sm;
 use crate::saga::state_machine::{Call, Effects, NextMove, Outcome, Phase, Plan};
 
@@ -51,8 +53,7 @@ impl Run<'_> {
                             continue;
                         }
                         Attempted::Effects { effects, .. } => effects,
-                        Attempted::Cancelled { at, before } => {
-                            task = *before;
+                        Attempted::Cancelled { at } => {
                             plan = sm::plan(&mut task, self.def, Some(at), self.worker);
                             continue;
                         }
@@ -135,7 +136,7 @@ impl Run<'_> {
         let unless_cancelled = continuing
             && task.cancelled_at.is_none()
             && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
-        let before = unless_cancelled.then(|| Box::new(task.clone()));
+        let before = unless_cancelled.then(|| Undo::take(task, call.idx));
         let attempt = sm::record_attempt(task, self.def, call);
         if self.alone() {
             let rec = &mut task.steps[call.idx];
@@ -164,7 +165,8 @@ impl Run<'_> {
                 BreakerPermit::abandon(permit, self.rt).await;
                 return match (refused, before) {
                     (TaskRefusal::CancelRequested { at }, Some(before)) => {
-                        Ok(Attempted::Cancelled { at, before })
+                        before.apply(task);
+                        Ok(Attempted::Cancelled { at })
                     }
                     (refused, _) => Err(refused.into()),
                 };
@@ -271,6 +273,50 @@ impl Run<'_> {
     }
 }
 
+/// What an attempt's start changes in the task (`sm::record_attempt`: the
+/// step's record, the task's status and end, one audit entry), kept to put
+/// the task back when going on is refused for a cancellation: a copy of
+/// the whole task (its audit log, every step and their stored copies) for
+/// every attempt that goes on cost more than the rest of the attempt's
+/// bookkeeping. Debug builds also keep the whole copy and check that the
+/// task is put back exactly, so that a change to `record_attempt` that
+/// touches more fails the tests.
+struct Undo {
+    idx: usize,
+    step: StepRecord,
+    status: TaskStatus,
+    finished_at: Option<Timestamp>,
+    audit_len: usize,
+    #[cfg(debug_assertions)]
+    whole: Box<TaskInstance>,
+}
+
+impl Undo {
+    fn take(task: &TaskInstance, idx: usize) -> Self {
+        Undo {
+            idx,
+            step: task.steps[idx].clone(),
+            status: task.status,
+            finished_at: task.finished_at,
+            audit_len: task.audit_log.len(),
+            #[cfg(debug_assertions)]
+            whole: Box::new(task.clone()),
+        }
+    }
+
+    fn apply(self, task: &mut TaskInstance) {
+        task.steps[self.idx] = self.step;
+        task.status = self.status;
+        task.finished_at = self.finished_at;
+        task.audit_log.truncate(self.audit_len);
+        #[cfg(debug_assertions)]
+        assert!(
+            *task == *self.whole,
+            "an attempt's start changed more of the task than `Undo` puts back"
+        );
+    }
+}
+
 /// What a call's outcome tells its circuit breaker: `Some(failed)`, or
 /// `None` when it proves nothing (it did not run, or was cut short).
 fn breaker_verdict(outcome: &Outcome) -> Option<bool> {
@@ -325,5 +371,71 @@ fn forgive_crash(task: &mut TaskInstance, worker: &str) {
                 ))
                 .worker(worker),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Undo;
+    use crate::model::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus};
+    use crate::policy::RetryPolicy;
+    use crate::saga::state_machine as sm;
+    use crate::saga::state_machine::{Call, Phase};
+    use crate::saga::{CompensationDefinition, SagaDefinition, StepDefinition};
+
+    const fn step(name: &'static str, order: u32) -> StepDefinition {
+        StepDefinition {
+            name,
+            order,
+            retry: RetryPolicy::NO_RETRY,
+            compensation: Some(CompensationDefinition {
+                name: "undo",
+                retry: RetryPolicy::NO_RETRY,
+            }),
+            circuit_breaker: None,
+            timeout: None,
+            input_type: "serde_json::Value",
+            limits: &[],
+            output_type: "serde_json::Value",
+        }
+    }
+
+    static TWO: SagaDefinition = SagaDefinition {
+        name: "two",
+        version: 1,
+        fingerprint: 0,
+        type_name: "Two",
+        cancellable: true,
+        steps: &[step("first", 1), step("second", 2)],
+    };
+
+    #[test]
+    fn an_attempts_start_is_put_back_exactly() {
+        let cases = [
+            (TaskStatus::Pending, StepStatus::Pending, Phase::Step, 0),
+            (TaskStatus::Running, StepStatus::Pending, Phase::Step, 1),
+            (TaskStatus::Running, StepStatus::Failed, Phase::Step, 1),
+            (
+                TaskStatus::Compensating,
+                StepStatus::Completed,
+                Phase::Compensation,
+                0,
+            ),
+        ];
+        for (status, step_status, phase, idx) in cases {
+            let steps = [("first".to_owned(), 1), ("second".to_owned(), 2)];
+            let mut task = TaskInstance::new("two", serde_json::json!({"a": 1}), steps);
+            task.status = status;
+            task.steps[idx].status = step_status;
+            task.steps[idx].error = Some("earlier".into());
+            task.audit(AuditEntry::new(AuditAction::StepCompleted));
+            let before = task.clone();
+            let undo = Undo::take(&task, idx);
+            sm::record_attempt(&mut task, &TWO, Call { phase, idx });
+            task.steps[idx].alone_attempt = Some(7);
+            assert_ne!(task, before);
+            undo.apply(&mut task);
+            assert_eq!(task, before, "{status:?} {phase:?} {idx}");
+        }
     }
 }

@@ -32,16 +32,22 @@ use crate::backend::{
     saga_steps_run, saga_version_run, BackendError, Delivery, Lease, Locked, QueueMessage,
     TakenLease, TaskRefusal,
 };
-use crate::model::task::{TaskInstance, TaskStatus};
+use crate::model::task::TaskStatus;
 use crate::saga::state_machine::Effects;
 use crate::saga::{ErasedSaga, SagaDefinition};
 use crate::worker::runtime::Runtime;
 
-/// Handles one saga message.
-pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, message: &QueueMessage) {
+/// Handles one saga message; `lease` is the one taken with the delivery,
+/// with its task (the delivery keeps the lease alone).
+pub(super) async fn handle(
+    rt: &Arc<Runtime>,
+    delivery: &Delivery,
+    message: &QueueMessage,
+    lease: Option<TakenLease>,
+) {
     // A lease the backend took with the delivery is guarded from here on:
     // every way out of this function releases it.
-    let taken = Taken::from_delivery(rt, delivery, message).await;
+    let taken = Taken::from_delivery(rt, lease, message).await;
     if !rt.sagas.contains(&message.saga) {
         if let Some(Taken::Held { guard, .. }) = taken {
             guard.release().await;
@@ -217,10 +223,10 @@ impl Taken {
     /// The lease the delivery came with, if it can be used.
     async fn from_delivery(
         rt: &Arc<Runtime>,
-        delivery: &Delivery,
+        lease: Option<TakenLease>,
         message: &QueueMessage,
     ) -> Option<Taken> {
-        match delivery.lease.clone()? {
+        match lease? {
             TakenLease::Busy => Some(Taken::Busy),
             TakenLease::Held {
                 locked,
@@ -265,11 +271,8 @@ enum Attempted {
     /// recorded (the task made progress in the store).
     Effects { effects: Effects, wrote: bool },
     /// Going on with the task was refused: its cancellation was requested
-    /// at `at`. `before` is the task as it was before the refused attempt.
-    Cancelled {
-        at: crate::model::task::Timestamp,
-        before: Box<TaskInstance>,
-    },
+    /// at `at`. The task is back as it was before the refused attempt.
+    Cancelled { at: crate::model::task::Timestamp },
 }
 
 /// `tokio::time::sleep` that saturates instead of panicking on a timeout too

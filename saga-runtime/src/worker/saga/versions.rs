@@ -22,15 +22,19 @@ pub(super) fn known_sagas(rt: &Runtime) -> String {
 /// flight). Advancing it would run the wrong steps, or index past the ones
 /// this definition has.
 pub(super) fn incompatible(task: &TaskInstance, def: &SagaDefinition) -> Option<String> {
-    let recorded: Vec<&str> = task.steps.iter().map(|s| s.name.as_str()).collect();
-    let defined: Vec<&str> = def.steps.iter().map(|s| s.name).collect();
-    let fingerprint = def.fingerprint_hex();
     // Records from before fingerprints can only be compared by step names.
     let same = match &task.fingerprint {
-        Some(recorded) => *recorded == fingerprint,
-        None => recorded == defined,
+        Some(recorded) => is_hex_of(recorded, def.fingerprint),
+        None => task
+            .steps
+            .iter()
+            .map(|s| s.name.as_str())
+            .eq(def.steps.iter().map(|s| s.name)),
     };
     (!same).then(|| {
+        let recorded: Vec<&str> = task.steps.iter().map(|s| s.name.as_str()).collect();
+        let defined: Vec<&str> = def.steps.iter().map(|s| s.name).collect();
+        let fingerprint = def.fingerprint_hex();
         format!(
             "task {} was started with steps [{}] (version {} of saga `{}`, fingerprint {}); this \
              worker's version {} has [{}] (fingerprint {fingerprint}): the steps changed without \
@@ -46,6 +50,18 @@ pub(super) fn incompatible(task: &TaskInstance, def: &SagaDefinition) -> Option<
             def.version + 1
         )
     })
+}
+
+/// Whether `text` is `fingerprint` as [`SagaDefinition::fingerprint_hex`]
+/// spells it (16 lowercase hex digits), compared without formatting it:
+/// every delivery of a saga message asks.
+fn is_hex_of(text: &str, fingerprint: u64) -> bool {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    text.len() == 16
+        && text.bytes().enumerate().all(|(i, c)| {
+            let nibble = (fingerprint >> (60 - 4 * i)) & 0xf;
+            c == DIGITS[nibble as usize]
+        })
 }
 
 /// A message this worker cannot handle but another version may: a saga
@@ -161,4 +177,24 @@ pub(in crate::worker) async fn park(
     metrics::dead_lettered(DeadLetterKind::Saga);
     metrics::task_parked(&task.saga);
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_hex_of;
+
+    #[test]
+    fn a_fingerprint_matches_only_its_own_spelling() {
+        for fingerprint in [0, 1, 0xabc, u64::MAX, 0x0123_4567_89ab_cdef] {
+            let spelled = format!("{fingerprint:016x}");
+            assert!(is_hex_of(&spelled, fingerprint), "{spelled}");
+            assert!(!is_hex_of(&spelled, fingerprint ^ 1), "{spelled}");
+            assert!(
+                !is_hex_of(&spelled.to_uppercase(), fingerprint)
+                    || !spelled.contains(|c: char| c.is_ascii_alphabetic())
+            );
+            assert!(!is_hex_of(&spelled[1..], fingerprint));
+            assert!(!is_hex_of(&format!("{spelled}0"), fingerprint));
+        }
+    }
 }
