@@ -228,15 +228,16 @@ impl TaskStore for RedisBackend {
         let k = self.keys();
         let p = k.partition_of(task.id);
         let (doc, fields) = write_fields(task, task.updated_at, Some(self.creates_apart().await))?;
+        let tk = k.of_task(task.id);
         let existing = self
             .call(&s::Create {
-                task: k.task(task.id),
+                task: tk.task,
                 index_all: k.index(p, &task.saga, None),
                 index_pending: k.index(p, &task.saga, Some(TaskStatus::Pending)),
                 queue: k.queue(p),
-                audit: k.audit(task.id),
+                audit: tk.audit,
                 doc,
-                id: task.id.to_string(),
+                id: tk.id,
                 payload: WorkItem::Saga(first.clone()).encode(),
                 created_ms: task.created_at.0,
                 audit_cap: AUDIT_LOG_CAP,
@@ -411,20 +412,21 @@ impl TaskStore for RedisBackend {
         let k = self.keys();
         let p = k.partition_of(task.id);
         let (doc, fields) = self.written(task)?;
+        let tk = k.of_task(task.id);
         let written = self
             .call(&s::RecordAttempt {
-                fence: k.fence(task.id),
-                task: k.task(task.id),
-                claims: k.claims(task.id),
+                fence: tk.fence,
+                task: tk.task,
+                claims: tk.claims,
                 index_from: k.index(p, &task.saga, Some(stored_status)),
                 index_to: k.index(p, &task.saga, Some(task.status)),
-                audit: k.audit(task.id),
+                audit: tk.audit,
                 lease_fence: lease.fence,
                 version: task.version,
                 doc,
                 claim,
                 status: task.status,
-                id: task.id.to_string(),
+                id: tk.id,
                 created_ms: task.created_at.0,
                 audit_cap: AUDIT_LOG_CAP,
                 fields,
@@ -450,23 +452,24 @@ impl TaskStore for RedisBackend {
             None => None,
         };
         let (doc, fields) = self.written(task)?;
+        let tk = k.of_task(task.id);
         let written = self
             .call(&s::RecordNext {
-                fence: k.fence(task.id),
-                task: k.task(task.id),
-                claims: k.claims(task.id),
+                fence: tk.fence,
+                task: tk.task,
+                claims: tk.claims,
                 index_from: k.index(p, &task.saga, Some(next.stored_status)),
                 index_to: k.index(p, &task.saga, Some(task.status)),
-                lock: k.lock(task.id),
+                lock: tk.lock,
                 queue: k.queue(p),
-                cancel: k.cancel(task.id),
-                audit: k.audit(task.id),
+                cancel: tk.cancel,
+                audit: tk.audit,
                 lease_fence: next.lease.fence,
                 version: task.version,
                 doc,
                 claim: next.claim,
                 status: task.status,
-                id: task.id.to_string(),
+                id: tk.id,
                 created_ms: task.created_at.0,
                 token: &next.lease.token,
                 renew,
@@ -526,20 +529,21 @@ impl TaskStore for RedisBackend {
             )
         });
         let (doc, fields) = self.written(task)?;
+        let tk = k.of_task(task.id);
         let written = self
             .call(&s::Commit {
-                fence: k.fence(task.id),
-                task: k.task(task.id),
-                lock: k.lock(task.id),
+                fence: tk.fence,
+                task: tk.task,
+                lock: tk.lock,
                 queue: k.queue(p),
                 dead: k.dead(p),
-                cancel: k.cancel(task.id),
+                cancel: tk.cancel,
                 delayed: k.delayed(p),
                 index_from: k.index(p, &task.saga, Some(commit.stored_status)),
                 index_to: k.index(p, &task.saga, Some(task.status)),
                 expiring: k.expiring(p),
-                claims: k.claims(task.id),
-                audit: k.audit(task.id),
+                claims: tk.claims,
+                audit: tk.audit,
                 lease_fence: commit.lease.fence,
                 version: task.version,
                 doc,
@@ -547,7 +551,7 @@ impl TaskStore for RedisBackend {
                 next,
                 settle,
                 group: self.group(),
-                id: task.id.to_string(),
+                id: tk.id,
                 unless_cancelled: commit.unless_cancelled,
                 status: task.status,
                 expire_after_ms: commit.expire_after.map(ms),

@@ -44,6 +44,18 @@ pub(crate) struct Keys {
     slots: Vec<u16>,
 }
 
+/// The keys of one task (see [`Keys::task`] and the others), and its id
+/// as text.
+pub(crate) struct TaskKeys {
+    pub task: String,
+    pub lock: String,
+    pub fence: String,
+    pub cancel: String,
+    pub audit: String,
+    pub claims: String,
+    pub id: String,
+}
+
 /// `parts` joined by `sep`, allocated once at its final size: keys are
 /// built on every step, and `format!` costs several times as much.
 fn joined(parts: &[&str], sep: char) -> String {
@@ -331,6 +343,24 @@ impl Keys {
         match self.pm_partition_of(stream) {
             Some(k) => self.pm_part(k),
             None => self.pm_tag(),
+        }
+    }
+
+    /// Every key of task `id`, its id written out once (a write names
+    /// six of them).
+    pub fn of_task(&self, id: TaskId) -> TaskKeys {
+        let mut buf = uuid::Uuid::encode_buffer();
+        let id_text = id.0.hyphenated().encode_lower(&mut buf);
+        let head = self.head(self.partition_of(id));
+        let key = |kind: &str| joined(&[head, kind, id_text], ':');
+        TaskKeys {
+            task: key("task"),
+            lock: key("lock"),
+            fence: key("fence"),
+            cancel: key("cancel"),
+            audit: key("audit"),
+            claims: key("claims"),
+            id: id_text.to_owned(),
         }
     }
 
