@@ -285,12 +285,32 @@ impl RedisBackend {
         Ok(stored.as_deref() == Some(LAYOUT_2))
     }
 
-    /// On connecting: a deployment's first engine (`fresh`: it recorded
-    /// the key layout) records layout 2; then the layout is read.
-    pub(super) async fn load_record_layout(&self, fresh: bool) -> Result<(), BackendError> {
-        if fresh {
-            self.record_layout_2().await?;
+    /// On connecting, before the key layout is recorded: an empty
+    /// deployment (no key layout recorded yet) is recorded as writing
+    /// layout 2. In this order, a connect cut short between the two
+    /// writes leaves layout 2 recorded for the next one to find; the other
+    /// order would leave a new deployment on layout 1 for good.
+    pub(super) async fn prepare_record_layout(&self) -> Result<(), BackendError> {
+        let recorded: bool = redis::cmd("EXISTS")
+            .arg(self.keys().layout())
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        if !recorded {
+            redis::cmd("SET")
+                .arg(self.keys().record_layout())
+                .arg(LAYOUT_2)
+                .arg("NX")
+                .query_async::<()>(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
         }
+        Ok(())
+    }
+
+    /// On connecting, once the key layout is checked: reads the record
+    /// layout.
+    pub(super) async fn load_record_layout(&self) -> Result<(), BackendError> {
         let apart = self.read_record_layout().await?;
         self.shared.records.set(apart);
         Ok(())
