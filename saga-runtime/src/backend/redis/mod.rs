@@ -464,9 +464,10 @@ impl RedisBackend {
             }
             _ => {}
         }
+        self.prepare_record_layout().await?;
         let record = self.keys().layout_record();
         let key = self.keys().layout();
-        let (fresh, stored): (Option<String>, String) = redis::pipe()
+        let (_, stored): (Option<String>, String) = redis::pipe()
             .cmd("SET")
             .arg(&key)
             .arg(&record)
@@ -477,7 +478,7 @@ impl RedisBackend {
             .await
             .map_err(unavailable)?;
         if stored == record {
-            return self.load_record_layout(fresh.is_some()).await;
+            return self.load_record_layout().await;
         }
         let Some(mine) = keys::parse_layout(&record) else {
             return Err(corrupt(format!(
