@@ -16,9 +16,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redis::{Cmd, RedisError, ScriptInvocation, Value};
+use redis::{Cmd, Pipeline, RedisError, Script, Value};
 use tokio::sync::{Mutex, MutexGuard};
 
+use super::scripts::ScriptCmd;
 use super::{server, unavailable, Durability, RedisBackend};
 use crate::backend::BackendError;
 
@@ -46,10 +47,13 @@ impl Default for Pool {
     }
 }
 
-/// What a durable pipeline runs before its wait.
-enum First<'a, 'b> {
-    Script(&'a ScriptInvocation<'b>),
-    Cmd(Cmd),
+/// A durable pipeline: `first`, then `wait` (the level's wait), their
+/// errors returned as values.
+fn with_wait(first: Cmd, wait: Cmd) -> Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.add_command(first).add_command(wait);
+    pipe
 }
 
 /// Policies under which a full server deletes keys.
@@ -225,31 +229,18 @@ impl RedisBackend {
         pool.slots[first % n].lock().await
     }
 
-    /// Runs `first` and then `wait` (the level's wait), pipelined, on a
+    /// Runs `pipe` (a command and the level's wait, [`with_wait`]) on a
     /// pooled connection, and returns their replies as values (a server
-    /// error as [`Value::ServerError`]). The script `first` invokes, if
-    /// any, is loaded once on `NOSCRIPT`.
+    /// error as [`Value::ServerError`]). The `script` the command invokes,
+    /// if any, is loaded once on `NOSCRIPT`.
     async fn pipeline(
         &self,
-        first: First<'_, '_>,
-        wait: Cmd,
+        pipe: &Pipeline,
+        script: Option<&Script>,
     ) -> Result<(Value, Value), BackendError> {
         let timeout = self.shared.config.response_timeout
             + self.shared.config.durability.timeout()
             + Duration::from_secs(1);
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        let script = match first {
-            First::Script(invocation) => {
-                pipe.invoke_script(invocation);
-                Some(invocation)
-            }
-            First::Cmd(cmd) => {
-                pipe.add_command(cmd);
-                None
-            }
-        };
-        pipe.add_command(wait);
         let mut slot = self.pooled().await;
         for attempt in 0..2 {
             let conn = match slot.as_mut() {
@@ -345,18 +336,15 @@ impl RedisBackend {
     /// wait, in one pipeline, on a pooled connection (recreating lost
     /// consumer groups, as [`run`](RedisBackend::run) does). At
     /// [`Durability::Primary`], [`run`](RedisBackend::run) itself.
-    pub(super) async fn run_durable(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<Value, BackendError> {
+    pub(super) async fn run_durable(&self, invocation: ScriptCmd) -> Result<Value, BackendError> {
         let Some(wait) = self.shared.config.durability.wait_cmd() else {
-            return self.run(invocation).await;
+            return self.run(&invocation).await;
         };
+        let script = invocation.script;
+        let pipe = with_wait(invocation.cmd, wait);
         let mut regrouped = false;
         loop {
-            let (reply, acked) = self
-                .pipeline(First::Script(invocation), wait.clone())
-                .await?;
+            let (reply, acked) = self.pipeline(&pipe, Some(script)).await?;
             match reply {
                 Value::ServerError(error) if error.code() == "NOGROUP" && !regrouped => {
                     tracing::warn!("the server lost the consumer groups; recreating them");
@@ -381,7 +369,7 @@ impl RedisBackend {
         let Some(wait) = self.shared.config.durability.wait_cmd() else {
             return cmd.query_async(&mut self.conn()).await.map_err(unavailable);
         };
-        let (reply, acked) = self.pipeline(First::Cmd(cmd), wait).await?;
+        let (reply, acked) = self.pipeline(&with_wait(cmd, wait), None).await?;
         let reply = reply.extract_error().map_err(unavailable)?;
         self.reached(acked)?;
         Ok(reply)

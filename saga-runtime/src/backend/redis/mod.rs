@@ -592,18 +592,18 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// Runs a script; on `NOGROUP` (the server lost the consumer groups)
-    /// recreates them and runs it once more.
+    /// Runs a script (loading it on `NOSCRIPT`); on `NOGROUP` (the server
+    /// lost the consumer groups) recreates them and runs it once more.
     async fn run<T: FromRedisValue>(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &scripts::ScriptCmd,
     ) -> Result<T, BackendError> {
-        match invocation.invoke_async(&mut self.conn()).await {
+        match invocation.invoke(&mut self.conn()).await {
             Err(e) if e.code() == Some("NOGROUP") => {
                 tracing::warn!("the server lost the consumer groups; recreating them");
                 self.ensure_groups().await?;
                 invocation
-                    .invoke_async(&mut self.conn())
+                    .invoke(&mut self.conn())
                     .await
                     .map_err(unavailable)
             }

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
 
-use super::{flag, or_empty, typed, Call};
+use super::{flag, or_empty, typed, Call, Invocation};
 use super::{ANNOUNCE, BALANCE, BREAKER_ACQUIRE, BREAKER_REPORT, NAMED_LEASE, READERS, RUNNERS};
 use crate::backend::redis::corrupt;
 use crate::backend::{BackendError, BreakerChange, BreakerDecision};
@@ -26,7 +26,7 @@ impl Call for NamedLease<'_> {
         &NAMED_LEASE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.lease).arg(self.token).arg(self.ttl_ms);
     }
 
@@ -57,7 +57,7 @@ impl Call for Balance<'_> {
         &BALANCE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.members)
             .arg(&self.owner_prefix)
             .arg(self.member)
@@ -88,7 +88,7 @@ impl Call for Announce<'_> {
         &ANNOUNCE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         for set in &self.runner_sets {
             call.key(set);
         }
@@ -113,7 +113,7 @@ impl Call for Runners {
         &RUNNERS
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.runners);
     }
 
@@ -139,7 +139,7 @@ impl Call for Readers<'_> {
         &READERS
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.readers)
             .arg(self.member)
             .arg(or_empty(self.ttl_ms));
@@ -168,7 +168,7 @@ impl Call for BreakerAcquire<'_> {
         &BREAKER_ACQUIRE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.breaker)
             .arg(self.probe_ttl_ms)
             .arg(self.token);
@@ -208,7 +208,7 @@ impl Call for BreakerReport<'_> {
         &BREAKER_REPORT
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.breaker)
             .arg(self.probe.unwrap_or_default())
             .arg(match self.failed {

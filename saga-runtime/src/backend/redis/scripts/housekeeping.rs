@@ -1,9 +1,9 @@
 //! The calls of housekeeping: expired tasks found and purged, dead letters
 //! trimmed by age, consumers that left removed.
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
 
-use super::{or_empty, typed, Call};
+use super::{or_empty, typed, Call, Invocation};
 use super::{EXPIRED, LEAVE_GROUP, PURGE, REAP_CONSUMERS, TRIM_DEAD};
 use crate::backend::BackendError;
 use crate::model::task::TaskStatus;
@@ -22,7 +22,7 @@ impl Call for Expired {
         &EXPIRED
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.expiring).arg(self.limit);
     }
 
@@ -62,7 +62,7 @@ impl Call for Purge {
         &PURGE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.expiring);
         for t in &self.tasks {
             call.key(&t.task)
@@ -99,7 +99,7 @@ impl Call for TrimDead {
         &TRIM_DEAD
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.dead).arg(or_empty(self.keep_ms));
     }
 
@@ -123,7 +123,7 @@ impl Call for ReapConsumers<'_> {
         &REAP_CONSUMERS
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.stream).arg(self.group).arg(self.idle_ms);
     }
 
@@ -148,7 +148,7 @@ impl Call for LeaveGroup<'_> {
         &LEAVE_GROUP
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.stream).arg(self.group).arg(self.consumer);
     }
 

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
 
-use super::{or_empty, typed, Call};
+use super::{or_empty, typed, Call, Invocation};
 use super::{LIMIT_ACQUIRE, LIMIT_LEAVE, LIMIT_RELEASE, LIMIT_RENEW, LIMIT_USAGE, WAKE};
 use crate::backend::limits::{BOOKING_GRACE, LATE};
 use crate::backend::redis::corrupt;
@@ -43,7 +43,7 @@ impl LimitKeys {
     }
 
     /// The keys, then the two arguments every limit script starts with.
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         for key in &self.0 {
             call.key(key);
         }
@@ -81,7 +81,7 @@ impl Call for LimitAcquire<'_> {
         &LIMIT_ACQUIRE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         self.keys.fill(call);
         let rate = self.config.rate;
         call.arg(or_empty(self.config.concurrency))
@@ -127,7 +127,7 @@ impl Call for LimitRelease<'_> {
         &LIMIT_RELEASE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         self.keys.fill(call);
         call.arg(self.holder).arg(or_empty(self.concurrency));
     }
@@ -156,7 +156,7 @@ impl Call for LimitLeave<'_> {
         &LIMIT_LEAVE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         self.keys.fill(call);
         call.arg(self.waiter).arg(or_empty(self.concurrency));
     }
@@ -181,7 +181,7 @@ impl Call for LimitRenew<'_> {
         &LIMIT_RENEW
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         self.keys.fill(call);
         call.arg(self.holder).arg(us(self.hold_for));
     }
@@ -203,7 +203,7 @@ impl Call for LimitUse {
         &LIMIT_USAGE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         self.keys.fill(call);
     }
 
@@ -234,7 +234,7 @@ impl Call for Wake {
         &WAKE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.delayed).key(&self.queue).arg(&self.payload);
     }
 

@@ -31,6 +31,7 @@
 
 mod coordination;
 mod housekeeping;
+mod invocation;
 mod limits;
 mod process;
 mod queue;
@@ -39,12 +40,13 @@ mod task;
 
 use std::sync::LazyLock;
 
-use redis::{FromRedisValue, Script, ScriptInvocation, Value};
+use redis::{FromRedisValue, Script, Value};
 
 use super::{unavailable, RedisBackend};
 use crate::backend::BackendError;
 pub(super) use coordination::*;
 pub(super) use housekeeping::*;
+pub(super) use invocation::{Invocation, ScriptCmd};
 pub(super) use limits::*;
 pub(super) use process::*;
 pub(super) use queue::*;
@@ -62,16 +64,17 @@ pub(super) trait Call {
 
     /// Adds the keys and the arguments, in the order the script's header
     /// gives them: the one place that order is written down in Rust.
-    fn fill(&self, invocation: &mut ScriptInvocation<'_>);
+    fn fill(&self, invocation: &mut Invocation);
 
     /// Reads the script's reply.
     fn decode(reply: Value) -> Result<Self::Reply, BackendError>;
 
-    /// The invocation, ready to run.
-    fn invocation(&self) -> ScriptInvocation<'static> {
-        let mut invocation = Self::script().prepare_invoke();
+    /// The call, ready to run: `EVALSHA` with the keys and arguments,
+    /// built once (see `invocation.rs`).
+    fn invocation(&self) -> ScriptCmd {
+        let mut invocation = Invocation::new(Self::script());
         self.fill(&mut invocation);
-        invocation
+        invocation.ready()
     }
 }
 
@@ -81,7 +84,7 @@ impl RedisBackend {
     pub(super) async fn call<C: Call>(&self, call: &C) -> Result<C::Reply, BackendError> {
         let invocation = call.invocation();
         let reply: Value = match durable(C::script()) {
-            true => self.run_durable(&invocation).await?,
+            true => self.run_durable(invocation).await?,
             false => self.run(&invocation).await?,
         };
         C::decode(reply)

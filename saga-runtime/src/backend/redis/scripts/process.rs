@@ -2,9 +2,9 @@
 //! correlation entries claimed from another slot, tombstones, and the
 //! tallies' completion and progress.
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
 
-use super::{flag, or_empty, typed, Call, Refusal, Refused, Settling};
+use super::{flag, or_empty, typed, Call, Invocation, Refusal, Refused, Settling};
 use super::{
     CLAIM_ENTRY, PROCESS_COMMIT, RELEASE_DUE, REMEMBER, SWAP_ENTRY, TALLY_FINISH, TALLY_PROGRESS,
 };
@@ -105,7 +105,7 @@ pub(crate) struct ProcessCommit<'a> {
 }
 
 impl ProcessCommit<'_> {
-    fn fill_keys(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill_keys(&self, call: &mut Invocation) {
         call.key(&self.instance)
             .key(&self.instances)
             .key(&self.queue)
@@ -135,7 +135,7 @@ impl ProcessCommit<'_> {
         }
     }
 
-    fn fill_payloads(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill_payloads(&self, call: &mut Invocation) {
         for (queue, payload) in &self.enqueue {
             call.arg(queue).arg(payload);
         }
@@ -176,7 +176,7 @@ impl Call for ProcessCommit<'_> {
         &PROCESS_COMMIT
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         self.fill_keys(call);
         let (kind, entry, payload, reason, size) = match &self.settle {
             Settling::Keep => ("none", "", "", "", None),
@@ -275,7 +275,7 @@ impl Call for ReleaseDue {
         &RELEASE_DUE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.schedule).key(&self.queue);
         if let Some(members) = &self.members {
             call.key(members);
@@ -321,7 +321,7 @@ impl Call for ClaimEntry<'_> {
         &CLAIM_ENTRY
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.entry)
             .key(&self.tombstone)
             .key(&self.marker)
@@ -367,7 +367,7 @@ impl Call for SwapEntry<'_> {
         &SWAP_ENTRY
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.entry)
             .arg(self.expected)
             .arg(self.owner.unwrap_or_default());
@@ -393,7 +393,7 @@ impl Call for Remember<'_> {
         &REMEMBER
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.set).arg(self.ttl_ms).arg(self.members);
     }
 
@@ -435,7 +435,7 @@ impl Call for TallyFinish {
         &TALLY_FINISH
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.tally)
             .key(&self.pending)
             .key(&self.checked)
@@ -476,7 +476,7 @@ impl Call for TallyProgress {
         &TALLY_PROGRESS
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.tally)
             .key(&self.pending)
             .arg(self.missing)

@@ -2,9 +2,9 @@
 //! acknowledge, dead-letter, requeue, move delayed messages, share,
 //! enqueue process-manager messages; take and settle an endpoint's message.
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
 
-use super::{flag, or_empty, typed, Call};
+use super::{flag, or_empty, typed, Call, Invocation};
 use super::{
     ACK, CLAIM, DEAD_LETTER, ENDPOINT_SETTLE, ENDPOINT_TAKE, ENQUEUE_PM, RELEASE, RELEASE_DELAYED,
     REQUEUE, SHARE, TAKE,
@@ -29,7 +29,7 @@ impl Call for Ack<'_> {
         &ACK
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.queue).arg(self.group).arg(&self.entry);
     }
 
@@ -58,7 +58,7 @@ impl Call for Release<'_> {
         &RELEASE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.queue)
             .key(&self.delayed)
             .arg(self.group)
@@ -172,7 +172,7 @@ impl Call for Take<'_> {
         &TAKE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         for stream in &self.streams {
             call.key(&stream.queue);
         }
@@ -236,7 +236,7 @@ impl Call for Claim<'_> {
         &CLAIM
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         for queue in &self.queues {
             call.key(queue);
         }
@@ -287,7 +287,7 @@ impl Call for DeadLetter<'_> {
         &DEAD_LETTER
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.queue)
             .key(&self.dead)
             .arg(self.group)
@@ -319,7 +319,7 @@ impl Call for Requeue {
         &REQUEUE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.dead).key(&self.queue).arg(&self.entry);
     }
 
@@ -346,7 +346,7 @@ impl Call for ReleaseDelayed {
         &RELEASE_DELAYED
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         for (delayed, queue) in &self.pairs {
             call.key(delayed).key(queue);
         }
@@ -375,7 +375,7 @@ impl Call for Share<'_> {
         &SHARE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.from)
             .key(&self.to)
             .arg(self.group)
@@ -405,7 +405,7 @@ impl Call for EnqueuePm {
         &ENQUEUE_PM
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         for (queue, _) in &self.messages {
             call.key(queue);
         }
@@ -447,7 +447,7 @@ impl Call for EndpointTake<'_> {
         &ENDPOINT_TAKE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.stream)
             .arg(self.group)
             .arg(self.consumer)
@@ -491,7 +491,7 @@ impl Call for EndpointSettle<'_> {
         &ENDPOINT_SETTLE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.stream)
             .key(&self.dead)
             .arg(self.group)

@@ -2,9 +2,9 @@
 //! the next one, commit, heartbeat, unlock, request cancellation. Field
 //! order follows each script's header.
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
 
-use super::{flag, or_empty, typed, Call, Refusal, Refused};
+use super::{flag, or_empty, typed, Call, Invocation, Refusal, Refused};
 use super::{CANCEL, COMMIT, CREATE, HEARTBEAT, LOCK, RECORD_ATTEMPT, RECORD_NEXT, UNLOCK};
 use crate::backend::redis::corrupt;
 use crate::backend::redis::entry::{items, text_at};
@@ -38,7 +38,7 @@ impl Call for Create {
         &CREATE
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.task)
             .key(&self.index_all)
             .key(&self.index_pending)
@@ -94,7 +94,7 @@ impl Call for Lock<'_> {
         &LOCK
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.lock)
             .key(&self.fence)
             .key(&self.task)
@@ -183,7 +183,7 @@ impl Call for RecordAttempt<'_> {
         &RECORD_ATTEMPT
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.fence)
             .key(&self.task)
             .key(&self.claims)
@@ -249,7 +249,7 @@ impl Call for RecordNext<'_> {
         &RECORD_NEXT
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         let (ttl, entry) = match &self.renew {
             Some((ttl, entry)) => (ttl.to_string(), entry.as_str()),
             None => (String::new(), ""),
@@ -358,7 +358,7 @@ impl Call for Commit<'_> {
         &COMMIT
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         let (next, delay) = match &self.next {
             Some((payload, delay)) => (payload.as_str(), *delay),
             None => ("", 0),
@@ -449,7 +449,7 @@ impl Call for Heartbeat<'_> {
         &HEARTBEAT
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.lock)
             .key(&self.queue)
             .key(&self.cancel)
@@ -485,7 +485,7 @@ impl Call for Unlock<'_> {
         &UNLOCK
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.lock).arg(self.token);
     }
 
@@ -518,7 +518,7 @@ impl Call for Cancel<'_> {
         &CANCEL
     }
 
-    fn fill(&self, call: &mut ScriptInvocation<'_>) {
+    fn fill(&self, call: &mut Invocation) {
         call.key(&self.cancel)
             .key(&self.task)
             .key(&self.queue)

@@ -3,6 +3,7 @@
 //! redis-server.
 
 mod coordination;
+mod invocation;
 mod limits;
 mod process;
 mod queue;
@@ -47,7 +48,7 @@ impl Fixture {
     async fn call<C: Call>(&mut self, call: &C) -> Result<C::Reply, BackendError> {
         let reply: Value = call
             .invocation()
-            .invoke_async(&mut self.conn)
+            .invoke(&mut self.conn)
             .await
             .map_err(unavailable)?;
         C::decode(reply)

@@ -3,8 +3,8 @@
 use redis::Value;
 
 use super::Fixture;
-use crate::backend::redis::scripts::{self as s, Claimed, EndpointTaken, Loaded, Taken};
 use crate::backend::redis::record::RawRecord;
+use crate::backend::redis::scripts::{self as s, Claimed, EndpointTaken, Loaded, Taken};
 use crate::model::task::TaskId;
 
 const GROUP: &str = "workers";

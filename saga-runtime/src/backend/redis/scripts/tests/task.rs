@@ -31,7 +31,7 @@ fn written(version: u64, claimed: bool) -> Written {
 }
 
 impl Fixture {
-    fn create(&self, doc: &str) -> s::Create {
+    pub(super) fn create(&self, doc: &str) -> s::Create {
         let k = &self.keys;
         s::Create {
             task: k.task(id()),
