@@ -78,8 +78,14 @@ impl TaskInstance {
     /// Records that the store holds this copy's steps under `version`
     /// (the task's version after the write that stored them, or as
     /// loaded). Copies only the steps that changed.
+    /// Only for a copy of a record that keeps its steps apart: no other
+    /// write reads the bookkeeping, and a backend that stores copies of
+    /// the task (the in-memory one) would copy it too.
     #[doc(hidden)]
     pub fn steps_saved(&mut self, version: u64) {
+        if !self.steps_stored.apart {
+            return;
+        }
         let known = &mut self.steps_stored;
         known.steps.truncate(self.steps.len());
         for (idx, step) in self.steps.iter().enumerate() {
@@ -136,6 +142,9 @@ mod tests {
     #[test]
     fn an_unknown_version_sends_every_step_a_known_one_only_what_changed() {
         let mut t = task();
+        t.steps_saved(t.version);
+        assert_eq!(t.unstored_steps(), [0, 1], "kept together: not tracked");
+        t.set_steps_apart(true);
         assert_eq!(t.unstored_steps(), [0, 1], "never saved");
         t.steps_saved(t.version);
         assert!(t.unstored_steps().is_empty());
