@@ -25,7 +25,7 @@ pub struct LimitInfo {
     /// Whether a use of it is keyed (each key has its own budget: see
     /// [`Engine::limit_usage`]).
     pub keyed: bool,
-    /// What declares it: `saga.step` or `process.handler`.
+    /// What declares it: `saga.step` or `process.handler`, sorted.
     pub used_by: Vec<String>,
     /// The unkeyed budget's use now; `None` when every use is keyed.
     pub usage: Option<LimitUsage>,

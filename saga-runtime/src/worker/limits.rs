@@ -353,6 +353,11 @@ pub(crate) fn declared<'a>(
             entry.used_by.push(at);
         }
     }
+    // Sorted: the sagas come from a map, and what `engine.limits()` and
+    // `GET /api/limits` show must not change order from run to run.
+    for entry in by_name.values_mut() {
+        entry.used_by.sort();
+    }
     Ok(by_name)
 }
 
