@@ -90,13 +90,7 @@ local RECORD_FROM = 24
 local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
 local now = server_time()
-local refused, nv, flag
-if apart then
-  refused, nv, flag = check_write_apart(task_key, fence, version, '')
-else
-  refused, nv = check_write(fence_key, fence, task_key, version)
-  flag = redis.call('GET', cancel_key)
-end
+local refused, nv, flag = check_record(apart, fence_key, task_key, cancel_key, fence, version, '')
 if refused then return refused end
 local cancelled = flag ~= false
 if unless_cancelled == '1' and cancelled then

@@ -40,20 +40,13 @@ local apart = ARGV[9] == '1'
 local RECORD_FROM = 10
 local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
-local refused, nv, _, claimed
-if apart then
-  refused, nv, _, claimed = check_write_apart(task_key, fence, version, claim)
-else
-  refused, nv = check_write(fence_key, fence, task_key, version)
-end
+local refused, nv, _, claimed =
+  check_record(apart, fence_key, task_key, nil, fence, version, claim)
 if refused then return refused end
 audit(audit_key, audit_cap, ARGV, AUDIT_FROM)
-local extra = nil
-if apart and not claimed then extra = {'c:' .. claim, 1} end
-write_record(task_key, doc, nv, status, ARGV, RECORD_FROM, extra)
+write_record(task_key, doc, nv, status, ARGV, RECORD_FROM, claim_fields(apart, claim, claimed))
 if index_from ~= index_to then
   redis.call('ZREM', index_from, id)
   redis.call('ZADD', index_to, created, id)
 end
-if apart then return {nv, claimed and 0 or 1} end
-return {nv, redis.call('HSETNX', claims_key, claim, 1)}
+return {nv, claim_attempt(apart, claims_key, claim, claimed)}

@@ -62,21 +62,14 @@ local apart = ARGV[15] == '1'
 local RECORD_FROM = 16
 local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
-local refused, nv, flag, claimed
-if apart then
-  refused, nv, flag, claimed = check_write_apart(task_key, fence, version, claim)
-else
-  refused, nv = check_write(fence_key, fence, task_key, version)
-end
+local flag_key = nil
+if unless_cancelled == '1' then flag_key = cancel_key end
+local refused, nv, flag, claimed =
+  check_record(apart, fence_key, task_key, flag_key, fence, version, claim)
 if refused then return refused end
-if unless_cancelled == '1' then
-  if not apart then flag = redis.call('GET', cancel_key) end
-  if flag then return {CANCEL_REQUESTED, flag} end
-end
+if unless_cancelled == '1' and flag then return {CANCEL_REQUESTED, flag} end
 audit(audit_key, audit_cap, ARGV, AUDIT_FROM)
-local extra = nil
-if apart and not claimed then extra = {'c:' .. claim, 1} end
-write_record(task_key, doc, nv, status, ARGV, RECORD_FROM, extra)
+write_record(task_key, doc, nv, status, ARGV, RECORD_FROM, claim_fields(apart, claim, claimed))
 if index_from ~= index_to then
   redis.call('ZREM', index_from, id)
   redis.call('ZADD', index_to, created, id)
@@ -85,5 +78,4 @@ if ttl ~= '' then
   redis.call('SET', lock_key, token, 'PX', ttl)
   pcall(redis.call, 'XCLAIM', queue, group, consumer, 0, entry, 'JUSTID')
 end
-if apart then return {nv, claimed and 0 or 1} end
-return {nv, redis.call('HSETNX', claims_key, claim, 1)}
+return {nv, claim_attempt(apart, claims_key, claim, claimed)}
