@@ -547,7 +547,6 @@ impl TaskStore for RedisBackend {
                 lease_fence: commit.lease.fence,
                 version: task.version,
                 doc,
-                token: &commit.lease.token,
                 next,
                 settle,
                 group: self.group(),

@@ -22,32 +22,31 @@
 -- ARGV[1]: the fence of the writer's lease
 -- ARGV[2]: the version the writer read
 -- ARGV[3]: the new record (JSON), or its head (record.lua)
--- ARGV[4]: the lease token
--- ARGV[5]: the next message's payload ('' = none)
--- ARGV[6]: the next message's delay (ms)
--- ARGV[7]: how to settle the message handled: 'none', 'ack', 'dead'
---   (park it as a dead letter), 'resolve' (delete dead letter ARGV[8])
--- ARGV[8]: the entry id settled
--- ARGV[9]: the consumer group
--- ARGV[10]: the dead letter's payload
--- ARGV[11]: the dead letter's reason
--- ARGV[12]: the task id
--- ARGV[13]: '1' to refuse when cancellation was requested
--- ARGV[14]: the new status (`TaskStatus::as_str`)
--- ARGV[15]: expire the task's keys after this (ms; '' = keep them)
--- ARGV[16]: when the task was created (ms)
--- ARGV[17]: the task's member of KEYS[10] under its stored status ('' =
+-- ARGV[4]: the next message's payload ('' = none)
+-- ARGV[5]: the next message's delay (ms)
+-- ARGV[6]: how to settle the message handled: 'none', 'ack', 'dead'
+--   (park it as a dead letter), 'resolve' (delete dead letter ARGV[7])
+-- ARGV[7]: the entry id settled
+-- ARGV[8]: the consumer group
+-- ARGV[9]: the dead letter's payload
+-- ARGV[10]: the dead letter's reason
+-- ARGV[11]: the task id
+-- ARGV[12]: '1' to refuse when cancellation was requested
+-- ARGV[13]: the new status (`TaskStatus::as_str`)
+-- ARGV[14]: expire the task's keys after this (ms; '' = keep them)
+-- ARGV[15]: when the task was created (ms)
+-- ARGV[16]: the task's member of KEYS[10] under its stored status ('' =
 --   none: the stored status is not terminal)
--- ARGV[18]: the task's member of KEYS[10] under its new status
--- ARGV[19]: the dead letter's payload size ('' = not cut)
--- ARGV[20]: the dead letters' cap (`MAXLEN ~`)
--- ARGV[21]: the channel to publish the task id on ('' = none)
--- ARGV[22]: how many audit entries the log keeps
--- ARGV[23]: '1' when the record is in layout 2 (record.lua: its fence,
+-- ARGV[17]: the task's member of KEYS[10] under its new status
+-- ARGV[18]: the dead letter's payload size ('' = not cut)
+-- ARGV[19]: the dead letters' cap (`MAXLEN ~`)
+-- ARGV[20]: the channel to publish the task id on ('' = none)
+-- ARGV[21]: how many audit entries the log keeps
+-- ARGV[22]: '1' when the record is in layout 2 (record.lua: its fence,
 --   claims and cancellation flag are fields of KEYS[2], and its keys to
 --   expire are KEYS[2] and KEYS[12] alone)
--- ARGV[24]: how many pairs of field and value of the record follow
--- ARGV[25..]: those pairs, then the audit entries to append
+-- ARGV[23]: how many pairs of field and value of the record follow
+-- ARGV[24..]: those pairs, then the audit entries to append
 -- Returns: {new version}, or a refusal: {LOCK_LOST, fence}, {MISSING},
 -- {CONFLICT, stored version}, {CANCEL_REQUESTED, flag}; an error for a
 -- delay or an expiry out of range.
@@ -66,27 +65,26 @@ local audit_key = KEYS[12]
 local fence = ARGV[1]
 local version = ARGV[2]
 local doc = ARGV[3]
-local token = ARGV[4]
-local next_payload = ARGV[5]
-local next_delay = ARGV[6]
-local settle_kind = ARGV[7]
-local entry = ARGV[8]
-local group = ARGV[9]
-local dead_payload = ARGV[10]
-local reason = ARGV[11]
-local id = ARGV[12]
-local unless_cancelled = ARGV[13]
-local status = ARGV[14]
-local expire_after = ARGV[15]
-local created = ARGV[16]
-local stored_member = ARGV[17]
-local new_member = ARGV[18]
-local size = ARGV[19]
-local dead_cap = ARGV[20]
-local channel = ARGV[21]
-local audit_cap = ARGV[22]
-local apart = ARGV[23] == '1'
-local RECORD_FROM = 24
+local next_payload = ARGV[4]
+local next_delay = ARGV[5]
+local settle_kind = ARGV[6]
+local entry = ARGV[7]
+local group = ARGV[8]
+local dead_payload = ARGV[9]
+local reason = ARGV[10]
+local id = ARGV[11]
+local unless_cancelled = ARGV[12]
+local status = ARGV[13]
+local expire_after = ARGV[14]
+local created = ARGV[15]
+local stored_member = ARGV[16]
+local new_member = ARGV[17]
+local size = ARGV[18]
+local dead_cap = ARGV[19]
+local channel = ARGV[20]
+local audit_cap = ARGV[21]
+local apart = ARGV[22] == '1'
+local RECORD_FROM = 23
 local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
 local now = server_time()
@@ -134,6 +132,8 @@ if settle_kind == 'dead' then
 end
 if settle_kind == 'ack' or settle_kind == 'dead' then settle(queue, group, entry) end
 if settle_kind == 'resolve' then redis.call('XDEL', dead, entry) end
-if redis.call('GET', lock_key) == token then redis.call('DEL', lock_key) end
+-- The fence matched: no lease was taken since ours (every lease takes a
+-- new fence), so the lock is ours or has expired, never another's.
+redis.call('DEL', lock_key)
 if channel ~= '' then redis.call('PUBLISH', channel, id) end
 return {nv}

@@ -97,14 +97,25 @@ local function instance(spec, m)
   local rec = redis.call('HMGET', tag .. ':inst:' .. m.process .. ':' .. id, 'doc', 'version')
   return {'pm', key, field, rec[1], rec[2]}
 end
+-- The task id of a saga message exactly as the engine writes it
+-- (`{"task_id":..,"saga":..,"seq":..}` and nothing else), read without
+-- decoding it; nil for anything else.
+local function saga_task(fields)
+  if fields[1] ~= 'payload' or #fields ~= 2 then return nil end
+  return string.match(fields[2], '^{"task_id":"([0-9a-f%-]+)","saga":"[^"\\]*","seq":%d+}$')
+end
 local function lease(prefix, fields)
   if prefix == '' then return false end
-  local m = decoded(fields)
-  if not m then return false end
-  if string.sub(prefix, 1, 3) == 'pm|' then return instance(string.sub(prefix, 4), m) end
-  if type(m.task_id) ~= 'string' then return false end
-  local id = m.task_id
-  if m.process ~= nil or not string.match(id, '^[0-9a-f%-]+$') then return false end
+  local id
+  if string.sub(prefix, 1, 3) ~= 'pm|' then id = saga_task(fields) end
+  if not id then
+    local m = decoded(fields)
+    if not m then return false end
+    if string.sub(prefix, 1, 3) == 'pm|' then return instance(string.sub(prefix, 4), m) end
+    if type(m.task_id) ~= 'string' then return false end
+    id = m.task_id
+    if m.process ~= nil or not string.match(id, '^[0-9a-f%-]+$') then return false end
+  end
   -- The record first (the script is atomic): no lease for a task that
   -- does not exist here.
   local task_key = prefix .. ':task:' .. id

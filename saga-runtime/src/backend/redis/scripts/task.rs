@@ -325,7 +325,6 @@ pub(crate) struct Commit<'a> {
     pub lease_fence: u64,
     pub version: u64,
     pub doc: String,
-    pub token: &'a str,
     /// The next message's payload and delay (ms).
     pub next: Option<(String, u64)>,
     pub settle: Settling<'a>,
@@ -389,7 +388,6 @@ impl Call for Commit<'_> {
             .arg(self.lease_fence)
             .arg(self.version)
             .arg(&self.doc)
-            .arg(self.token)
             .arg(next)
             .arg(delay)
             .arg(kind)

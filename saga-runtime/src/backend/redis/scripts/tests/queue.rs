@@ -127,6 +127,62 @@ async fn take_reads_messages_and_leases_their_tasks() {
     );
 }
 
+/// A saga message as the engine writes it is read without decoding it
+/// (`saga_task` in take.lua); anything else that names a task still goes
+/// through the decoder, which alone tells a process-manager message.
+#[tokio::test]
+async fn take_reads_a_written_saga_message_and_decodes_every_other_shape() {
+    let mut f = Fixture::new().await;
+    let k = f.keys.clone();
+    let queue = k.queue(0);
+    f.group(&queue).await;
+    let tasks: Vec<TaskId> = (0..4)
+        .map(|i| {
+            format!("00000000-0000-0000-0000-00000000001{i}")
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    for task in &tasks {
+        let _: () = f
+            .cmd(&["HSET", &k.task(*task), "doc", "{}", "version", "1"])
+            .await;
+    }
+    let payloads = [
+        // As written (`WorkItem::encode`).
+        format!(r#"{{"task_id":"{}","saga":"orders","seq":3}}"#, tasks[0]),
+        // An escaped quote in the saga name, and spaces: decoded.
+        format!(r#"{{"task_id":"{}","saga":"or\"ders","seq":3}}"#, tasks[1]),
+        format!(
+            r#"{{ "task_id": "{}", "saga": "orders", "seq": 3 }}"#,
+            tasks[2]
+        ),
+        // The same start with a `process` key: not a saga message.
+        format!(
+            r#"{{"task_id":"{}","saga":"orders","seq":3,"process":"p"}}"#,
+            tasks[3]
+        ),
+    ];
+    for payload in &payloads {
+        f.add(&queue, payload).await;
+    }
+    let taken = f
+        .call(&f.take(false, "tok", &[k.task_prefix(0)]))
+        .await
+        .unwrap();
+    let leased: Vec<Option<TaskId>> = taken
+        .iter()
+        .map(|t| match &t.loaded {
+            Loaded::Lease { task, .. } => Some(*task),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        leased,
+        [Some(tasks[0]), Some(tasks[1]), Some(tasks[2]), None]
+    );
+}
+
 #[tokio::test]
 async fn take_loads_the_instance_of_a_process_manager_message() {
     let mut f = Fixture::new().await;

@@ -133,7 +133,6 @@ impl Fixture {
             lease_fence: fence,
             version,
             doc: format!(r#"{{"v":{version}}}"#),
-            token: "t1",
             next: None,
             settle: Settling::Keep,
             group: GROUP,
