@@ -669,7 +669,32 @@ async fn records_with_their_steps_apart_are_written_by_field_and_read_whole() {
     };
     assert_eq!(fence, 2, "the next fence, from the record");
     let doc: serde_json::Value = serde_json::from_str(&got.doc.unwrap()).unwrap();
-    assert_eq!(doc["steps"].as_array().unwrap().len(), 700);
-    assert_eq!(doc["steps"][699], 699);
+    // In order, across the first read's 8 and the rest.
+    let steps: Vec<u64> = (0..700).collect();
+    assert_eq!(doc["steps"], serde_json::json!(steps));
     assert_eq!(doc["status"], 3);
+
+    // A step missing in either read is read as null, in its place.
+    let _: u64 = f.cmd(&["HDEL", &f.keys.task(id()), "s:3", "s:500"]).await;
+    assert!(f
+        .call(&s::Unlock {
+            lock: f.keys.lock(id()),
+            token: "t2"
+        })
+        .await
+        .unwrap());
+    let Locking::Taken { record: got, .. } = f.call(&f.lock("t3")).await.unwrap() else {
+        panic!("not taken")
+    };
+    let doc: serde_json::Value = serde_json::from_str(&got.doc.unwrap()).unwrap();
+    let steps = doc["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 700);
+    assert_eq!(
+        (steps[2].clone(), steps[3].clone(), steps[4].clone()),
+        (2.into(), serde_json::Value::Null, 4.into())
+    );
+    assert_eq!(
+        (steps[499].clone(), steps[500].clone(), steps[501].clone()),
+        (499.into(), serde_json::Value::Null, 501.into())
+    );
 }
