@@ -85,36 +85,58 @@ async fn monitor_during<F: std::future::Future<Output = ()>>(
     monitor.stop()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_chain_of_steps_costs_at_most_two_round_trips_per_step() {
-    let redis = TestRedis::start_with_aof(false);
-    let done = Arc::new(AtomicU64::new(0));
-    let client = engine(&redis, &done, 0).await;
-    let tasks = 200u64;
-    let mut ids = Vec::new();
-    for n in 0..tasks {
-        ids.push(client.start::<Chain>(n).await.unwrap());
+/// `Chain` tasks started by one engine, for another engine's one worker to
+/// run: that engine connects (and loads its scripts) in `start`, so what a
+/// test counts around [`Chains::run`] is the steady state of one worker.
+struct Chains {
+    client: Engine,
+    workers: Engine,
+    ids: Vec<TaskId>,
+    done: Arc<AtomicU64>,
+}
+
+impl Chains {
+    async fn start(redis: &TestRedis, tasks: u64) -> Chains {
+        let done = Arc::new(AtomicU64::new(0));
+        let client = engine(redis, &done, 0).await;
+        let mut ids = Vec::new();
+        for n in 0..tasks {
+            ids.push(client.start::<Chain>(n).await.unwrap());
+        }
+        let workers = engine(redis, &done, 0).await;
+        Chains {
+            client,
+            workers,
+            ids,
+            done,
+        }
     }
-    // The workers' engine connects (and loads its scripts) before counting:
-    // what is counted is the steady state of one worker.
-    let workers = engine(&redis, &done, 0).await;
-    let counts = commands_during(&redis, async {
-        let pool = workers.clone();
+
+    /// Runs the worker until every task completed (read back with `wait`:
+    /// the last commit lands after the last step returned).
+    async fn run(&self) {
+        let pool = self.workers.clone();
         tokio::spawn(async move { pool.run_workers(1).await });
         let deadline = Instant::now() + Duration::from_secs(60);
-        while done.load(Ordering::Relaxed) < tasks {
+        while self.done.load(Ordering::Relaxed) < self.ids.len() as u64 {
             assert!(Instant::now() < deadline, "the tasks did not finish");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // The last commit lands after the last step returned.
-        for id in &ids {
-            let task = client.wait(*id).await.unwrap();
+        for id in &self.ids {
+            let task = self.client.wait(*id).await.unwrap();
             assert_eq!(task.status, TaskStatus::Completed);
         }
-    })
-    .await;
-    workers.shutdown().await;
-    // `wait` above reads each task once (record and audit log, pipelined);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_steps_costs_at_most_two_round_trips_per_step() {
+    let redis = TestRedis::start_with_aof(false);
+    let tasks = 200u64;
+    let chains = Chains::start(&redis, tasks).await;
+    let counts = commands_during(&redis, chains.run()).await;
+    chains.workers.shutdown().await;
+    // `Chains::run`'s `wait` reads each task once (record and audit log, pipelined);
     // those reads are the test's, not the worker's.
     let waits = ["HGETALL", "LRANGE"]
         .iter()
@@ -164,32 +186,14 @@ fn commands_run(redis: &TestRedis) -> BTreeMap<String, u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_of_steps_runs_at_most_nine_and_a_half_commands_per_step_inside_redis() {
     let redis = TestRedis::start_with_aof(false);
-    let done = Arc::new(AtomicU64::new(0));
-    let client = engine(&redis, &done, 0).await;
     let tasks = 200u64;
-    let mut ids = Vec::new();
-    for n in 0..tasks {
-        ids.push(client.start::<Chain>(n).await.unwrap());
-    }
-    let workers = engine(&redis, &done, 0).await;
+    let chains = Chains::start(&redis, tasks).await;
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(&mut redis.conn())
         .unwrap();
-    let pool = workers.clone();
-    tokio::spawn(async move { pool.run_workers(1).await });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while done.load(Ordering::Relaxed) < tasks {
-        assert!(Instant::now() < deadline, "the tasks did not finish");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    for id in &ids {
-        assert_eq!(
-            client.wait(*id).await.unwrap().status,
-            TaskStatus::Completed
-        );
-    }
-    workers.shutdown().await;
+    chains.run().await;
+    chains.workers.shutdown().await;
     let run = commands_run(&redis);
     // The script calls, this test's reads (`wait`: the record and the
     // audit log, and its subscription) and the counting itself are not the
