@@ -170,32 +170,57 @@ struct Changing<'a> {
     seq: u64,
 }
 
-fn fixed(task: &TaskInstance) -> Fixed<'_> {
-    Fixed {
-        id: &task.id,
-        saga: &task.saga,
-        saga_version: task.saga_version,
-        fingerprint: &task.fingerprint,
-        cancellable: task.cancellable,
-        input: &task.input,
-        trace_id: &task.trace_id,
-        traceparent: &task.traceparent,
-        created_at: task.created_at,
-    }
-}
-
-fn changing(task: &TaskInstance, stamp: Timestamp) -> Changing<'_> {
-    Changing {
-        status: task.status,
-        output: &task.output,
+/// `task`'s record in layout 2's two parts, stamped `updated`. Every field
+/// of [`TaskInstance`] is named here (as in [`StoredRecord::of`]): a field
+/// added to it fails to compile until it is given to one part or left out
+/// on purpose, rather than be lost from layout 2 unseen.
+fn parts(task: &TaskInstance, updated: Timestamp) -> (Fixed<'_>, Changing<'_>) {
+    let TaskInstance {
+        id,
+        saga,
+        saga_version,
+        fingerprint,
+        cancellable,
+        status,
+        input,
+        output,
+        steps: _,
+        audit_log: _,
+        trace_id,
+        traceparent,
+        created_at,
+        updated_at: _,
+        finished_at,
+        cancelled_at,
+        error,
+        version,
+        seq,
+        audit_stored: _,
+        steps_stored: _,
+    } = task;
+    let fixed = Fixed {
+        id,
+        saga,
+        saga_version: *saga_version,
+        fingerprint,
+        cancellable: *cancellable,
+        input,
+        trace_id,
+        traceparent,
+        created_at: *created_at,
+    };
+    let changing = Changing {
+        status: *status,
+        output,
         audit_log: [],
-        updated_at: stamp,
-        finished_at: task.finished_at,
-        cancelled_at: task.cancelled_at,
-        error: &task.error,
-        version: task.version,
-        seq: task.seq,
-    }
+        updated_at: updated,
+        finished_at: *finished_at,
+        cancelled_at: *cancelled_at,
+        error,
+        version: *version,
+        seq: *seq,
+    };
+    (fixed, changing)
 }
 
 /// What a write of `task` stores: the `doc` field and the other fields
@@ -214,7 +239,8 @@ pub(crate) fn write_fields(
         let whole = StoredRecord::of(task, stamp, true);
         return Ok((whole.json().map_err(corrupt)?, Vec::new()));
     }
-    let doc = serde_json::to_string(&changing(task, stamp)).map_err(corrupt)?;
+    let (fixed, changing) = parts(task, stamp);
+    let doc = serde_json::to_string(&changing).map_err(corrupt)?;
     let changed: Vec<usize> = match create {
         None => task.unstored_steps(),
         Some(_) => (0..task.steps.len()).collect(),
@@ -224,7 +250,7 @@ pub(crate) fn write_fields(
     fields.push(task.steps.len().to_string());
     if create.is_some() {
         fields.push("h".to_owned());
-        fields.push(serde_json::to_string(&fixed(task)).map_err(corrupt)?);
+        fields.push(serde_json::to_string(&fixed).map_err(corrupt)?);
     }
     for idx in changed {
         fields.push(format!("s:{idx}"));
