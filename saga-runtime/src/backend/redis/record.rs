@@ -96,6 +96,12 @@ impl RawRecord {
             return Ok(RawRecord::default());
         };
         let n: usize = n.parse().map_err(corrupt)?;
+        // Beyond the hash's fields: damaged, not a count to build for.
+        if n > fields.len() {
+            return Err(corrupt(format!(
+                "step count {n} beyond the record's fields"
+            )));
+        }
         let steps = (0..n)
             .map(|i| {
                 fields

@@ -758,7 +758,19 @@ mod tests {
         assert_eq!(fields, ["n", "2"]);
 
         // A step field missing: unreadable, not a task with a step less.
-        let short: Vec<(&str, &str)> = stored.into_iter().filter(|(k, _)| *k != "s:1").collect();
+        let short: Vec<(&str, &str)> = stored
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "s:1")
+            .collect();
         assert!(parse_doc(RawRecord::from_fields(&hash(&short)).unwrap()).is_err());
+        // A damaged step count is refused, not built for.
+        for n in ["4000000000", "-1"] {
+            let damaged: Vec<(&str, &str)> = stored
+                .iter()
+                .map(|&(k, v)| if k == "n" { (k, n) } else { (k, v) })
+                .collect();
+            assert!(RawRecord::from_fields(&hash(&damaged)).is_err(), "n = {n}");
+        }
     }
 }

@@ -15,6 +15,12 @@ local function read_record(key)
   if not rec[1] then return nil, nil, false, false end
   local n = tonumber(rec[3])
   if not n then return rec[1], rec[2], false, false end
+  -- A step count that is no count, or beyond the hash's fields, is a
+  -- damaged record: answered as one that does not parse (unreadable), not
+  -- read step by step for as long as the number says.
+  if n < 0 or n % 1 ~= 0 or (n > 8 and n > redis.call('HLEN', key)) then
+    return '{"unreadable":"step count ' .. rec[3] .. '"}', rec[2], 1, rec[5]
+  end
   local steps = {}
   for i = 1, math.min(n, 8) do steps[i] = rec[5 + i] end
   if n > 8 then

@@ -689,6 +689,28 @@ async fn records_with_their_steps_apart_are_written_by_field_and_read_whole() {
     let doc: serde_json::Value = serde_json::from_str(&got.doc.unwrap()).unwrap();
     let steps = doc["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 700);
+
+    // A damaged step count (beyond the hash's fields, or no count) is
+    // answered at once as a record that does not parse.
+    for n in ["4000000000", "-3", "2.5"] {
+        let _: u64 = f.cmd(&["HSET", &f.keys.task(id()), "n", n]).await;
+        let unlock = s::Unlock {
+            lock: f.keys.lock(id()),
+            token: "t3",
+        };
+        let _ = f.call(&unlock).await.unwrap();
+        let Locking::Taken { record: got, .. } = f.call(&f.lock("t3")).await.unwrap() else {
+            panic!("not taken")
+        };
+        let doc = got.doc.unwrap();
+        assert!(doc.contains("unreadable"), "n = {n}: {doc}");
+        assert!(RawRecord {
+            doc: Some(doc),
+            ..Default::default()
+        }
+        .parse()
+        .is_err());
+    }
     assert_eq!(
         (steps[2].clone(), steps[3].clone(), steps[4].clone()),
         (2.into(), serde_json::Value::Null, 4.into())
