@@ -147,7 +147,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?;
     show(&engine, "MoneyDeposited").await?;
-    // A late duplicate continuing message finds no instance: logged and counted.
+    // A late continuing message for the finished transfer finds no
+    // instance: held for one (an hour by default), then dead-lettered.
     engine
         .publish(MoneyWithdrawn {
             transfer_id: "t-1".into(),
@@ -155,10 +156,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     println!(
-        "late MoneyWithdrawn matched no instance: unmatched counter = {}",
+        "late MoneyWithdrawn matched no instance: held for one (held counter = {})",
         engine
             .process_metrics()
-            .unmatched
+            .held
             .load(std::sync::atomic::Ordering::Relaxed)
     );
     for command in engine

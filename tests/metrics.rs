@@ -166,6 +166,9 @@ async fn an_engine_records_prometheus_metrics_and_serves_them() {
         .saga(Orders::default())
         .saga(Down)
         .process_manager(Doors)
+        // The unmatched message is neither held nor parked.
+        .hold_unmatched(Duration::ZERO)
+        .dead_letter_unmatched(false)
         .housekeeping_interval(Duration::from_millis(50))
         .build()
         .await

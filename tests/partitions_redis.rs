@@ -474,6 +474,7 @@ async fn a_late_share_leaves_a_message_taken_over_by_another_consumer_alone() {
         traceparent: None,
         due_ms: None,
         hops: 0,
+        hold_until: None,
     };
     b.enqueue(&[WorkItem::Process(envelope)]).await.unwrap();
     let first = b

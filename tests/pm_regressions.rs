@@ -91,6 +91,7 @@ fn envelope(id: &str) -> Envelope {
         traceparent: None,
         due_ms: None,
         hops: 0,
+        hold_until: None,
     }
 }
 

@@ -432,18 +432,29 @@ async fn default_policy_retries_after_100_then_200_ms_then_stops_and_dead_letter
 }
 
 #[tokio::test]
-async fn continuing_message_without_instance_is_unmatched_not_silently_dropped() {
+async fn continuing_message_without_instance_is_held_then_dead_lettered_not_silently_dropped() {
     let mut t = ProcessTest::new(Flaky);
-    assert_eq!(
-        t.when(Touch {
+    let held = t
+        .when(Touch {
             id: "nobody".into(),
-            fail: false
+            fail: false,
         })
-        .await,
-        Dispatched::Unmatched {
-            key: "nobody".into()
-        }
+        .await;
+    assert!(
+        matches!(&held, Dispatched::Held { key, .. } if key == "nobody"),
+        "{held:?}"
     );
+    assert!(t.dead_letters().await.is_empty());
+    // Its hold (the engine's hour) ends with no instance: dead-lettered.
+    let outcomes = t.advance(Duration::from_secs(3600)).await;
+    assert_eq!(
+        outcomes,
+        [Dispatched::Unmatched {
+            key: "nobody".into(),
+            dead_lettered: true
+        }]
+    );
+    assert!(t.dead_letters().await[0].reason.contains("held for 1h"));
 }
 
 // ---- stop deletes state; sends go through the outbox ----
@@ -535,10 +546,8 @@ async fn sends_are_saved_with_the_state_and_a_failing_handler_saves_and_sends_no
     // Stop deletes the state; a later continuing message matches nothing.
     t.when(Done { id: "t1".into() }).await;
     assert!(t.instance("t1").await.is_none());
-    assert_eq!(
-        t.when(Done { id: "t1".into() }).await,
-        Dispatched::Unmatched { key: "t1".into() }
-    );
+    let late = t.when(Done { id: "t1".into() }).await;
+    assert!(matches!(late, Dispatched::Held { .. }), "{late:?}");
 }
 
 // ---- the engine on the in-memory backend ----
@@ -816,6 +825,8 @@ async fn pessimistic_mode_runs_each_handler_once_under_contention() {
 async fn unmatched_messages_are_counted_and_dead_lettered_when_configured() {
     let engine = Engine::builder()
         .process_manager(Flaky)
+        // Not held: the policy applies at once.
+        .hold_unmatched(Duration::ZERO)
         .dead_letter_unmatched(true)
         .build()
         .await

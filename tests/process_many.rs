@@ -172,7 +172,8 @@ async fn a_shared_value_reaches_every_instance_once() {
     assert_eq!(t.state("o-2").await.unwrap().changes, 2);
     assert!(t.instance("o-1").await.is_none());
 
-    // No instance holds the value: unmatched, as for `#[handles]`.
+    // No instance holds the value: unmatched at once (a message for every
+    // instance sharing a value waits for no one instance).
     let none = t
         .when(PriceChanged {
             product: "sofa".into(),

@@ -801,6 +801,7 @@ async fn the_timer_poller_queries_only_once_a_timeout_can_be_due() {
         traceparent: None,
         due_ms: None,
         hops: 0,
+        hold_until: None,
     };
     let due = now() + 400;
     let commit = ProcessCommit {

@@ -127,7 +127,8 @@ pub use error::{BoxError, Error, StepError, StepErrorKind};
 pub use saga::{Cancellable, Saga};
 pub use task::{AuditAction, AuditEntry, StepRecord, StepStatus, TaskId, TaskInstance, TaskStatus};
 pub use worker::runtime::{
-    DEFAULT_ATTENTION_RETENTION, DEFAULT_PROCESS_TOMBSTONE_TTL, DEFAULT_RETENTION,
+    DEFAULT_ATTENTION_RETENTION, DEFAULT_HOLD_UNMATCHED, DEFAULT_PROCESS_TOMBSTONE_TTL,
+    DEFAULT_RETENTION,
 };
 
 /// Everything a saga definition and its caller need.
@@ -172,9 +173,9 @@ pub mod __private {
     pub use crate::process::same_field;
     pub use crate::process::{
         correlation_value, decode_message, message_ops, same_state, state_ops, unknown_message,
-        Concurrency, Correlation, ErrorAction, Failure, HandlerDefinition, HandlerKind,
+        AfterHold, Concurrency, Correlation, ErrorAction, Failure, HandlerDefinition, HandlerKind,
         HasCorrelationId, Message, OnComplete, ProcessContext, ProcessDefinition, ProcessError,
-        ProcessManager, ProcessState,
+        ProcessManager, ProcessState, Unmatched,
     };
     pub use crate::reconcile::{self, ReconcileError, ReconcileReport};
     pub use crate::saga::{

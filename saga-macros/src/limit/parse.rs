@@ -314,7 +314,7 @@ fn count(cx: &Ctxt, meta: &Meta, zero: &str) -> Option<SpannedValue<u32>> {
 
 /// Why a period does not read.
 #[derive(Debug, PartialEq, Eq)]
-enum BadPeriod {
+pub(crate) enum BadPeriod {
     /// Not `<digits><unit>`.
     Form,
     /// Longer than a `u64` of milliseconds.
@@ -322,7 +322,7 @@ enum BadPeriod {
 }
 
 /// `"500ms"`, `"1s"`, `"2m"`, `"1h"` -> milliseconds.
-fn parse_period(text: &str) -> Result<u64, BadPeriod> {
+pub(crate) fn parse_period(text: &str) -> Result<u64, BadPeriod> {
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());

@@ -413,6 +413,18 @@ fn handler_definition(pm: &ProcessDef, handler: &HandlerDef) -> TokenStream {
         }
         Correlation::Instance => quote!(Instance),
     };
+    let hold = match handler.unmatched.hold_ms {
+        Some(ms) => {
+            let ms = proc_macro2::Literal::u64_unsuffixed(ms);
+            quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#ms)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let then = match handler.unmatched.dead_letter {
+        Some(true) => quote!(::core::option::Option::Some(#rt::AfterHold::DeadLetter)),
+        Some(false) => quote!(::core::option::Option::Some(#rt::AfterHold::Drop)),
+        None => quote!(::core::option::Option::None),
+    };
     quote! {
         #rt::HandlerDefinition {
             method: #method,
@@ -420,6 +432,7 @@ fn handler_definition(pm: &ProcessDef, handler: &HandlerDef) -> TokenStream {
             kind: #rt::HandlerKind::#kind,
             correlation: #rt::Correlation::#correlation,
             limits: #limits,
+            unmatched: #rt::Unmatched { hold: #hold, then: #then },
         }
     }
 }

@@ -55,9 +55,17 @@ fn build_process(cx: &Ctxt, parsed: ParsedProcess) -> Result<ProcessDef, TokenSt
                     correlate,
                     limits,
                 } = *handler;
+                let mut unmatched = parse::Unmatched::default();
                 let kind = match kind {
                     Kind::Starts { strict } => HandlerKind::Starts { strict },
-                    Kind::Handles { strict, many } => HandlerKind::Handles { strict, many },
+                    Kind::Handles {
+                        strict,
+                        many,
+                        unmatched: u,
+                    } => {
+                        unmatched = u;
+                        HandlerKind::Handles { strict, many }
+                    }
                     Kind::Timeout => HandlerKind::Timeout,
                 };
                 let correlation = match (kind, correlate) {
@@ -75,6 +83,7 @@ fn build_process(cx: &Ctxt, parsed: ParsedProcess) -> Result<ProcessDef, TokenSt
                     state,
                     correlation,
                     limits,
+                    unmatched,
                 });
             }
         }

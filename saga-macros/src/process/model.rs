@@ -44,6 +44,8 @@ pub struct HandlerDef {
     pub correlation: Correlation,
     /// `#[limit(..)]`, in source order.
     pub limits: Vec<Limit>,
+    /// `#[handles(hold = "..", then = ..)]`.
+    pub unmatched: super::parse::Unmatched,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -106,9 +106,25 @@ pub enum Role {
 /// `#[starts]`, `#[handles]` or `#[timeout]`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    Starts { strict: bool },
-    Handles { strict: bool, many: bool },
+    Starts {
+        strict: bool,
+    },
+    Handles {
+        strict: bool,
+        many: bool,
+        unmatched: Unmatched,
+    },
     Timeout,
+}
+
+/// `#[handles(hold = "..", then = ..)]`: what becomes of a message that
+/// finds no instance (`None`: the engine's setting).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unmatched {
+    /// How long it is held, in ms.
+    pub hold_ms: Option<u64>,
+    /// `then = dead_letter` (`true`) or `then = drop` (`false`).
+    pub dead_letter: Option<bool>,
 }
 
 pub struct HandlerAttrs {
@@ -481,6 +497,7 @@ fn parse_method(
             Kind::Handles {
                 strict: flags.strict,
                 many: flags.many.is_some(),
+                unmatched: flags.unmatched,
             }
         }),
         _ => {
@@ -527,6 +544,7 @@ fn parse_method(
                 _ => Kind::Handles {
                     strict: false,
                     many: false,
+                    unmatched: Unmatched::default(),
                 },
             }),
             message: sig.message,
@@ -569,6 +587,8 @@ struct Flags {
     strict: bool,
     /// The `many` token, where given.
     many: Option<syn::Path>,
+    /// `hold` and `then` (`#[handles]` only).
+    unmatched: Unmatched,
 }
 
 /// `#[handles]` / `#[handles(strict)]` / `#[handles(strict = true, many)]`;
@@ -603,12 +623,24 @@ fn parse_flags(cx: &Ctxt, attr: &Attribute, many_allowed: bool) -> Option<Flags>
              instance; remove it, or handle this message with `#[handles(many)]`",
         );
     }
+    let is_hold = |item: &NestedMeta| matches!(item, NestedMeta::Meta(m) if m.path().is_ident("hold") || m.path().is_ident("then"));
+    let (holds, items): (Vec<_>, Vec<_>) = items
+        .into_iter()
+        .partition(|item| !many_allowed && is_hold(item));
+    for item in holds {
+        cx.error_spanned_by(
+            item,
+            "a starting message never waits for its instance: it creates one; `hold` and \
+             `then` go on `#[handles]`, for a message that continues an instance",
+        );
+    }
     let known: &[&str] = if many_allowed {
-        &["strict", "many"]
+        &["strict", "many", "hold", "then"]
     } else {
         &["strict"]
     };
-    let keys = key_values(cx, name, known, known, items);
+    let flags: &[&str] = &["strict", "many"];
+    let keys = key_values(cx, name, known, flags, items);
     if cx.error_count() > errors_before {
         return None;
     }
@@ -629,10 +661,127 @@ fn parse_flags(cx: &Ctxt, attr: &Attribute, many_allowed: bool) -> Option<Flags>
         },
         Some(Meta::List(_)) => None,
     };
+    let strict = flag("strict")?;
+    let many = flag("many")?;
+    let unmatched = unmatched(cx, &keys, strict.as_ref(), many.as_ref())?;
     Some(Flags {
-        strict: flag("strict")?.is_some(),
-        many: flag("many")?,
+        strict: strict.is_some(),
+        many,
+        unmatched,
     })
+}
+
+/// `hold = ".."` and `then = ..` of `#[handles]`, which say what becomes
+/// of a message that finds no instance: neither means anything for a
+/// `strict` handler (it fails at once) or a `many` one (it is for every
+/// instance holding the value, and waits for none).
+fn unmatched(
+    cx: &Ctxt,
+    keys: &std::collections::BTreeMap<String, Meta>,
+    strict: Option<&syn::Path>,
+    many: Option<&syn::Path>,
+) -> Option<Unmatched> {
+    let mut unmatched = Unmatched::default();
+    for key in ["hold", "then"] {
+        let Some(meta) = keys.get(key) else { continue };
+        if strict.is_some() {
+            cx.error_spanned_by(
+                meta.path(),
+                format!(
+                    "`{key}` says what becomes of a message that finds no instance, but a \
+                     `strict` handler fails at once without one (for `#[on_error]`): remove \
+                     `strict` to hold the message, or remove `{key}`"
+                ),
+            );
+            return None;
+        }
+        if many.is_some() {
+            cx.error_spanned_by(
+                meta.path(),
+                format!(
+                    "a `#[handles(many)]` message is for every instance holding its value, \
+                     so it waits for no one instance: remove `{key}`"
+                ),
+            );
+            return None;
+        }
+    }
+    if let Some(meta) = keys.get("hold") {
+        unmatched.hold_ms = Some(hold_period(cx, meta)?);
+    }
+    if let Some(meta) = keys.get("then") {
+        let values = [("dead_letter", true), ("drop", false)];
+        unmatched.dead_letter = Some(choice(cx, meta, "`then` policy", &values)?);
+    }
+    Some(unmatched)
+}
+
+/// `hold = "10m"`: how long a message waits for its instance, in ms
+/// (`"0s"`: not at all).
+fn hold_period(cx: &Ctxt, meta: &Meta) -> Option<u64> {
+    const FORMS: &str = "a whole number and a unit (`ms`, `s`, `m` or `h`), without a space: \
+                         `hold = \"30s\"`, `hold = \"10m\"`, `hold = \"24h\"` \
+                         (`hold = \"0s\"`: not held)";
+    let expr = name_value(meta)?;
+    let text = match expr {
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Str(s), ..
+        }) => s,
+        Expr::Lit(syn::ExprLit {
+            lit: Lit::Int(int), ..
+        }) => {
+            cx.error_spanned_by(
+                int,
+                format!(
+                    "`hold` is a duration written as a string with its unit: `hold = \"{}s\"` \
+                     (seconds) or `hold = \"{}ms\"`",
+                    int.base10_digits(),
+                    int.base10_digits()
+                ),
+            );
+            return None;
+        }
+        other => {
+            cx.error_spanned_by(
+                other,
+                format!("`hold` is a duration written as a string: {FORMS}"),
+            );
+            return None;
+        }
+    };
+    let value = text.value();
+    // A day is the longest unit a hold needs; longer ones read as hours.
+    let written = match value.strip_suffix('d') {
+        Some(days) if !days.is_empty() && days.bytes().all(|b| b.is_ascii_digit()) => {
+            cx.error_spanned_by(
+                text,
+                format!(
+                    "write days as hours: `hold = \"{}h\"`",
+                    days.parse::<u64>().unwrap_or(1).saturating_mul(24)
+                ),
+            );
+            return None;
+        }
+        _ => limit::parse::parse_period(&value),
+    };
+    match written {
+        // Bounded like everything held: a week at most.
+        Ok(ms) if ms <= 7 * 24 * 3_600_000 => Some(ms),
+        Ok(_) => {
+            cx.error_spanned_by(
+                text,
+                format!("`hold = \"{value}\"` is longer than a message is held: at most a week, `hold = \"168h\"`"),
+            );
+            None
+        }
+        Err(_) => {
+            cx.error_spanned_by(
+                text,
+                format!("`hold = \"{value}\"` is not a duration: write {FORMS}"),
+            );
+            None
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -77,7 +77,7 @@ pub use limits::{
 };
 pub(crate) use partitions::{saga_runs, saga_steps_run, saga_version_run};
 pub use partitions::{ForwardTo, Partitions};
-pub use process::{Batched, ProcessCommit, ProcessRefusal, ProcessStore, ProcessWrite};
+pub use process::{Batched, Hold, ProcessCommit, ProcessRefusal, ProcessStore, ProcessWrite};
 pub use queue::{
     Delivery, Interest, LoadedInstance, QueueBacklog, QueueStats, Settle, TakenLease, WorkQueue,
 };

@@ -37,6 +37,48 @@ pub enum ProcessRefusal {
         /// The instance.
         instance: String,
     },
+    /// A [`Hold`] found as many messages held for its value as its cap
+    /// allows: the message is not held (the engine applies its policy for
+    /// a message without an instance at once).
+    #[error("{held} messages are held for this value already")]
+    HoldFull {
+        /// How many are held.
+        held: usize,
+    },
+}
+
+/// A continuing message that found no instance, kept by a
+/// [`ProcessCommit`] until one exists ([`ProcessCommit::hold`]).
+///
+/// The store checks, before it writes anything, that no instance owns
+/// what the message looks for (an instance with id `value` when `field`
+/// is `None`, else the correlation entry `(field, value)`): if one does,
+/// the write is refused as a [`ProcessRefusal::Conflict`] (the engine
+/// reads again and handles the message). A tombstone of that id or entry
+/// that remembers the message refuses it as
+/// [`ProcessRefusal::Tombstoned`]; `cap` messages held for the value
+/// already, as [`ProcessRefusal::HoldFull`]. A message held for the value
+/// already (the same message id) is not held twice: the write then only
+/// settles the delivery.
+///
+/// A held message is kept as a scheduled envelope due at its
+/// [`hold_until`](Envelope::hold_until), so that one whose instance
+/// never comes is delivered again when its hold is over (and the engine
+/// applies its policy); until then, the write that creates the instance
+/// `value` (field `None`) or claims the entry `(field, value)` (in its
+/// [`add_keys`](ProcessCommit::add_keys)) releases it: moves it from the
+/// schedule onto the queue, with the others held for the value, in the
+/// order they were held.
+#[derive(Debug, Clone, Copy)]
+pub struct Hold<'a> {
+    /// The state field the message correlates by; `None`: by instance id.
+    pub field: Option<&'a str>,
+    /// The value (or id) it looks for.
+    pub value: &'a str,
+    /// The message as it is kept, [`hold_until`](Envelope::hold_until) set.
+    pub envelope: &'a Envelope,
+    /// At most this many messages held per value.
+    pub cap: usize,
 }
 
 /// A process-manager write's answer: the instance's new version (`Ok`), or
@@ -84,6 +126,12 @@ pub struct ProcessCommit<'a> {
     /// Tallies the handler opened. One that exists already refuses the
     /// whole write ([`ProcessRefusal::TallyExists`]).
     pub tallies: Vec<TallyOpen>,
+    /// Keep the message being handled until its instance exists (written
+    /// with no [`instance`](Self::instance), and nothing else but the
+    /// settlement): see [`Hold`]. Every write of an instance releases the
+    /// messages held for it (see [`Hold`]): a store must do so in the same
+    /// atomic write that creates the instance or claims the entry.
+    pub hold: Option<Hold<'a>>,
     /// What to do with the message being handled.
     pub settle: Settle<'a>,
     /// Further messages of the instance this write applies after the one
@@ -129,6 +177,7 @@ impl<'a> ProcessCommit<'a> {
             endpoints: Vec::new(),
             schedule: Vec::new(),
             tallies: Vec::new(),
+            hold: None,
             settle,
             batched: Vec::new(),
         }

@@ -193,10 +193,27 @@ impl EngineBuilder {
         self
     }
 
-    /// Dead-letter continuing messages that match no instance, instead of
-    /// only logging and counting them (default: off).
+    /// What becomes of a continuing (`#[handles]`) message whose hold
+    /// ended without an instance (see [`hold_unmatched`](Self::hold_unmatched)),
+    /// unless its handler says (`#[handles(then = drop)]`): parked on the
+    /// dead-letter queue (`true`, the default), or dropped with a warning
+    /// and counted as `unmatched` (`false`).
     pub fn dead_letter_unmatched(mut self, yes: bool) -> Self {
         self.settings.dead_letter_unmatched = yes;
+        self
+    }
+
+    /// How long a continuing (`#[handles]`) message that finds no
+    /// instance is held for it, unless its handler says
+    /// (`#[handles(hold = "10m")]`): default 1 hour
+    /// ([`DEFAULT_HOLD_UNMATCHED`](crate::DEFAULT_HOLD_UNMATCHED)); zero
+    /// holds nothing. A held message waits durably under the correlation
+    /// value it looked for (at most [`HOLD_CAP`](crate::process::HOLD_CAP)
+    /// per value) and is handled, in the order held, as soon as the
+    /// instance starts or takes the value; past its hold,
+    /// [`dead_letter_unmatched`](Self::dead_letter_unmatched) decides.
+    pub fn hold_unmatched(mut self, hold: Duration) -> Self {
+        self.settings.hold_unmatched = hold;
         self
     }
 

@@ -73,6 +73,7 @@ impl Engine {
                     traceparent: crate::otel::current(),
                     due_ms: None,
                     hops: 0,
+                    hold_until: None,
                     message_id: message_id.to_owned(),
                     process: (*process).to_owned(),
                     message_type: message_type.to_owned(),

@@ -67,6 +67,15 @@ pub struct Envelope {
     /// message that moves for ever still reaches the delivery cap.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub hops: u32,
+    /// A continuing message that found no instance is held until one
+    /// starts (see [`ProcessCommit::hold`](crate::backend::ProcessCommit::hold)),
+    /// at most until this time (ms since the epoch): set when it is first
+    /// held and kept from then on, so that a message held again (its
+    /// instance was deleted before it was handled) does not wait longer
+    /// than its handler allows. Past it, the handler's policy for a
+    /// message without an instance applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_until: Option<u64>,
 }
 
 fn is_zero(n: &u32) -> bool {

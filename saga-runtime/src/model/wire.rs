@@ -158,6 +158,7 @@ mod tests {
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
             due_ms: None,
             hops: 0,
+            hold_until: None,
         });
         assert_eq!(WorkItem::decode(pm.encode().as_bytes()).unwrap(), pm);
         let e = WorkItem::decode(b"{not json").unwrap_err();

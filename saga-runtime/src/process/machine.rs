@@ -69,11 +69,22 @@ pub enum Dispatched {
         /// Why.
         reason: String,
     },
-    /// A continuing message found no instance: logged, counted and, if
-    /// configured, dead-lettered.
+    /// A continuing message found no instance and is held until one
+    /// starts (see [`Unmatched`](crate::process::Unmatched)).
+    Held {
+        /// The correlation value it waits for.
+        key: String,
+        /// When its hold ends (ms since the epoch).
+        until_ms: u64,
+    },
+    /// A continuing message found no instance (after its hold, if it was
+    /// held): logged, counted and, by its policy, dead-lettered or
+    /// dropped.
     Unmatched {
         /// The correlation value that matched nothing.
         key: String,
+        /// Whether it was parked on the dead-letter queue.
+        dead_lettered: bool,
     },
     /// The handler (or strict routing) failed; `#[on_error]` chose `action`.
     Failed {
@@ -99,6 +110,13 @@ pub enum Dispatched {
 /// Audit entries kept per instance.
 pub(crate) const AUDIT_MEMORY: usize = 64;
 
+/// How many messages are held per correlation value at most (see
+/// [`Unmatched`](crate::process::Unmatched)): fewer than the message ids
+/// an instance remembers, so that a duplicate among those released
+/// together is still recognised. One more is not held: its handler's
+/// policy for a message without an instance applies at once.
+pub const HOLD_CAP: usize = 100;
+
 /// `(process, message type, payload) -> (key, key_field)`: how a message
 /// published to a process manager will find its instance (see
 /// [`routing_key`](super::routing_key)).
@@ -122,9 +140,13 @@ pub(crate) struct Given<'a> {
     pub subscribers: &'a Subscribers<'a>,
     /// How each of them will find its instance.
     pub routing_key: &'a RoutingKey<'a>,
-    /// Whether a continuing message that matched no instance is parked
-    /// rather than dropped.
+    /// Whether a continuing message that matched no instance (once its
+    /// hold is over) is parked rather than dropped, unless its handler
+    /// says.
     pub dead_letter_unmatched: bool,
+    /// How long a continuing message that matched no instance is held,
+    /// unless its handler says.
+    pub hold: Duration,
     /// How long a deleted instance's handled message ids are remembered.
     pub tombstone_ttl: Duration,
 }
@@ -163,6 +185,18 @@ pub(crate) struct Effects {
     pub tallies: Vec<TallyOpen>,
 }
 
+/// A message kept until its instance exists (the backend's
+/// [`Hold`](crate::backend::Hold), owned).
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    /// The state field it correlates by; `None`: by instance id.
+    pub field: Option<String>,
+    /// What it looks for.
+    pub value: String,
+    /// The message as kept (`hold_until` set).
+    pub envelope: Envelope,
+}
+
 /// One atomic write, as decided: the worker turns it into a
 /// [`ProcessCommit`](crate::backend::ProcessCommit).
 #[derive(Debug, Clone)]
@@ -178,6 +212,8 @@ pub(crate) struct Commit {
     pub tombstone_ttl: Duration,
     /// Everything else it carries.
     pub effects: Effects,
+    /// Keep the message until its instance exists.
+    pub hold: Option<Held>,
     /// What becomes of the message.
     pub settle: Settlement,
 }
@@ -190,6 +226,7 @@ impl Commit {
             handling: None,
             tombstone_ttl: Duration::ZERO,
             effects: Effects::default(),
+            hold: None,
             settle,
         }
     }
@@ -210,6 +247,19 @@ pub(crate) struct Decision {
     /// costs a redelivery). Only for a decision that `#[on_error]` has not
     /// been asked about: asking again would count the failure twice.
     pub reread_on_conflict: bool,
+    /// What to write instead when the store refuses this one in a way
+    /// that settles the message without a read (a hold the store finds
+    /// full, or a message a deleted instance handled).
+    pub otherwise: Option<Box<Otherwise>>,
+}
+
+/// The decisions a hold falls back on.
+#[derive(Debug, Clone)]
+pub(crate) struct Otherwise {
+    /// The store holds as many messages for the value as it may.
+    pub full: Decision,
+    /// A deleted instance handled this message: a late duplicate.
+    pub tombstoned: Decision,
 }
 
 impl Decision {
@@ -220,6 +270,7 @@ impl Decision {
             outcome,
             note: None,
             reread_on_conflict: false,
+            otherwise: None,
         }
     }
 
@@ -234,6 +285,18 @@ impl Decision {
     /// to be judged again (else the worker hands it back for redelivery).
     pub(crate) fn rereads_after(&self, refusal: &Refusal) -> bool {
         self.reread_on_conflict && *refusal == Refusal::Conflict
+    }
+
+    /// What to write instead after the store's `refusal` of the commit,
+    /// if anything: `None` hands the message back (or, see
+    /// [`rereads_after`](Self::rereads_after), judges it again).
+    pub(crate) fn instead(&self, refusal: &Refusal) -> Option<Decision> {
+        let otherwise = self.otherwise.as_deref()?;
+        match refusal {
+            Refusal::HoldFull => Some(otherwise.full.clone()),
+            Refusal::Tombstoned { .. } => Some(otherwise.tombstoned.clone()),
+            _ => None,
+        }
     }
 }
 
@@ -262,8 +325,13 @@ pub(crate) enum Note {
         /// The instance.
         instance: String,
     },
-    /// A continuing message that found no instance.
+    /// A continuing message that found no instance (after its hold).
     Unmatched {
+        /// Its correlation value.
+        correlation: String,
+    },
+    /// A continuing message that found no instance, held for it.
+    Holding {
         /// Its correlation value.
         correlation: String,
     },
@@ -317,6 +385,8 @@ pub(crate) enum Refusal {
         /// The store's error, for `#[on_error]`.
         error: String,
     },
+    /// A hold found as many messages held for the value as it may.
+    HoldFull,
 }
 
 /// Parks a message that can never be handled.

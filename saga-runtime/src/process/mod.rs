@@ -38,6 +38,7 @@ pub use crate::model::message::{HasCorrelationId, Message};
 pub use context::{Outgoing, ProcessContext, ScheduledTimeout, Target};
 pub use error::{ErrorAction, Failure, FailureKind, ProcessError};
 pub use machine::Dispatched;
+pub use machine::HOLD_CAP;
 pub use tally::{TallyCheck, TallyCompleted, TallyRef, TallyStatus};
 
 use crate::util::BoxFuture;
@@ -94,6 +95,40 @@ pub struct HandlerDefinition {
     pub correlation: Correlation,
     /// `#[limit(..)]`s, in the order written (the key reads the message).
     pub limits: &'static [crate::limit::LimitSpec],
+    /// What becomes of its message when no instance is found
+    /// (`#[handles(hold = "..", then = ..)]`; for `#[handles]` only).
+    pub unmatched: Unmatched,
+}
+
+/// What becomes of a `#[handles]` message that finds no instance: it is
+/// **held**, durably, under the correlation value it looked for, and
+/// released (in the order held) by the write that creates the instance or
+/// claims the value; once its hold is over with no instance, `then`
+/// decides. Messages of one workflow arrive in any order (from brokers,
+/// from other services, from engines racing each other): a message that
+/// is early is not a message that is wrong.
+///
+/// Each part left `None` takes the engine's setting
+/// ([`EngineBuilder::hold_unmatched`](crate::EngineBuilder::hold_unmatched),
+/// [`EngineBuilder::dead_letter_unmatched`](crate::EngineBuilder::dead_letter_unmatched)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Unmatched {
+    /// How long the message waits for its instance
+    /// (`#[handles(hold = "10m")]`); zero: not held at all.
+    pub hold: Option<std::time::Duration>,
+    /// What happens once it has waited that long (`then = dead_letter` or
+    /// `then = drop`).
+    pub then: Option<AfterHold>,
+}
+
+/// What happens to a message whose hold ended without an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterHold {
+    /// Parked on the dead-letter queue with the reason (an operator can
+    /// requeue it once the instance exists).
+    DeadLetter,
+    /// Dropped with a warning and counted as `unmatched`.
+    Drop,
 }
 
 /// What happens to a completed instance's record.

@@ -133,6 +133,7 @@ fn addressed(
         traceparent: traceparent.map(str::to_owned),
         due_ms: None,
         hops: 0,
+        hold_until: None,
         message_id,
         process: tally.process.clone(),
         message_type: message_type.to_owned(),

@@ -96,8 +96,12 @@ pub struct Scheduled {
     pub message_type: String,
     /// The instance it is for (timeouts).
     pub instance_id: Option<String>,
-    /// Whether it is a retry of a failed message (not a timeout).
+    /// Whether it is a retry of a failed message (not a timeout, not a
+    /// held message).
     pub retry: bool,
+    /// Whether it is a message held for an instance that does not exist
+    /// yet: due when its hold ends.
+    pub held: bool,
 }
 
 /// Drives one process manager; see the [module docs](self).
@@ -105,6 +109,8 @@ pub struct ProcessTest<P: ProcessManager> {
     pm: Arc<P>,
     backend: MemoryBackend,
     now_ms: u64,
+    hold_unmatched: Duration,
+    dead_letter_unmatched: bool,
     _marker: PhantomData<P>,
 }
 
@@ -115,8 +121,26 @@ impl<P: ProcessManager> ProcessTest<P> {
             pm: Arc::new(pm),
             backend: MemoryBackend::new(),
             now_ms: ORIGIN_MS,
+            hold_unmatched: crate::DEFAULT_HOLD_UNMATCHED,
+            dead_letter_unmatched: true,
             _marker: PhantomData,
         }
+    }
+
+    /// How long a continuing message that finds no instance is held, as
+    /// [`EngineBuilder::hold_unmatched`](crate::EngineBuilder::hold_unmatched)
+    /// (default 1 hour; the handler's `hold = ".."` goes first).
+    pub fn hold_unmatched(mut self, hold: Duration) -> Self {
+        self.hold_unmatched = hold;
+        self
+    }
+
+    /// Whether such a message is dead-lettered once its hold is over, as
+    /// [`EngineBuilder::dead_letter_unmatched`](crate::EngineBuilder::dead_letter_unmatched)
+    /// (default: yes).
+    pub fn dead_letter_unmatched(mut self, yes: bool) -> Self {
+        self.dead_letter_unmatched = yes;
+        self
     }
 
     /// Virtual time elapsed since the start.
@@ -162,6 +186,7 @@ impl<P: ProcessManager> ProcessTest<P> {
             traceparent: crate::otel::current(),
             due_ms: None,
             hops: 0,
+            hold_until: None,
             message_id: message_id.to_owned(),
             process: def.name.to_owned(),
             message_type: message_type.to_owned(),
@@ -244,7 +269,8 @@ impl<P: ProcessManager> ProcessTest<P> {
             cached: None,
             stale_read: false,
             saved: None,
-            dead_letter_unmatched: false,
+            dead_letter_unmatched: self.dead_letter_unmatched,
+            hold_unmatched: self.hold_unmatched,
             // Virtual time: a handler is never timed out here.
             handler_timeout: Duration::from_secs(365 * 24 * 60 * 60),
             tombstone_ttl: crate::worker::runtime::DEFAULT_PROCESS_TOMBSTONE_TTL,
@@ -374,7 +400,8 @@ impl<P: ProcessManager> ProcessTest<P> {
                 due_in: Duration::from_millis(due.saturating_sub(self.now_ms)),
                 message_type: envelope.message_type,
                 instance_id: envelope.instance_id,
-                retry: envelope.kind == EnvelopeKind::Message,
+                retry: envelope.kind == EnvelopeKind::Message && envelope.hold_until.is_none(),
+                held: envelope.hold_until.is_some(),
             })
             .collect()
     }

@@ -137,10 +137,13 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
                     // Decided here, before the next read: nothing is read
                     // beside a recovered message that is to run alone.
                     let ticket = isolation::ticket(&rt, &delivery);
+                    // Its place among its instance's messages, taken in the
+                    // order read (see `process::lanes`).
+                    let lane = process::lane(&rt, &delivery);
                     let (delivery, lease) = split_lease(delivery);
                     let delivery = Arc::new(delivery);
                     holding.insert(taken, delivery.clone());
-                    running.spawn(work(rt.clone(), delivery, lease, ticket, taken));
+                    running.spawn(work(rt.clone(), delivery, lease, (ticket, lane), taken));
                 }
             }
             Err(error) => {
@@ -212,7 +215,7 @@ async fn work(
     rt: Arc<Runtime>,
     delivery: Arc<Delivery>,
     lease: Option<TakenLease>,
-    ticket: isolation::Ticket,
+    (ticket, lane): (isolation::Ticket, Option<process::Ticket>),
     n: u64,
 ) -> u64 {
     // A message recovered from a worker that died runs alone, so that a
@@ -225,7 +228,7 @@ async fn work(
     // A panic anywhere in handling (user code outside a step, a bug of
     // ours) must not end the worker: the process would look alive and
     // handle nothing.
-    if let Err(panic) = AssertUnwindSafe(handle(&rt, &delivery, lease))
+    if let Err(panic) = AssertUnwindSafe(handle(&rt, &delivery, lease, lane))
         .catch_unwind()
         .await
     {
@@ -239,7 +242,7 @@ async fn work(
 #[cfg(test)]
 pub(crate) fn message_future_size(rt: Arc<Runtime>, delivery: Arc<Delivery>) -> usize {
     let ticket = isolation::ticket(&rt, &delivery);
-    std::mem::size_of_val(&work(rt, delivery, None, ticket, 1))
+    std::mem::size_of_val(&work(rt, delivery, None, (ticket, None), 1))
 }
 
 fn settled(
@@ -285,7 +288,12 @@ impl ErrorBackoff {
     }
 }
 
-async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, lease: Option<TakenLease>) {
+async fn handle(
+    rt: &Arc<Runtime>,
+    delivery: &Delivery,
+    lease: Option<TakenLease>,
+    lane: Option<process::Ticket>,
+) {
     let item = match &delivery.item {
         Ok(item) => item,
         Err(reason) => return dead_letter(rt, delivery, reason.clone(), None).await,
@@ -296,7 +304,9 @@ async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, lease: Option<TakenLease
     // own work. Boxed, a message pays one allocation of its own path.
     match item {
         WorkItem::Saga(message) => Box::pin(saga::handle(rt, delivery, message, lease)).await,
-        WorkItem::Process(envelope) => Box::pin(process::handle(rt, delivery, envelope)).await,
+        WorkItem::Process(envelope) => {
+            Box::pin(process::handle(rt, delivery, envelope, lane)).await
+        }
     }
 }
 

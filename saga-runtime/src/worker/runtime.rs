@@ -41,6 +41,7 @@ pub(crate) struct Settings {
     pub shutdown_grace: Duration,
     pub timer_poll: Duration,
     pub dead_letter_unmatched: bool,
+    pub hold_unmatched: Duration,
     pub process_tombstone_ttl: Duration,
     pub step_timeout: Duration,
     pub stop_grace: Duration,
@@ -58,6 +59,10 @@ pub(crate) struct Settings {
 /// not start it again (`EngineBuilder::process_tombstones`).
 pub const DEFAULT_PROCESS_TOMBSTONE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// How long a continuing process-manager message that finds no instance
+/// is held for it by default (`EngineBuilder::hold_unmatched`): 1 hour.
+pub const DEFAULT_HOLD_UNMATCHED: Duration = Duration::from_secs(60 * 60);
+
 /// The default retention of finished tasks: 7 days.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 /// The default retention of tasks that need an operator
@@ -74,7 +79,8 @@ impl Default for Settings {
             heartbeat: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(30),
             timer_poll: Duration::from_millis(100),
-            dead_letter_unmatched: false,
+            dead_letter_unmatched: true,
+            hold_unmatched: DEFAULT_HOLD_UNMATCHED,
             process_tombstone_ttl: DEFAULT_PROCESS_TOMBSTONE_TTL,
             step_timeout: Duration::from_secs(5 * 60),
             stop_grace: Duration::from_secs(5),
@@ -135,6 +141,9 @@ pub(crate) struct Runtime {
     pub tasks: TaskTracker,
     /// One process-manager handler per instance at a time in this process.
     pub instance_locks: super::process::instance_lock::InstanceLocks,
+    /// Each process-manager message's place among its instance's, in the
+    /// order read (`process::lanes`).
+    pub lanes: Arc<super::process::lanes::Lanes>,
     /// The process-manager partitions this engine's workers read.
     pub partitions: super::partitions::Ownership,
     /// Messages recovered from a worker that stopped answering them run
@@ -183,6 +192,7 @@ impl Runtime {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             instance_locks: Default::default(),
+            lanes: Default::default(),
             partitions: Default::default(),
             isolation: Default::default(),
             process_store: backend.clone().processes(),

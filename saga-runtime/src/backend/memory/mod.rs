@@ -80,6 +80,10 @@ struct State {
     /// Shared correlation entries: `(process, field, value) -> instances`.
     shared: HashMap<(String, String, String), HashSet<String>>,
     scheduled: Vec<(u64, Envelope)>,
+    /// The order messages were held in (`ProcessCommit::hold`), by message
+    /// id per process: released in it. An entry goes with its scheduled envelope.
+    held_order: HashMap<(String, String), u64>,
+    held_seq: u64,
     endpoints: HashMap<String, MemEndpoint>,
     leases: HashMap<String, (String, Instant)>,
     /// What deleted instances handled, by [`Tombstone`], until it expires.

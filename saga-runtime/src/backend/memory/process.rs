@@ -15,6 +15,16 @@ use crate::backend::{
 use crate::model::envelope::Envelope;
 use crate::model::task::Timestamp;
 
+/// Whether `envelope`, a scheduled one, is a message held for what
+/// `(field, value)` names (an instance id when `field` is `None`).
+fn held_for(envelope: &Envelope, process: &str, field: Option<&str>, value: &str) -> bool {
+    envelope.hold_until.is_some()
+        && envelope.process == process
+        && envelope.instance_id.is_none()
+        && envelope.key.as_deref() == Some(value)
+        && envelope.key_field.as_deref() == field
+}
+
 /// Where a deleted instance's handled message ids are remembered: under its
 /// id, and under each correlation entry it released.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -100,6 +110,11 @@ impl ProcessStore for MemoryBackend {
             let now = Instant::now();
             state.tallies.retain(|_, t| t.expires > now);
             let mut version = 0;
+            if let Some(hold) = commit.hold {
+                if let Err(refused) = state.hold(process, hold, commit.handling) {
+                    return Ok(Err(refused));
+                }
+            }
             if let Some(instance) = commit.instance {
                 // Every check before the first write, as a script would.
                 if let Err(refused) = state.refusal(process, instance, &commit) {
@@ -108,7 +123,10 @@ impl ProcessStore for MemoryBackend {
                 state.release_keys(process, instance, &commit.remove_keys);
                 match commit.delete {
                     true => state.delete_instance(process, instance, &commit, now),
-                    false => version = state.save_instance(process, instance, &commit),
+                    false => {
+                        state.release_held(process, instance, &commit);
+                        version = state.save_instance(process, instance, &commit);
+                    }
                 }
             }
             state.apply_effects(commit, now, self.shared.payload_limit);
@@ -129,6 +147,10 @@ impl ProcessStore for MemoryBackend {
                 .min(limit);
             let released: Vec<(u64, Envelope)> = state.scheduled.drain(..due).collect();
             for (_, envelope) in released.iter() {
+                if envelope.hold_until.is_some() {
+                    let held = (envelope.process.clone(), envelope.message_id.clone());
+                    state.held_order.remove(&held);
+                }
                 state.push_item(&WorkItem::Process(envelope.clone()), Duration::ZERO);
             }
             released.len()
@@ -217,6 +239,96 @@ impl State {
                     ))
                 })
         })
+    }
+
+    /// Keeps a message until its instance exists (see
+    /// [`Hold`](crate::backend::Hold)): refused if one owns what it looks
+    /// for, a tombstone there remembers it, or the value holds its cap;
+    /// held once per message id. `handling` is its message id.
+    fn hold(
+        &mut self,
+        process: &str,
+        hold: crate::backend::Hold<'_>,
+        handling: Option<&str>,
+    ) -> Result<(), ProcessRefusal> {
+        let (field, value) = (hold.field, hold.value);
+        let owned = match field {
+            None => self
+                .instances
+                .contains_key(&(process.to_owned(), value.to_owned())),
+            Some(f) => {
+                self.index
+                    .contains_key(&(process.to_owned(), f.to_owned(), value.to_owned()))
+            }
+        };
+        if owned {
+            return Err(ProcessRefusal::Conflict);
+        }
+        let now = Instant::now();
+        let place = match field {
+            None => Tombstone::Instance(process.to_owned(), value.to_owned()),
+            Some(f) => Tombstone::Correlation(process.to_owned(), f.to_owned(), value.to_owned()),
+        };
+        let message = hold.envelope.message_id.as_str();
+        let remembered = self.tombstones.get(&place).is_some_and(|(ids, until)| {
+            *until > now && (ids.contains(message) || handling.is_some_and(|h| ids.contains(h)))
+        });
+        if remembered {
+            return Err(ProcessRefusal::Tombstoned {
+                instance: value.to_owned(),
+            });
+        }
+        let held: Vec<&Envelope> = self
+            .scheduled
+            .iter()
+            .map(|(_, e)| e)
+            .filter(|e| held_for(e, process, field, value))
+            .collect();
+        if held.iter().any(|e| e.message_id == message) {
+            return Ok(());
+        }
+        if held.len() >= hold.cap {
+            return Err(ProcessRefusal::HoldFull { held: held.len() });
+        }
+        let until = hold.envelope.hold_until.unwrap_or(0);
+        self.held_seq += 1;
+        let order = (process.to_owned(), hold.envelope.message_id.clone());
+        self.held_order.insert(order, self.held_seq);
+        self.scheduled.push((until, hold.envelope.clone()));
+        self.scheduled.sort_by_key(|(due, _)| *due);
+        Ok(())
+    }
+
+    /// Moves the messages held for `instance` onto the queue, in the
+    /// order they were held: those held under its id if the write
+    /// creates it, and under each entry it claims.
+    fn release_held(
+        &mut self,
+        process: &str,
+        instance: &ProcessInstance,
+        commit: &ProcessCommit<'_>,
+    ) {
+        let created = !self
+            .instances
+            .contains_key(&(process.to_owned(), instance.id.clone()));
+        let wanted = |e: &Envelope| {
+            (created && held_for(e, process, None, &instance.id))
+                || commit
+                    .add_keys
+                    .iter()
+                    .any(|(f, v)| held_for(e, process, Some(f), v))
+        };
+        let (mut released, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.scheduled)
+            .into_iter()
+            .partition(|(_, e)| wanted(e));
+        self.scheduled = kept;
+        let order = |e: &Envelope| (e.process.clone(), e.message_id.clone());
+        let held = &self.held_order;
+        released.sort_by_key(|(_, e)| held.get(&order(e)).copied().unwrap_or(0));
+        for (_, envelope) in released {
+            self.held_order.remove(&order(&envelope));
+            self.push_item(&WorkItem::Process(envelope), Duration::ZERO);
+        }
     }
 
     /// Releases the correlation entries the instance still owns.

@@ -24,10 +24,15 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("migrations/0003_coordination.sql"),
     ),
     (4, "limits", include_str!("migrations/0004_limits.sql")),
+    (
+        5,
+        "early_messages",
+        include_str!("migrations/0005_early_messages.sql"),
+    ),
 ];
 
 /// The schema version this library writes: the newest migration.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// `schema` checked and quoted for SQL. Lower-case letters, digits and
 /// `_` only: the name is also part of the notification channels'.

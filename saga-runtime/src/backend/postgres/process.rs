@@ -29,7 +29,7 @@ use uuid::Uuid;
 use super::tasks::{located, ms};
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Page, ProcessCommit, ProcessInstance, ProcessRefusal,
+    truncate_payload, BackendError, Hold, Page, ProcessCommit, ProcessInstance, ProcessRefusal,
     ProcessStore, ProcessWrite, Settle, WorkItem,
 };
 use crate::model::envelope::Envelope;
@@ -40,6 +40,9 @@ use crate::model::task::Timestamp;
 const CONFLICT: i32 = -2;
 const TOMBSTONED: i32 = -6;
 const TALLY_EXISTS: i32 = -7;
+/// `process_hold`'s: held already (a success), or the cap reached.
+const HELD_ALREADY: i32 = 1;
+const HOLD_FULL: i32 = -8;
 
 /// An instance from a row of `(record, version)`: the column's version is
 /// the one writes compare.
@@ -227,10 +230,24 @@ impl PostgresBackend {
         let config = &self.shared.config;
         let a = CommitArgs::of(commit, config.dead_letter_payload_limit)?;
         let s = &a.settling;
+        // The messages held for what the write creates or claims are
+        // released in its transaction, once it is written (see
+        // `release_held`).
+        let (created, claimed) = match commit.instance.filter(|_| !commit.delete) {
+            Some(i) => (
+                (i.version == 0).then_some(i.id.as_str()),
+                serde_json::to_string(&commit.add_keys).map_err(corrupt)?,
+            ),
+            None => (None, "[]".to_owned()),
+        };
         let row = sqlx::query(sql!(
-            "SELECT code, detail, version FROM {}($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, \
+            "SELECT c.code, c.detail, c.version, \
+             CASE WHEN c.code = 0 AND ($28::text IS NOT NULL OR $29::jsonb <> '[]'::jsonb) \
+             THEN {}($1, $28, $29::jsonb) ELSE 0 END \
+             FROM {}($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, \
              $11::jsonb, $12, $13, $14, $15, $16, $17, $18::jsonb, $19, $20, $21, $22, $23, $24, \
-             $25, $26, $27)",
+             $25, $26, $27) AS c",
+            self.q("release_held"),
             self.q("process_commit")
         ))
         .bind(process)
@@ -260,13 +277,23 @@ impl PostgresBackend {
         .bind(s.dead_letter)
         .bind(&a.batched_rows)
         .bind(&a.batched_claims)
+        .bind(created)
+        .bind(&claimed)
         .fetch_one(self.pool_ref())
         .await;
+        // Held messages released onto the queue wake its readers.
+        if matches!(&row, Ok(r) if r.try_get::<i32, _>(3).is_ok_and(|moved| moved > 0)) {
+            self.shared.waker.work();
+        }
         // The commit notified nobody: wake whoever may care, unless it was
         // refused (a failed statement may have committed all the same).
         let refused = matches!(&row, Ok(r) if r.try_get::<i32, _>(0).is_ok_and(|code| code != 0));
         if !refused {
             self.woke_after(commit);
+            // The next message of the delivery's lane may be taken now.
+            if matches!(commit.settle, Settle::Ack(_) | Settle::DeadLetter(..)) {
+                self.shared.waker.work();
+            }
         }
         let row = row.map_err(failure)?;
         Ok((
@@ -274,6 +301,58 @@ impl PostgresBackend {
             row.try_get(1).map_err(corrupt)?,
             row.try_get(2).map_err(corrupt)?,
         ))
+    }
+
+    /// Calls `process_hold` (see [`Hold`]).
+    async fn call_hold(
+        &self,
+        process: &str,
+        hold: Hold<'_>,
+        settle: Settle<'_>,
+    ) -> Result<ProcessWrite, BackendError> {
+        let s = Settling::of(settle, 0)?;
+        if !matches!(s.how, "ack" | "none") {
+            return Err(corrupt("a hold settles its delivery by acknowledging it"));
+        }
+        let due = hold.envelope.hold_until.unwrap_or_default();
+        let row = sqlx::query(sql!(
+            "SELECT code, detail FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            self.q("process_hold")
+        ))
+        .bind(process)
+        .bind(hold.field)
+        .bind(hold.value)
+        .bind(&hold.envelope.message_id)
+        .bind(millis(due))
+        .bind(WorkItem::Process(hold.envelope.clone()).encode())
+        .bind(int(hold.cap))
+        .bind(s.how)
+        .bind(s.row)
+        .bind(s.claim)
+        .fetch_one(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        let code: i32 = row.try_get(0).map_err(corrupt)?;
+        let detail: Option<String> = row.try_get(1).map_err(corrupt)?;
+        Ok(match code {
+            0 => {
+                self.shared.waker.timer(due);
+                Ok(0)
+            }
+            HELD_ALREADY => Ok(0),
+            CONFLICT => Err(ProcessRefusal::Conflict),
+            TOMBSTONED => Err(ProcessRefusal::Tombstoned {
+                instance: hold.value.to_owned(),
+            }),
+            HOLD_FULL => Err(ProcessRefusal::HoldFull {
+                held: detail.and_then(|d| d.parse().ok()).unwrap_or(hold.cap),
+            }),
+            other => {
+                return Err(corrupt(format!(
+                    "unexpected refusal code {other} from a hold"
+                )))
+            }
+        })
     }
 
     /// Wakes readers, endpoint consumers and timer pollers for what a
@@ -435,6 +514,9 @@ impl ProcessStore for PostgresBackend {
         process: &str,
         commit: ProcessCommit<'_>,
     ) -> Result<ProcessWrite, BackendError> {
+        if let Some(hold) = commit.hold {
+            return self.call_hold(process, hold, commit.settle).await;
+        }
         let (code, detail, version) = self.call_commit(process, &commit).await?;
         let instance = || commit.instance.map(|i| i.id.clone()).unwrap_or_default();
         Ok(match code {

@@ -6,11 +6,11 @@
 use std::time::Duration;
 
 use super::keys::slot;
-use super::scripts::{self as s, EntryClaim, Refusal, Refused, Settling};
+use super::scripts::{self as s, EntryClaim, HeldKeys, Holding, Refusal, Refused, Settling};
 use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, ProcessCommit, ProcessRefusal, ProcessStore, ProcessWrite,
-    Settle, WorkItem,
+    truncate_payload, BackendError, Hold, ProcessCommit, ProcessRefusal, ProcessStore,
+    ProcessWrite, Settle, WorkItem,
 };
 use crate::model::tally::TallyOpen;
 
@@ -56,6 +56,94 @@ fn commit_refused(
 }
 
 impl RedisBackend {
+    /// The keys of the messages held for `value` of `field` (`""`: an
+    /// instance id), in the value's partition.
+    fn held_keys(&self, process: &str, field: &str, value: &str) -> HeldKeys {
+        let k = self.keys();
+        HeldKeys {
+            list: k.held(process, field, value, ""),
+            payloads: k.held(process, field, value, ":p"),
+            schedule: k.scheduled(k.pm_k(process, value)),
+            queue: k.queue(k.process_route(process, value)),
+        }
+    }
+
+    /// Holds a message for its instance (see [`Hold`]): one script in the
+    /// value's partition, with the delivery it settles (a message read
+    /// elsewhere is moved there first: `Elsewhere` hands it back for
+    /// that).
+    async fn hold_message(
+        &self,
+        process: &str,
+        hold: Hold<'_>,
+        settle: Settle<'_>,
+    ) -> Result<ProcessWrite, BackendError> {
+        let k = self.keys();
+        let field = hold.field.unwrap_or_default();
+        let held = self.held_keys(process, field, hold.value);
+        let settle = match settle {
+            Settle::Ack(d) => {
+                let (p, entry) = self.process_entry_of(d)?;
+                Some((k.queue(p), entry))
+            }
+            Settle::Nothing => None,
+            _ => return Err(corrupt("a hold settles its delivery by acknowledging it")),
+        };
+        if let Some((queue, _)) = &settle {
+            if k.spread() && slot(queue) != slot(&held.list) {
+                return Ok(Err(ProcessRefusal::Elsewhere {
+                    instance: String::new(),
+                }));
+            }
+        }
+        let (owner, tombstone) = match hold.field {
+            None => (
+                k.instance(process, hold.value),
+                k.tombstone(process, hold.value),
+            ),
+            Some(f) => (
+                k.correlation(process, f, hold.value),
+                k.correlation_tombstone(process, f, hold.value),
+            ),
+        };
+        let call = s::ProcessHold {
+            owner,
+            tombstone,
+            held,
+            settle: settle
+                .as_ref()
+                .map(|(q, e)| (q.clone(), e.as_str(), self.group())),
+            message_id: &hold.envelope.message_id,
+            payload: WorkItem::Process(hold.envelope.clone()).encode(),
+            until_ms: hold.envelope.hold_until.unwrap_or_default(),
+            cap: hold.cap,
+        };
+        Ok(match self.call(&call).await? {
+            Ok(Holding::Held | Holding::Already) => Ok(0),
+            Err(refused) => Err(match refused.refusal {
+                Refusal::Tombstoned => ProcessRefusal::Tombstoned {
+                    instance: hold.value.to_owned(),
+                },
+                Refusal::HoldFull => ProcessRefusal::HoldFull {
+                    held: refused
+                        .detail
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(hold.cap),
+                },
+                // An entry whose owner no longer holds it (spread layout:
+                // a release lost) is cleared, and the hold judged again.
+                Refusal::Taken => {
+                    if let (Some(f), Some(owner)) = (hold.field, refused.detail) {
+                        self.clear_stale_entry(process, f, hold.value, &owner)
+                            .await?;
+                    }
+                    ProcessRefusal::Conflict
+                }
+                _ => ProcessRefusal::Conflict,
+            }),
+        })
+    }
+
     /// Whether instance `id` of `process` holds `(field, value)`.
     async fn holds(
         &self,
@@ -295,6 +383,17 @@ impl RedisBackend {
             return;
         };
         let id = instance.id.as_str();
+        if !commit.delete {
+            for (field, value) in &commit.add_keys {
+                if placement.local(&k.correlation(process, field, value)) {
+                    continue;
+                }
+                let held = self.held_keys(process, field, value);
+                if let Err(error) = self.call(&s::ReleaseHeld { held: &held }).await {
+                    tracing::warn!(%error, process, field, value, "releasing the messages held for a value failed; they come when their hold ends");
+                }
+            }
+        }
         for (field, value) in &commit.remove_keys {
             let key = k.correlation(process, field, value);
             if placement.local(&key) {
@@ -467,6 +566,19 @@ impl RedisBackend {
             true => queue,
             false => home_queue.clone(),
         };
+        // The messages held for what the write creates or claims here (the
+        // entries claimed from other slots release theirs after it).
+        let mut release_held = Vec::new();
+        if let Some(i) = commit.instance.filter(|_| !commit.delete) {
+            if i.version == 0 {
+                release_held.push(self.held_keys(process, "", &i.id));
+            }
+            for (field, value) in &commit.add_keys {
+                if placement.local(&k.correlation(process, field, value)) {
+                    release_held.push(self.held_keys(process, field, value));
+                }
+            }
+        }
         let mut batched = Vec::new();
         for b in &commit.batched {
             let (p, entry) = self.process_entry_of(b.delivery)?;
@@ -521,6 +633,7 @@ impl RedisBackend {
                 .iter()
                 .map(|(due, e)| (*due, WorkItem::Process(e.clone()).encode()))
                 .collect(),
+            release_held,
         })
     }
 
@@ -584,6 +697,9 @@ impl RedisBackend {
         process: &str,
         commit: ProcessCommit<'_>,
     ) -> Result<ProcessWrite, BackendError> {
+        if let Some(hold) = commit.hold {
+            return self.hold_message(process, hold, commit.settle).await;
+        }
         let placement = match self.placement(process, &commit)? {
             Ok(placement) => placement,
             Err(refused) => return Ok(Err(refused)),

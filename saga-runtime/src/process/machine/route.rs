@@ -4,14 +4,15 @@
 use serde_json::Value;
 
 use super::{
-    audit, dead_letter, decided, fail, ignored, Commit, Decision, Dispatched, Given, Note,
-    Settlement, Verdict,
+    audit, dead_letter, decided, due, fail, ignored, Commit, Decision, Dispatched, Given, Held,
+    Note, Otherwise, Settlement, Verdict, HOLD_CAP,
 };
 use crate::model::envelope::Envelope;
 use crate::model::process::{InstanceStatus, ProcessAuditAction, ProcessInstance};
 use crate::model::task::Timestamp;
 use crate::process::{
-    Correlation, FailureKind, HandlerDefinition, HandlerKind, ProcessDefinition, ProcessError,
+    AfterHold, Correlation, FailureKind, HandlerDefinition, HandlerKind, ProcessDefinition,
+    ProcessError,
 };
 
 /// How the worker reads the instance a message is for.
@@ -269,7 +270,7 @@ impl<'a> Handling<'a> {
                 Err(decided(ignored(reason).noted(note)))
             }
             (None, HandlerKind::Handles { strict: false, .. }) => {
-                Err(decided(self.unmatched(given)))
+                Err(decided(self.not_found(given)))
             }
             (None, HandlerKind::Handles { strict: true, .. }) => {
                 let error =
@@ -321,22 +322,103 @@ impl<'a> Handling<'a> {
         }
     }
 
-    /// A continuing message that matched no instance: dropped, or parked
-    /// if so configured.
-    fn unmatched(&self, given: &Given<'_>) -> Decision {
+    /// A continuing message that matched no instance: held for it, unless
+    /// its hold is over (or it is not to be held), then
+    /// [`unmatched`](Self::unmatched).
+    fn not_found(&self, given: &Given<'_>) -> Decision {
+        let policy = self.handler.unmatched;
+        let hold = policy.hold.unwrap_or(given.hold);
+        // A message for every instance sharing a value has no one
+        // instance to wait for.
+        let field = match &self.lookup {
+            Lookup::Id(_) => None,
+            Lookup::Field { field, .. } => Some((*field).to_owned()),
+            Lookup::Shared { .. } | Lookup::Copy { .. } => return self.unmatched(given, None),
+        };
+        let until = match self.envelope.hold_until {
+            Some(until) => until,
+            None if hold.is_zero() => return self.unmatched(given, None),
+            None => due(given.now_ms, hold),
+        };
+        if given.now_ms >= until {
+            let waited = format!("held for {}", humantime::format_duration(hold));
+            return self.unmatched(given, Some(waited));
+        }
         let key = self.lookup.key().to_owned();
-        let reason = format!(
+        // Kept under what it looks for, whatever its sender filled in.
+        let envelope = Envelope {
+            hold_until: Some(until),
+            key: Some(key.clone()),
+            key_field: field.clone(),
+            ..self.envelope.clone()
+        };
+        let commit = Commit {
+            hold: Some(Held {
+                field,
+                value: key.clone(),
+                envelope,
+            }),
+            ..Commit::settle(Settlement::Ack)
+        };
+        let full = format!("{HOLD_CAP} messages are held for it already");
+        let tombstoned = Decision::new(
+            Commit::settle(Settlement::Ack),
+            Dispatched::Duplicate {
+                instance: key.clone(),
+            },
+        )
+        .noted(Note::DeletedDuplicate {
+            instance: key.clone(),
+        });
+        let otherwise = Otherwise {
+            full: self.unmatched(given, Some(full)),
+            tombstoned,
+        };
+        let note = Note::Holding {
+            correlation: key.clone(),
+        };
+        Decision {
+            reread_on_conflict: true,
+            otherwise: Some(Box::new(otherwise)),
+            ..Decision::new(
+                commit,
+                Dispatched::Held {
+                    key,
+                    until_ms: until,
+                },
+            )
+        }
+        .noted(note)
+    }
+
+    /// A continuing message that matched no instance (`why` it was not
+    /// held, or no longer is): dropped, or parked, as its handler or the
+    /// engine says.
+    fn unmatched(&self, given: &Given<'_>, why: Option<String>) -> Decision {
+        let key = self.lookup.key().to_owned();
+        let mut reason = format!(
             "`{}` for process manager `{}` matched no instance (correlation `{key}`)",
             self.envelope.message_type, self.def.name
         );
-        let settle = match given.dead_letter_unmatched {
+        if let Some(why) = why {
+            reason = format!("{reason}: {why}");
+        }
+        let park = match self.handler.unmatched.then {
+            Some(then) => then == AfterHold::DeadLetter,
+            None => given.dead_letter_unmatched,
+        };
+        let settle = match park {
             true => Settlement::DeadLetter(reason),
             false => Settlement::Ack,
         };
         let note = Note::Unmatched {
             correlation: key.clone(),
         };
-        Decision::new(Commit::settle(settle), Dispatched::Unmatched { key }).noted(note)
+        let outcome = Dispatched::Unmatched {
+            key,
+            dead_lettered: park,
+        };
+        Decision::new(Commit::settle(settle), outcome).noted(note)
     }
 
     /// A message for a completed or stopped instance: ignored, with an

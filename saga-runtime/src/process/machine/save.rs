@@ -63,6 +63,7 @@ impl Handling<'_> {
                 handling: Some(self.envelope.message_id.clone()),
                 tombstone_ttl: given.tombstone_ttl,
                 effects,
+                hold: None,
                 settle: Settlement::Ack,
             },
             created,
@@ -161,6 +162,9 @@ impl Save {
                 decided(Decision::new(Commit::settle(Settlement::Ack), outcome).noted(note))
             }
             Refusal::TallyExists { error } => fail(self.before, FailureKind::Handler, error),
+            // Not a refusal of a save (only a hold is refused for it): the
+            // store answered something else than was asked; read again.
+            Refusal::HoldFull => Verdict::Reread,
         }
     }
 }
@@ -324,6 +328,7 @@ fn outbox(
                         traceparent: given.traceparent.clone(),
                         due_ms: None,
                         hops: 0,
+                        hold_until: None,
                         message_id: message_id.clone(),
                         process: subscriber.to_owned(),
                         message_type: out.message_type.clone(),
@@ -349,6 +354,7 @@ fn outbox(
             traceparent: given.traceparent.clone(),
             due_ms: Some(due_ms),
             hops: 0,
+            hold_until: None,
             message_id: derived_id(&envelope.message_id, &instance.id, &format!("t{n}")),
             process: process.to_owned(),
             message_type: t.message_type.clone(),

@@ -20,8 +20,9 @@ use crate::model::process::InstanceStatus;
 use crate::model::tally::{TallyProgress, TallyRef};
 use crate::process::tally::{self, TallyOpening};
 use crate::process::{
-    Concurrency, Correlation, Failure, Handled, HandlerDefinition, HandlerKind, OnComplete,
-    ProcessContext, ProcessDefinition, ProcessError, ScheduledTimeout, Target,
+    AfterHold, Concurrency, Correlation, Failure, Handled, HandlerDefinition, HandlerKind,
+    OnComplete, ProcessContext, ProcessDefinition, ProcessError, ScheduledTimeout, Target,
+    Unmatched,
 };
 
 const fn handler(
@@ -35,8 +36,21 @@ const fn handler(
         kind,
         correlation,
         limits: &[],
+        unmatched: Unmatched {
+            hold: None,
+            then: None,
+        },
     }
 }
+
+/// `#[handles(hold = "30s", then = drop)]` by correlation id.
+const LATE: HandlerDefinition = HandlerDefinition {
+    unmatched: Unmatched {
+        hold: Some(Duration::from_secs(30)),
+        then: Some(AfterHold::Drop),
+    },
+    ..handler("Late", HANDLES, Correlation::Id)
+};
 
 const STARTS: HandlerKind = HandlerKind::Starts { strict: false };
 const HANDLES: HandlerKind = HandlerKind::Handles {
@@ -58,7 +72,8 @@ const BY_TAG: Correlation = Correlation::Field {
 /// - `Opened` starts and `Paid` continues by `state.order_number`;
 /// - `Remind` is a timeout;
 /// - `Tagged` (`many`) and `Retag` continue by `state.tag`, which is
-///   shared because of `Tagged`.
+///   shared because of `Tagged`;
+/// - `Late` continues by correlation id, held 30 s then dropped.
 const HANDLERS: &[HandlerDefinition] = &[
     handler("Placed", STARTS, Correlation::Id),
     handler(
@@ -87,6 +102,7 @@ const HANDLERS: &[HandlerDefinition] = &[
         BY_TAG,
     ),
     handler("Retag", HANDLES, BY_TAG),
+    LATE,
 ];
 
 /// Keeps completed instances.
@@ -133,6 +149,9 @@ fn given() -> Given<'static> {
         subscribers: &subscribers,
         routing_key: &routing_key,
         dead_letter_unmatched: false,
+        // Not held unless a case says: the cases of what follows a
+        // message that finds nothing see it at once.
+        hold: Duration::ZERO,
         tombstone_ttl: TTL,
     }
 }
@@ -152,6 +171,7 @@ fn message(message_type: &str, message_id: &str) -> Envelope {
         traceparent: None,
         due_ms: None,
         hops: 0,
+        hold_until: None,
     }
 }
 
@@ -548,7 +568,8 @@ fn a_continuing_message_that_finds_nothing_is_unmatched() {
     assert_eq!(
         dropped.outcome,
         Dispatched::Unmatched {
-            key: "42".to_owned()
+            key: "42".to_owned(),
+            dead_lettered: false,
         }
     );
     assert_settles_only(&dropped.commit, Settlement::Ack);
@@ -570,7 +591,151 @@ fn a_continuing_message_that_finds_nothing_is_unmatched() {
             "`Paid` for process manager `order` matched no instance (correlation `42`)".to_owned(),
         ),
     );
-    assert_eq!(parked.outcome, dropped.outcome);
+    assert_eq!(
+        parked.outcome,
+        Dispatched::Unmatched {
+            key: "42".to_owned(),
+            dead_lettered: true,
+        }
+    );
+}
+
+fn held_an_hour() -> Given<'static> {
+    Given {
+        hold: Duration::from_secs(3600),
+        dead_letter_unmatched: true,
+        ..given()
+    }
+}
+
+#[test]
+fn a_continuing_message_that_finds_nothing_is_held_under_what_it_looks_for() {
+    // By a state field: held under it, until the engine's hold ends.
+    let envelope = message("Paid", "m1");
+    let handling = routed(&ORDER, &envelope, "42");
+    let held = decision(handling.admit(None, false, &held_an_hour()).unwrap_err());
+    let until = NOW + 3_600_000;
+    assert_eq!(
+        held.outcome,
+        Dispatched::Held {
+            key: "42".to_owned(),
+            until_ms: until
+        }
+    );
+    let hold = held.commit.hold.as_ref().expect("a hold");
+    assert_eq!(
+        (hold.field.as_deref(), hold.value.as_str()),
+        (Some("order_number"), "42")
+    );
+    // Kept as it came, with its hold's end and what it waits for.
+    assert_eq!(
+        hold.envelope,
+        Envelope {
+            hold_until: Some(until),
+            key: Some("42".to_owned()),
+            key_field: Some("order_number".to_owned()),
+            ..envelope.clone()
+        }
+    );
+    assert_eq!(held.commit.instance, None);
+    assert_eq!(held.commit.settle, Settlement::Ack);
+    // A conflict means the instance exists by now: judged again.
+    assert!(held.rereads_after(&Refusal::Conflict));
+    // By id, under the handler's own hold.
+    let envelope = message("Late", "m2");
+    let handling = routed(&ORDER, &envelope, "o-9");
+    let held = decision(handling.admit(None, false, &held_an_hour()).unwrap_err());
+    let hold = held.commit.hold.as_ref().expect("a hold");
+    assert_eq!((hold.field.as_deref(), hold.value.as_str()), (None, "o-9"));
+    assert_eq!(hold.envelope.hold_until, Some(NOW + 30_000));
+    // A first look is not enough to hold it: read again.
+    assert!(matches!(
+        handling.admit(None, true, &held_an_hour()),
+        Err(Verdict::Reread)
+    ));
+}
+
+#[test]
+fn a_message_whose_hold_ended_takes_its_handlers_policy() {
+    // Held before: its hold's end stands, however long the engine's is.
+    let envelope = Envelope {
+        hold_until: Some(NOW - 1),
+        ..message("Paid", "m1")
+    };
+    let handling = routed(&ORDER, &envelope, "42");
+    let parked = decision(handling.admit(None, false, &held_an_hour()).unwrap_err());
+    assert_settles_only(
+        &parked.commit,
+        Settlement::DeadLetter(
+            "`Paid` for process manager `order` matched no instance (correlation `42`): held for 1h"
+                .to_owned(),
+        ),
+    );
+    // Not yet over: held again until the same end.
+    let envelope = Envelope {
+        hold_until: Some(NOW + 5),
+        ..message("Paid", "m1")
+    };
+    let handling = routed(&ORDER, &envelope, "42");
+    let again = decision(handling.admit(None, false, &held_an_hour()).unwrap_err());
+    assert_eq!(
+        again
+            .commit
+            .hold
+            .as_ref()
+            .and_then(|h| h.envelope.hold_until),
+        Some(NOW + 5)
+    );
+    // `then = drop` goes before the engine's dead-lettering.
+    let envelope = Envelope {
+        hold_until: Some(NOW),
+        ..message("Late", "m2")
+    };
+    let handling = routed(&ORDER, &envelope, "o-9");
+    let dropped = decision(handling.admit(None, false, &held_an_hour()).unwrap_err());
+    assert_settles_only(&dropped.commit, Settlement::Ack);
+    assert_eq!(
+        dropped.outcome,
+        Dispatched::Unmatched {
+            key: "o-9".to_owned(),
+            dead_lettered: false
+        }
+    );
+}
+
+#[test]
+fn a_hold_the_store_refuses_falls_back_without_a_read() {
+    let envelope = message("Paid", "m1");
+    let handling = routed(&ORDER, &envelope, "42");
+    let held = decision(handling.admit(None, false, &held_an_hour()).unwrap_err());
+    // Full: the policy at once, saying why.
+    let full = held.instead(&Refusal::HoldFull).expect("a fallback");
+    assert_settles_only(
+        &full.commit,
+        Settlement::DeadLetter(format!(
+            "`Paid` for process manager `order` matched no instance (correlation `42`): \
+             {HOLD_CAP} messages are held for it already"
+        )),
+    );
+    // A deleted instance handled it: a duplicate, acknowledged.
+    let tombstoned = Refusal::Tombstoned {
+        instance: "42".to_owned(),
+    };
+    let duplicate = held.instead(&tombstoned).expect("a fallback");
+    assert_settles_only(&duplicate.commit, Settlement::Ack);
+    assert!(matches!(duplicate.outcome, Dispatched::Duplicate { .. }));
+    assert!(held.instead(&Refusal::Conflict).is_none());
+}
+
+#[test]
+fn a_message_for_every_instance_sharing_a_value_is_not_held() {
+    let envelope = message("Tagged", "m1");
+    let handling = routed(&ORDER, &envelope, "red");
+    let unmatched = handling.among(Vec::new()).unwrap();
+    assert_eq!(unmatched, None);
+    let dropped = decision(handling.admit(None, false, &held_an_hour()).unwrap_err());
+    assert!(dropped.commit.hold.is_none());
+    assert!(matches!(dropped.outcome, Dispatched::Unmatched { .. }));
 }
 
 #[test]
@@ -1143,6 +1308,7 @@ fn timeouts_are_scheduled_from_now_for_this_generation() {
             traceparent: given().traceparent,
             due_ms: Some(NOW + 5_000),
             hops: 0,
+            hold_until: None,
         }
     );
     assert_eq!(schedule[1].0, u64::MAX, "an absurd delay saturates");
@@ -1530,6 +1696,7 @@ fn a_joined_message_is_handled_in_the_same_write() {
             traceparent: given().traceparent,
             due_ms: Some(NOW + 7 + 1_000),
             hops: 0,
+            hold_until: None,
         };
         vec![(NOW + 7 + 1_000, timeout)]
     });

@@ -128,6 +128,7 @@ fn envelope(n: u32) -> Envelope {
         traceparent: None,
         due_ms: None,
         hops: 0,
+        hold_until: None,
     }
 }
 
@@ -342,6 +343,8 @@ macro_rules! backend_conformance {
             endpoints_deliver_to_groups_claim_settle_and_trim,
             endpoints_claim_an_idle_message_behind_busy_ones,
             process_outbox_schedule_and_single_delivery_of_due_entries,
+            held_messages_are_released_by_the_write_that_creates_or_claims,
+            holds_are_refused_when_the_instance_exists_or_the_cap_is_reached,
             named_leases_have_one_holder_at_a_time,
             shared_breakers_open_probe_once_and_close,
             limits_hold_slots_and_hand_them_on_in_line,

@@ -169,3 +169,146 @@ pub async fn process_outbox_schedule_and_single_delivery_of_due_entries(b: Arc<d
     );
     assert_eq!(p.process_scheduled().await.unwrap(), [(5_000, envelope(2))]);
 }
+
+/// A continuing message held until its instance exists (see
+/// [`Hold`](crate::backend::Hold)); `value` under field `field` (`None`:
+/// an instance id), held until `until`.
+fn held(n: u32, field: Option<&str>, value: &str, until: u64) -> Envelope {
+    Envelope {
+        key: Some(value.to_owned()),
+        key_field: field.map(str::to_owned),
+        hold_until: Some(until),
+        ..envelope(n)
+    }
+}
+
+/// Holds `e` for what its key names, settling `delivery` (if any).
+async fn hold<'a>(
+    p: &dyn ProcessBackend,
+    e: &'a Envelope,
+    cap: usize,
+    settle: Settle<'a>,
+) -> Result<u64, ProcessRefusal> {
+    let commit = ProcessCommit {
+        hold: Some(crate::backend::Hold {
+            field: e.key_field.as_deref(),
+            value: e.key.as_deref().unwrap_or_default(),
+            envelope: e,
+            cap,
+        }),
+        handling: Some(&e.message_id),
+        ..ProcessCommit::new(None, settle)
+    };
+    p.process_commit("pm", commit).await.unwrap()
+}
+
+/// Messages held for an instance id and for a correlation value: each
+/// held once (by message id) and its delivery acknowledged; the write
+/// that creates the instance releases those held under its id, in the
+/// order held, and the one that claims the value those held under it;
+/// none is released twice, and one left alone is delivered when its hold
+/// ends.
+pub async fn held_messages_are_released_by_the_write_that_creates_or_claims(b: Arc<dyn Backend>) {
+    let p = process_part(&b);
+    let far = Timestamp::now().0 + 3_600_000;
+    // Three for instance "h", one for value 9 of `order`, one for value
+    // 10 (never claimed), each from a delivery it settles.
+    let for_id: Vec<Envelope> = (1..=3).map(|n| held(n, None, "h", far)).collect();
+    let for_order = held(4, Some("order"), "9", far);
+    let left_alone = held(5, Some("order"), "10", 2_000);
+    for e in for_id.iter().chain([&for_order, &left_alone]) {
+        b.enqueue(&[WorkItem::Process(e.clone())]).await.unwrap();
+        let d = receive(&*b, "c").await;
+        assert_eq!(hold(&*p, e, 10, Settle::Ack(&d)).await, Ok(0), "{e:?}");
+    }
+    // Held once: the same message again is not held twice.
+    assert_eq!(hold(&*p, &for_id[0], 10, Settle::Nothing).await, Ok(0));
+    assert_eq!(p.process_scheduled().await.unwrap().len(), 5);
+    // Every delivery was settled with its hold.
+    assert!(b.receive("c", Interest::ALL, WAIT).await.unwrap().is_none());
+
+    // Creating "h" releases its three, in order, and nothing else.
+    let h = instance("h");
+    p.process_commit("pm", write(&h, &[]))
+        .await
+        .unwrap()
+        .unwrap();
+    for e in &for_id {
+        assert_eq!(&expect_process(receive(&*b, "c").await.item), e);
+    }
+    assert!(b.receive("c", Interest::ALL, WAIT).await.unwrap().is_none());
+    // A later write of "h" claiming value 9 releases the one held under it.
+    let mut h = instance("h");
+    h.version = 1;
+    h.keys = vec![("order".into(), "9".into())];
+    p.process_commit("pm", write(&h, &[("order", "9")]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(expect_process(receive(&*b, "c").await.item), for_order);
+    assert!(b.receive("c", Interest::ALL, WAIT).await.unwrap().is_none());
+    // Released messages are no longer scheduled; the one left alone is,
+    // and comes when its hold ends, once.
+    assert_eq!(
+        p.process_scheduled().await.unwrap(),
+        [(2_000, left_alone.clone())]
+    );
+    assert_eq!(p.process_release_due(3_000, 10).await.unwrap(), 1);
+    assert_eq!(expect_process(receive(&*b, "c").await.item), left_alone);
+    assert_eq!(p.process_release_due(3_000, 10).await.unwrap(), 0);
+}
+
+/// A hold is refused, writing nothing, when what it waits for exists (a
+/// conflict: the message is handled instead), when a tombstone there
+/// remembers the message (a late duplicate), and past its cap.
+pub async fn holds_are_refused_when_the_instance_exists_or_the_cap_is_reached(b: Arc<dyn Backend>) {
+    let p = process_part(&b);
+    let far = Timestamp::now().0 + 3_600_000;
+    let mut a = instance("a");
+    a.keys = vec![("order".into(), "1".into())];
+    p.process_commit("pm", write(&a, &[("order", "1")]))
+        .await
+        .unwrap()
+        .unwrap();
+    for e in [held(1, None, "a", far), held(2, Some("order"), "1", far)] {
+        let refused = hold(&*p, &e, 10, Settle::Nothing).await;
+        assert_eq!(refused, Err(ProcessRefusal::Conflict), "{e:?}");
+    }
+    // A deleted instance's tombstone remembers what it handled.
+    let mut gone = instance("gone");
+    gone.processed = vec!["m-3".into()];
+    p.process_commit("pm", write(&gone, &[]))
+        .await
+        .unwrap()
+        .unwrap();
+    gone.version = 1;
+    let mut delete = write(&gone, &[]);
+    delete.delete = true;
+    p.process_commit("pm", delete).await.unwrap().unwrap();
+    let late = held(3, None, "gone", far);
+    assert!(
+        matches!(
+            hold(&*p, &late, 10, Settle::Nothing).await,
+            Err(ProcessRefusal::Tombstoned { .. })
+        ),
+        "a late duplicate of a deleted instance's message was held"
+    );
+    // The cap: two held for value "full", the third refused.
+    for n in 4..=5 {
+        let e = held(n, Some("order"), "full", far);
+        assert_eq!(hold(&*p, &e, 2, Settle::Nothing).await, Ok(0));
+    }
+    let third = held(6, Some("order"), "full", far);
+    assert_eq!(
+        hold(&*p, &third, 2, Settle::Nothing).await,
+        Err(ProcessRefusal::HoldFull { held: 2 })
+    );
+    assert_eq!(p.process_scheduled().await.unwrap().len(), 2);
+}
+
+fn expect_process(item: Result<WorkItem, String>) -> Envelope {
+    match item {
+        Ok(WorkItem::Process(e)) => e,
+        other => panic!("expected an envelope, got {other:?}"),
+    }
+}

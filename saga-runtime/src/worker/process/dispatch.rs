@@ -13,7 +13,7 @@ use std::panic::AssertUnwindSafe;
 use super::batch::{self, Joined, Joiners};
 use super::handler::run_handler;
 use crate::backend::{
-    BackendError, Delivery, LoadedInstance, Partitions, ProcessBackend, ProcessCommit,
+    BackendError, Delivery, Hold, LoadedInstance, Partitions, ProcessBackend, ProcessCommit,
     ProcessInstance, ProcessRefusal, Settle,
 };
 use crate::model::task::Timestamp;
@@ -56,6 +56,9 @@ pub(crate) struct DispatchEnv<'a> {
     /// next message of the instance in this process.
     pub saved: Option<&'a std::sync::Mutex<Option<LoadedInstance>>>,
     pub dead_letter_unmatched: bool,
+    /// How long a continuing message that matched no instance is held
+    /// (unless its handler says).
+    pub hold_unmatched: std::time::Duration,
     /// How long one handler call may run before it is dropped and counted
     /// as a failure for `#[on_error]`.
     pub handler_timeout: std::time::Duration,
@@ -87,6 +90,7 @@ impl DispatchEnv<'_> {
             subscribers: self.subscribers,
             routing_key: self.routing_key,
             dead_letter_unmatched: self.dead_letter_unmatched,
+            hold: self.hold_unmatched,
             tombstone_ttl: self.tombstone_ttl,
         }
     }
@@ -133,6 +137,7 @@ async fn write(
         ProcessRefusal::TallyExists(_) => Refusal::TallyExists {
             error: raw.to_string(),
         },
+        ProcessRefusal::HoldFull { .. } => Refusal::HoldFull,
         // Handed back: the worker forwards it on its next delivery.
         ProcessRefusal::Elsewhere { .. } => return Err(raw.into()),
     };
@@ -167,6 +172,12 @@ fn write_of<'c>(
         endpoints: fx.endpoints,
         schedule: fx.schedule,
         tallies: fx.tallies,
+        hold: commit.hold.as_ref().map(|held| Hold {
+            field: held.field.as_deref(),
+            value: &held.value,
+            envelope: &held.envelope,
+            cap: crate::process::HOLD_CAP,
+        }),
         settle: env.settle(&commit.settle),
         batched: batch.iter().map(Joined::batched).collect(),
     }
@@ -191,6 +202,10 @@ fn log(process: &str, envelope: &Envelope, note: &Note) {
         Note::Unmatched { correlation } => tracing::warn!(
             process, message_type = %envelope.message_type, %correlation,
             "continuing message matched no instance"
+        ),
+        Note::Holding { correlation } => tracing::debug!(
+            process, message_type = %envelope.message_type, %correlation,
+            "continuing message matched no instance yet; held until it starts"
         ),
         Note::DeletedDuplicate { instance } => {
             tracing::debug!(process, %instance, message = %envelope.message_id, "duplicate of a deleted instance's message dropped")
@@ -450,7 +465,12 @@ async fn conclude(
             match decide(env, process, handling.envelope, &mut decision).await? {
                 Ok(()) => Ok(Some(decision.outcome)),
                 Err(refused) if decision.rereads_after(&refused.refusal) => Ok(None),
-                Err(refused) => Err(refused.raw.into()),
+                Err(refused) => match decision.instead(&refused.refusal) {
+                    Some(instead) => settled(env, process, handling.envelope, instead)
+                        .await
+                        .map(Some),
+                    None => Err(refused.raw.into()),
+                },
             }
         }
         Verdict::Fail(failing) => fail(pm, env, handling, *failing).await.map(Some),

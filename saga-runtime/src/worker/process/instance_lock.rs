@@ -150,14 +150,26 @@ impl InstanceLocks {
         }
     }
 
-    /// Waits for the lock of `key`.
-    pub async fn lock(&self, key: String) -> InstanceGuard<'_> {
+    /// Waits for the lock of `key`; `queued` is called once this wait
+    /// has its place in the lock's queue (which is fair: first come,
+    /// first served), or holds the lock.
+    pub async fn lock(&self, key: String, queued: &mut (dyn FnMut() + Send)) -> InstanceGuard<'_> {
         let slot = self.slot(&key);
         if let Ok(guard) = slot.cached.clone().try_lock_owned() {
+            queued();
             return self.guard(key, slot, guard, false);
         }
         let mut wait = Wait::new(self, &key, slot, None);
-        let guard = wait.slot().cached.clone().lock_owned().await;
+        let lock = wait.slot().cached.clone().lock_owned();
+        tokio::pin!(lock);
+        let guard = match futures::poll!(lock.as_mut()) {
+            std::task::Poll::Ready(guard) => guard,
+            std::task::Poll::Pending => {
+                queued();
+                lock.await
+            }
+        };
+        queued();
         let slot = wait.held();
         self.guard(key.clone(), slot, guard, true)
     }
@@ -168,9 +180,11 @@ impl InstanceLocks {
         &self,
         key: String,
         offer: impl FnOnce() -> (Joined, oneshot::Receiver<Dispatched>),
+        queued: &mut (dyn FnMut() + Send),
     ) -> Locked<'_> {
         let slot = self.slot(&key);
         if let Ok(guard) = slot.cached.clone().try_lock_owned() {
+            queued();
             return Locked::Held(self.guard(key, slot, guard, false));
         }
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
@@ -185,6 +199,14 @@ impl InstanceLocks {
         // forgotten).
         let lock = wait.slot().cached.clone().lock_owned();
         tokio::pin!(lock);
+        // Its place in the lock's queue is taken on the first poll: the
+        // message behind it in its lane may queue now, behind it.
+        if let std::task::Poll::Ready(guard) = futures::poll!(lock.as_mut()) {
+            queued();
+            let slot = wait.held();
+            return Locked::Held(self.guard(key.clone(), slot, guard, true));
+        }
+        queued();
         let mut offered = true;
         loop {
             tokio::select! {
@@ -341,7 +363,7 @@ mod tests {
     #[tokio::test]
     async fn holders_queue_hand_over_the_instance_and_leave_no_slot_behind() {
         let locks = InstanceLocks::default();
-        let mut first = locks.lock("pm\0a".into()).await;
+        let mut first = locks.lock("pm\0a".into(), &mut || {}).await;
         assert!(!first.waited);
         first.set_cached(Cached {
             instance: Some(LoadedInstance {
@@ -355,11 +377,11 @@ mod tests {
         let second = {
             let locks = &locks;
             async move {
-                let mut g = locks.lock("pm\0a".into()).await;
+                let mut g = locks.lock("pm\0a".into(), &mut || {}).await;
                 (g.waited, g.take_cached().instance.map(|l| l.key))
             }
         };
-        let other = locks.lock("pm\0b".into()).await;
+        let other = locks.lock("pm\0b".into(), &mut || {}).await;
         assert!(!other.waited, "another instance does not wait");
         drop(other);
         let (waited, cached) = tokio::join!(second, async move { drop(first) }).0;

@@ -12,8 +12,13 @@ use crate::process::Dispatched;
 pub struct ProcessMetrics {
     /// Messages whose handler ran and whose result was saved.
     pub handled: AtomicU64,
-    /// Continuing messages that matched no instance.
+    /// Continuing messages that matched no instance (once their hold was
+    /// over, or not held).
     pub unmatched: AtomicU64,
+    /// Continuing messages held for an instance that did not exist yet
+    /// (each hold counts: a message held again after its instance went
+    /// away counts twice).
+    pub held: AtomicU64,
     /// Exact duplicates dropped.
     pub duplicates: AtomicU64,
     /// Messages ignored because the instance was complete, stopped or gone.
@@ -49,6 +54,7 @@ impl ProcessMetrics {
             Dispatched::Duplicate { .. } => (&self.duplicates, "duplicate"),
             Dispatched::Ignored { .. } => (&self.ignored, "ignored"),
             Dispatched::Unmatched { .. } => (&self.unmatched, "unmatched"),
+            Dispatched::Held { .. } => (&self.held, "held"),
             Dispatched::Failed { .. } => (&self.failed, "failed"),
             Dispatched::DeadLettered { .. } => (&self.dead_lettered, "dead_lettered"),
             Dispatched::FannedOut { .. } => (&self.fanned_out, "fanned_out"),

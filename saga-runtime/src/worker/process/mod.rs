@@ -12,11 +12,13 @@ mod batch;
 pub(crate) mod dispatch;
 mod handler;
 pub(crate) mod instance_lock;
+pub(crate) mod lanes;
 mod metrics;
 
 use batch::{Joined, Joiners};
 use dispatch::{dispatch, DispatchEnv};
 use instance_lock::{Cached, HeldLease, InstanceGuard, Locked};
+pub(crate) use lanes::Ticket;
 pub use metrics::ProcessMetrics;
 
 use super::limits::{Asker, HeldLimits, Refusal};
@@ -33,8 +35,34 @@ use crate::process::{
 };
 use crate::saga::state_machine::poison_reason;
 
-/// Handles one process-manager envelope.
-pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &Envelope) {
+/// The lane of a delivered process-manager message (what it is routed
+/// by), and its ticket in it; `None` for anything else, or a message
+/// whose routing cannot be told here (it goes on at once).
+pub(super) fn lane(rt: &Runtime, delivery: &Delivery) -> Option<Ticket> {
+    let Ok(crate::backend::WorkItem::Process(envelope)) = &delivery.item else {
+        return None;
+    };
+    let target = match &envelope.instance_id {
+        Some(id) => id.clone(),
+        None => {
+            let pm = rt.processes.get(envelope.process.as_str())?;
+            crate::process::routing_key(pm.as_ref(), &envelope.message_type, &envelope.payload).0?
+        }
+    };
+    Some(rt.lanes.enter(format!("{}:{target}", envelope.process)))
+}
+
+/// Handles one process-manager envelope; `lane`, its place among its
+/// instance's messages, passes once it queued on the instance's lock.
+pub(super) async fn handle(
+    rt: &Arc<Runtime>,
+    delivery: &Delivery,
+    envelope: &Envelope,
+    mut lane: Option<Ticket>,
+) {
+    if let Some(lane) = &lane {
+        touching(rt, delivery, lane.turn()).await;
+    }
     let Some(pm) = rt.processes.get(envelope.process.as_str()).cloned() else {
         return unknown(rt, delivery, envelope).await;
     };
@@ -56,7 +84,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
     // the lock would not be renewed).
     let limits = handler_limits(pm.as_ref(), envelope);
     let joins = !pessimistic && limits.1.is_empty();
-    let mut local = match lock_local(rt, delivery, envelope, &target, !joins).await {
+    let mut local = match lock_local(rt, delivery, envelope, &target, !joins, &mut lane).await {
         Ok(local) => local,
         Err(outcome) => {
             rt.metrics.count_batched(process);
@@ -115,6 +143,7 @@ pub(super) async fn handle(rt: &Arc<Runtime>, delivery: &Delivery, envelope: &En
         stale_read,
         saved: Some(&saved),
         dead_letter_unmatched: rt.settings.dead_letter_unmatched,
+        hold_unmatched: rt.settings.hold_unmatched,
         handler_timeout: rt.settings.step_timeout,
         tombstone_ttl: rt.settings.process_tombstone_ttl,
         metrics: Some(&rt.metrics),
@@ -255,14 +284,21 @@ async fn lock_local<'r>(
     envelope: &Envelope,
     target: &Target,
     pessimistic: bool,
+    lane: &mut Option<Ticket>,
 ) -> Result<Option<InstanceGuard<'r>>, Dispatched> {
+    let mut queued = || {
+        if let Some(lane) = lane.as_mut() {
+            lane.pass();
+        }
+    };
     Ok(match target.local_name(&envelope.process) {
         Some(name) if pessimistic => {
-            Some(touching(rt, delivery, rt.instance_locks.lock(name)).await)
+            Some(touching(rt, delivery, rt.instance_locks.lock(name, &mut queued)).await)
         }
         Some(name) => {
             let offer = || Joined::new(envelope.clone(), delivery.clone());
-            match touching(rt, delivery, rt.instance_locks.lock_or_join(name, offer)).await {
+            let lock = rt.instance_locks.lock_or_join(name, offer, &mut queued);
+            match touching(rt, delivery, lock).await {
                 Locked::Held(guard) => Some(guard),
                 Locked::Handled(outcome) => return Err(outcome),
             }
@@ -447,7 +483,7 @@ fn counted(rt: &Runtime, process: &'static str, envelope: &Envelope, outcome: &D
     }
     let parked = match outcome {
         Dispatched::DeadLettered { .. } => true,
-        Dispatched::Unmatched { .. } => rt.settings.dead_letter_unmatched,
+        Dispatched::Unmatched { dead_lettered, .. } => *dead_lettered,
         Dispatched::Failed { action, .. } => *action == ErrorAction::Stop,
         _ => false,
     };

@@ -541,6 +541,14 @@ impl Keys {
         format!("{}:idxs:{process}:{field}:{value}", self.pm_part(k))
     }
 
+    /// The ids, in the order held, of the messages held for `value` (of
+    /// the state field `field`; `""`: an instance id), and `suffix` `:p`
+    /// their payloads: in the partition of the value, with its entry.
+    pub fn held(&self, process: &str, field: &str, value: &str, suffix: &str) -> String {
+        let k = self.pm_k(process, value);
+        format!("{}:held{suffix}:{process}:{field}:{value}", self.pm_part(k))
+    }
+
     /// The message ids a deleted instance handled (a set that expires).
     pub fn tombstone(&self, process: &str, id: &str) -> String {
         format!(

@@ -95,6 +95,7 @@ fn spread_keys_of_an_instance_share_its_partitions_slot() {
                 traceparent: None,
                 due_ms: None,
                 hops: 0,
+                hold_until: None,
             }),
             keys.process_partition(k)
         );

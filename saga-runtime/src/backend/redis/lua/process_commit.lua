@@ -18,6 +18,9 @@
 -- then the partition's open tallies;
 -- then n_sadd shared correlation entries (sets of instance ids) to join
 --   and n_srem to leave;
+-- then per value whose held messages the commit releases (the instance's
+--   id if it creates it, each entry it claims in its slot): the held ids,
+--   their payloads and the schedule they wait in (lib/held.lua);
 -- then the partition members (compact layout only; pm_queue.lua).
 -- ARGV[1]: '1' if the commit writes an instance
 -- ARGV[2]: the version the writer read
@@ -52,6 +55,8 @@
 --   a message is relayed to (spread layout: the key given is then the
 --   partition's relay stream; `[]` when every endpoint key is the
 --   endpoint's own stream)
+-- ARGV[29]: n_held, the values whose held messages are released
+-- then n_held queues, each the one its value's messages go to;
 -- then n_enq (queue, payload) pairs (each queue its partition's);
 -- then n_ep endpoint payloads;
 -- then n_sch (due ms, payload) pairs;
@@ -95,7 +100,8 @@ local batched_ids = ARGV[25]
 local batched_acks = ARGV[26]
 local generation = ARGV[27]
 local relay_targets = ARGV[28]
-local PAYLOADS_FROM = 29
+local nheld = tonumber(ARGV[29])
+local PAYLOADS_FROM = 30 + nheld
 
 -- Where the variable runs of KEYS start.
 local tomb = 5 + nadd + nrem + nep + 1
@@ -103,7 +109,8 @@ local tk = tomb + nadd + nrem
 local sh = tk + 3 * ntally + 1
 
 local now = server_time()
-local parts = partitioned(KEYS[sh + nsadd + nsrem + 1], now)
+local hk = sh + nsadd + nsrem
+local parts = partitioned(KEYS[hk + 3 * nheld + 1], now)
 local version = 0
 if has_instance == '1' then
   local stored = redis.call('HMGET', instance, 'version', 'gen')
@@ -151,6 +158,10 @@ if has_instance == '1' then
     version = tonumber(v) + 1
     redis.call('HSET', instance, 'doc', doc, 'version', version, 'gen', generation)
     redis.call('SADD', instances, id)
+    for i = 1, nheld do
+      local k = hk + 3 * i - 2
+      release_held(KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[29 + i], parts)
+    end
   end
 end
 local a = PAYLOADS_FROM - 1

@@ -112,6 +112,7 @@ fn durable(script: &Script) -> bool {
         &REQUEUE,
         &ENQUEUE_PM,
         &PROCESS_COMMIT,
+        &PROCESS_HOLD,
         &TALLY_FINISH,
         &TALLY_PROGRESS,
     ]
@@ -201,7 +202,9 @@ scripts! {
     TRIM_DEAD = "trim_dead" with "time";
     REAP_CONSUMERS = "reap_consumers";
     LEAVE_GROUP = "leave_group";
-    PROCESS_COMMIT = "process_commit" with "refusals", "time", "settle", "pm_queue";
+    PROCESS_COMMIT = "process_commit" with "refusals", "time", "settle", "pm_queue", "held";
+    PROCESS_HOLD = "process_hold" with "refusals", "time", "settle", "pm_queue", "held";
+    RELEASE_HELD = "release_held" with "pm_queue", "held";
     RELEASE_DUE = "release_due" with "time", "pm_queue", "route";
     CLAIM_ENTRY = "claim_entry" with "refusals";
     SWAP_ENTRY = "swap_entry";

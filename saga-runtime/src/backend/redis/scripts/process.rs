@@ -6,7 +6,8 @@ use redis::{Script, Value};
 
 use super::{flag, or_empty, typed, Call, Invocation, Refusal, Refused, Settling};
 use super::{
-    CLAIM_ENTRY, PROCESS_COMMIT, RELEASE_DUE, REMEMBER, SWAP_ENTRY, TALLY_FINISH, TALLY_PROGRESS,
+    CLAIM_ENTRY, PROCESS_COMMIT, PROCESS_HOLD, RELEASE_DUE, RELEASE_HELD, REMEMBER, SWAP_ENTRY,
+    TALLY_FINISH, TALLY_PROGRESS,
 };
 use crate::backend::redis::corrupt;
 use crate::backend::redis::entry::{items, text, text_at};
@@ -102,6 +103,18 @@ pub(crate) struct ProcessCommit<'a> {
     pub enqueue: Vec<(String, String)>,
     /// Timeouts: (due ms, payload).
     pub timeouts: Vec<(u64, String)>,
+    /// The values whose held messages the commit releases.
+    pub release_held: Vec<HeldKeys>,
+}
+
+/// The keys of the messages held for one value (`lua/lib/held.lua`), and
+/// the queue they are released onto.
+#[derive(Debug, Clone)]
+pub(crate) struct HeldKeys {
+    pub list: String,
+    pub payloads: String,
+    pub schedule: String,
+    pub queue: String,
 }
 
 impl ProcessCommit<'_> {
@@ -129,6 +142,9 @@ impl ProcessCommit<'_> {
         call.key(&self.open_tallies);
         for key in self.join_shared.iter().chain(&self.leave_shared) {
             call.key(key);
+        }
+        for held in &self.release_held {
+            call.key(&held.list).key(&held.payloads).key(&held.schedule);
         }
         if let Some(members) = &self.members {
             call.key(members);
@@ -231,7 +247,11 @@ impl Call for ProcessCommit<'_> {
             .arg(json_strings(&batched_ids))
             .arg(batched_acks.to_string())
             .arg(self.generation)
-            .arg(json_strings(&relays));
+            .arg(json_strings(&relays))
+            .arg(self.release_held.len());
+        for held in &self.release_held {
+            call.arg(&held.queue);
+        }
         self.fill_payloads(call);
     }
 
@@ -250,6 +270,102 @@ impl Call for ProcessCommit<'_> {
             })),
             _ => Err(corrupt("unexpected reply from the process commit script")),
         }
+    }
+}
+
+/// `process_hold.lua`: a continuing message held for its instance.
+pub(crate) struct ProcessHold<'a> {
+    /// The instance (or correlation entry) it looks for.
+    pub owner: String,
+    /// Its tombstone.
+    pub tombstone: String,
+    pub held: HeldKeys,
+    /// The delivery's queue, entry and group (`None`: nothing to settle).
+    pub settle: Option<(String, &'a str, &'a str)>,
+    pub message_id: &'a str,
+    pub payload: String,
+    pub until_ms: u64,
+    pub cap: usize,
+}
+
+/// What `process_hold.lua` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holding {
+    /// Held now.
+    Held,
+    /// Held before (the same message id).
+    Already,
+}
+
+impl Call for ProcessHold<'_> {
+    /// Or refused: [`Refusal::Conflict`], [`Refusal::Taken`] (with the
+    /// entry's owner), [`Refusal::Tombstoned`], [`Refusal::HoldFull`].
+    type Reply = Result<Holding, Refused>;
+
+    fn script() -> &'static Script {
+        &PROCESS_HOLD
+    }
+
+    fn fill(&self, call: &mut Invocation) {
+        let (queue, entry, group) = match &self.settle {
+            Some((queue, entry, group)) => (queue.as_str(), *entry, *group),
+            None => (self.held.queue.as_str(), "", ""),
+        };
+        call.key(&self.owner)
+            .key(&self.tombstone)
+            .key(&self.held.list)
+            .key(&self.held.payloads)
+            .key(&self.held.schedule)
+            .key(queue)
+            .arg(self.message_id)
+            .arg(&self.payload)
+            .arg(self.until_ms)
+            .arg(self.cap)
+            .arg(if self.settle.is_some() { "ack" } else { "none" })
+            .arg(entry)
+            .arg(group);
+    }
+
+    fn decode(reply: Value) -> Result<Self::Reply, BackendError> {
+        let reply: Vec<Value> = typed(reply)?;
+        Ok(match reply.first() {
+            Some(Value::Int(0)) => Ok(Holding::Held),
+            Some(Value::Int(1)) => Ok(Holding::Already),
+            Some(Value::Int(code)) => match Refusal::from_code(*code, Refusal::PROCESS_HOLD) {
+                Some(refusal) => Err(Refused {
+                    refusal,
+                    detail: text_at(&reply, 1),
+                }),
+                None => return Err(corrupt("unexpected refusal from the hold script")),
+            },
+            _ => return Err(corrupt("unexpected reply from the hold script")),
+        })
+    }
+}
+
+/// `release_held.lua`: the messages held for a value released, after
+/// the commit that claimed it from another slot.
+pub(crate) struct ReleaseHeld<'a> {
+    pub held: &'a HeldKeys,
+}
+
+impl Call for ReleaseHeld<'_> {
+    /// How many moved.
+    type Reply = usize;
+
+    fn script() -> &'static Script {
+        &RELEASE_HELD
+    }
+
+    fn fill(&self, call: &mut Invocation) {
+        call.key(&self.held.list)
+            .key(&self.held.payloads)
+            .key(&self.held.schedule)
+            .arg(&self.held.queue);
+    }
+
+    fn decode(reply: Value) -> Result<usize, BackendError> {
+        typed(reply)
     }
 }
 

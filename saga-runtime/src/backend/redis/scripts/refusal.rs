@@ -26,6 +26,8 @@ pub(crate) enum Refusal {
     Tombstoned,
     /// A tally the commit opens exists already.
     TallyExists,
+    /// As many messages are held for the value as the cap allows.
+    HoldFull,
 }
 
 impl Refusal {
@@ -33,7 +35,7 @@ impl Refusal {
     /// on the wire. Codes repeat across families (a task write's `-5` is a
     /// cancellation, a process-manager write's a tombstone), never within
     /// the set one script answers (see [`from_code`](Self::from_code)).
-    pub const TABLE: [(Refusal, &'static str, i64); 7] = [
+    pub const TABLE: [(Refusal, &'static str, i64); 8] = [
         (Refusal::LockLost, "LOCK_LOST", -1),
         (Refusal::Conflict, "CONFLICT", -2),
         (Refusal::Missing, "MISSING", -3),
@@ -41,6 +43,7 @@ impl Refusal {
         (Refusal::CancelRequested, "CANCEL_REQUESTED", -5),
         (Refusal::Tombstoned, "TOMBSTONED", -5),
         (Refusal::TallyExists, "TALLY_EXISTS", -6),
+        (Refusal::HoldFull, "HOLD_FULL", -7),
     ];
 
     /// What the task writes answer (`record_attempt.lua`,
@@ -58,6 +61,14 @@ impl Refusal {
         Refusal::Taken,
         Refusal::Tombstoned,
         Refusal::TallyExists,
+    ];
+
+    /// What `process_hold.lua` answers.
+    pub const PROCESS_HOLD: &'static [Refusal] = &[
+        Refusal::Conflict,
+        Refusal::Taken,
+        Refusal::Tombstoned,
+        Refusal::HoldFull,
     ];
 
     /// What `claim_entry.lua` answers.
@@ -115,6 +126,7 @@ mod tests {
             Refusal::Taken => -4,
             Refusal::CancelRequested | Refusal::Tombstoned => -5,
             Refusal::TallyExists => -6,
+            Refusal::HoldFull => -7,
         };
         for (refusal, _, wire) in Refusal::TABLE {
             assert_eq!(code(refusal), wire, "{refusal:?}");
@@ -129,6 +141,7 @@ mod tests {
         for among in [
             Refusal::TASK_WRITE,
             Refusal::PROCESS_COMMIT,
+            Refusal::PROCESS_HOLD,
             Refusal::CLAIM_ENTRY,
         ] {
             for refusal in among {

@@ -4,7 +4,7 @@
 
 use super::Fixture;
 use crate::backend::redis::scripts::{
-    self as s, EntryClaim, ProcessCommitted, Refusal, Refused, Settling, TallyFinished,
+    self as s, EntryClaim, Holding, ProcessCommitted, Refusal, Refused, Settling, TallyFinished,
 };
 use crate::model::tally::TallyProgress;
 
@@ -85,6 +85,33 @@ impl Fixture {
             batched: Vec::new(),
             enqueue: vec![(k.queue(k.process_partition(3)), "out".to_owned())],
             timeouts: vec![(5000, "later".to_owned())],
+            release_held: Vec::new(),
+        }
+    }
+
+    /// The keys of the messages held for instance `id` of `orders`.
+    fn held(&self, id: &str) -> s::HeldKeys {
+        let k = &self.keys;
+        s::HeldKeys {
+            list: k.held("orders", "", id, ""),
+            payloads: k.held("orders", "", id, ":p"),
+            schedule: k.scheduled(0),
+            queue: k.queue(k.process_route("orders", id)),
+        }
+    }
+
+    /// A hold of message `m` (payload `m`, due at 9000) for instance `id`.
+    fn hold<'a>(&self, id: &str, m: &'a str, cap: usize) -> s::ProcessHold<'a> {
+        let k = &self.keys;
+        s::ProcessHold {
+            owner: k.instance("orders", id),
+            tombstone: k.tombstone("orders", id),
+            held: self.held(id),
+            settle: None,
+            message_id: m,
+            payload: format!("payload-{m}"),
+            until_ms: 9000,
+            cap,
         }
     }
 
@@ -444,4 +471,60 @@ async fn tally_finish_sends_a_completion_once() {
     let _: () = f.cmd(&["DEL", &tally.hash]).await;
     assert_eq!(f.call(&finish(false)).await.unwrap(), TallyFinished::Gone);
     assert_eq!(f.call(&progress(false)).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn holds_count_only_what_is_still_held_and_the_creating_commit_releases_them_in_order() {
+    let mut f = Fixture::new().await;
+    let k = f.keys.clone();
+    for m in ["a", "b"] {
+        assert_eq!(
+            f.call(&f.hold("i9", m, 2)).await.unwrap(),
+            Ok(Holding::Held)
+        );
+    }
+    assert_eq!(
+        f.call(&f.hold("i9", "a", 2)).await.unwrap(),
+        Ok(Holding::Already)
+    );
+    assert_eq!(
+        f.call(&f.hold("i9", "c", 2)).await.unwrap(),
+        Err(refused(Refusal::HoldFull, Some("2")))
+    );
+    // "a" is no longer scheduled (its hold ended and the poller moved it):
+    // it counts no longer, and "c" is held.
+    let _: i64 = f.cmd(&["ZREM", &k.scheduled(0), "payload-a"]).await;
+    assert_eq!(
+        f.call(&f.hold("i9", "c", 2)).await.unwrap(),
+        Ok(Holding::Held)
+    );
+    let ids: Vec<String> = f
+        .cmd(&["LRANGE", &k.held("orders", "", "i9", ""), "0", "-1"])
+        .await;
+    assert_eq!(ids, ["b", "c"]);
+    // The instance's creation moves "b" then "c" onto its queue.
+    let mut create = f.process_commit("i9", 0);
+    create.claim.clear();
+    create.release_held = vec![f.held("i9")];
+    assert_eq!(f.call(&create).await.unwrap(), Ok(committed(1)));
+    let released: Vec<Vec<String>> = f
+        .entries(&k.queue(k.process_stream()))
+        .await
+        .into_iter()
+        .map(|(_, fields)| fields)
+        .collect();
+    assert!(
+        released.starts_with(&[
+            vec!["payload".to_owned(), "payload-b".to_owned()],
+            vec!["payload".to_owned(), "payload-c".to_owned()],
+        ]),
+        "{released:?}"
+    );
+    let left: Vec<String> = f.cmd(&["KEYS", "*held*"]).await;
+    assert!(left.is_empty(), "{left:?}");
+    // The instance exists now: a hold for it is refused.
+    assert_eq!(
+        f.call(&f.hold("i9", "d", 2)).await.unwrap(),
+        Err(refused(Refusal::Conflict, None))
+    );
 }
