@@ -249,6 +249,17 @@ pub trait WorkQueue: Send + Sync + 'static {
         task_id: Option<TaskId>,
     ) -> Result<(), BackendError>;
 
+    /// Parks `payload`, a message that never was on the queue (a broker
+    /// delivery that is not a message: garbage, an unknown type, no id),
+    /// on the dead-letter queue with `reason`, so that an operator sees
+    /// it; the payload is cut to the dead-letter size limit, as a
+    /// delivery's is. The default enqueues it as an entry that does not
+    /// decode, which a worker then parks with a reason of its own.
+    async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {
+        let _ = reason;
+        self.enqueue_raw(payload.as_bytes()).await
+    }
+
     /// Moves delayed messages that fell due onto the queue, at most `limit`;
     /// returns how many moved. Backends that promote them on `receive` may
     /// return 0.

@@ -96,7 +96,18 @@ impl State {
         limit: usize,
     ) {
         self.in_flight.remove(&delivery.id);
-        let (payload, truncated) = truncate_payload(&delivery.raw, limit);
+        self.park_raw(&delivery.raw, reason, task_id, limit);
+    }
+
+    /// Parks `raw` on the dead-letter queue (cut to `limit`).
+    pub(super) fn park_raw(
+        &mut self,
+        raw: &str,
+        reason: &str,
+        task_id: Option<TaskId>,
+        limit: usize,
+    ) {
+        let (payload, truncated) = truncate_payload(raw, limit);
         // Ids grow in parking order, so a cursor (an id) still says where
         // a page ended after its letter was requeued or discarded.
         self.next_id += 1;
@@ -233,6 +244,12 @@ impl WorkQueue for MemoryBackend {
     ) -> Result<(), BackendError> {
         self.state()
             .park(delivery, reason, task_id, self.shared.payload_limit);
+        Ok(())
+    }
+
+    async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {
+        self.state()
+            .park_raw(payload, reason, None, self.shared.payload_limit);
         Ok(())
     }
 

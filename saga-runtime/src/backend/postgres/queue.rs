@@ -363,6 +363,22 @@ impl WorkQueue for PostgresBackend {
         Ok(())
     }
 
+    async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {
+        let limit = self.shared.config.dead_letter_payload_limit;
+        let (payload, size) = truncate_payload(payload, limit);
+        sqlx::query(sql!(
+            "SELECT {}('dead', NULL, NULL, $1, $2, $3, NULL, NULL)",
+            self.q("settle")
+        ))
+        .bind(payload)
+        .bind(reason)
+        .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
+        .execute(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        Ok(())
+    }
+
     async fn wake(&self, message: &QueueMessage) -> Result<bool, BackendError> {
         let payload = WorkItem::Saga(message.clone()).encode();
         let woken: bool = sqlx::query_scalar(sql!("SELECT {}($1, $2)", self.q("wake_delayed")))

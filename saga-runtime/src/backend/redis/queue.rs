@@ -256,6 +256,23 @@ impl WorkQueue for RedisBackend {
         Ok(())
     }
 
+    /// On the first stream's dead letters, in one script (a dead letter's
+    /// time is the server's, and the write is as durable as a dead
+    /// letter's).
+    async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {
+        let (payload, size) =
+            truncate_payload(payload, self.shared.config.dead_letter_payload_limit);
+        self.call(&s::Park {
+            dead: self.keys().dead(0),
+            payload,
+            reason,
+            size,
+            dead_cap: self.dead_letters_ceiling(),
+        })
+        .await?;
+        Ok(())
+    }
+
     /// The delayed entry the commit that parked the task left
     /// (`0:<payload>` in its partition's delayed set) moves onto the
     /// partition's queue, in one script. A message handed back with a

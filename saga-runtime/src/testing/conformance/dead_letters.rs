@@ -89,3 +89,28 @@ pub async fn dead_lettering_paging_and_requeue(b: Arc<dyn Backend>) {
         .unwrap();
     assert!(b.dead_letter_by_id(&parked.id).await.unwrap().is_none());
 }
+
+/// A message that never was on the queue (a broker delivery that is not
+/// a message) is parked with its reason, and listed with the others; the
+/// queue holds nothing of it.
+pub async fn parking_what_never_was_on_the_queue(b: Arc<dyn Backend>) {
+    b.park("not json at all", "the body is not JSON: expected value")
+        .await
+        .unwrap();
+    let page = b
+        .dead_letters(&DeadLetterQuery {
+            after: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 1, "{:?}", page.items);
+    let letter = &page.items[0];
+    assert_eq!(letter.payload, "not json at all");
+    assert_eq!(letter.reason, "the body is not JSON: expected value");
+    assert_eq!(letter.task_id, None);
+    assert!(
+        b.receive("c", Interest::ALL, WAIT).await.unwrap().is_none(),
+        "a parked message is not delivered"
+    );
+}

@@ -278,6 +278,10 @@ impl WorkQueue for FaultyBackend {
         self.inner.dead_letter(delivery, reason, task_id).await
     }
 
+    async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {
+        self.inner.park(payload, reason).await
+    }
+
     async fn release_due(&self, limit: usize) -> Result<usize, BackendError> {
         self.inner.release_due(limit).await
     }

@@ -109,6 +109,7 @@ fn durable(script: &Script) -> bool {
         &COMMIT,
         &CANCEL,
         &DEAD_LETTER,
+        &PARK,
         &REQUEUE,
         &ENQUEUE_PM,
         &PROCESS_COMMIT,
@@ -193,6 +194,7 @@ scripts! {
     TAKE = "take" with "route", "record";
     CLAIM = "claim";
     DEAD_LETTER = "dead_letter" with "time", "settle";
+    PARK = "park" with "time";
     REQUEUE = "requeue";
     RELEASE_DELAYED = "release_delayed" with "time", "move_due";
     SHARE = "share";

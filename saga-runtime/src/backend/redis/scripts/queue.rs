@@ -6,8 +6,8 @@ use redis::{Script, Value};
 
 use super::{flag, or_empty, typed, Call, Invocation};
 use super::{
-    ACK, CLAIM, DEAD_LETTER, ENDPOINT_SETTLE, ENDPOINT_TAKE, ENQUEUE_PM, RELEASE, RELEASE_DELAYED,
-    REQUEUE, SHARE, TAKE,
+    ACK, CLAIM, DEAD_LETTER, ENDPOINT_SETTLE, ENDPOINT_TAKE, ENQUEUE_PM, PARK, RELEASE,
+    RELEASE_DELAYED, REQUEUE, SHARE, TAKE,
 };
 use crate::backend::redis::entry::{items, text, text_at};
 use crate::backend::redis::record::RawRecord;
@@ -295,6 +295,37 @@ impl Call for DeadLetter<'_> {
             .arg(self.payload)
             .arg(self.reason)
             .arg(or_empty(self.task))
+            .arg(or_empty(self.size))
+            .arg(self.dead_cap);
+    }
+
+    fn decode(reply: Value) -> Result<String, BackendError> {
+        typed(reply)
+    }
+}
+
+/// `park.lua`: a message that never was on the queue, parked.
+pub(crate) struct Park<'a> {
+    pub dead: String,
+    pub payload: &'a str,
+    pub reason: &'a str,
+    /// The payload's size before it was cut, if it was.
+    pub size: Option<usize>,
+    pub dead_cap: u64,
+}
+
+impl Call for Park<'_> {
+    /// The dead letter's entry id.
+    type Reply = String;
+
+    fn script() -> &'static Script {
+        &PARK
+    }
+
+    fn fill(&self, call: &mut Invocation) {
+        call.key(&self.dead)
+            .arg(self.payload)
+            .arg(self.reason)
             .arg(or_empty(self.size))
             .arg(self.dead_cap);
     }
