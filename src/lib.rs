@@ -8,6 +8,8 @@ pub mod batch;
 pub mod chaos;
 #[doc(hidden)]
 pub mod crashy;
+#[doc(hidden)]
+pub mod shop;
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

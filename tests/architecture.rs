@@ -36,6 +36,7 @@ const FLOORS: &[&str] = &[
     "error",
     "saga",
     "process",
+    "transport",
     "metrics",
     "worker",
     "engine",

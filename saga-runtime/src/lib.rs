@@ -65,6 +65,9 @@
 //!   `FaultKit` (your saga under seeded crashes, duplicates and
 //!   cancellations) and, with the `conformance` feature, the backend
 //!   conformance suite;
+//! - [`transport`]: brokers (features `rabbitmq`, `nats`): process
+//!   managers fed by other services, sagas started by commands on a queue,
+//!   endpoints relayed with the broker's confirmation;
 //! - `http` (feature `http`): axum routes to inspect and cancel tasks;
 //! - `metrics` (feature `metrics`): Prometheus metrics, and with `http` the
 //!   `GET /metrics` route.
@@ -74,7 +77,7 @@
 //! repository's `tests/architecture.rs` keeps it so). Lowest first: `model`
 //! (the persisted records); `util`, `name`, `policy`, `context`, `otel` and
 //! `circuit`; `limit`; `backend` (storage); `error`; the state machines `saga` and
-//! `process`; `metrics`; `worker` (what runs them); `engine`; then
+//! `process`; `transport` (brokers); `metrics`; `worker` (what runs them); `engine`; then
 //! `endpoint`, `reconcile`, `http` and `testing` on top. Data flows down the
 //! same way: engine -> worker -> state machines -> backend -> model.
 //!
@@ -110,6 +113,7 @@ pub mod reconcile;
 pub mod saga;
 pub use model::task;
 pub mod testing;
+pub mod transport;
 mod util;
 mod worker;
 

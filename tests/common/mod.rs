@@ -1,10 +1,13 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod brokers;
 pub mod http_client;
+pub mod nats_server;
 pub mod ops_sagas;
 pub mod postgres_server;
 pub mod prometheus;
+pub mod rabbitmq_server;
 pub mod redis_cluster;
 pub mod redis_sentinel;
 pub mod redis_server;

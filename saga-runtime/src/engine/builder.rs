@@ -20,6 +20,7 @@ pub struct EngineBuilder {
     backend: Option<Arc<dyn Backend>>,
     sagas: Vec<Arc<dyn ErasedSaga>>,
     processes: Vec<Arc<dyn ErasedProcess>>,
+    transports: Vec<Arc<dyn crate::transport::Transport>>,
     workers: usize,
     settings: Settings,
 }
@@ -30,6 +31,7 @@ impl EngineBuilder {
             backend: None,
             sagas: Vec::new(),
             processes: Vec::new(),
+            transports: Vec::new(),
             workers: 4,
             settings: Settings::default(),
         }
@@ -44,6 +46,25 @@ impl EngineBuilder {
     /// Registers a process manager (its dependencies live in `pm`).
     pub fn process_manager<P: ProcessManager>(mut self, pm: P) -> Self {
         self.processes.push(Arc::new(pm));
+        self
+    }
+
+    /// Talks to other services through `transport` (a broker: see
+    /// [`crate::transport`]): every process manager's messages arrive
+    /// from it, the sagas it was told to start from commands, and the
+    /// endpoints it was told to relay go out through it. Several
+    /// transports may be given, each with a name of its own.
+    pub fn transport(mut self, transport: impl crate::transport::Transport) -> Self {
+        self.transports.push(Arc::new(transport));
+        self
+    }
+
+    /// How many messages may wait on the store's work queue before the
+    /// transports stop taking more from their brokers (default 10,000):
+    /// the broker holds the rest, rather than the store growing without
+    /// bound behind slow handlers.
+    pub fn transport_backlog(mut self, messages: u64) -> Self {
+        self.settings.transport_backlog = messages.max(1);
         self
     }
 
@@ -307,13 +328,10 @@ impl EngineBuilder {
                  keeps its own, so a limit holds per engine, not across the deployment"
             );
         }
-        let rt = Arc::new(Runtime::new(
-            backend,
-            sagas,
-            processes,
-            routes,
-            self.settings,
-        ));
+        let carried = carried(self.transports, &sagas, &processes).await?;
+        let mut runtime = Runtime::new(backend, sagas, processes, routes, self.settings);
+        runtime.transports = carried;
+        let rt = Arc::new(runtime);
         let listener = rt.clone();
         let mut cancellations = rt.backend.cancellations().await?;
         rt.tasks.spawn(async move {
@@ -331,4 +349,55 @@ impl EngineBuilder {
         engine.spawn_workers(self.workers);
         Ok(engine)
     }
+}
+
+/// The transports with what each carries, their topology declared (a
+/// broker that is away now is declared by the first duty that reaches it;
+/// a topology it refuses is an error now).
+async fn carried(
+    transports: Vec<Arc<dyn crate::transport::Transport>>,
+    sagas: &SagaRegistry,
+    processes: &HashMap<&'static str, Arc<dyn ErasedProcess>>,
+) -> Result<Vec<Arc<crate::worker::transports::Carried>>, Error> {
+    use crate::transport::{RouteKind, TransportError};
+    let mut names = Vec::new();
+    let mut carried = Vec::new();
+    for transport in transports {
+        let name = transport.name().to_owned();
+        if names.contains(&name) {
+            return Err(Error::Config(format!(
+                "two transports are named `{name}`: their leases and metrics would be one"
+            )));
+        }
+        names.push(name.clone());
+        for route in transport.asked().routes {
+            if let RouteKind::Start { saga } = route.kind {
+                if sagas.versions(saga).is_none() {
+                    return Err(Error::UnknownSaga(saga.to_owned()));
+                }
+            }
+        }
+        let mut pms: Vec<_> = processes
+            .values()
+            .map(|pm| {
+                let def = pm.definition();
+                (
+                    def.name,
+                    def.handlers.iter().map(|h| h.message_type).collect(),
+                )
+            })
+            .collect();
+        pms.sort();
+        let c = Arc::new(crate::worker::transports::Carried::new(transport, pms));
+        match c.declared().await {
+            Ok(()) => {}
+            Err(TransportError::Unavailable(why)) => tracing::warn!(
+                transport = %name, %why,
+                "the broker is away: its topology is declared once it is back"
+            ),
+            Err(error) => return Err(Error::Config(format!("transport `{name}`: {error}"))),
+        }
+        carried.push(c);
+    }
+    Ok(carried)
 }

@@ -23,7 +23,20 @@ impl Engine {
             tasks.spawn(worker::timers(self.rt.clone()));
             tasks.spawn(worker::housekeeping(self.rt.clone()));
             tasks.spawn(worker::partitions(self.rt.clone()));
+            for duty in worker::transports::duties(&self.rt, &self.starter()) {
+                tasks.spawn(duty);
+            }
         }
+    }
+
+    /// How a bridge starts a task from a command: as `start_json` does,
+    /// through a handle that does not keep the engine running.
+    fn starter(&self) -> worker::bridge::Starter {
+        let engine = Engine::detached(self.rt.clone());
+        std::sync::Arc::new(move |saga, input, key| {
+            let engine = engine.clone();
+            Box::pin(async move { engine.start_json(saga, input, Some(&key)).await })
+        })
     }
 
     /// Runs `n` workers in this task until [`shutdown`](Self::shutdown) is
@@ -73,6 +86,9 @@ impl Engine {
             set.spawn(tasks.track_future(worker::timers(self.rt.clone())));
             set.spawn(tasks.track_future(worker::housekeeping(self.rt.clone())));
             set.spawn(tasks.track_future(worker::partitions(self.rt.clone())));
+            for duty in worker::transports::duties(&self.rt, &self.starter()) {
+                set.spawn(tasks.track_future(duty));
+            }
         }
         tokio::select! {
             _ = self.rt.shutdown.cancelled() => {}

@@ -117,6 +117,17 @@ impl Engine {
         EngineBuilder::new()
     }
 
+    /// A handle for the engine's own background duties (a bridge's
+    /// starts): it does not keep the engine running, as a user's handles
+    /// do (dropping the last of those stops it).
+    pub(crate) fn detached(rt: Arc<Runtime>) -> Self {
+        Engine {
+            rt,
+            budget: None,
+            _owner: Arc::new(Owner(CancellationToken::new())),
+        }
+    }
+
     fn from_runtime(rt: Arc<Runtime>) -> Self {
         let owner = Owner(rt.shutdown.clone());
         Engine {

@@ -58,6 +58,12 @@ pub(crate) fn dead_lettered(_kind: DeadLetterKind) {}
 pub(crate) fn process_message(_process: &'static str, _outcome: &'static str) {}
 
 #[inline]
+pub(crate) fn bridged(_transport: &str, _n: usize) {}
+
+#[inline]
+pub(crate) fn relayed(_transport: &str, _outcome: &'static str) {}
+
+#[inline]
 pub(crate) fn process_conflict(_process: &'static str) {}
 
 #[inline]

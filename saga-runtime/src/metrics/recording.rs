@@ -16,6 +16,7 @@ use super::{
     TASKS_AWAITING_OPERATOR, TASKS_FINISHED, TASKS_REOPENED, TASKS_STARTED,
 };
 use super::{LIMIT_CAPACITY, LIMIT_IN_USE, LIMIT_SLOTS_LOST, LIMIT_WAIT, LIMIT_WAITS};
+use super::{TRANSPORT_RECEIVED, TRANSPORT_RELAYED};
 use crate::backend::Backend;
 use crate::backend::LimitCause;
 use crate::model::task::TaskStatus;
@@ -141,6 +142,20 @@ pub(crate) fn breaker_transition(saga: &'static str, step: &'static str, to: Bre
 #[inline]
 pub(crate) fn dead_lettered(kind: DeadLetterKind) {
     counter!(DEAD_LETTERS, "kind" => kind.label()).increment(1);
+}
+
+/// Broker deliveries taken into the store (the transport's name is the
+/// engine's, a handful per deployment).
+#[inline]
+pub(crate) fn bridged(transport: &str, n: usize) {
+    counter!(TRANSPORT_RECEIVED, "transport" => transport.to_owned()).increment(n as u64);
+}
+
+/// An endpoint message handed to a broker, and how that went.
+#[inline]
+pub(crate) fn relayed(transport: &str, outcome: &'static str) {
+    counter!(TRANSPORT_RELAYED, "transport" => transport.to_owned(), "outcome" => outcome)
+        .increment(1);
 }
 
 /// A process-manager message's outcome (see `ProcessMetrics`).

@@ -1,7 +1,7 @@
 //! Workers: the loop that takes messages off the queue and the background
 //! duties (timers, housekeeping) that keep a deployment healthy.
 //!
-//! Everything that runs lives here, and only here are metrics recorded:
+//! Everything that runs lives here:
 //!
 //! - [`run`] (this file): receive, route by kind, cap poison messages;
 //! - `runtime`: what the engine and its workers share (the backend and the
@@ -19,18 +19,25 @@
 //! - `partitions`: this engine's share of the process-manager partitions;
 //! - `endpoint`: an endpoint consumer's loop;
 //! - `timers`: move due retries and timeouts onto the queue;
-//! - `housekeeping`: retention (expired tasks, dead letters, idle consumers).
+//! - `housekeeping`: retention (expired tasks, dead letters, idle consumers);
+//! - `transports`, `bridge`, `relay`: brokers in (a route's deliveries
+//!   into the store) and out (an endpoint's messages to the broker), each
+//!   duty under a named lease (`held_lease`) so that one engine does it.
 
+pub(crate) mod bridge;
 pub(crate) mod endpoint;
+mod held_lease;
 mod housekeeping;
 pub(crate) mod isolation;
 mod lease;
 pub(crate) mod limits;
 pub(crate) mod partitions;
 pub(crate) mod process;
+mod relay;
 pub(crate) mod runtime;
 mod saga;
 mod timers;
+pub(crate) mod transports;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;

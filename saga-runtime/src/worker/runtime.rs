@@ -42,6 +42,7 @@ pub(crate) struct Settings {
     pub timer_poll: Duration,
     pub dead_letter_unmatched: bool,
     pub hold_unmatched: Duration,
+    pub transport_backlog: u64,
     pub process_tombstone_ttl: Duration,
     pub step_timeout: Duration,
     pub stop_grace: Duration,
@@ -81,6 +82,7 @@ impl Default for Settings {
             timer_poll: Duration::from_millis(100),
             dead_letter_unmatched: true,
             hold_unmatched: DEFAULT_HOLD_UNMATCHED,
+            transport_backlog: 10_000,
             process_tombstone_ttl: DEFAULT_PROCESS_TOMBSTONE_TTL,
             step_timeout: Duration::from_secs(5 * 60),
             stop_grace: Duration::from_secs(5),
@@ -144,6 +146,8 @@ pub(crate) struct Runtime {
     /// Each process-manager message's place among its instance's, in the
     /// order read (`process::lanes`).
     pub lanes: Arc<super::process::lanes::Lanes>,
+    /// The brokers, each with what it carries (`transport`).
+    pub transports: Vec<Arc<super::transports::Carried>>,
     /// The process-manager partitions this engine's workers read.
     pub partitions: super::partitions::Ownership,
     /// Messages recovered from a worker that stopped answering them run
@@ -193,6 +197,7 @@ impl Runtime {
             tasks: TaskTracker::new(),
             instance_locks: Default::default(),
             lanes: Default::default(),
+            transports: Vec::new(),
             partitions: Default::default(),
             isolation: Default::default(),
             process_store: backend.clone().processes(),
