@@ -221,6 +221,60 @@ async function api(path, method = "GET", body) {
   return data;
 }
 
+/** Whether `err` is the API refusing a read for want of its token. */
+function needsToken(err) {
+  return !!err && err.status === 401;
+}
+
+/**
+ * Follows the server-sent events of `path`, calling `on.event(name, data)`
+ * for each, `on.error(err)` if the stream cannot be opened or breaks, and
+ * `on.end()` when the server closes it. Read with `fetch`, not
+ * `EventSource`, which cannot send the API token (`Authorization`).
+ * Returns a handle whose `close()` stops it.
+ */
+function followEvents(path, on) {
+  const controller = new AbortController();
+  const dispatch = (block) => {
+    let name = "message";
+    const data = [];
+    for (const line of block.split("\n")) {
+      const text = line.replace(/\r$/, "");
+      if (text.startsWith("event:")) name = text.slice(6).trim();
+      else if (text.startsWith("data:")) data.push(text.slice(5).replace(/^ /, ""));
+    }
+    if (data.length) on.event(name, data.join("\n"));
+  };
+  const read = async () => {
+    const response = await fetch(path, {
+      headers: { ...authHeaders(), Accept: "text/event-stream" }, signal: controller.signal,
+    });
+    if (!response.ok) {
+      let data = null;
+      try { data = await response.json(); } catch (_) { data = null; }
+      throw { message: (data && data.error) || response.statusText, code: (data && data.code) || `http_${response.status}`,
+        status: response.status };
+    }
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        dispatch(buffer.slice(0, end));
+        buffer = buffer.slice(end + 2);
+      }
+    }
+  };
+  read().then(() => { if (!controller.signal.aborted) on.end(); }, (err) => {
+    if (controller.signal.aborted) return;
+    on.error(err && err.code ? err : { message: `the event stream broke (${err && err.message})`, code: "watch", status: 0 });
+  });
+  return { close: () => controller.abort() };
+}
+
 function query(params) {
   const qs = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) if (v != null && v !== "") qs.set(k, v);
@@ -255,6 +309,52 @@ function showNotice(text) {
 
 // ---------------------------------------------------------------- access
 
+/** Keeps `token` for this tab (and `operator`, if given), shown in the header. */
+function setCredentials(token, operator) {
+  sessionStorage.setItem(TOKEN_KEY, token);
+  document.getElementById("token").value = token;
+  if (operator) {
+    localStorage.setItem(OPERATOR_KEY, operator);
+    document.getElementById("operator").value = operator;
+  }
+  updateMode();
+}
+
+/**
+ * Shown in place of any page while the API refuses reads without its
+ * token (401): the console shows no task, letter or instance before it
+ * has the token, and says so if the one it has was refused.
+ */
+function askForToken(view) {
+  const refused = !!storedToken();
+  const token = h("input", { id: "token-prompt", type: "password", placeholder: "API token", autocomplete: "off" });
+  const operator = h("input", { id: "operator-prompt", placeholder: "operator name", autocomplete: "off",
+    value: localStorage.getItem(OPERATOR_KEY) || "" });
+  const message = h("p", { class: "dialog-error", id: "token-message", role: "alert", hidden: !refused },
+    "The API refused this token: enter it again.");
+  const onsubmit = (event) => {
+    event.preventDefault();
+    const value = token.value.trim();
+    if (!value) {
+      message.textContent = "Enter the API token.";
+      message.hidden = false;
+      token.focus();
+      return;
+    }
+    setCredentials(value, operator.value.trim());
+    route();
+  };
+  view.mount(h("form", { id: "token-form", class: "sign-in", onsubmit },
+    h("h1", {}, "The API token, please"),
+    h("p", {}, "This API shows its tasks (their input, outputs, errors and audit log) only to holders of its token. ",
+      "It is kept in this tab only, and sent with every request."),
+    message,
+    h("label", {}, "Token", token),
+    h("label", {}, "Your name (recorded in the audit log)", operator),
+    h("div", { class: "actions" }, h("button", { type: "submit", class: "primary", "data-test": "open" }, "Show the console"))));
+  token.focus();
+}
+
 function loadAuthInputs() {
   // Earlier versions kept the token in localStorage: move it to this tab's
   // sessionStorage and off the disk.
@@ -269,6 +369,8 @@ function loadAuthInputs() {
   operator.value = localStorage.getItem(OPERATOR_KEY) || "";
   token.addEventListener("input", () => { sessionStorage.setItem(TOKEN_KEY, token.value.trim()); updateMode(); });
   operator.addEventListener("input", () => localStorage.setItem(OPERATOR_KEY, operator.value.trim()));
+  // Said before the first answer: a page that asks for the token has no other.
+  updateMode();
 }
 
 function setChangesAllowed(allowed) {
@@ -455,7 +557,13 @@ class View {
   every(ms, fn) {
     let timer;
     const tick = async () => {
-      try { await fn(); } catch (err) { showError(err); }
+      try {
+        await fn();
+      } catch (err) {
+        // The token went (or changed): ask for it rather than show stale data.
+        if (needsToken(err) && this.alive) { route(); return; }
+        showError(err);
+      }
       if (this.alive) timer = setTimeout(tick, ms);
     };
     timer = setTimeout(tick, ms);
@@ -502,6 +610,10 @@ async function route() {
       await render(view, params, ...args);
     } catch (err) {
       if (!view.alive) return;
+      if (needsToken(err)) {
+        askForToken(view);
+        return;
+      }
       showError(err);
       view.mount(h("h1", {}, "Could not load this page"), h("p", {}, h("a", { href: "#/" }, "Back to the overview")));
     }

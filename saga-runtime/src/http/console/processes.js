@@ -187,7 +187,8 @@ async function start() {
   try {
     setChangesAllowed((await api("/api/overview")).changes_allowed);
   } catch (err) {
-    showError(err);
+    // Without the token the page asks for it (`route`): nothing to report.
+    if (!needsToken(err)) showError(err);
   }
   window.addEventListener("hashchange", route);
   await route();

@@ -130,17 +130,34 @@ async function taskView(view, _params, id) {
     if (source) source.close();
     source = null;
   };
+  const reread = () => refresh().catch(showError);
   const watch = () => {
     if (source) return;
-    source = new EventSource(`/api/tasks/${id}/events`);
     setLive("on", "live");
-    const reread = () => refresh().catch(showError);
-    for (const name of PROGRESS_EVENTS) source.addEventListener(name, reread);
-    source.addEventListener("finished", () => { stopWatching(); reread(); });
-    source.addEventListener("watch_error", (event) => {
-      stopWatching();
-      setLive("off", "not live");
-      showError({ code: "watch", message: JSON.parse(event.data).error });
+    const stream = source = followEvents(`/api/tasks/${id}/events`, {
+      event: (name, data) => {
+        if (PROGRESS_EVENTS.includes(name)) reread();
+        else if (name === "finished") { stopWatching(); reread(); }
+        else if (name === "watch_error") {
+          stopWatching();
+          setLive("off", "not live");
+          showError({ code: "watch", message: JSON.parse(data).error });
+        }
+      },
+      error: (err) => {
+        if (source !== stream) return;
+        stopWatching();
+        setLive("off", "not live");
+        showError(err);
+      },
+      // Closed before the task finished (a restart in between): read the
+      // task again after a pause, which follows it anew if it still runs.
+      end: () => {
+        if (source !== stream) return;
+        source = null;
+        setLive("off", "reconnecting");
+        setTimeout(() => { if (view.alive) reread(); }, 3000);
+      },
     });
   };
   // Re-reads the task; events arriving meanwhile cause one more read.
