@@ -6,6 +6,7 @@
 //! cargo run --example console                          # in-memory backend, port 8080
 //! cargo run --example console -- --redis redis://127.0.0.1:6379 --port 0 --token s3cret
 //! cargo run --example console -- --read-only           # no token: the API only reads
+//! cargo run --example console -- --public-reads        # a token for changes, reads open to anyone
 //! ```
 //!
 //! Open the printed URL. Most tasks complete; some retry first; some are
@@ -15,7 +16,8 @@
 //! for its first three calls: "Requeue" then completes the task). A few
 //! wait 20 s for a 3-D Secure approval, long enough to cancel them. One of
 //! each of the failures is started first, so they exist within a second
-//! or two. Paste the printed token into the console to act.
+//! or two. Paste the printed token into the console: it asks for it before
+//! it shows anything (unless `--public-reads`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -234,6 +236,7 @@ struct Args {
     port: u16,
     token: Option<String>,
     read_only: bool,
+    public_reads: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -242,6 +245,7 @@ fn args() -> Result<Args, String> {
         port: 8080,
         token: None,
         read_only: false,
+        public_reads: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -249,6 +253,7 @@ fn args() -> Result<Args, String> {
             "--redis" | "--url" => args.redis = Some(it.next().ok_or("--redis needs a URL")?),
             "--token" => args.token = Some(it.next().ok_or("--token needs a value")?),
             "--read-only" => args.read_only = true,
+            "--public-reads" => args.public_reads = true,
             "--port" => {
                 let port = it.next().ok_or("--port needs a number")?;
                 args.port = port
@@ -257,7 +262,7 @@ fn args() -> Result<Args, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`; expected --port N, --token T, --read-only, --url URL (or --redis URL)"
+                    "unknown argument `{other}`; expected --port N, --token T, --read-only, --public-reads, --url URL (or --redis URL)"
                 ))
             }
         }
@@ -314,11 +319,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .token
             .unwrap_or_else(|| TaskId::new().0.simple().to_string());
         println!("token: {token}");
-        api = api.token(token);
+        api = api.token(token).public_reads(args.public_reads);
     }
     let addr = listener.local_addr()?;
     println!("console listening on http://{addr}/console");
-    println!("metrics at http://{addr}/metrics");
+    match args.read_only || args.public_reads {
+        true => println!("metrics at http://{addr}/metrics"),
+        false => println!("metrics at http://{addr}/metrics (send Authorization: Bearer <token>)"),
+    }
     let app = api.router();
     axum::serve(listener, app)
         .with_graceful_shutdown(saga_runtime::shutdown_signal())

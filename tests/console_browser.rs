@@ -1,9 +1,12 @@
 //! The web console in a real browser: `examples/console.rs` (live traffic
 //! behind a token) driven by headless Chromium over the DevTools protocol.
 //!
-//! It checks what an operator sees and does: the overview's counts, a task
-//! page's steps and timeline, a live task cancelled from its page, that an
-//! action without the token shows the API's error, resolving a
+//! It checks what an operator sees and does: that the page asks for the
+//! token before it shows anything (issue 39: reads need it once one is
+//! set), the overview's counts, a task page's steps and timeline, a live
+//! task cancelled from its page (its events read with the token), that an
+//! action without the token shows the API's error (reads opened with
+//! `--public-reads`), resolving a
 //! `CompensationFailed` task and requeueing a dead letter through the page
 //! (each confirmed through the JSON API), and a process manager's
 //! instances. And what issue 24 asked of it: each completed step's output
@@ -481,6 +484,7 @@ async fn operator_uses_the_console_in_a_browser() {
     let mut page = Page::open(&browser_ws).await;
     let base = format!("http://{addr}/console");
 
+    asks_for_the_token_first(&mut page, &base).await;
     overview(&mut page, &base).await;
     security_headers(addr).await;
     metrics(addr).await;
@@ -488,48 +492,100 @@ async fn operator_uses_the_console_in_a_browser() {
     token_kept_for_the_session(&mut page).await;
     live_task_cancelled(&mut page, addr).await;
     large_output_capped(&mut page, addr).await;
-    unauthorized_without_token(&mut page).await;
-
-    page.type_into("#operator", OPERATOR).await;
-    page.type_into("#token", TOKEN).await;
-    page.wait_for(
-        "document.querySelector('#mode').textContent === 'token set'",
-        WAIT,
-    )
-    .await;
-    let stored = page
-        .run(&format!(
-            "[sessionStorage.getItem('{TOKEN_KEY}'), localStorage.getItem('{TOKEN_KEY}')]"
-        ))
-        .await;
-    assert_eq!(
-        stored,
-        json!([TOKEN, null]),
-        "the token stays in the session"
-    );
-
     resolve_from_attention(&mut page, addr).await;
     compensation_failed_then_retried(&mut page, addr).await;
     requeue_dead_letter(&mut page, addr).await;
     process_manager(&mut page, addr).await;
     policy_enforced(&mut page).await;
+    public_reads(&mut page, &example).await;
     read_only(&mut page, &example).await;
     page.close().await;
     browser.stop(Duration::from_secs(5));
 }
 
-/// `GET /metrics` serves the Prometheus figures of the traffic.
+/// `GET /metrics` serves the Prometheus figures of the traffic, to the
+/// token's holders like every read.
 async fn metrics(addr: SocketAddr) {
     let client = Client {
         addr,
         headers: Vec::new(),
     };
     let text = client.raw("GET", "/metrics", None).await;
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    let text = client
+        .with("Authorization", &format!("Bearer {TOKEN}"))
+        .raw("GET", "/metrics", None)
+        .await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(
         text.contains("saga_steps_started_total{saga=\"create-zip\""),
         "{text}"
     );
+}
+
+/// Gives the page's token prompt the token and the operator's name.
+async fn give_token(page: &mut Page) {
+    page.wait_for("document.querySelector('#token-form')", WAIT)
+        .await;
+    page.type_into("#token-prompt", TOKEN).await;
+    page.type_into("#operator-prompt", OPERATOR).await;
+    page.click("#token-form [data-test=open]").await;
+    page.wait_for("!document.querySelector('#token-form')", WAIT)
+        .await;
+}
+
+/// With a token set, the page asks for it before it shows anything (the
+/// API answers no read without it): no count, task or saga name on the
+/// page. A wrong token is refused in the prompt; the right one shows the
+/// page that was asked for, and stays in the tab's session.
+async fn asks_for_the_token_first(page: &mut Page, base: &str) {
+    page.navigate(&format!("{base}#/tasks")).await;
+    page.wait_for("document.querySelector('#token-form')", WAIT)
+        .await;
+    let shown = page
+        .run(
+            "[document.body.innerText.includes('create-zip'), !!document.querySelector('main table'), \
+             document.querySelector('#error').hidden, document.querySelector('#token-message').hidden, \
+             document.activeElement?.id]",
+        )
+        .await;
+    assert_eq!(
+        shown,
+        json!([false, false, true, true, "token-prompt"]),
+        "the page before the token"
+    );
+    page.screenshot("token-prompt").await;
+    page.type_into("#token-prompt", "not-the-token").await;
+    page.click("#token-form [data-test=open]").await;
+    page.wait_for(
+        "document.querySelector('#token-form') && !document.querySelector('#token-message').hidden",
+        WAIT,
+    )
+    .await;
+    let shown = page
+        .run("[document.body.innerText.includes('create-zip'), document.querySelector('#token-message').textContent]")
+        .await;
+    assert_eq!(shown[0], json!(false), "data shown for a wrong token");
+    assert!(shown[1].as_str().unwrap().contains("refused"), "{shown}");
+    page.screenshot("token-refused").await;
+    give_token(page).await;
+    page.wait_for(
+        "document.querySelector('#task-list tr[data-task-id]')",
+        WAIT,
+    )
+    .await;
+    let stored = page
+        .run(&format!(
+            "[sessionStorage.getItem('{TOKEN_KEY}'), localStorage.getItem('{TOKEN_KEY}'), \
+             document.querySelector('#token').value, document.querySelector('#mode').textContent]"
+        ))
+        .await;
+    assert_eq!(
+        stored,
+        json!([TOKEN, null, TOKEN, "token set"]),
+        "the token stays in the session"
+    );
+    page.assert_no_csp_violation().await;
 }
 
 /// The overview counts create-zip's tasks, live, and flags the ones that
@@ -571,7 +627,7 @@ async fn overview(page: &mut Page, base: &str) {
     assert_eq!(
         page.run("document.querySelector('#mode').textContent")
             .await,
-        json!("no token")
+        json!("token set")
     );
     page.screenshot("overview").await;
 }
@@ -706,7 +762,8 @@ async fn security_headers(addr: SocketAddr) {
 }
 
 /// The token lives in `sessionStorage`; one an older console left in
-/// `localStorage` moves there (off the disk) when the page loads.
+/// `localStorage` moves there (off the disk) when the page loads. Without
+/// it, the page asks for it again.
 async fn token_kept_for_the_session(page: &mut Page) {
     page.assert_no_csp_violation().await;
     page.run(&format!(
@@ -733,6 +790,14 @@ async fn token_kept_for_the_session(page: &mut Page) {
             .await,
         json!("no token")
     );
+    page.wait_for("document.querySelector('#token-form')", WAIT)
+        .await;
+    assert_eq!(
+        page.run("!!document.querySelector('main table')").await,
+        json!(false),
+        "a page shown without the token"
+    );
+    give_token(page).await;
     page.assert_no_csp_violation().await;
 }
 
@@ -810,11 +875,6 @@ async fn live_task_cancelled(page: &mut Page, addr: SocketAddr) {
     )
     .await;
     page.screenshot("task-live").await;
-    // The browser has no token yet: set it only for this click.
-    page.run(&format!(
-        "sessionStorage.setItem('{TOKEN_KEY}', '{TOKEN}'); true"
-    ))
-    .await;
     page.click("#task-actions [data-test=cancel]").await;
     page.wait_for("!document.querySelector('#modal').hidden", WAIT)
         .await;
@@ -835,8 +895,6 @@ async fn live_task_cancelled(page: &mut Page, addr: SocketAddr) {
         WAIT,
     )
     .await;
-    page.run(&format!("sessionStorage.removeItem('{TOKEN_KEY}'); true"))
-        .await;
     assert_eq!(task_status(addr, &id).await, "Cancelled");
     // The answer is said in words, whatever shape the API gives it.
     let notice = page
@@ -1213,6 +1271,26 @@ async fn policy_enforced(page: &mut Page) {
         "{violations}"
     );
     page.run("window.__csp = []; true").await;
+}
+
+/// With reads opened on purpose (`--public-reads`), the page shows the
+/// traffic without a token and says "no token"; an action then shows the
+/// API's refusal and changes nothing.
+async fn public_reads(page: &mut Page, example: &Path) {
+    let (_console, addr) = start_console(example, &["--token", TOKEN, "--public-reads"]);
+    // Another port, another origin: this tab holds no token for it.
+    page.navigate(&format!("http://{addr}/console#/")).await;
+    page.wait_for(
+        "Number(document.querySelector(\"#overview-table tr[data-saga='create-zip'] td[data-status=total]\")?.textContent) > 0",
+        WAIT,
+    )
+    .await;
+    assert_eq!(
+        page.run("[document.querySelector('#mode').textContent, !!document.querySelector('#token-form')]")
+            .await,
+        json!(["no token", false])
+    );
+    unauthorized_without_token(page).await;
 }
 
 /// Against an API without a token configured, the page says "read-only",

@@ -73,7 +73,8 @@ async fn wait_status(engine: &Engine, id: &Value) -> TaskStatus {
     engine.wait(id).await.unwrap().status
 }
 
-/// Changes need the configured access; reading does not.
+/// Changes need the configured access, and so do reads once it is
+/// configured; without any, reads are open and changes refused.
 async fn access(engine: Engine) {
     let open = Client::serve(router(engine.clone())).await;
     let start = json!({ "input": 1 });
@@ -88,6 +89,8 @@ async fn access(engine: Engine) {
 
     let api = Client::serve(Api::new(engine.clone()).token(TOKEN).router()).await;
     let (status, body) = api.post("/api/sagas/fine/tasks", start.clone()).await;
+    assert_eq!((status, body["code"].as_str()), (401, Some("unauthorized")));
+    let (status, body) = api.get("/api/overview").await;
     assert_eq!((status, body["code"].as_str()), (401, Some("unauthorized")));
     let wrong = api.with("Authorization", "Bearer s3cre");
     assert_eq!(
@@ -453,7 +456,10 @@ async fn process_instances(engine: Engine) {
         .await;
     assert_eq!(
         (status, &done),
-        (200, &json!({"instances": [], "next": null}))
+        (
+            200,
+            &json!({"instances": [], "next": null, "truncated": false})
+        )
     );
     let (status, body) = api
         .get("/api/processes/reminders/instances?status=Done")

@@ -87,7 +87,8 @@ fn bytes_sent(redis: &TestRedis) -> u64 {
 /// An anonymous `GET /api/tasks?error=x&limit=1` made the store send every
 /// task up to 5,000 (493 kB for a 24-byte answer): a filtered page now
 /// reads at most `Api::scan_limit` tasks (200) and hands back a cursor to
-/// go on from. Counted in the bytes the redis-server sent.
+/// go on from. Counted in the bytes the redis-server sent. (An operator's
+/// request: an anonymous one reads a quarter of that, `tests/http_reads.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filtered_listing_reads_a_bounded_number_of_tasks() {
     let redis = TestRedis::start();
@@ -99,7 +100,9 @@ async fn a_filtered_listing_reads_a_bounded_number_of_tasks() {
             id.unwrap();
         }
     }
-    let api = Client::serve(Api::new(engine.clone()).router()).await;
+    let api = Client::serve(Api::new(engine.clone()).token("t").router())
+        .await
+        .with("Authorization", "Bearer t");
 
     // What reading 100 tasks costs: an unfiltered page of 100.
     let before = bytes_sent(&redis);
@@ -164,8 +167,9 @@ async fn open_from(
 }
 
 /// Any reader could hold all 64 event streams, and operators then got
-/// 503: a peer address holds at most 4 (429 past them), and readers
-/// without the API's token share at most three quarters of the places.
+/// 503: where reads are open to anyone (`public_reads`), a peer address
+/// holds at most 4 (429 past them), and readers without the API's token
+/// share at most three quarters of the places.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_cannot_take_every_event_stream() {
     let redis = TestRedis::start();
@@ -173,7 +177,11 @@ async fn readers_cannot_take_every_event_stream() {
     // Pending for good (no workers): its streams stay open.
     let id = engine.start::<Fine>(1).await.unwrap();
     let path = format!("/api/tasks/{id}/events");
-    let router = Api::new(engine.clone()).token("t").max_watchers(8).router();
+    let router = Api::new(engine.clone())
+        .token("t")
+        .public_reads(true)
+        .max_watchers(8)
+        .router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

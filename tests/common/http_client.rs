@@ -44,7 +44,15 @@ impl Client {
     /// The raw response: status line, headers and body as text.
     pub async fn raw(&self, method: &str, path: &str, body: Option<Value>) -> String {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+        let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+        // `Host: test` unless a test names its own.
+        if !self
+            .headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("host"))
+        {
+            req.push_str("Host: test\r\n");
+        }
         for (name, value) in &self.headers {
             req.push_str(&format!("{name}: {value}\r\n"));
         }

@@ -1,7 +1,12 @@
-//! Who may change things through the API. Reading is open to whoever can
-//! reach the router; every route that changes something (start, cancel,
-//! resolve, retry, requeue, discard) needs an [`Access`] the application
-//! configured, and the router is read-only without one.
+//! Who may read and change things through the API. Every route that
+//! changes something (start, cancel, resolve, retry, requeue, discard)
+//! needs an [`Access`] the application configured, and the router is
+//! read-only without one. Reads show business data (a task's input, its
+//! steps' outputs, errors and audit log: customer data), so once an
+//! [`Access`] is configured every read needs it too, unless the
+//! application opened reads on purpose (`Api::public_reads`). With no
+//! access configured there is nothing to check against: reads are open
+//! (an API for local use).
 
 use std::sync::Arc;
 
@@ -30,9 +35,44 @@ pub(crate) enum Access {
     Custom(Arc<Authorize>),
 }
 
+/// As whom a read is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reading {
+    /// The request holds the API's access: an operator's budget, and the
+    /// event-stream places kept for operators.
+    Operator,
+    /// Reads are open (no access configured, or `Api::public_reads`) and
+    /// the request holds no access: the budget of anyone on the network.
+    Anonymous,
+}
+
 impl Access {
     pub(crate) fn allows_changes(&self) -> bool {
         !matches!(self, Access::ReadOnly)
+    }
+
+    /// Whether a read with `headers` is served, and as whose: with an
+    /// access configured and reads not `public`, only to a request that
+    /// holds it (401 otherwise), by the same header or cookie check the
+    /// changes use. A request another site's page made is never an
+    /// operator's (its cookies are not its own): refused where reads need
+    /// the access, anonymous where they are open.
+    pub(crate) fn reading(&self, public: bool, headers: &HeaderMap) -> Result<Reading, ApiError> {
+        let same_site = same_origin(headers);
+        if same_site && self.authorizes(headers) {
+            return Ok(Reading::Operator);
+        }
+        if public || !self.allows_changes() {
+            return Ok(Reading::Anonymous);
+        }
+        if !same_site {
+            return Err(cross_origin("reads"));
+        }
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "reading this API needs authorization (Authorization: Bearer <token>)",
+        ))
     }
 
     /// Whether the request holds the access changes need (for a read
@@ -96,14 +136,20 @@ impl FromRequestParts<ApiState> for Operator {
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
         if !same_origin(&parts.headers) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "cross_origin",
-                "changes are not accepted from another site's page",
-            ));
+            return Err(cross_origin("changes"));
         }
         state.access.operator(&parts.headers).map(Operator)
     }
+}
+
+/// 403 `cross_origin`: `what` (changes, reads) is not served to another
+/// site's page.
+fn cross_origin(what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "cross_origin",
+        format!("{what} are not accepted from another site's page"),
+    )
 }
 
 /// Whether a change comes from a page of this site, or from no page at
@@ -159,6 +205,35 @@ mod tests {
         assert!(!same_origin(&headers(&[("host", "a"), ("origin", "null")])));
         assert!(!same_origin(&headers(&[("sec-fetch-site", "cross-site")])));
         assert!(same_origin(&headers(&[("sec-fetch-site", "same-origin")])));
+    }
+
+    #[test]
+    fn reads_need_the_access_once_one_is_configured() {
+        let none = HeaderMap::new();
+        let mut token = HeaderMap::new();
+        token.insert("authorization", "Bearer s3cret".parse().unwrap());
+        let mut forged = token.clone();
+        forged.insert("sec-fetch-site", "cross-site".parse().unwrap());
+        let access = Access::Token("s3cret".into());
+        let code = |r: Result<Reading, ApiError>| r.map_err(|e| e.status_and_code());
+        assert_eq!(
+            code(access.reading(false, &none)),
+            Err((401, "unauthorized"))
+        );
+        assert_eq!(code(access.reading(false, &token)), Ok(Reading::Operator));
+        assert_eq!(
+            code(access.reading(false, &forged)),
+            Err((403, "cross_origin"))
+        );
+        // Opened on purpose: anyone reads, as anonymous.
+        assert_eq!(code(access.reading(true, &none)), Ok(Reading::Anonymous));
+        assert_eq!(code(access.reading(true, &token)), Ok(Reading::Operator));
+        assert_eq!(code(access.reading(true, &forged)), Ok(Reading::Anonymous));
+        // Nothing to check against: open.
+        assert_eq!(
+            code(Access::ReadOnly.reading(false, &token)),
+            Ok(Reading::Anonymous)
+        );
     }
 
     #[test]

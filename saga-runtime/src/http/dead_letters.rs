@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::access::Operator;
+use super::reads::Reader;
 use super::reply::ApiError;
 use super::tasks::{intervention, NoteBody};
 use super::ApiState;
@@ -29,12 +30,14 @@ const MAX_ROWS: usize = 200;
 /// letter's task status when it has a task.
 pub(super) async fn list(
     State(state): State<ApiState>,
+    reader: Reader,
     params: Result<Query<PageParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(params) = params?;
-    // Each row loads its letter's task: the page is kept small so that an
-    // open read route cannot make the store read thousands of tasks.
-    let limit = params.limit.unwrap_or(50).min(MAX_ROWS);
+    // Each row loads its letter's task: the page is kept small so that a
+    // read cannot make the store read thousands of tasks (an anonymous
+    // one, where reads are open, a page of the public read limit).
+    let limit = reader.rows(params.limit, MAX_ROWS);
     let mut filter = DeadLetterFilter::new().limit(limit);
     if let Some(cursor) = params.cursor.filter(|c| !c.is_empty()) {
         filter = filter.after(cursor);
@@ -60,6 +63,7 @@ pub(super) async fn list(
 /// `GET /api/dead-letters/{id}`.
 pub(super) async fn get(
     State(state): State<ApiState>,
+    _reader: Reader,
     Path(id): Path<String>,
 ) -> Result<Json<DeadLetter>, ApiError> {
     match state.engine.dead_letter(&id).await? {

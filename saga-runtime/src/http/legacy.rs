@@ -11,6 +11,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use super::access::Operator;
+use super::reads::Reader;
 use super::reply::{task_id, ApiError};
 use super::ApiState;
 use crate::engine::{CancelResult, Engine, Intervention};
@@ -21,7 +22,9 @@ pub(super) fn routes(mut router: Router<ApiState>, engine: &Engine) -> Router<Ap
     for def in engine.sagas() {
         let saga = def.name;
         let route = get(
-            move |State(state): State<ApiState>, Path(id): Path<String>| get_task(state, saga, id),
+            move |State(state): State<ApiState>, _reader: Reader, Path(id): Path<String>| {
+                get_task(state, saga, id)
+            },
         );
         // Some versions may be cancellable and others not: the route is
         // there if any is, and the task's own version decides.

@@ -7,19 +7,31 @@
 //!   CDN) and uses only that JSON API;
 //! - the older per-saga routes `GET`/`DELETE /sagas/{saga}/{task_id}`.
 //!
-//! **Security.** Reading is open to whoever reaches the router. Every
-//! route that changes something needs the access the application
-//! configures: [`Api::token`] (a bearer token; the operator names
-//! themselves in `X-Operator`) or [`Api::authorize`] (your own check of
-//! the request's headers, returning the operator's name for the audit
-//! log). Without either the router is **read-only**: those routes answer
-//! 403, and building it logs a warning saying so. Put TLS in front of it.
+//! **Security.** Every route that changes something needs the access the
+//! application configures: [`Api::token`] (a bearer token; the operator
+//! names themselves in `X-Operator`) or [`Api::authorize`] (your own
+//! check of the request's headers, returning the operator's name for the
+//! audit log). Reads show customer data (a task's input, its steps'
+//! outputs, errors and audit log), so with either configured **every read
+//! route needs it too** (`GET /metrics` included): 401 `unauthorized`
+//! without it, 403 `cross_origin` from another site's page. The console's
+//! page itself is served to anyone and asks for the token before it
+//! shows anything. [`Api::public_reads`] opens reads to anyone on
+//! purpose; then a request without the access reads at most
+//! [`Api::public_read_limit`] records (50) of each saga or process
+//! manager, whatever its `limit` or filter.
+//!
+//! Without either the router is **read-only**: changes answer 403
+//! `read_only`, and reads are open (there is nothing to check them
+//! against), with the same budget as public reads: an API for a
+//! developer's machine. Building it logs a warning saying so. Put TLS in
+//! front of it.
 //!
 //! | route | what |
 //! |---|---|
 //! | `GET /api/overview` | task counts by saga and status, dead letters, process managers |
 //! | `GET /api/sagas` | each saga's name, version, steps, whether cancellable |
-//! | `GET /api/tasks?saga=&status=&step=&error=&from=&to=&cursor=&limit=` | a page of tasks, newest first (filtered by `step` or `error`, a page reads at most [`Api::scan_limit`] tasks and may come back short, with a `next` cursor) |
+//! | `GET /api/tasks?saga=&status=&step=&error=&from=&to=&cursor=&limit=` | a page of tasks, newest first (filtered by `step` or `error`, a page reads at most [`Api::scan_limit`] tasks and may come back short, with a `next` cursor and `"truncated": true`) |
 //! | `GET /api/tasks/{id}` | the task: steps, attempts, errors, audit log, trace id |
 //! | `GET /api/tasks/{id}/events` | its progress as server-sent events, until it finishes (at most [`Api::max_watchers`] streams open at once, a quarter of them kept for operators, and [`Api::max_watchers_per_client`] per reader's address) |
 //! | `POST /api/sagas/{saga}/tasks` `{"input":..,"key":..}` | starts a task (201 `{"id":..}`) |
@@ -33,7 +45,7 @@
 //! | `POST /api/dead-letters/requeue` `{"saga":..,"step":..,"error_contains":..,"max":..}` | requeues every letter picked |
 //! | `GET /api/limits` | the flow-control limits (`#[limit]`): each one's `name`, `concurrency`, `rate`, `keyed`, `used_by` and the unkeyed budget's `usage` now (`in_use`, `waiting`, `booked`) |
 //! | `GET /api/processes` | each process manager's `name`, `total` instances and `counts` by status (`null` past 1,000 instances) |
-//! | `GET /api/processes/{name}/instances?status=&cursor=&limit=` | a page of instances (no promised order), only those in `status` if given |
+//! | `GET /api/processes/{name}/instances?status=&cursor=&limit=` | a page of instances (no promised order), only those in `status` if given (then `truncated` as for tasks) |
 //! | `GET /api/processes/{name}/instances/{id}` | one, with its pending timeouts |
 //! | `GET /metrics` | Prometheus exposition, with [`Api::metrics`] (feature `metrics`) |
 //!
@@ -41,6 +53,11 @@
 //! `X-Frame-Options: DENY` and `Referrer-Policy: no-referrer`, and every
 //! one but the console's page `Content-Security-Policy: default-src
 //! 'none'; frame-ancestors 'none'` (the console sets its own policy).
+//!
+//! Page sizes (`limit`) and scans above are an operator's; a request
+//! without the access (where reads are open) gets at most
+//! [`Api::public_read_limit`] rows a page and records a scan, and the
+//! instance `counts` of `GET /api/processes` only up to as many instances.
 //!
 //! Errors are JSON everywhere: `{"error": "...", "code": "not_found"}`
 //! (`bad_request`, `unauthorized`, `read_only`, `cross_origin`,
@@ -55,6 +72,7 @@ mod console;
 mod dead_letters;
 mod legacy;
 mod processes;
+mod reads;
 mod reply;
 mod tasks;
 mod watchers;
@@ -70,6 +88,7 @@ use serde_json::{json, Value};
 use crate::engine::Engine;
 use access::Access;
 pub use access::Authorize;
+pub use reads::DEFAULT_PUBLIC_READ_LIMIT;
 use reply::ApiError;
 pub use watchers::DEFAULT_MAX_WATCHERS_PER_CLIENT;
 
@@ -82,6 +101,8 @@ pub struct Api {
     max_watchers_per_client: usize,
     retry_budget: std::time::Duration,
     scan_limit: usize,
+    public_reads: bool,
+    public_read_limit: usize,
     /// `GET /metrics`, when [`Api::metrics`] added it.
     extra: Option<Router>,
 }
@@ -95,8 +116,10 @@ pub(crate) struct ApiState {
     /// its client leaves, so their number is capped.
     watchers: Arc<watchers::Watchers>,
     /// The most tasks one `GET /api/tasks` filtered by step or error text
-    /// reads from the store.
+    /// reads from the store (for an operator).
     scan_limit: usize,
+    /// Whether reads need the access, and what an anonymous one may cost.
+    reads: reads::ReadRules,
 }
 
 /// Event streams open at once, by default ([`Api::max_watchers`]).
@@ -112,7 +135,8 @@ pub const DEFAULT_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_
 
 impl Api {
     /// A read-only API over `engine` until [`token`](Self::token) or
-    /// [`authorize`](Self::authorize) allows changes.
+    /// [`authorize`](Self::authorize) allows changes (and from then on
+    /// guards reads too, see [`public_reads`](Self::public_reads)).
     pub fn new(engine: Engine) -> Self {
         Api {
             engine,
@@ -121,11 +145,14 @@ impl Api {
             max_watchers_per_client: DEFAULT_MAX_WATCHERS_PER_CLIENT,
             retry_budget: DEFAULT_RETRY_BUDGET,
             scan_limit: DEFAULT_SCAN_LIMIT,
+            public_reads: false,
+            public_read_limit: DEFAULT_PUBLIC_READ_LIMIT,
             extra: None,
         }
     }
 
-    /// Allows changes to requests with `Authorization: Bearer <token>`.
+    /// Allows changes to requests with `Authorization: Bearer <token>`,
+    /// and reads only to them (unless [`public_reads`](Self::public_reads)).
     /// The operator named in their `X-Operator` header (else `token`) is
     /// recorded in the audit log of what they resolve, retry, requeue or
     /// discard (a cancellation logs who asked, with `tracing`).
@@ -140,10 +167,11 @@ impl Api {
         self
     }
 
-    /// Allows changes to requests that `authorize` accepts: it returns the
-    /// operator's name (recorded in the audit log), or `None` to refuse
-    /// with 401. Use it to check your own session cookie, a JWT, or the
-    /// identity header of an authenticating proxy.
+    /// Allows changes to requests that `authorize` accepts, and reads only
+    /// to them (unless [`public_reads`](Self::public_reads)): it returns
+    /// the operator's name (recorded in the audit log), or `None` to
+    /// refuse with 401. Use it to check your own session cookie, a JWT, or
+    /// the identity header of an authenticating proxy.
     pub fn authorize(
         mut self,
         authorize: impl Fn(&HeaderMap) -> Option<String> + Send + Sync + 'static,
@@ -160,11 +188,12 @@ impl Api {
     /// stays: without a cap, anyone who can reach a read route could load
     /// the store at will.
     ///
-    /// Reading is open to whoever reaches the router, so readers without
-    /// the API's access ([`token`](Self::token) or
+    /// Where reads are open ([`public_reads`](Self::public_reads)),
+    /// readers without the API's access ([`token`](Self::token) or
     /// [`authorize`](Self::authorize)) share at most three quarters of the
     /// places: the rest are kept for operators, whom a reader holding
-    /// every stream would otherwise lock out with 503.
+    /// every stream would otherwise lock out with 503. Where reads need
+    /// the access, a request without it is refused before it takes one.
     pub fn max_watchers(mut self, n: usize) -> Self {
         self.max_watchers = n;
         self
@@ -206,6 +235,33 @@ impl Api {
         self
     }
 
+    /// With `true`, reads are open to anyone who reaches the router, even
+    /// with a [`token`](Self::token) or [`authorize`](Self::authorize)
+    /// configured (changes still need it); default `false`: a read without
+    /// the access answers 401. Reads show every task's input, step
+    /// outputs, errors and audit log: open them only where that is meant
+    /// (a dashboard inside a trusted network). A request without the
+    /// access then reads at most [`public_read_limit`](Self::public_read_limit)
+    /// records. With no access configured reads are open anyway.
+    pub fn public_reads(mut self, public: bool) -> Self {
+        self.public_reads = public;
+        self
+    }
+
+    /// At most `n` records (default [`DEFAULT_PUBLIC_READ_LIMIT`], 50) of
+    /// each saga or process manager read from the store by one request
+    /// without the API's access, where reads are open: its pages have at
+    /// most `n` rows whatever its `limit`, a page filtered by step, error
+    /// text or instance status stops its search after `n` records (short,
+    /// `"truncated": true`, with a `next` cursor), and process managers
+    /// with more than `n` instances are not counted by status for it.
+    /// Without it one anonymous `?error=x&limit=1` made the store send
+    /// 200 tasks (290 kB) for an empty answer.
+    pub fn public_read_limit(mut self, n: usize) -> Self {
+        self.public_read_limit = n.max(1);
+        self
+    }
+
     /// Serves the Prometheus exposition at `GET /metrics` (feature
     /// `metrics`), from the handle [`crate::metrics::install`] returned.
     #[cfg(feature = "metrics")]
@@ -217,22 +273,26 @@ impl Api {
 
     /// The router, ready to serve or to nest in yours.
     pub fn router(self) -> Router {
-        if !self.access.allows_changes() {
+        let credential = self.access.allows_changes();
+        if !credential {
             tracing::warn!(
                 "saga HTTP API is read-only: configure `Api::token` or `Api::authorize` \
                  to allow starting, cancelling, resolving and requeueing"
             );
         }
-        let reserve = self.access.allows_changes();
         let state = ApiState {
             engine: self.engine.with_retry_budget(self.retry_budget),
             access: Arc::new(self.access),
             watchers: Arc::new(watchers::Watchers::new(
                 self.max_watchers,
                 self.max_watchers_per_client,
-                reserve,
+                credential,
             )),
             scan_limit: self.scan_limit,
+            reads: reads::ReadRules {
+                public: self.public_reads,
+                public_limit: self.public_read_limit,
+            },
         };
         let api = Router::new()
             .route("/api/overview", get(overview))
@@ -270,9 +330,10 @@ impl Api {
             )
             .route("/console", get(console::page))
             .fallback(|| async { ApiError::not_found("No such route") });
-        let router = legacy::routes(api, &self.engine).with_state(state);
+        let router = legacy::routes(api, &self.engine).with_state(state.clone());
         let router = match self.extra {
-            Some(extra) => router.merge(extra),
+            Some(extra) => router
+                .merge(extra.route_layer(axum::middleware::from_fn_with_state(state, reads::gate))),
             None => router,
         };
         router
@@ -291,12 +352,16 @@ pub fn router(engine: Engine) -> Router {
 /// the use of each unkeyed budget now ([`Engine::limits`]).
 async fn limits(
     State(state): State<ApiState>,
+    _reader: reads::Reader,
 ) -> Result<Json<Vec<crate::engine::LimitInfo>>, ApiError> {
     Ok(Json(state.engine.limits().await?))
 }
 
 /// `GET /api/overview`.
-async fn overview(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+async fn overview(
+    State(state): State<ApiState>,
+    _reader: reads::Reader,
+) -> Result<Json<Value>, ApiError> {
     let engine = &state.engine;
     let counts: Vec<Value> = engine
         .task_counts()

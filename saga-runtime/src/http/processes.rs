@@ -9,6 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::reads::Reader;
 use super::reply::ApiError;
 use super::ApiState;
 use crate::backend::ProcessInstance;
@@ -21,22 +22,31 @@ use crate::model::process::InstanceStatus;
 /// instance (each status count costs a read of each record).
 const STATUS_COUNT_LIMIT: usize = 1_000;
 
-/// Up to how many instances one filtered page reads looking for matches:
-/// past it the page comes back short, with a cursor to go on from.
+/// Up to how many instances one filtered page reads looking for matches
+/// (for an operator): past it the page comes back short, with a cursor to
+/// go on from.
 const FILTER_SCAN_LIMIT: usize = 5_000;
+
+/// The most rows of one page of instances (the engine's own cap).
+const MAX_ROWS: usize = 1000;
 
 /// `GET /api/processes`: each process manager with `total`, its number of
 /// instances (any status; counted without reading them), and `counts`, how
 /// many are in each status (`{"Active": n, "Completed": n, "Stopped": n}`,
 /// statuses with none left out), or `null` past 1,000 instances, where
-/// counting would read each one.
-pub(super) async fn list(State(state): State<ApiState>) -> Result<Json<Value>, ApiError> {
+/// counting would read each one (past the public read limit for a reader
+/// without the API's access).
+pub(super) async fn list(
+    State(state): State<ApiState>,
+    reader: Reader,
+) -> Result<Json<Value>, ApiError> {
     let engine = &state.engine;
+    let count_limit = reader.scan(STATUS_COUNT_LIMIT);
     let mut processes = Vec::new();
     for name in engine.process_names() {
         let total = engine.process_count(name).await?;
-        let counts = match total <= STATUS_COUNT_LIMIT {
-            true => Some(status_counts(engine, name).await?),
+        let counts = match total <= count_limit {
+            true => Some(status_counts(engine, name, count_limit).await?),
             false => None,
         };
         processes.push(json!({ "name": name, "total": total, "counts": counts }));
@@ -44,21 +54,26 @@ pub(super) async fn list(State(state): State<ApiState>) -> Result<Json<Value>, A
     Ok(Json(json!({ "processes": processes })))
 }
 
-/// How many instances of `process` are in each status, from reading them.
-async fn status_counts(engine: &Engine, process: &str) -> Result<BTreeMap<String, usize>, Error> {
+/// How many instances of `process` are in each status, from reading them
+/// (`limit` a page, twice that at most: instances come meanwhile).
+async fn status_counts(
+    engine: &Engine,
+    process: &str,
+    limit: usize,
+) -> Result<BTreeMap<String, usize>, Error> {
     let mut counts = BTreeMap::new();
     let mut cursor: Option<String> = None;
     let mut read = 0;
     loop {
         let page = engine
-            .process_instances_page(process, cursor.as_deref(), STATUS_COUNT_LIMIT)
+            .process_instances_page(process, cursor.as_deref(), limit)
             .await?;
         read += page.instances.len();
         for instance in &page.instances {
             *counts.entry(status_name(instance.status)).or_default() += 1;
         }
         match page.next {
-            Some(next) if read < 2 * STATUS_COUNT_LIMIT => cursor = Some(next),
+            Some(next) if read < 2 * limit => cursor = Some(next),
             _ => return Ok(counts),
         }
     }
@@ -84,16 +99,18 @@ pub(super) struct PageParams {
 /// `GET /api/processes/{name}/instances?status=&cursor=&limit=`: a page of
 /// instances (in no promised order: the stores keep none by time), only
 /// those in `status` (`Active`, `Completed`, `Stopped`) if given. A
-/// filtered page reads at most 5,000 instances looking for matches, and
-/// may come back short with a `next` cursor to go on from.
+/// filtered page reads at most 5,000 instances looking for matches (the
+/// public read limit for a reader without the API's access), and may come
+/// back short with a `next` cursor to go on from and `"truncated": true`.
 pub(super) async fn instances(
     State(state): State<ApiState>,
+    reader: Reader,
     Path(name): Path<String>,
     params: Result<Query<PageParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(params) = params?;
     let cursor = params.cursor.filter(|c| !c.is_empty());
-    let limit = params.limit.unwrap_or(50);
+    let limit = reader.rows(params.limit, MAX_ROWS);
     let status = match params.status.filter(|s| !s.is_empty()) {
         Some(status) => Some(
             serde_json::from_value::<InstanceStatus>(json!(status)).map_err(|_| {
@@ -111,21 +128,27 @@ pub(super) async fn instances(
             .process_instances_page(&name, cursor.as_deref(), limit)
             .await?;
         return Ok(Json(
-            json!({ "instances": page.instances, "next": page.next }),
+            json!({ "instances": page.instances, "next": page.next, "truncated": false }),
         ));
     };
-    let (instances, next) = filtered(engine, &name, status, cursor, limit).await?;
-    Ok(Json(json!({ "instances": instances, "next": next })))
+    let scan = reader.scan(FILTER_SCAN_LIMIT);
+    let (instances, next) = filtered(engine, &name, status, cursor, limit, scan).await?;
+    let truncated = instances.len() < limit && next.is_some();
+    Ok(Json(
+        json!({ "instances": instances, "next": next, "truncated": truncated }),
+    ))
 }
 
 /// About `limit` instances of `process` in `status` from `cursor` (every
-/// match of each page read is kept), and where to go on from.
+/// match of each page read is kept), reading about `scan` at most, and
+/// where to go on from.
 async fn filtered(
     engine: &Engine,
     process: &str,
     status: InstanceStatus,
     mut cursor: Option<String>,
     limit: usize,
+    scan: usize,
 ) -> Result<(Vec<ProcessInstance>, Option<String>), Error> {
     let mut found = Vec::new();
     let mut read = 0;
@@ -136,7 +159,7 @@ async fn filtered(
         read += page.instances.len();
         found.extend(page.instances.into_iter().filter(|i| i.status == status));
         cursor = page.next;
-        if cursor.is_none() || found.len() >= limit.max(1) || read >= FILTER_SCAN_LIMIT {
+        if cursor.is_none() || found.len() >= limit.max(1) || read >= scan {
             return Ok((found, cursor));
         }
     }
@@ -146,6 +169,7 @@ async fn filtered(
 /// correlation keys, audit log) and its pending timeouts.
 pub(super) async fn instance(
     State(state): State<ApiState>,
+    _reader: Reader,
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let instance = state

@@ -39,6 +39,12 @@ impl ApiError {
         self
     }
 
+    /// The status and code, for a test of what a rule answers.
+    #[cfg(test)]
+    pub(crate) fn status_and_code(&self) -> (u16, &'static str) {
+        (self.status.as_u16(), self.code)
+    }
+
     pub(crate) fn not_found(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }

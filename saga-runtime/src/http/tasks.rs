@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::access::Operator;
+use super::reads::Reader;
 use super::reply::{task_id, ApiError};
 use super::watchers::Watcher;
 use super::ApiState;
@@ -23,7 +24,7 @@ use crate::error::Error;
 use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
 
 /// `GET /api/sagas`: each saga's newest definition.
-pub(super) async fn sagas(State(state): State<ApiState>) -> Json<Value> {
+pub(super) async fn sagas(State(state): State<ApiState>, _reader: Reader) -> Json<Value> {
     let sagas: Vec<Value> = state
         .engine
         .sagas()
@@ -84,16 +85,23 @@ impl From<TaskInstance> for TaskSummary {
     }
 }
 
+/// The most rows of one page of `GET /api/tasks` (the engine's own cap).
+const MAX_ROWS: usize = 1000;
+
 /// `GET /api/tasks?saga=&status=&step=&error=&from=&to=&cursor=&limit=`:
-/// a page of tasks, newest first, with the cursor of the next.
+/// a page of tasks, newest first, with the cursor of the next, and
+/// `truncated` when a filter by step or error text stopped its search at
+/// the reader's budget before the page was full.
 pub(super) async fn list(
     State(state): State<ApiState>,
+    reader: Reader,
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(params) = params?;
+    let limit = reader.rows(params.limit, MAX_ROWS);
     let mut filter = TaskFilter::new()
-        .limit(params.limit.unwrap_or(50))
-        .scan_limit(state.scan_limit);
+        .limit(limit)
+        .scan_limit(reader.scan(state.scan_limit));
     if let Some(saga) = params.saga.filter(|s| !s.is_empty()) {
         if !state.engine.sagas().iter().any(|d| d.name == saga) {
             return Err(Error::UnknownSaga(saga).into());
@@ -108,14 +116,21 @@ pub(super) async fn list(
     filter.created_from = params.from.map(Timestamp);
     filter.created_to = params.to.map(Timestamp);
     filter.cursor = params.cursor.filter(|s| !s.is_empty());
+    let scans = filter.step.is_some() || filter.error_contains.is_some();
     let page = state.engine.tasks(filter).await?;
+    // A search stopped by its budget comes back short with a cursor; a
+    // page that is not searched is short only at the end.
+    let truncated = scans && page.tasks.len() < limit && page.next.is_some();
     let tasks: Vec<TaskSummary> = page.tasks.into_iter().map(Into::into).collect();
-    Ok(Json(json!({ "tasks": tasks, "next": page.next })))
+    Ok(Json(
+        json!({ "tasks": tasks, "next": page.next, "truncated": truncated }),
+    ))
 }
 
 /// `GET /api/tasks/{id}`: the whole task (steps, audit log, trace id).
 pub(super) async fn get(
     State(state): State<ApiState>,
+    _reader: Reader,
     Path(id): Path<String>,
 ) -> Result<Json<TaskInstance>, ApiError> {
     let id = task_id(&id)?;
@@ -297,13 +312,13 @@ pub(super) async fn retry_compensation(
 /// stays unreachable.
 pub(super) async fn events(
     State(state): State<ApiState>,
+    reader: Reader,
     Path(id): Path<String>,
-    headers: HeaderMap,
     extensions: axum::http::Extensions,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let id = task_id(&id)?;
     let watcher = Watcher {
-        operator: state.access.authorizes(&headers),
+        operator: reader.operator(),
         client: extensions
             .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
             .map(|info| info.0.ip()),
