@@ -5,10 +5,14 @@
 //! the token (or what `Api::authorize` accepts) unless the application
 //! opens reads with `Api::public_reads(true)`; open reads cost the store a
 //! page of `Api::public_read_limit` records at most per anonymous
-//! request. Against a private redis-server, the store's work counted in
-//! the bytes it sends.
+//! request; and an API with no credential at all warns once when it is
+//! reached from beyond loopback. Against a private redis-server, the
+//! store's work counted in the bytes it sends.
 
 mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::http_client::Client;
 use common::ops_sagas::{Fine, Parked, Remind, Reminders};
@@ -442,4 +446,68 @@ async fn anonymous_event_streams_take_no_place() {
     let (status, _stream) = open(&api, &path, Some(TOKEN)).await;
     assert_eq!(status, 200, "the operator's place is taken");
     engine.shutdown().await;
+}
+
+/// Captured log lines.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn count(&self, text: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .matches(text)
+            .count()
+    }
+}
+
+/// With no credential at all, reads stay open (a read-only API for local
+/// use), and the first request that comes from beyond loopback (its
+/// `Host` names no loopback address) logs a warning, once; not when the
+/// application opened reads on purpose, nor for requests to loopback.
+#[tokio::test]
+async fn an_api_without_credential_warns_once_when_reached_from_beyond_loopback() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // One thread: the server's tasks log to this thread's subscriber.
+    let engine = Engine::builder().saga(Fine).build().await.unwrap();
+    let warning = "reached from beyond loopback";
+
+    let local = Client::serve(Api::new(engine.clone()).router()).await;
+    let local = local.with("Host", &format!("127.0.0.1:{}", local.addr.port()));
+    let (status, _) = local.get("/api/overview").await;
+    assert_eq!(status, 200, "reads are open without a credential");
+    assert_eq!(logs.count(warning), 0, "a request to loopback");
+
+    let open = Client::serve(Api::new(engine.clone()).router()).await;
+    for host in ["ops.example.com", "10.1.2.3:8080"] {
+        let (status, _) = open.with("Host", host).get("/api/overview").await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(logs.count(warning), 1, "once per router");
+
+    let public = Client::serve(Api::new(engine.clone()).public_reads(true).router()).await;
+    let (status, _) = public
+        .with("Host", "ops.example.com")
+        .get("/api/overview")
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(logs.count(warning), 1, "public reads were asked for");
+    tokio::time::timeout(Duration::from_secs(10), engine.shutdown())
+        .await
+        .unwrap();
 }

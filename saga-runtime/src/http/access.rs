@@ -6,7 +6,8 @@
 //! [`Access`] is configured every read needs it too, unless the
 //! application opened reads on purpose (`Api::public_reads`). With no
 //! access configured there is nothing to check against: reads are open
-//! (an API for local use).
+//! (an API for local use; `exposure` warns when it is reached from
+//! beyond loopback).
 
 use std::sync::Arc;
 

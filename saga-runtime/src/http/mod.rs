@@ -24,8 +24,9 @@
 //! Without either the router is **read-only**: changes answer 403
 //! `read_only`, and reads are open (there is nothing to check them
 //! against), with the same budget as public reads: an API for a
-//! developer's machine. Building it logs a warning saying so. Put TLS in
-//! front of it.
+//! developer's machine. Building it logs a warning, and so does the first
+//! request that comes from beyond loopback (unless `public_reads(true)`
+//! says open reads are meant). Put TLS in front of it.
 //!
 //! | route | what |
 //! |---|---|
@@ -70,6 +71,7 @@
 mod access;
 mod console;
 mod dead_letters;
+mod exposure;
 mod legacy;
 mod processes;
 mod reads;
@@ -120,6 +122,8 @@ pub(crate) struct ApiState {
     scan_limit: usize,
     /// Whether reads need the access, and what an anonymous one may cost.
     reads: reads::ReadRules,
+    /// The warning for an API without access reached from the network.
+    exposure: Arc<exposure::Exposure>,
 }
 
 /// Event streams open at once, by default ([`Api::max_watchers`]).
@@ -242,7 +246,9 @@ impl Api {
     /// outputs, errors and audit log: open them only where that is meant
     /// (a dashboard inside a trusted network). A request without the
     /// access then reads at most [`public_read_limit`](Self::public_read_limit)
-    /// records. With no access configured reads are open anyway.
+    /// records. With no access configured reads are open anyway; `true`
+    /// says so on purpose and silences the warning for a request from
+    /// beyond loopback.
     pub fn public_reads(mut self, public: bool) -> Self {
         self.public_reads = public;
         self
@@ -274,10 +280,16 @@ impl Api {
     /// The router, ready to serve or to nest in yours.
     pub fn router(self) -> Router {
         let credential = self.access.allows_changes();
-        if !credential {
+        if !credential && self.public_reads {
             tracing::warn!(
                 "saga HTTP API is read-only: configure `Api::token` or `Api::authorize` \
                  to allow starting, cancelling, resolving and requeueing"
+            );
+        } else if !credential {
+            tracing::warn!(
+                "saga HTTP API is read-only and its reads are open: configure `Api::token` \
+                 or `Api::authorize` to allow starting, cancelling, resolving and requeueing \
+                 (reads then need it too); serve it on loopback only until then"
             );
         }
         let state = ApiState {
@@ -293,6 +305,7 @@ impl Api {
                 public: self.public_reads,
                 public_limit: self.public_read_limit,
             },
+            exposure: Arc::new(exposure::Exposure::new(!credential && !self.public_reads)),
         };
         let api = Router::new()
             .route("/api/overview", get(overview))

@@ -77,6 +77,7 @@ impl FromRequestParts<ApiState> for Reader {
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
         let rules = state.reads;
         let reading = state.access.reading(rules.public, &parts.headers)?;
+        state.exposure.note(parts);
         Ok(Reader {
             reading,
             public_limit: rules.public_limit,
