@@ -126,6 +126,13 @@ pub enum Error {
          `Engine::builder().process_manager(..)`"
     )]
     UnknownProcess(String),
+    /// A message was published by its type's name, and no registered
+    /// process manager handles that type.
+    #[error(
+        "no process manager of this engine handles messages of type `{0}` (a type is its \
+         `Message::TYPE`: the Rust type's name, or `#[message(name = ..)]`)"
+    )]
+    UnknownMessageType(String),
     /// Two sagas registered under one name and version.
     #[error(
         "two sagas are registered under the name `{0}` with the same version; give one of them \

@@ -30,6 +30,25 @@ impl Engine {
         Box::pin(async move { self.publish_json(message_id, M::TYPE, encoded?).await })
     }
 
+    /// Publishes a message known by its type's name
+    /// (`Message::TYPE`) and its JSON, with its own id: what another
+    /// service sends, through the HTTP API (`POST /api/messages`) or a
+    /// broker. Publishing one id twice changes nothing the second time.
+    /// [`Error::UnknownMessageType`] if no process manager here handles the
+    /// type; a payload that does not fit the type is dead-lettered with
+    /// the reason when its handler reads it.
+    pub async fn publish_raw(
+        &self,
+        message_id: &str,
+        message_type: &str,
+        payload: serde_json::Value,
+    ) -> Result<usize, Error> {
+        let Some((known, _)) = self.rt.routes.get_key_value(message_type) else {
+            return Err(Error::UnknownMessageType(message_type.to_owned()));
+        };
+        self.publish_json(message_id, known, payload).await
+    }
+
     async fn publish_json(
         &self,
         message_id: &str,

@@ -44,6 +44,7 @@
 //! | `POST /api/dead-letters/{id}/requeue` | puts it back |
 //! | `POST /api/dead-letters/{id}/discard` `{"note":..}` | removes it |
 //! | `POST /api/dead-letters/requeue` `{"saga":..,"step":..,"error_contains":..,"max":..}` | requeues every letter picked |
+//! | `POST /api/messages` `{"type":..,"payload":..}` with `Idempotency-Key` | publishes a message to the process managers that handle its type (202 `{"message_id":..,"delivered_to":n}`); CloudEvents binary mode too (the payload as the body, `ce-type`, `ce-id`); the same key again is handled once |
 //! | `GET /api/limits` | the flow-control limits (`#[limit]`): each one's `name`, `concurrency`, `rate`, `keyed`, `used_by` and the unkeyed budget's `usage` now (`in_use`, `waiting`, `booked`) |
 //! | `GET /api/processes` | each process manager's `name`, `total` instances and `counts` by status (`null` past 1,000 instances) |
 //! | `GET /api/processes/{name}/instances?status=&cursor=&limit=` | a page of instances (no promised order), only those in `status` if given (then `truncated` as for tasks) |
@@ -73,6 +74,7 @@ mod console;
 mod dead_letters;
 mod exposure;
 mod legacy;
+mod messages;
 mod processes;
 mod reads;
 mod reply;
@@ -335,6 +337,7 @@ impl Api {
                 post(dead_letters::discard),
             )
             .route("/api/limits", get(limits))
+            .route("/api/messages", post(messages::publish))
             .route("/api/processes", get(processes::list))
             .route("/api/processes/{name}/instances", get(processes::instances))
             .route(

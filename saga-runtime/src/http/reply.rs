@@ -91,6 +91,7 @@ impl From<Error> for ApiError {
         match error {
             Error::TaskNotFound(_) | Error::WrongSaga { .. } => ApiError::task_not_found(),
             Error::UnknownSaga(saga) => ApiError::not_found(format!("Saga `{saga}` not found")),
+            Error::UnknownMessageType(_) => ApiError::not_found(message),
             Error::UnknownProcess(name) => {
                 ApiError::not_found(format!("Process manager `{name}` not found"))
             }
