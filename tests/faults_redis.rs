@@ -180,6 +180,168 @@ async fn an_undecodable_entry_is_dead_lettered_alone_and_strands_nothing() {
     );
 }
 
+/// Issue 39, finding 2: an undecodable entry (a field name that is not
+/// UTF-8) that a dead consumer held beside a real task's message. Two live
+/// worker loops take both over at once; the real one runs alone (it comes
+/// from a worker that died), and the bad one, handed back for later, was
+/// acknowledged and deleted by the hand-back because it had no payload to
+/// copy: neither pending nor dead-lettered, in about half the rounds.
+/// Repeated (`UNDECODABLE_ROUNDS`, 16 by default: before the fix, at least one
+/// round in 12 failed in each of 4 runs) on a fresh server each
+/// round; the count is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_entry_taken_over_with_others_is_never_dropped() {
+    let rounds: usize = std::env::var("UNDECODABLE_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(16);
+    eprintln!("undecodable take-over rounds: {rounds} (set UNDECODABLE_ROUNDS to change)");
+    for round in 0..rounds {
+        undecodable_taken_over_round(round).await;
+    }
+}
+
+async fn undecodable_taken_over_round(round: usize) {
+    let redis = TestRedis::start_with_aof(false);
+    let visibility = Duration::from_millis(300);
+    let client = Engine::builder()
+        .backend(backend(&redis, visibility).await)
+        .saga(Double)
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let mut conn = redis.conn();
+    let queue = "saga:{saga:0}:queue";
+    let _: String = redis::cmd("XADD")
+        .arg(queue)
+        .arg("*")
+        .arg(&[0xffu8, 0xfe][..])
+        .arg("x")
+        .query(&mut conn)
+        .unwrap();
+    let ids = start_doubles(&client, 7..8).await;
+    // A consumer reads both and dies without settling either.
+    let _: Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("workers")
+        .arg("a-worker-that-died")
+        .arg("COUNT")
+        .arg(10)
+        .arg("STREAMS")
+        .arg(queue)
+        .arg(">")
+        .query(&mut conn)
+        .unwrap();
+    let workers = Engine::builder()
+        .backend(backend(&redis, visibility).await)
+        .saga(Double)
+        .workers(2)
+        .build()
+        .await
+        .unwrap();
+    all_doubled(&client, &ids, Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let letters = loop {
+        let letters = client
+            .dead_letters(Default::default())
+            .await
+            .unwrap()
+            .letters;
+        if !letters.is_empty() || Instant::now() > deadline {
+            break letters;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let pending: Vec<Value> = redis::cmd("XPENDING")
+        .arg(queue)
+        .arg("workers")
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .query(&mut conn)
+        .unwrap();
+    let entries: Vec<Value> = redis::cmd("XRANGE")
+        .arg(queue)
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        letters.len(),
+        1,
+        "round {round}: the undecodable entry is not among the dead letters \
+         ({} pending, {} in the stream): {letters:#?}",
+        pending.len(),
+        entries.len()
+    );
+    assert!(
+        letters[0].reason.starts_with("malformed message"),
+        "round {round}: {letters:#?}"
+    );
+    workers.shutdown().await;
+}
+
+/// The store's own side of finding 2: a delivery handed back (`release`,
+/// `defer`, as a worker does on shutdown, or the store with the extras of
+/// a read over several streams) whose entry has no payload to copy is
+/// dead-lettered with its reason, not settled and lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handing_back_an_entry_without_a_payload_dead_letters_it() {
+    use saga_runtime::backend::{DeadLetterQuery, DeadLetters, Interest, WorkQueue};
+    let redis = TestRedis::start_with_aof(false);
+    let store = backend(&redis, Duration::from_secs(30)).await;
+    // The engine creates the consumer groups.
+    let _engine = Engine::builder()
+        .backend(store.clone())
+        .saga(Double)
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let mut conn = redis.conn();
+    for _ in 0..2 {
+        let _: String = redis::cmd("XADD")
+            .arg("saga:{saga:0}:queue")
+            .arg("*")
+            .arg(&[0xffu8, 0xfe][..])
+            .arg("x")
+            .query(&mut conn)
+            .unwrap();
+    }
+    let interest = Interest {
+        processes: false,
+        ..Interest::ALL
+    };
+    let wait = Duration::from_millis(100);
+    let first = store.receive("c1", interest, wait).await.unwrap().unwrap();
+    store.release(&first, Duration::ZERO).await.unwrap();
+    let second = store.receive("c1", interest, wait).await.unwrap().unwrap();
+    assert_ne!(first.id, second.id);
+    store.defer(&second, Duration::from_secs(5)).await.unwrap();
+    let query = DeadLetterQuery {
+        after: None,
+        limit: 10,
+    };
+    let letters = store.dead_letters(&query).await.unwrap().items;
+    assert_eq!(letters.len(), 2, "{letters:#?}");
+    assert!(
+        letters
+            .iter()
+            .all(|l| l.reason.starts_with("malformed message")),
+        "{letters:#?}"
+    );
+    let pending: Vec<Value> = redis::cmd("XPENDING")
+        .arg("saga:{saga:0}:queue")
+        .arg("workers")
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .query(&mut conn)
+        .unwrap();
+    assert!(pending.is_empty(), "{pending:?}");
+}
+
 fn spawn_worker(url: &str, envs: &[(&str, &str)]) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_chaos-worker"));
     cmd.env("REDIS_URL", url).env("RUST_LOG", "off");

@@ -117,7 +117,14 @@ pub(super) async fn turn(
 /// Hands `delivery` back for later, as an answered delivery: waiting here,
 /// its lease would run out, and the crash of the one alone (it may be the
 /// culprit) would cost it a delivery it never ran.
+///
+/// One that does not decode is dead-lettered now instead: its handling
+/// runs nothing that could crash beside the one alone, and an entry with
+/// no payload has nothing a hand-back could carry.
 async fn back(rt: &Runtime, delivery: &Delivery) {
+    if let Err(reason) = &delivery.item {
+        return super::dead_letter(rt, delivery, reason.clone(), None).await;
+    }
     tracing::debug!(message = %delivery.id, "a recovered message runs alone; handed back for later");
     let_go(rt, delivery).await;
     super::release(rt, delivery, rt.settings.lock_retry_delay).await;

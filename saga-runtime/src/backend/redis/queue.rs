@@ -31,16 +31,27 @@ impl RedisBackend {
         answered: bool,
     ) -> Result<(), BackendError> {
         let (p, entry) = self.locate(delivery)?;
-        self.call(&s::Release {
-            queue: self.keys().queue(p),
-            delayed: self.keys().delayed(p),
-            group: self.group(),
-            consumer: &delivery.consumer,
-            entry,
-            delay_ms: delay.as_millis().min(1 << 40) as u64,
-            answered,
-        })
-        .await?;
+        let released = self
+            .call(&s::Release {
+                queue: self.keys().queue(p),
+                delayed: self.keys().delayed(p),
+                group: self.group(),
+                consumer: &delivery.consumer,
+                entry,
+                delay_ms: delay.as_millis().min(1 << 40) as u64,
+                answered,
+            })
+            .await?;
+        if released == s::Released::NoPayload {
+            // Nothing to copy back: the entry is dead-lettered (parked and
+            // settled in one step) instead of settled and lost.
+            let reason = match &delivery.item {
+                Err(reason) => reason.clone(),
+                Ok(_) => "malformed message (a stream entry with no `payload` field)".to_owned(),
+            };
+            tracing::error!(message = %delivery.id, %reason, "a message with no payload cannot be handed back; dead-lettering it");
+            self.dead_letter(delivery, &reason, None).await?;
+        }
         Ok(())
     }
 

@@ -50,9 +50,20 @@ pub(crate) struct Release<'a> {
     pub answered: bool,
 }
 
+/// What `release.lua` did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// Settled, and a copy enqueued (or delayed).
+    HandedBack,
+    /// No longer this consumer's (settled meanwhile, taken over): left alone.
+    NotOurs,
+    /// An entry with no `payload` field: nothing a copy could carry, so it
+    /// is left pending for the caller to dead-letter.
+    NoPayload,
+}
+
 impl Call for Release<'_> {
-    /// Whether it was handed back (it was still this consumer's).
-    type Reply = bool;
+    type Reply = Released;
 
     fn script() -> &'static Script {
         &RELEASE
@@ -68,8 +79,13 @@ impl Call for Release<'_> {
             .arg(flag(self.answered));
     }
 
-    fn decode(reply: Value) -> Result<bool, BackendError> {
-        typed::<i64>(reply).map(|n| n == 1)
+    fn decode(reply: Value) -> Result<Released, BackendError> {
+        match typed::<i64>(reply)? {
+            0 => Ok(Released::NotOurs),
+            1 => Ok(Released::HandedBack),
+            2 => Ok(Released::NoPayload),
+            n => Err(BackendError::Corrupt(format!("RELEASE answered {n}"))),
+        }
     }
 }
 

@@ -4,7 +4,7 @@ use redis::Value;
 
 use super::Fixture;
 use crate::backend::redis::record::RawRecord;
-use crate::backend::redis::scripts::{self as s, Claimed, EndpointTaken, Loaded, Taken};
+use crate::backend::redis::scripts::{self as s, Claimed, EndpointTaken, Loaded, Released, Taken};
 use crate::model::task::TaskId;
 
 const GROUP: &str = "workers";
@@ -294,25 +294,74 @@ async fn release_hands_back_only_its_own_message() {
         answered,
     };
     // Another consumer's: not handed back, left alone.
-    assert!(!f.call(&release("c2", &entry, 0, true)).await.unwrap());
+    assert_eq!(
+        f.call(&release("c2", &entry, 0, true)).await.unwrap(),
+        Released::NotOurs
+    );
     assert_eq!(f.entries(&queue).await.len(), 1);
     // Answered now: a copy with no unanswered delivery.
-    assert!(f.call(&release("c1", &entry, 0, true)).await.unwrap());
+    assert_eq!(
+        f.call(&release("c1", &entry, 0, true)).await.unwrap(),
+        Released::HandedBack
+    );
     let now = f.entries(&queue).await;
     assert_eq!(now.len(), 1);
     assert_ne!(now[0].0, entry);
     assert_eq!(now[0].1, ["payload", "p", "unanswered", "0"]);
     // Unanswered, after a delay: on the delayed set, the delivery counted.
     f.read(&queue, "c1").await;
-    assert!(f
-        .call(&release("c1", &now[0].0, 5000, false))
-        .await
-        .unwrap());
+    assert_eq!(
+        f.call(&release("c1", &now[0].0, 5000, false))
+            .await
+            .unwrap(),
+        Released::HandedBack
+    );
     let delayed: Vec<String> = f.cmd(&["ZRANGE", &k.delayed(0), "0", "-1"]).await;
     assert_eq!(delayed, ["1:p"]);
     assert!(f.entries(&queue).await.is_empty());
     // Settled meanwhile: nothing to hand back.
-    assert!(!f.call(&release("c1", &now[0].0, 0, true)).await.unwrap());
+    assert_eq!(
+        f.call(&release("c1", &now[0].0, 0, true)).await.unwrap(),
+        Released::NotOurs
+    );
+}
+
+/// An entry with no `payload` field (its field name not UTF-8, say) has
+/// nothing a copy could carry: it is left pending, untouched, for its
+/// consumer to dead-letter. (It used to be acknowledged and deleted: lost.)
+#[tokio::test]
+async fn release_leaves_an_entry_without_a_payload_pending() {
+    let mut f = Fixture::new().await;
+    let k = f.keys.clone();
+    let queue = k.queue(0);
+    f.group(&queue).await;
+    let entry: String = redis::cmd("XADD")
+        .arg(&queue)
+        .arg("*")
+        .arg(&[0xffu8, 0xfe][..])
+        .arg("x")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    f.read(&queue, "c1").await;
+    for (delay_ms, answered) in [(0, true), (5000, false)] {
+        let release = s::Release {
+            queue: k.queue(0),
+            delayed: k.delayed(0),
+            group: GROUP,
+            consumer: "c1",
+            entry: entry.clone(),
+            delay_ms,
+            answered,
+        };
+        assert_eq!(f.call(&release).await.unwrap(), Released::NoPayload);
+    }
+    let pending: Vec<Value> = f.cmd(&["XPENDING", &queue, GROUP, "-", "+", "10"]).await;
+    assert_eq!(pending.len(), 1);
+    let entries: Vec<Value> = f.cmd(&["XRANGE", &queue, "-", "+"]).await;
+    assert_eq!(entries.len(), 1);
+    let delayed: Vec<String> = f.cmd(&["ZRANGE", &k.delayed(0), "0", "-1"]).await;
+    assert!(delayed.is_empty(), "{delayed:?}");
 }
 
 #[tokio::test]
