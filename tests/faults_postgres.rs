@@ -384,6 +384,107 @@ impl Double {
     }
 }
 
+/// Issue 39, finding 6: a task row whose head this version cannot read (a
+/// status it does not know, as a newer version may write during a rolling
+/// deploy), taken in one read with good messages. The read used to fail
+/// as a whole after every row in it was claimed: the good messages waited
+/// out the visibility timeout (and counted a delivery each), the bad one
+/// came back every visibility timeout for ever and was never
+/// dead-lettered, and listing the saga failed. Now the good ones run at
+/// once, the bad one is handed back for a version that can read it and
+/// dead-lettered at the cap with a reason, and listings leave it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_task_record_is_dead_lettered_alone_and_holds_nothing_up() {
+    let pg = TestPostgres::start();
+    let visibility = Duration::from_secs(8);
+    let client = Engine::builder()
+        .backend(backend(&pg, config(visibility)).await)
+        .saga(Double)
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let mut good = Vec::new();
+    for n in 1..4 {
+        good.push((n, client.start::<Double>(n).await.unwrap()));
+    }
+    let bad = client.start::<Double>(99).await.unwrap();
+    for n in 4..7 {
+        good.push((n, client.start::<Double>(n).await.unwrap()));
+    }
+    pg.psql(&format!(
+        "UPDATE saga.tasks SET head = jsonb_set(head, '{{status}}', '\"Exploded\"') \
+         WHERE id = '{bad}'"
+    ));
+    // One worker taking up to 8 at once: the first read takes all seven.
+    let started = Instant::now();
+    let _workers = Engine::builder()
+        .backend(backend(&pg, config(visibility)).await)
+        .saga(Double)
+        .worker_concurrency(8)
+        .max_deliveries(2)
+        .lock_retry_delay(Duration::from_millis(50))
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    for (n, id) in &good {
+        let task = finish(&client, *id, Duration::from_secs(20)).await;
+        assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
+        assert_eq!(task.output_as::<u32>().unwrap().unwrap(), n * 2);
+        assert_eq!(task.steps[0].attempt_count, 1, "{task:#?}");
+    }
+    let took = started.elapsed();
+    assert!(
+        took < visibility / 2,
+        "the good tasks waited {took:?} (visibility timeout {visibility:?})"
+    );
+    println!("the good tasks were done in {took:?}");
+
+    // Handed back for a version that can read it (1 s, then 2 s), then
+    // dead-lettered on its own, with the reason.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let letter = loop {
+        let page = client.dead_letters(Default::default()).await.unwrap();
+        if let Some(letter) = page.letters.into_iter().next() {
+            break letter;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unreadable task's message was never dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(letter.task_id, Some(bad), "{letter:#?}");
+    assert!(
+        letter.reason.contains("cannot read the record") && letter.reason.contains("Exploded"),
+        "{letter:#?}"
+    );
+    let queued = pg.psql("SELECT count(*) FROM saga.queue");
+    assert_eq!(queued.trim(), "0", "nothing left on the queue");
+
+    // The listing leaves the unreadable task out; loading it names it.
+    let listed = client.tasks_of("double").await.unwrap();
+    let ids: Vec<TaskId> = listed.iter().map(|t| t.id).collect();
+    assert_eq!(listed.len(), good.len(), "{ids:?}");
+    assert!(!ids.contains(&bad));
+    // Paged three at a time: the first page's read meets it, and reads on
+    // past it rather than end the listing there.
+    let mut paged = Vec::new();
+    let mut filter = TaskFilter::new().saga("double").limit(3);
+    loop {
+        let page = client.tasks(filter.clone()).await.unwrap();
+        paged.extend(page.tasks.iter().map(|t| t.id));
+        match page.next {
+            Some(next) => filter = filter.after(next),
+            None => break,
+        }
+    }
+    assert_eq!(paged.len(), good.len(), "{paged:?}");
+    let error = client.task(bad).await.unwrap_err().to_string();
+    assert!(error.contains("Exploded"), "{error}");
+}
+
 /// Samples `pg_stat_activity` until `stop`: the longest wait for a lock of
 /// each statement of the engines (by backend and start), in seconds.
 fn watch_lock_waits(

@@ -342,6 +342,74 @@ async fn handing_back_an_entry_without_a_payload_dead_letters_it() {
     assert!(pending.is_empty(), "{pending:?}");
 }
 
+/// Issue 39, finding 6, on Redis: a task record this version cannot read
+/// (a status it does not know, as a newer version may write) is handed
+/// back for a version that can, dead-lettered at the cap with a reason,
+/// and left out of listings (listing the saga used to fail as a whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_task_record_is_dead_lettered_alone_and_left_out_of_listings() {
+    let redis = TestRedis::start_with_aof(false);
+    let visibility = Duration::from_secs(8);
+    let client = Engine::builder()
+        .backend(backend(&redis, visibility).await)
+        .saga(Double)
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let mut good = start_doubles(&client, 1..4).await;
+    let bad = client.start::<Double>(99).await.unwrap();
+    good.extend(start_doubles(&client, 4..7).await);
+    let key = format!("saga:{{saga:0}}:task:{bad}");
+    let mut conn = redis.conn();
+    let doc: String = redis::cmd("HGET")
+        .arg(&key)
+        .arg("doc")
+        .query(&mut conn)
+        .unwrap();
+    assert!(doc.contains(r#""status":"Pending""#), "{doc}");
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("doc")
+        .arg(doc.replace(r#""status":"Pending""#, r#""status":"Exploded""#))
+        .query(&mut conn)
+        .unwrap();
+    let _workers = Engine::builder()
+        .backend(backend(&redis, visibility).await)
+        .saga(Double)
+        .worker_concurrency(8)
+        .max_deliveries(2)
+        .lock_retry_delay(Duration::from_millis(50))
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    all_doubled(&client, &good, visibility / 2).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let letter = loop {
+        let page = client.dead_letters(Default::default()).await.unwrap();
+        if let Some(letter) = page.letters.into_iter().next() {
+            break letter;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unreadable task's message was never dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(letter.task_id, Some(bad), "{letter:#?}");
+    assert!(
+        letter.reason.contains("cannot read the record") && letter.reason.contains("Exploded"),
+        "{letter:#?}"
+    );
+    let listed = client.tasks_of("double").await.unwrap();
+    let ids: Vec<TaskId> = listed.iter().map(|t| t.id).collect();
+    assert_eq!(listed.len(), good.len(), "{ids:?}");
+    assert!(!ids.contains(&bad));
+    let error = client.task(bad).await.unwrap_err().to_string();
+    assert!(error.contains("Exploded"), "{error}");
+}
+
 fn spawn_worker(url: &str, envs: &[(&str, &str)]) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_chaos-worker"));
     cmd.env("REDIS_URL", url).env("RUST_LOG", "off");

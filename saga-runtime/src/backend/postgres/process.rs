@@ -372,7 +372,8 @@ impl PostgresBackend {
 
     /// Instances of `process` that meet `condition` on `i` (which may
     /// name `$2`, bound to `after`), in `order`, at most `limit` (`None`:
-    /// all).
+    /// all), each with its id and read on its own: a record this version
+    /// cannot parse is an error of its own, not of the listing.
     async fn instances_where(
         &self,
         process: &str,
@@ -380,9 +381,9 @@ impl PostgresBackend {
         after: Option<&str>,
         limit: Option<i64>,
         order: &str,
-    ) -> Result<Vec<ProcessInstance>, BackendError> {
+    ) -> Result<Vec<(String, Result<ProcessInstance, BackendError>)>, BackendError> {
         let rows = sqlx::query(sql!(
-            "SELECT i.record, i.version FROM {} i WHERE i.process = $1 AND {condition} \
+            "SELECT i.record, i.version, i.id FROM {} i WHERE i.process = $1 AND {condition} \
              ORDER BY {order} LIMIT $3",
             self.q("process_instances")
         ))
@@ -392,8 +393,28 @@ impl PostgresBackend {
         .fetch_all(self.pool_ref())
         .await
         .map_err(failure)?;
-        rows.iter().map(instance).collect()
+        rows.iter()
+            .map(|row| Ok((row.try_get(2).map_err(corrupt)?, instance(row))))
+            .collect()
     }
+}
+
+/// The instances a listing shows: one whose record this version cannot
+/// read (a newer version's, during a rolling deploy) is left out with a
+/// warning naming it, as on Redis; loading it by its id answers the error.
+fn readable(
+    process: &str,
+    rows: Vec<(String, Result<ProcessInstance, BackendError>)>,
+) -> Vec<ProcessInstance> {
+    rows.into_iter()
+        .filter_map(|(id, instance)| match instance {
+            Ok(instance) => Some(instance),
+            Err(error) => {
+                tracing::warn!(process, instance = %id, %error, "an instance record this version cannot read is left out of the listing");
+                None
+            }
+        })
+        .collect()
 }
 
 #[async_trait]
@@ -470,14 +491,16 @@ impl ProcessStore for PostgresBackend {
     }
 
     async fn process_list(&self, process: &str) -> Result<Vec<ProcessInstance>, BackendError> {
-        self.instances_where(
-            process,
-            "$2::text IS NULL",
-            None,
-            None,
-            "i.created_ms, i.id",
-        )
-        .await
+        let rows = self
+            .instances_where(
+                process,
+                "$2::text IS NULL",
+                None,
+                None,
+                "i.created_ms, i.id",
+            )
+            .await?;
+        Ok(readable(process, rows))
     }
 
     /// A page in id order, read from the primary key's index: only the
@@ -490,7 +513,7 @@ impl ProcessStore for PostgresBackend {
     ) -> Result<Page<ProcessInstance>, BackendError> {
         let limit = limit.max(1);
         let more = i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX);
-        let mut items = self
+        let mut rows = self
             .instances_where(
                 process,
                 "($2::text IS NULL OR i.id > $2)",
@@ -499,14 +522,19 @@ impl ProcessStore for PostgresBackend {
                 "i.id",
             )
             .await?;
-        let next = match items.len() > limit {
+        // The cursor is the last row's id, read or not: a page short of an
+        // unreadable instance is not the last.
+        let next = match rows.len() > limit {
             true => {
-                items.truncate(limit);
-                items.last().map(|i| i.id.clone())
+                rows.truncate(limit);
+                rows.last().map(|(id, _)| id.clone())
             }
             false => None,
         };
-        Ok(Page { items, next })
+        Ok(Page {
+            items: readable(process, rows),
+            next,
+        })
     }
 
     async fn process_commit(

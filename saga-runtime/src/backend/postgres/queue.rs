@@ -13,7 +13,7 @@ use super::tasks::{located, ms, parse_task};
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
     truncate_payload, BackendError, Delivery, Interest, Lease, Locked, QueueBacklog, QueueMessage,
-    QueueStats, TakenLease, WorkItem, WorkQueue,
+    QueueStats, TakenLease, TaskStore, WorkItem, WorkQueue,
 };
 use crate::model::task::{TaskId, Timestamp};
 
@@ -105,64 +105,94 @@ impl PostgresBackend {
         .fetch_all(self.pool_ref())
         .await
         .map_err(failure)?;
-        rows.iter()
-            .map(|row| {
-                let id: i64 = row.try_get(0).map_err(corrupt)?;
-                let raw: String = row.try_get(1).map_err(corrupt)?;
-                let deliveries: i32 = row.try_get(2).map_err(corrupt)?;
-                let claim: Uuid = row.try_get(3).map_err(corrupt)?;
-                let item = WorkItem::decode(raw.as_bytes());
-                let lease = self.taken_lease(row, &item, requested_at, visibility)?;
-                Ok(Delivery {
-                    id: format!("{id}:{claim}"),
-                    item,
-                    raw,
-                    deliveries: u32::try_from(deliveries).unwrap_or(0),
-                    consumer: consumer.to_owned(),
-                    lease,
-                    instance: None,
-                })
-            })
-            .collect()
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id: i64 = row.try_get(0).map_err(corrupt)?;
+            let raw: String = row.try_get(1).map_err(corrupt)?;
+            let deliveries_so_far: i32 = row.try_get(2).map_err(corrupt)?;
+            let claim: Uuid = row.try_get(3).map_err(corrupt)?;
+            let item = WorkItem::decode(raw.as_bytes());
+            let lease = self.taken_lease(row, &item, requested_at, visibility).await;
+            deliveries.push(Delivery {
+                id: format!("{id}:{claim}"),
+                item,
+                raw,
+                deliveries: u32::try_from(deliveries_so_far).unwrap_or(0),
+                consumer: consumer.to_owned(),
+                lease,
+                instance: None,
+            });
+        }
+        Ok(deliveries)
     }
 
     /// The lease `take_leased` took for a saga message's task, if it tried.
-    fn taken_lease(
+    /// One that cannot be used (a record this version cannot parse, as a
+    /// newer version may write during a rolling deploy) is released at
+    /// once and the delivery goes on without it: the worker meets the
+    /// problem on its ordinary path and deals with that message alone.
+    /// Failing the read instead would strand every message it had claimed
+    /// until the visibility timeout, and take the bad one again and again.
+    async fn taken_lease(
         &self,
         row: &sqlx::postgres::PgRow,
         item: &Result<WorkItem, String>,
         requested_at: tokio::time::Instant,
         ttl: Duration,
-    ) -> Result<Option<TakenLease>, BackendError> {
-        let code: Option<i32> = row.try_get(4).map_err(corrupt)?;
+    ) -> Option<TakenLease> {
         let Ok(WorkItem::Saga(message)) = item else {
-            return Ok(None);
+            return None;
         };
-        match code {
-            Some(-4) => Ok(Some(TakenLease::Busy)),
-            Some(0) => {
-                let token: String = row.try_get(5).map_err(corrupt)?;
-                let fence: i64 = row.try_get(6).map_err(corrupt)?;
-                let record: serde_json::Value = row.try_get(7).map_err(corrupt)?;
-                let cancel: Option<i64> = row.try_get(8).map_err(corrupt)?;
-                let task = parse_task(record)?;
-                self.shared.steps.loaded(&task);
-                Ok(Some(TakenLease::Held {
-                    locked: Box::new(Locked {
-                        lease: Lease {
+        match row.try_get::<Option<i32>, _>(4) {
+            Ok(Some(-4)) => Some(TakenLease::Busy),
+            Ok(Some(0)) => match self.held_lease(row, message.task_id, requested_at, ttl) {
+                Ok(held) => Some(held),
+                Err(error) => {
+                    tracing::warn!(task_id = %message.task_id, %error, "the task taken with a message cannot be read; its lease is let go");
+                    if let Ok(token) = row.try_get::<String, _>(5) {
+                        let lease = Lease {
                             task_id: message.task_id,
                             token,
-                            fence: u64::try_from(fence).unwrap_or(0),
-                        },
-                        task: Some(task),
-                        cancel_requested: cancel.map(|c| Timestamp(u64::try_from(c).unwrap_or(0))),
-                    }),
-                    requested_at,
-                    ttl,
-                }))
-            }
-            _ => Ok(None),
+                            fence: 0,
+                        };
+                        if let Err(error) = self.unlock(&lease).await {
+                            tracing::debug!(%error, "unlock failed; the lease expires on its own");
+                        }
+                    }
+                    None
+                }
+            },
+            _ => None,
         }
+    }
+
+    /// The lease (and task) of a row whose `lock_code` is 0.
+    fn held_lease(
+        &self,
+        row: &sqlx::postgres::PgRow,
+        task_id: TaskId,
+        requested_at: tokio::time::Instant,
+        ttl: Duration,
+    ) -> Result<TakenLease, BackendError> {
+        let token: String = row.try_get(5).map_err(corrupt)?;
+        let fence: i64 = row.try_get(6).map_err(corrupt)?;
+        let record: serde_json::Value = row.try_get(7).map_err(corrupt)?;
+        let cancel: Option<i64> = row.try_get(8).map_err(corrupt)?;
+        let task = parse_task(record)?;
+        self.shared.steps.loaded(&task);
+        Ok(TakenLease::Held {
+            locked: Box::new(Locked {
+                lease: Lease {
+                    task_id,
+                    token,
+                    fence: u64::try_from(fence).unwrap_or(0),
+                },
+                task: Some(task),
+                cancel_requested: cancel.map(|c| Timestamp(u64::try_from(c).unwrap_or(0))),
+            }),
+            requested_at,
+            ttl,
+        })
     }
 
     /// How long until the next message of `kinds` becomes visible.

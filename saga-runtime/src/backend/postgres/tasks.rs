@@ -143,10 +143,15 @@ impl PostgresBackend {
         })
     }
 
-    /// Loads the tasks `ids` (those that exist and have not expired).
-    async fn load_many(&self, ids: &[Uuid]) -> Result<Vec<TaskInstance>, BackendError> {
+    /// Loads the tasks `ids` (those that exist and have not expired), each
+    /// read on its own: a record this version cannot parse is an error of
+    /// its own, not of its neighbours.
+    async fn load_many(
+        &self,
+        ids: &[Uuid],
+    ) -> Result<Vec<(Uuid, Result<TaskInstance, BackendError>)>, BackendError> {
         let rows = sqlx::query(sql!(
-            "SELECT {}(t.id) FROM {} t WHERE t.id = ANY($1) \
+            "SELECT t.id, {}(t.id) FROM {} t WHERE t.id = ANY($1) \
              AND (t.expires_at IS NULL OR t.expires_at > clock_timestamp())",
             self.q("task_record"),
             self.q("tasks")
@@ -156,7 +161,49 @@ impl PostgresBackend {
         .await
         .map_err(failure)?;
         rows.into_iter()
-            .map(|row| parse_task(row.try_get(0).map_err(corrupt)?))
+            .map(|row| {
+                let id: Uuid = row.try_get(0).map_err(corrupt)?;
+                let task = row.try_get(1).map_err(corrupt).and_then(parse_task);
+                Ok((id, task))
+            })
+            .collect()
+    }
+
+    /// Up to `limit` ids `(created ms, id)` of the tasks `query` selects,
+    /// newest first, strictly after `after`.
+    async fn task_ids(
+        &self,
+        query: &TaskQuery,
+        after: Option<(i64, Uuid)>,
+        limit: usize,
+    ) -> Result<Vec<(i64, Uuid)>, BackendError> {
+        let ms_of = |t: Timestamp| i64::try_from(t.0).unwrap_or(i64::MAX);
+        let rows = sqlx::query(sql!(
+            "SELECT created_ms, id FROM {} WHERE saga = $1 \
+             AND ($2::text IS NULL OR status = $2) \
+             AND ($3::bigint IS NULL OR created_ms >= $3) \
+             AND ($4::bigint IS NULL OR created_ms < $4) \
+             AND ($5::bigint IS NULL OR (created_ms, id) < ($5, $6)) \
+             AND (expires_at IS NULL OR expires_at > clock_timestamp()) \
+             ORDER BY created_ms DESC, id DESC LIMIT $7",
+            self.q("tasks")
+        ))
+        .bind(&query.saga)
+        .bind(query.status.map(TaskStatus::as_str))
+        .bind(query.created_from.map(ms_of))
+        .bind(query.created_to.map(ms_of))
+        .bind(after.map(|a| a.0))
+        .bind(after.map(|a| a.1))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(self.pool_ref())
+        .await
+        .map_err(failure)?;
+        rows.iter()
+            .map(|row| {
+                let created: i64 = row.try_get(0).map_err(corrupt)?;
+                let id: Uuid = row.try_get(1).map_err(corrupt)?;
+                Ok((created, id))
+            })
             .collect()
     }
 }
@@ -184,43 +231,44 @@ impl TaskStore for PostgresBackend {
     }
 
     async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError> {
-        Ok(self.load_many(&[id.0]).await?.pop())
+        self.load_many(&[id.0])
+            .await?
+            .pop()
+            .map(|(_, task)| task)
+            .transpose()
     }
 
+    /// A record this version cannot read (a newer version's, during a
+    /// rolling deploy) is left out with a warning naming it, and reading
+    /// goes on past it: one such task must not hide the saga's others,
+    /// nor end a page early (a short page reads as the last). Loading it
+    /// by its id answers the error.
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError> {
-        let after = query
+        let limit = query.limit.max(1);
+        let mut after = query
             .after
             .map(|c| (i64::try_from(c.created_at.0).unwrap_or(i64::MAX), c.id.0));
-        let ids: Vec<Uuid> = sqlx::query_scalar(sql!(
-            "SELECT id FROM {} WHERE saga = $1 \
-             AND ($2::text IS NULL OR status = $2) \
-             AND ($3::bigint IS NULL OR created_ms >= $3) \
-             AND ($4::bigint IS NULL OR created_ms < $4) \
-             AND ($5::bigint IS NULL OR (created_ms, id) < ($5, $6)) \
-             AND (expires_at IS NULL OR expires_at > clock_timestamp()) \
-             ORDER BY created_ms DESC, id DESC LIMIT $7",
-            self.q("tasks")
-        ))
-        .bind(&query.saga)
-        .bind(query.status.map(TaskStatus::as_str))
-        .bind(
-            query
-                .created_from
-                .map(|t| i64::try_from(t.0).unwrap_or(i64::MAX)),
-        )
-        .bind(
-            query
-                .created_to
-                .map(|t| i64::try_from(t.0).unwrap_or(i64::MAX)),
-        )
-        .bind(after.map(|a| a.0))
-        .bind(after.map(|a| a.1))
-        .bind(i64::try_from(query.limit.max(1)).unwrap_or(i64::MAX))
-        .fetch_all(self.pool_ref())
-        .await
-        .map_err(failure)?;
-        let mut tasks = self.load_many(&ids).await?;
+        let mut tasks = Vec::new();
+        loop {
+            let ids = self.task_ids(query, after, limit).await?;
+            let Some(&last) = ids.last() else { break };
+            let full = ids.len() == limit;
+            let wanted: Vec<Uuid> = ids.iter().map(|(_, id)| *id).collect();
+            for (id, task) in self.load_many(&wanted).await? {
+                match task {
+                    Ok(task) => tasks.push(task),
+                    Err(error) => {
+                        tracing::warn!(task_id = %id, %error, "a task record this version cannot read is left out of the listing")
+                    }
+                }
+            }
+            if tasks.len() >= limit || !full {
+                break;
+            }
+            after = Some(last);
+        }
         tasks.sort_by_key(|t| std::cmp::Reverse((t.created_at, t.id)));
+        tasks.truncate(limit);
         Ok(tasks)
     }
 
@@ -313,16 +361,26 @@ impl TaskStore for PostgresBackend {
             -3 => Ok(Some(Locked::missing(id))),
             _ => {
                 let fence: i64 = row.try_get(1).map_err(corrupt)?;
-                let record: Value = row.try_get(2).map_err(corrupt)?;
+                let lease = Lease {
+                    task_id: id,
+                    token,
+                    fence: u64::try_from(fence).unwrap_or(0),
+                };
                 let cancel: Option<i64> = row.try_get(3).map_err(corrupt)?;
-                let task = parse_task(record)?;
+                let task = match row.try_get(2).map_err(corrupt).and_then(parse_task) {
+                    Ok(task) => task,
+                    // Not held for a task nobody here can advance: a
+                    // version that can read it may take it at once.
+                    Err(error) => {
+                        if let Err(unlock) = self.unlock(&lease).await {
+                            tracing::debug!(error = %unlock, "unlock failed; the lease expires on its own");
+                        }
+                        return Err(error);
+                    }
+                };
                 self.shared.steps.loaded(&task);
                 Ok(Some(Locked {
-                    lease: Lease {
-                        task_id: id,
-                        token,
-                        fence: u64::try_from(fence).unwrap_or(0),
-                    },
+                    lease,
                     task: Some(task),
                     cancel_requested: cancel.map(|c| Timestamp(u64::try_from(c).unwrap_or(0))),
                 }))

@@ -67,9 +67,11 @@ impl RedisBackend {
                 .map(|v| redis::from_redis_value_ref(v).map_err(corrupt))
                 .collect::<Result<_, _>>()?;
             for ((doc, version), id) in docs.into_iter().zip(chunk) {
-                match owned_by(parse_instance(doc, version)?, process, id) {
+                match parse_instance(doc, version).and_then(|i| owned_by(i, process, id)) {
                     Ok(instance) => list.extend(instance),
-                    Err(error) => tracing::warn!(%error, "instance left out of the listing"),
+                    Err(error) => {
+                        tracing::warn!(process, instance = %id, %error, "instance left out of the listing")
+                    }
                 }
             }
         }

@@ -206,13 +206,23 @@ impl RedisBackend {
             .await
             .map_err(unavailable)?;
         let mut tasks = Vec::new();
-        for pair in replies.chunks(2) {
+        for (pair, id) in replies.chunks(2).zip(ids) {
             let [record, audit] = pair else { break };
-            let record = RawRecord::from_fields(record)?;
             let audit: Vec<String> = redis::from_redis_value_ref(audit).map_err(corrupt)?;
+            // A record this version cannot read (a newer version's, during
+            // a rolling deploy) is its own error, not its neighbours': left
+            // out with a warning naming it (loading it by id answers the
+            // error), and the page reads on past it.
+            let task = match RawRecord::from_fields(record).and_then(|r| parse_full(r, audit)) {
+                Ok(task) => task,
+                Err(error) => {
+                    tracing::warn!(task_id = %id, %error, "a task record this version cannot read is left out of the listing");
+                    continue;
+                }
+            };
             // An index entry whose task just expired: skip it (the janitor
             // removes the entry).
-            tasks.extend(parse_full(record, audit)?.filter(|t| query.matches(t)));
+            tasks.extend(task.filter(|t| query.matches(t)));
         }
         Ok(tasks)
     }
