@@ -486,7 +486,8 @@ async fn an_unreadable_task_record_is_dead_lettered_alone_and_holds_nothing_up()
 }
 
 /// Samples `pg_stat_activity` until `stop`: the longest wait for a lock of
-/// each statement of the engines (by backend and start), in seconds.
+/// each statement of the engines (by backend and start), in seconds, on
+/// their own pools and on the application's.
 fn watch_lock_waits(
     url: String,
     stop: Arc<AtomicBool>,
@@ -499,7 +500,8 @@ fn watch_lock_waits(
                 "SELECT pid, query_start::text, \
                         extract(epoch FROM clock_timestamp() - query_start)::float8 \
                  FROM pg_stat_activity \
-                 WHERE application_name = 'saga-runtime' AND wait_event_type = 'Lock'",
+                 WHERE application_name IN ('saga-runtime', 'application') \
+                   AND wait_event_type = 'Lock'",
             )
             .fetch_all(&mut conn)
             .await
@@ -514,17 +516,59 @@ fn watch_lock_waits(
     })
 }
 
+/// Which pool the engine's backend uses.
+#[derive(Clone, Copy, PartialEq)]
+enum Pooled {
+    /// Its own (`connect_url`): the timeouts set on each connection.
+    Own,
+    /// An application's (`connect_with`), its sessions as PostgreSQL
+    /// makes them: the timeouts cannot be set on them.
+    Application,
+    /// An application's whose sessions start with the timeouts
+    /// (`PostgresConfig::session_options`).
+    ApplicationStartingBounded,
+}
+
 /// (c) Another session holds the task's row lock (`SELECT .. FOR UPDATE`
 /// in an open transaction) when the step returns: the engine's write waits
 /// at most `timeout` (the server cancels it), the only worker goes on with
 /// other work meanwhile, and the task completes once the lock is released
-/// (its step run again: its completion never landed).
-async fn a_write_behind_a_row_lock_gives_up(config: PostgresConfig, timeout: Duration) {
+/// (its step run again: its completion never landed). On an application's
+/// pool too, whose own sessions keep their settings.
+async fn a_write_behind_a_row_lock_gives_up(
+    config: PostgresConfig,
+    timeout: Duration,
+    pooled: Pooled,
+) {
     let pg = TestPostgres::start();
     let calls = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut options: sqlx::postgres::PgConnectOptions = pg.url().parse().unwrap();
+    if pooled == Pooled::ApplicationStartingBounded {
+        options = config.session_options(options);
+    }
+    let expected = match pooled {
+        Pooled::ApplicationStartingBounded => (
+            config.statement_timeout.as_millis().to_string(),
+            config.lock_timeout.as_millis().to_string(),
+        ),
+        _ => ("0".to_owned(), "0".to_owned()),
+    };
+    let application = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.application_name("application"))
+        .await
+        .unwrap();
+    let store = match pooled {
+        Pooled::Own => backend(&pg, config).await,
+        Pooled::Application | Pooled::ApplicationStartingBounded => {
+            PostgresBackend::connect_with(application.clone(), config)
+                .await
+                .unwrap()
+        }
+    };
     let engine = Engine::builder()
-        .backend(backend(&pg, config).await)
+        .backend(store)
         .saga(Gated {
             calls: calls.clone(),
             gate: gate.clone(),
@@ -604,6 +648,23 @@ async fn a_write_behind_a_row_lock_gives_up(config: PostgresConfig, timeout: Dur
         longest < (timeout + Duration::from_millis(1200)).as_secs_f64(),
         "a statement waited {longest:.3} s for the lock (timeout {timeout:?}): {waits:?}"
     );
+    // The application's sessions are as PostgreSQL made them (the
+    // engine's statements ran on them too; its listener keeps one).
+    engine.shutdown().await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(application.acquire().await.unwrap());
+    }
+    for conn in &mut held {
+        let settings: (String, String) = sqlx::query_as(
+            "SELECT (SELECT setting FROM pg_settings WHERE name = 'statement_timeout'), \
+             (SELECT setting FROM pg_settings WHERE name = 'lock_timeout')",
+        )
+        .fetch_one(&mut **conn)
+        .await
+        .unwrap();
+        assert_eq!(settings, expected);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -613,7 +674,32 @@ async fn a_write_behind_a_row_lock_gives_up_after_lock_timeout() {
         lock_timeout: timeout,
         ..config(Duration::from_secs(1))
     };
-    a_write_behind_a_row_lock_gives_up(config, timeout).await;
+    a_write_behind_a_row_lock_gives_up(config, timeout, Pooled::Own).await;
+}
+
+/// Issue 39, finding 7: on a pool passed to `connect_with` the timeouts
+/// were not set at all, and the engine's write waited for as long as the
+/// lock was held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_behind_a_row_lock_gives_up_after_lock_timeout_on_an_application_pool() {
+    let timeout = Duration::from_millis(300);
+    let config = PostgresConfig {
+        lock_timeout: timeout,
+        ..config(Duration::from_secs(1))
+    };
+    a_write_behind_a_row_lock_gives_up(config, timeout, Pooled::Application).await;
+}
+
+/// The same on a pool whose sessions start with the timeouts: its
+/// statements run as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_behind_a_row_lock_gives_up_on_a_pool_whose_sessions_start_bounded() {
+    let timeout = Duration::from_millis(300);
+    let config = PostgresConfig {
+        lock_timeout: timeout,
+        ..config(Duration::from_secs(1))
+    };
+    a_write_behind_a_row_lock_gives_up(config, timeout, Pooled::ApplicationStartingBounded).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -625,7 +711,18 @@ async fn a_write_behind_a_row_lock_gives_up_after_statement_timeout() {
         statement_timeout: timeout,
         ..config(Duration::from_secs(1))
     };
-    a_write_behind_a_row_lock_gives_up(config, timeout).await;
+    a_write_behind_a_row_lock_gives_up(config, timeout, Pooled::Own).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_behind_a_row_lock_gives_up_after_statement_timeout_on_an_application_pool() {
+    let timeout = Duration::from_millis(500);
+    let config = PostgresConfig {
+        lock_timeout: Duration::ZERO,
+        statement_timeout: timeout,
+        ..config(Duration::from_secs(1))
+    };
+    a_write_behind_a_row_lock_gives_up(config, timeout, Pooled::Application).await;
 }
 
 /// (d) Every connection of the engine terminated every few dozen

@@ -25,15 +25,17 @@ impl Breakers for PostgresBackend {
         probe_ttl: Duration,
         token: &str,
     ) -> Result<BreakerDecision, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT admitted, probe, counting, retry_after_ms FROM {}($1, $2, $3)",
-            self.q("breaker_acquire")
-        ))
-        .bind(name)
-        .bind(ms(probe_ttl))
-        .bind(token)
-        .fetch_one(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT admitted, probe, counting, retry_after_ms FROM {}($1, $2, $3)",
+                self.q("breaker_acquire")
+            ))
+            .bind(name)
+            .bind(ms(probe_ttl))
+            .bind(token),
+            fetch_one
+        )
         .map_err(failure)?;
         let admitted: bool = row.try_get(0).map_err(corrupt)?;
         if !admitted {
@@ -58,18 +60,20 @@ impl Breakers for PostgresBackend {
         threshold: u32,
         open_for: Duration,
     ) -> Result<Option<BreakerChange>, BackendError> {
-        let change: i32 = sqlx::query_scalar(sql!(
-            "SELECT {}($1, $2, $3, $4, $5, $6)",
-            self.q("breaker_report")
-        ))
-        .bind(name)
-        .bind(probe)
-        .bind(failed)
-        .bind(i32::try_from(threshold).unwrap_or(i32::MAX))
-        .bind(ms(open_for))
-        .bind(ms(open_for.saturating_add(KEEP)))
-        .fetch_one(self.pool_ref())
-        .await
+        let change: i32 = run!(
+            self,
+            sqlx::query_scalar(sql!(
+                "SELECT {}($1, $2, $3, $4, $5, $6)",
+                self.q("breaker_report")
+            ))
+            .bind(name)
+            .bind(probe)
+            .bind(failed)
+            .bind(i32::try_from(threshold).unwrap_or(i32::MAX))
+            .bind(ms(open_for))
+            .bind(ms(open_for.saturating_add(KEEP))),
+            fetch_one
+        )
         .map_err(failure)?;
         Ok(match change {
             1 => Some(BreakerChange::Opened),

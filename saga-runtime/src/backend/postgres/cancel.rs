@@ -24,9 +24,12 @@ impl PostgresBackend {
         entry: Option<&AuditEntry>,
     ) -> Result<Option<Timestamp>, BackendError> {
         let Some(entry) = entry else {
-            return self.request(self.pool_ref(), id, token, wake).await;
+            let mut session = self.session().await.map_err(failure)?;
+            let earlier = self.request(session.conn(), id, token, wake).await?;
+            session.done().await.map_err(failure)?;
+            return Ok(earlier);
         };
-        let mut tx = self.pool_ref().begin().await.map_err(failure)?;
+        let mut tx = self.begin().await?;
         // Whether a request stands already: `None` for no task.
         let before: Option<Option<String>> = sqlx::query_scalar(sql!(
             "SELECT cancel_token FROM {} WHERE id = $1 FOR UPDATE",

@@ -44,15 +44,17 @@ impl DeadLetters for PostgresBackend {
             None => None,
         };
         let limit = query.limit.max(1);
-        let rows = sqlx::query(sql!(
-            "SELECT id, payload, reason, task_id, at_ms, size FROM {} \
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT id, payload, reason, task_id, at_ms, size FROM {} \
              WHERE ($1::bigint IS NULL OR id < $1) ORDER BY id DESC LIMIT $2",
-            self.q("dead_letters")
-        ))
-        .bind(before)
-        .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX))
-        .fetch_all(self.pool_ref())
-        .await
+                self.q("dead_letters")
+            ))
+            .bind(before)
+            .bind(i64::try_from(limit + 1).unwrap_or(i64::MAX)),
+            fetch_all
+        )
         .map_err(failure)?;
         let more = rows.len() > limit;
         let items = rows
@@ -68,13 +70,15 @@ impl DeadLetters for PostgresBackend {
         let Some(id) = row_id(id) else {
             return Ok(None);
         };
-        let row = sqlx::query(sql!(
-            "SELECT id, payload, reason, task_id, at_ms, size FROM {} WHERE id = $1",
-            self.q("dead_letters")
-        ))
-        .bind(id)
-        .fetch_optional(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT id, payload, reason, task_id, at_ms, size FROM {} WHERE id = $1",
+                self.q("dead_letters")
+            ))
+            .bind(id),
+            fetch_optional
+        )
         .map_err(failure)?;
         row.as_ref().map(letter).transpose()
     }
@@ -83,13 +87,15 @@ impl DeadLetters for PostgresBackend {
         let Some(row_id) = row_id(id) else {
             return Ok(None);
         };
-        let row = sqlx::query(sql!(
-            "SELECT $1::bigint, payload, reason, task_id, at_ms, size, exists_ FROM {}($1)",
-            self.q("requeue_dead_letter")
-        ))
-        .bind(row_id)
-        .fetch_one(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT $1::bigint, payload, reason, task_id, at_ms, size, exists_ FROM {}($1)",
+                self.q("requeue_dead_letter")
+            ))
+            .bind(row_id),
+            fetch_one
+        )
         .map_err(failure)?;
         let found: bool = row.try_get(6).map_err(corrupt)?;
         match found {
@@ -102,19 +108,22 @@ impl DeadLetters for PostgresBackend {
         let Some(id) = row_id(id) else {
             return Ok(false);
         };
-        let done = sqlx::query(sql!("DELETE FROM {} WHERE id = $1", self.q("dead_letters")))
-            .bind(id)
-            .execute(self.pool_ref())
-            .await
-            .map_err(failure)?;
+        let done = run!(
+            self,
+            sqlx::query(sql!("DELETE FROM {} WHERE id = $1", self.q("dead_letters"))).bind(id),
+            execute
+        )
+        .map_err(failure)?;
         Ok(done.rows_affected() > 0)
     }
 
     async fn dead_letter_count(&self) -> Result<usize, BackendError> {
-        let n: i64 = sqlx::query_scalar(sql!("SELECT count(*) FROM {}", self.q("dead_letters")))
-            .fetch_one(self.pool_ref())
-            .await
-            .map_err(failure)?;
+        let n: i64 = run!(
+            self,
+            sqlx::query_scalar(sql!("SELECT count(*) FROM {}", self.q("dead_letters"))),
+            fetch_one
+        )
+        .map_err(failure)?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
 }

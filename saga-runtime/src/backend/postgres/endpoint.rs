@@ -61,16 +61,18 @@ impl PostgresBackend {
         consumer: &str,
         claim_idle: Duration,
     ) -> Result<Taken, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT seq, envelope, deliveries, wake_ms FROM {}($1, $2, $3, $4)",
-            self.q("endpoint_take")
-        ))
-        .bind(endpoint)
-        .bind(group)
-        .bind(consumer)
-        .bind(ms(claim_idle))
-        .fetch_one(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT seq, envelope, deliveries, wake_ms FROM {}($1, $2, $3, $4)",
+                self.q("endpoint_take")
+            ))
+            .bind(endpoint)
+            .bind(group)
+            .bind(consumer)
+            .bind(ms(claim_idle)),
+            fetch_one
+        )
         .map_err(failure)?;
         let seq: Option<i64> = row.try_get(0).map_err(corrupt)?;
         let Some(seq) = seq else {
@@ -155,17 +157,20 @@ impl Endpoints for PostgresBackend {
         consumer: &str,
         id: &str,
     ) -> Result<(), BackendError> {
-        sqlx::query(sql!(
-            "UPDATE {} SET consumer = $4, since = clock_timestamp() \
+        let seq = seq(id)?;
+        run!(
+            self,
+            sqlx::query(sql!(
+                "UPDATE {} SET consumer = $4, since = clock_timestamp() \
              WHERE endpoint = $1 AND grp = $2 AND seq = $3",
-            self.q("endpoint_pending")
-        ))
-        .bind(endpoint)
-        .bind(group)
-        .bind(seq(id)?)
-        .bind(consumer)
-        .execute(self.pool_ref())
-        .await
+                self.q("endpoint_pending")
+            ))
+            .bind(endpoint)
+            .bind(group)
+            .bind(seq)
+            .bind(consumer),
+            execute
+        )
         .map_err(failure)?;
         Ok(())
     }
@@ -179,20 +184,23 @@ impl Endpoints for PostgresBackend {
     ) -> Result<(), BackendError> {
         let limit = self.shared.config.dead_letter_payload_limit;
         let (payload, size) = truncate_payload(&delivery.raw, limit);
-        sqlx::query(sql!(
-            "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8)",
-            self.q("endpoint_settle")
-        ))
-        .bind(endpoint)
-        .bind(group)
-        .bind(seq(&delivery.id)?)
-        .bind(dead.is_some())
-        .bind(payload)
-        .bind(dead.unwrap_or_default())
-        .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
-        .bind(ENDPOINT_DEAD_CAP)
-        .execute(self.pool_ref())
-        .await
+        let seq = seq(&delivery.id)?;
+        run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT {}($1, $2, $3, $4, $5, $6, $7, $8)",
+                self.q("endpoint_settle")
+            ))
+            .bind(endpoint)
+            .bind(group)
+            .bind(seq)
+            .bind(dead.is_some())
+            .bind(payload)
+            .bind(dead.unwrap_or_default())
+            .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
+            .bind(ENDPOINT_DEAD_CAP),
+            execute
+        )
         .map_err(failure)?;
         Ok(())
     }
@@ -204,11 +212,12 @@ impl Endpoints for PostgresBackend {
         endpoint: &str,
         _idle_consumers: Duration,
     ) -> Result<usize, BackendError> {
-        let gone: i32 = sqlx::query_scalar(sql!("SELECT {}($1)", self.q("endpoint_trim")))
-            .bind(endpoint)
-            .fetch_one(self.pool_ref())
-            .await
-            .map_err(failure)?;
+        let gone: i32 = run!(
+            self,
+            sqlx::query_scalar(sql!("SELECT {}($1)", self.q("endpoint_trim"))).bind(endpoint),
+            fetch_one
+        )
+        .map_err(failure)?;
         Ok(usize::try_from(gone).unwrap_or(0))
     }
 
@@ -224,25 +233,29 @@ impl Endpoints for PostgresBackend {
     }
 
     async fn endpoint_dead_letters(&self, endpoint: &str) -> Result<Vec<DeadLetter>, BackendError> {
-        let rows = sqlx::query(sql!(
-            "SELECT id, payload, reason, at_ms, size FROM {} WHERE endpoint = $1 ORDER BY id",
-            self.q("endpoint_dead_letters")
-        ))
-        .bind(endpoint)
-        .fetch_all(self.pool_ref())
-        .await
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT id, payload, reason, at_ms, size FROM {} WHERE endpoint = $1 ORDER BY id",
+                self.q("endpoint_dead_letters")
+            ))
+            .bind(endpoint),
+            fetch_all
+        )
         .map_err(failure)?;
         rows.iter().map(letter).collect()
     }
 
     async fn endpoint_messages(&self, endpoint: &str) -> Result<Vec<String>, BackendError> {
-        sqlx::query_scalar(sql!(
-            "SELECT envelope FROM {} WHERE endpoint = $1 ORDER BY seq",
-            self.q("endpoint_messages")
-        ))
-        .bind(endpoint)
-        .fetch_all(self.pool_ref())
-        .await
+        run!(
+            self,
+            sqlx::query_scalar(sql!(
+                "SELECT envelope FROM {} WHERE endpoint = $1 ORDER BY seq",
+                self.q("endpoint_messages")
+            ))
+            .bind(endpoint),
+            fetch_all
+        )
         .map_err(failure)
     }
 }

@@ -19,21 +19,23 @@ fn count(row: &sqlx::postgres::PgRow, i: usize) -> Result<usize, BackendError> {
 #[async_trait]
 impl Housekeeping for PostgresBackend {
     async fn housekeep(&self, retention: &Retention) -> Result<Housekept, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT h.tasks, h.dead_letters, p.tombstones, p.tallies, s.limits \
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT h.tasks, h.dead_letters, p.tombstones, p.tallies, s.limits \
              FROM {}($1, $2, $3) h, {}($1) p, {}($1, $4) AS s(limits)",
-            self.q("housekeep"),
-            self.q("housekeep_process"),
-            self.q("limits_sweep")
-        ))
-        .bind(i32::try_from(retention.batch.max(1)).unwrap_or(i32::MAX))
-        .bind(retention.dead_letters.map(ms))
-        .bind(i64::try_from(retention.dead_letters_max).unwrap_or(i64::MAX))
-        // A limit's key whose holders died and that nobody asked for since
-        // is swept once everything in it ran out.
-        .bind(super::limits::us(crate::backend::BOOKING_GRACE))
-        .fetch_one(self.pool_ref())
-        .await
+                self.q("housekeep"),
+                self.q("housekeep_process"),
+                self.q("limits_sweep")
+            ))
+            .bind(i32::try_from(retention.batch.max(1)).unwrap_or(i32::MAX))
+            .bind(retention.dead_letters.map(ms))
+            .bind(i64::try_from(retention.dead_letters_max).unwrap_or(i64::MAX))
+            // A limit's key whose holders died and that nobody asked for since
+            // is swept once everything in it ran out.
+            .bind(super::limits::us(crate::backend::BOOKING_GRACE)),
+            fetch_one
+        )
         .map_err(failure)?;
         let (tombstones, tallies) = (count(&row, 2)?, count(&row, 3)?);
         let limits = count(&row, 4)?;

@@ -19,21 +19,25 @@ impl Leases for PostgresBackend {
         token: &str,
         ttl: Duration,
     ) -> Result<bool, BackendError> {
-        sqlx::query_scalar(sql!("SELECT {}($1, $2, $3)", self.q("named_lease")))
-            .bind(name)
-            .bind(token)
-            .bind(ms(ttl))
-            .fetch_one(self.pool_ref())
-            .await
-            .map_err(failure)
+        run!(
+            self,
+            sqlx::query_scalar(sql!("SELECT {}($1, $2, $3)", self.q("named_lease")))
+                .bind(name)
+                .bind(token)
+                .bind(ms(ttl)),
+            fetch_one
+        )
+        .map_err(failure)
     }
 
     async fn release_named_lease(&self, name: &str, token: &str) -> Result<bool, BackendError> {
-        sqlx::query_scalar(sql!("SELECT {}($1, $2)", self.q("release_named_lease")))
-            .bind(name)
-            .bind(token)
-            .fetch_one(self.pool_ref())
-            .await
-            .map_err(failure)
+        run!(
+            self,
+            sqlx::query_scalar(sql!("SELECT {}($1, $2)", self.q("release_named_lease")))
+                .bind(name)
+                .bind(token),
+            fetch_one
+        )
+        .map_err(failure)
     }
 }

@@ -59,24 +59,26 @@ impl Limits for PostgresBackend {
         let tolerance = r.config.rate.zip(interval).map(|(rate, interval)| {
             interval.saturating_mul(i64::from(rate.burst.saturating_sub(1)))
         });
-        let row = sqlx::query(sql!(
-            "SELECT decision, retry_us, ahead, wakes \
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT decision, retry_us, ahead, wakes \
              FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            self.q("limit_acquire")
-        ))
-        .bind(r.limit)
-        .bind(r.key)
-        .bind(concurrency(r.config))
-        .bind(interval)
-        .bind(tolerance)
-        .bind(r.holder)
-        .bind(r.waiter)
-        .bind(us(r.hold_for))
-        .bind(r.wake)
-        .bind(us(BOOKING_GRACE))
-        .bind(us(LATE))
-        .fetch_one(self.pool_ref())
-        .await
+                self.q("limit_acquire")
+            ))
+            .bind(r.limit)
+            .bind(r.key)
+            .bind(concurrency(r.config))
+            .bind(interval)
+            .bind(tolerance)
+            .bind(r.holder)
+            .bind(r.waiter)
+            .bind(us(r.hold_for))
+            .bind(r.wake)
+            .bind(us(BOOKING_GRACE))
+            .bind(us(LATE)),
+            fetch_one
+        )
         .map_err(failure)?;
         let decision: i16 = row.try_get(0).map_err(corrupt)?;
         let retry: Option<i64> = row.try_get(1).map_err(corrupt)?;
@@ -126,15 +128,17 @@ impl Limits for PostgresBackend {
         holder: &str,
         hold_for: Duration,
     ) -> Result<bool, BackendError> {
-        sqlx::query_scalar(sql!("SELECT {}($1, $2, $3, $4, $5)", self.q("limit_renew")))
-            .bind(limit)
-            .bind(key)
-            .bind(holder)
-            .bind(us(hold_for))
-            .bind(us(BOOKING_GRACE))
-            .fetch_one(self.pool_ref())
-            .await
-            .map_err(failure)
+        run!(
+            self,
+            sqlx::query_scalar(sql!("SELECT {}($1, $2, $3, $4, $5)", self.q("limit_renew")))
+                .bind(limit)
+                .bind(key)
+                .bind(holder)
+                .bind(us(hold_for))
+                .bind(us(BOOKING_GRACE)),
+            fetch_one
+        )
+        .map_err(failure)
     }
 
     async fn limit_usage(
@@ -143,15 +147,17 @@ impl Limits for PostgresBackend {
         key: Option<&str>,
         _config: LimitConfig,
     ) -> Result<LimitUsage, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT in_use, waiting, booked FROM {}($1, $2, $3)",
-            self.q("limit_usage")
-        ))
-        .bind(limit)
-        .bind(key)
-        .bind(us(BOOKING_GRACE))
-        .fetch_one(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT in_use, waiting, booked FROM {}($1, $2, $3)",
+                self.q("limit_usage")
+            ))
+            .bind(limit)
+            .bind(key)
+            .bind(us(BOOKING_GRACE)),
+            fetch_one
+        )
         .map_err(failure)?;
         Ok(LimitUsage {
             in_use: count(&row, 0)?,
@@ -173,17 +179,19 @@ impl PostgresBackend {
         who: &str,
         config: LimitConfig,
     ) -> Result<Released, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT released, wakes FROM {}($1, $2, $3, $4, $5)",
-            self.q(function)
-        ))
-        .bind(limit)
-        .bind(key)
-        .bind(who)
-        .bind(concurrency(config))
-        .bind(us(BOOKING_GRACE))
-        .fetch_one(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT released, wakes FROM {}($1, $2, $3, $4, $5)",
+                self.q(function)
+            ))
+            .bind(limit)
+            .bind(key)
+            .bind(who)
+            .bind(concurrency(config))
+            .bind(us(BOOKING_GRACE)),
+            fetch_one
+        )
         .map_err(failure)?;
         released_of(&row)
     }

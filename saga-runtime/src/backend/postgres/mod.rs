@@ -27,7 +27,8 @@
 //! `housekeeping`, `process`, `tally`, `endpoint`, `leases`, `breakers`,
 //! `partitions`, `limits`; `migrate` (the migrator), `listen`
 //! (notifications received), `wake` (notifications sent for the engine's
-//! writes), `steps` (which step rows a write must send).
+//! writes), `steps` (which step rows a write must send), `session` (where
+//! a statement runs, its timeouts in force).
 
 /// A statement built from the schema's (checked) name: what sqlx asks to
 /// be told is not built from untrusted input.
@@ -36,6 +37,9 @@ macro_rules! sql {
         sqlx::AssertSqlSafe(format!($($arg)*))
     };
 }
+
+#[macro_use]
+mod session;
 
 mod breakers;
 mod cancel;
@@ -62,6 +66,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Backend, BackendError, Breakers, Leases, Limits, Partitions, ProcessBackend};
 use listen::Signals;
+use session::{Session, Statements};
 use wake::Waker;
 
 pub use migrate::SCHEMA_VERSION;
@@ -134,6 +139,8 @@ pub struct PostgresBackend {
 
 struct Shared {
     pool: PgPool,
+    /// Where the engine's statements run, their timeouts in force.
+    statements: Statements,
     config: PostgresConfig,
     /// The schema, quoted for SQL.
     schema: String,
@@ -176,8 +183,7 @@ impl PostgresBackend {
             ))
         })?;
         let options = options.application_name("saga-runtime");
-        let statement = config.statement_timeout.as_millis();
-        let lock = config.lock_timeout.as_millis();
+        let set = session::set_statements(&config, false);
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections.max(2))
             .acquire_timeout(Duration::from_secs(10))
@@ -187,33 +193,57 @@ impl PostgresBackend {
             // on a fresh connection.
             .test_before_acquire(false)
             .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    sqlx::raw_sql(sql!(
-                        "SET statement_timeout = {statement}; SET lock_timeout = {lock}"
-                    ))
-                    .execute(conn)
-                    .await
-                    .map(|_| ())
-                })
+                let set = set.clone();
+                Box::pin(
+                    async move { sqlx::raw_sql(sql!("{set}")).execute(conn).await.map(|_| ()) },
+                )
             })
             .connect_lazy_with(options);
-        PostgresBackend::connect_with(pool, config).await
+        PostgresBackend::connect_on(pool, config, true).await
     }
 
     /// Uses `pool` (your application's, so that [`Engine::start_in`] can
     /// take one of your transactions) with `config`, and creates or
     /// upgrades the schema.
     ///
+    /// The engine's statements keep [`PostgresConfig::statement_timeout`]
+    /// and [`PostgresConfig::lock_timeout`] without changing your
+    /// sessions: on a pool whose connections start with them (made from
+    /// [`PostgresConfig::session_options`]) they run as they are; on any
+    /// other, each runs in a transaction of its own that sets them (`SET
+    /// LOCAL`), two round trips more per statement. Statements in your own
+    /// transactions (`start_in`, `publish_in`) run under your settings.
+    ///
     /// [`Engine::start_in`]: crate::Engine::start_in
     pub async fn connect_with(pool: PgPool, config: PostgresConfig) -> Result<Self, BackendError> {
+        PostgresBackend::connect_on(pool, config, false).await
+    }
+
+    /// [`connect_with`](Self::connect_with) on `pool`, which sets the
+    /// timeouts on each of its connections when `own`.
+    async fn connect_on(
+        pool: PgPool,
+        config: PostgresConfig,
+        own: bool,
+    ) -> Result<Self, BackendError> {
         let schema = migrate::quoted_schema(&config.schema)?;
         migrate::run(&pool, &config.schema).await?;
+        let statements = Statements::new(pool.clone(), &config, own);
+        if statements.per_transaction() {
+            tracing::debug!("the pool's connections do not start with the configured timeouts: each engine statement sets them in a transaction of its own");
+        }
         let stop = CancellationToken::new();
         let signals = listen::spawn(pool.clone(), &config.schema, stop.clone());
-        let waker = Waker::spawn(pool.clone(), &config.schema, signals.clone(), stop.clone());
+        let waker = Waker::spawn(
+            statements.clone(),
+            &config.schema,
+            signals.clone(),
+            stop.clone(),
+        );
         Ok(PostgresBackend {
             shared: Arc::new(Shared {
                 pool,
+                statements,
                 schema,
                 signals,
                 waker,
@@ -268,8 +298,15 @@ impl PostgresBackend {
         &self.shared.config
     }
 
-    fn pool_ref(&self) -> &PgPool {
-        &self.shared.pool
+    /// A connection for one engine statement, its timeouts in force (see
+    /// `session`; statements go through `run!`).
+    async fn session(&self) -> Result<Session, sqlx::Error> {
+        self.shared.statements.session().await
+    }
+
+    /// A transaction for several engine statements, the timeouts in force.
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, BackendError> {
+        self.shared.statements.begin().await.map_err(failure)
     }
 
     /// `{schema}.name`, quoted, for a statement.

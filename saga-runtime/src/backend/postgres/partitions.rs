@@ -29,13 +29,15 @@ impl Partitions for PostgresBackend {
         if names.is_empty() {
             return Ok(());
         }
-        sqlx::query(sql!("SELECT {}($1, $2, $3)", self.q("announce_processes")))
-            .bind(member)
-            .bind(names)
-            .bind(ttl.map(ms))
-            .execute(self.pool_ref())
-            .await
-            .map_err(failure)?;
+        run!(
+            self,
+            sqlx::query(sql!("SELECT {}($1, $2, $3)", self.q("announce_processes")))
+                .bind(member)
+                .bind(names)
+                .bind(ttl.map(ms)),
+            execute
+        )
+        .map_err(failure)?;
         Ok(())
     }
 
@@ -51,13 +53,15 @@ impl Partitions for PostgresBackend {
             return Ok(());
         }
         let names: Vec<String> = runs.iter().map(|run| format!("saga:{run}")).collect();
-        sqlx::query(sql!("SELECT {}($1, $2, $3)", self.q("announce_processes")))
-            .bind(member)
-            .bind(&names)
-            .bind(ttl.map(ms))
-            .execute(self.pool_ref())
-            .await
-            .map_err(failure)?;
+        run!(
+            self,
+            sqlx::query(sql!("SELECT {}($1, $2, $3)", self.q("announce_processes")))
+                .bind(member)
+                .bind(&names)
+                .bind(ttl.map(ms)),
+            execute
+        )
+        .map_err(failure)?;
         Ok(())
     }
 
@@ -68,13 +72,16 @@ impl Partitions for PostgresBackend {
     /// Each engine's announcement counts until its own expiry: an engine
     /// that announced briefly, or left, cuts no other's.
     async fn process_runner_alive(&self, name: &str) -> Result<bool, BackendError> {
-        sqlx::query_scalar(sql!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE process = $1 AND expires_at > clock_timestamp())",
-            self.q("process_runners")
-        ))
-        .bind(name)
-        .fetch_one(self.pool_ref())
-        .await
+        run!(
+            self,
+            sqlx::query_scalar(sql!(
+                "SELECT EXISTS (SELECT 1 FROM {} WHERE process = $1 \
+                 AND expires_at > clock_timestamp())",
+                self.q("process_runners")
+            ))
+            .bind(name),
+            fetch_one
+        )
         .map_err(failure)
     }
 }

@@ -240,47 +240,49 @@ impl PostgresBackend {
             ),
             None => (None, "[]".to_owned()),
         };
-        let row = sqlx::query(sql!(
-            "SELECT c.code, c.detail, c.version, \
-             CASE WHEN c.code = 0 AND ($28::text IS NOT NULL OR $29::jsonb <> '[]'::jsonb) \
-             THEN {}($1, $28, $29::jsonb) ELSE 0 END \
-             FROM {}($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, \
-             $11::jsonb, $12, $13, $14, $15, $16, $17, $18::jsonb, $19, $20, $21, $22, $23, $24, \
-             $25, $26, $27) AS c",
-            self.q("release_held"),
-            self.q("process_commit")
-        ))
-        .bind(process)
-        .bind(a.id)
-        .bind(a.generation)
-        .bind(a.version)
-        .bind(a.record.as_deref())
-        .bind(a.created_ms)
-        .bind(commit.delete)
-        .bind(&a.handled)
-        .bind(&a.deleted_handled)
-        .bind(ms(commit.tombstone_ttl))
-        .bind(&a.keys)
-        .bind(&a.enqueue)
-        .bind(&a.due)
-        .bind(&a.timers)
-        .bind(&a.endpoints)
-        .bind(&a.envelopes)
-        .bind(i64::try_from(config.endpoint_max_len.max(1)).unwrap_or(i64::MAX))
-        .bind(&a.tallies)
-        .bind(s.how)
-        .bind(s.row)
-        .bind(s.claim)
-        .bind(s.payload)
-        .bind(s.reason)
-        .bind(s.size)
-        .bind(s.dead_letter)
-        .bind(&a.batched_rows)
-        .bind(&a.batched_claims)
-        .bind(created)
-        .bind(&claimed)
-        .fetch_one(self.pool_ref())
-        .await;
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT c.code, c.detail, c.version, \
+                 CASE WHEN c.code = 0 AND ($28::text IS NOT NULL OR $29::jsonb <> '[]'::jsonb) \
+                 THEN {}($1, $28, $29::jsonb) ELSE 0 END \
+                 FROM {}($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, \
+                 $11::jsonb, $12, $13, $14, $15, $16, $17, $18::jsonb, $19, $20, $21, $22, $23, $24, \
+                 $25, $26, $27) AS c",
+                self.q("release_held"),
+                self.q("process_commit")
+            ))
+            .bind(process)
+            .bind(a.id)
+            .bind(a.generation)
+            .bind(a.version)
+            .bind(a.record.as_deref())
+            .bind(a.created_ms)
+            .bind(commit.delete)
+            .bind(&a.handled)
+            .bind(&a.deleted_handled)
+            .bind(ms(commit.tombstone_ttl))
+            .bind(&a.keys)
+            .bind(&a.enqueue)
+            .bind(&a.due)
+            .bind(&a.timers)
+            .bind(&a.endpoints)
+            .bind(&a.envelopes)
+            .bind(i64::try_from(config.endpoint_max_len.max(1)).unwrap_or(i64::MAX))
+            .bind(&a.tallies)
+            .bind(s.how)
+            .bind(s.row)
+            .bind(s.claim)
+            .bind(s.payload)
+            .bind(s.reason)
+            .bind(s.size)
+            .bind(s.dead_letter)
+            .bind(&a.batched_rows)
+            .bind(&a.batched_claims)
+            .bind(created)
+            .bind(&claimed),
+            fetch_one
+        );
         // Held messages released onto the queue wake its readers.
         if matches!(&row, Ok(r) if r.try_get::<i32, _>(3).is_ok_and(|moved| moved > 0)) {
             self.shared.waker.work();
@@ -315,22 +317,24 @@ impl PostgresBackend {
             return Err(corrupt("a hold settles its delivery by acknowledging it"));
         }
         let due = hold.envelope.hold_until.unwrap_or_default();
-        let row = sqlx::query(sql!(
-            "SELECT code, detail FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            self.q("process_hold")
-        ))
-        .bind(process)
-        .bind(hold.field)
-        .bind(hold.value)
-        .bind(&hold.envelope.message_id)
-        .bind(millis(due))
-        .bind(WorkItem::Process(hold.envelope.clone()).encode())
-        .bind(int(hold.cap))
-        .bind(s.how)
-        .bind(s.row)
-        .bind(s.claim)
-        .fetch_one(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT code, detail FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                self.q("process_hold")
+            ))
+            .bind(process)
+            .bind(hold.field)
+            .bind(hold.value)
+            .bind(&hold.envelope.message_id)
+            .bind(millis(due))
+            .bind(WorkItem::Process(hold.envelope.clone()).encode())
+            .bind(int(hold.cap))
+            .bind(s.how)
+            .bind(s.row)
+            .bind(s.claim),
+            fetch_one
+        )
         .map_err(failure)?;
         let code: i32 = row.try_get(0).map_err(corrupt)?;
         let detail: Option<String> = row.try_get(1).map_err(corrupt)?;
@@ -382,16 +386,18 @@ impl PostgresBackend {
         limit: Option<i64>,
         order: &str,
     ) -> Result<Vec<(String, Result<ProcessInstance, BackendError>)>, BackendError> {
-        let rows = sqlx::query(sql!(
-            "SELECT i.record, i.version, i.id FROM {} i WHERE i.process = $1 AND {condition} \
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT i.record, i.version, i.id FROM {} i WHERE i.process = $1 AND {condition} \
              ORDER BY {order} LIMIT $3",
-            self.q("process_instances")
-        ))
-        .bind(process)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(self.pool_ref())
-        .await
+                self.q("process_instances")
+            ))
+            .bind(process)
+            .bind(after)
+            .bind(limit),
+            fetch_all
+        )
         .map_err(failure)?;
         rows.iter()
             .map(|row| Ok((row.try_get(2).map_err(corrupt)?, instance(row))))
@@ -424,14 +430,16 @@ impl ProcessStore for PostgresBackend {
         process: &str,
         id: &str,
     ) -> Result<Option<ProcessInstance>, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT record, version FROM {} WHERE process = $1 AND id = $2",
-            self.q("process_instances")
-        ))
-        .bind(process)
-        .bind(id)
-        .fetch_optional(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT record, version FROM {} WHERE process = $1 AND id = $2",
+                self.q("process_instances")
+            ))
+            .bind(process)
+            .bind(id),
+            fetch_optional
+        )
         .map_err(failure)?;
         row.as_ref().map(instance).transpose()
     }
@@ -442,18 +450,20 @@ impl ProcessStore for PostgresBackend {
         field: &str,
         value: &str,
     ) -> Result<Option<ProcessInstance>, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT i.record, i.version FROM {} e JOIN {} i \
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT i.record, i.version FROM {} e JOIN {} i \
              ON i.process = e.process AND i.id = e.instance \
              WHERE e.process = $1 AND e.field = $2 AND e.value = $3",
-            self.q("process_entries"),
-            self.q("process_instances")
-        ))
-        .bind(process)
-        .bind(field)
-        .bind(value)
-        .fetch_optional(self.pool_ref())
-        .await
+                self.q("process_entries"),
+                self.q("process_instances")
+            ))
+            .bind(process)
+            .bind(field)
+            .bind(value),
+            fetch_optional
+        )
         .map_err(failure)?;
         row.as_ref().map(instance).transpose()
     }
@@ -464,28 +474,32 @@ impl ProcessStore for PostgresBackend {
         field: &str,
         value: &str,
     ) -> Result<Vec<String>, BackendError> {
-        sqlx::query_scalar(sql!(
-            "SELECT instance FROM {} WHERE process = $1 AND field = $2 AND value = $3 \
+        run!(
+            self,
+            sqlx::query_scalar(sql!(
+                "SELECT instance FROM {} WHERE process = $1 AND field = $2 AND value = $3 \
              ORDER BY instance",
-            self.q("process_shared_entries")
-        ))
-        .bind(process)
-        .bind(field)
-        .bind(value)
-        .fetch_all(self.pool_ref())
-        .await
+                self.q("process_shared_entries")
+            ))
+            .bind(process)
+            .bind(field)
+            .bind(value),
+            fetch_all
+        )
         .map_err(failure)
     }
 
     /// Counted on the primary key's index (`process` leads it).
     async fn process_count(&self, process: &str) -> Result<usize, BackendError> {
-        let n: i64 = sqlx::query_scalar(sql!(
-            "SELECT count(*) FROM {} WHERE process = $1",
-            self.q("process_instances")
-        ))
-        .bind(process)
-        .fetch_one(self.pool_ref())
-        .await
+        let n: i64 = run!(
+            self,
+            sqlx::query_scalar(sql!(
+                "SELECT count(*) FROM {} WHERE process = $1",
+                self.q("process_instances")
+            ))
+            .bind(process),
+            fetch_one
+        )
         .map_err(failure)?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
@@ -579,14 +593,16 @@ impl ProcessStore for PostgresBackend {
         // From here, the times notifications bring are kept with what the
         // query finds left.
         signals.next_timer.store(u64::MAX, Ordering::SeqCst);
-        let row = sqlx::query(sql!(
-            "SELECT moved, next_due FROM {}($1, $2)",
-            self.q("release_timers")
-        ))
-        .bind(millis(now_ms))
-        .bind(int(limit.max(1)))
-        .fetch_one(self.pool_ref())
-        .await;
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT moved, next_due FROM {}($1, $2)",
+                self.q("release_timers")
+            ))
+            .bind(millis(now_ms))
+            .bind(int(limit.max(1))),
+            fetch_one
+        );
         let row = match row {
             Ok(row) => row,
             Err(error) => {
@@ -604,12 +620,14 @@ impl ProcessStore for PostgresBackend {
     }
 
     async fn process_scheduled(&self) -> Result<Vec<(u64, Envelope)>, BackendError> {
-        let rows = sqlx::query(sql!(
-            "SELECT due_ms, payload FROM {} ORDER BY due_ms, id",
-            self.q("process_timers")
-        ))
-        .fetch_all(self.pool_ref())
-        .await
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT due_ms, payload FROM {} ORDER BY due_ms, id",
+                self.q("process_timers")
+            )),
+            fetch_all
+        )
         .map_err(failure)?;
         let mut scheduled = Vec::with_capacity(rows.len());
         for row in rows {

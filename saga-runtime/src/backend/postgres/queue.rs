@@ -93,17 +93,19 @@ impl PostgresBackend {
     ) -> Result<Vec<Delivery>, BackendError> {
         let visibility = self.shared.config.visibility_timeout;
         let requested_at = tokio::time::Instant::now();
-        let rows = sqlx::query(sql!(
-            "SELECT id, payload, deliveries, claim, lock_code, token, fence, record, cancel_ms \
-             FROM {}($1, $2, $3, $4)",
-            self.q("take_leased")
-        ))
-        .bind(consumer)
-        .bind(kinds)
-        .bind(i32::try_from(max.max(1)).unwrap_or(i32::MAX))
-        .bind(ms(visibility))
-        .fetch_all(self.pool_ref())
-        .await
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT id, payload, deliveries, claim, lock_code, token, fence, record, cancel_ms \
+                 FROM {}($1, $2, $3, $4)",
+                self.q("take_leased")
+            ))
+            .bind(consumer)
+            .bind(kinds)
+            .bind(i32::try_from(max.max(1)).unwrap_or(i32::MAX))
+            .bind(ms(visibility)),
+            fetch_all
+        )
         .map_err(failure)?;
         let mut deliveries = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -197,11 +199,12 @@ impl PostgresBackend {
 
     /// How long until the next message of `kinds` becomes visible.
     async fn next_visible(&self, kinds: &[i16]) -> Result<Option<Duration>, BackendError> {
-        let ms: Option<f64> = sqlx::query_scalar(sql!("SELECT {}($1)", self.q("next_visible")))
-            .bind(kinds)
-            .fetch_one(self.pool_ref())
-            .await
-            .map_err(failure)?;
+        let ms: Option<f64> = run!(
+            self,
+            sqlx::query_scalar(sql!("SELECT {}($1)", self.q("next_visible"))).bind(kinds),
+            fetch_one
+        )
+        .map_err(failure)?;
         Ok(ms.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1000.0)))
     }
 
@@ -213,13 +216,15 @@ impl PostgresBackend {
         answered: bool,
     ) -> Result<(), BackendError> {
         let (row, claim) = located(delivery)?;
-        let handed = sqlx::query(sql!("SELECT {}($1, $2, $3, $4)", self.q("hand_back")))
-            .bind(row)
-            .bind(claim)
-            .bind(ms(delay))
-            .bind(answered)
-            .execute(self.pool_ref())
-            .await;
+        let handed = run!(
+            self,
+            sqlx::query(sql!("SELECT {}($1, $2, $3, $4)", self.q("hand_back")))
+                .bind(row)
+                .bind(claim)
+                .bind(ms(delay))
+                .bind(answered),
+            execute
+        );
         self.shared.waker.work();
         handed.map_err(failure)?;
         Ok(())
@@ -227,7 +232,9 @@ impl PostgresBackend {
 
     /// Enqueues `messages` in one statement.
     pub(super) async fn enqueue_rows(&self, messages: Vec<Put>) -> Result<(), BackendError> {
-        self.enqueue_rows_on(self.pool_ref(), messages).await
+        let mut session = self.session().await.map_err(failure)?;
+        self.enqueue_rows_on(session.conn(), messages).await?;
+        session.done().await.map_err(failure)
     }
 
     /// The same on `executor` (the pool, or a caller's transaction).
@@ -332,30 +339,34 @@ impl WorkQueue for PostgresBackend {
 
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError> {
         let (row, claim) = located(delivery)?;
-        sqlx::query(sql!(
-            "UPDATE {} SET visible_at = clock_timestamp() + $3 * interval '1 millisecond' \
+        run!(
+            self,
+            sqlx::query(sql!(
+                "UPDATE {} SET visible_at = clock_timestamp() + $3 * interval '1 millisecond' \
              WHERE id = $1 AND claim = $2",
-            self.q("queue")
-        ))
-        .bind(row)
-        .bind(claim)
-        .bind(ms(self.shared.config.visibility_timeout))
-        .execute(self.pool_ref())
-        .await
+                self.q("queue")
+            ))
+            .bind(row)
+            .bind(claim)
+            .bind(ms(self.shared.config.visibility_timeout)),
+            execute
+        )
         .map_err(failure)?;
         Ok(())
     }
 
     async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
         let (row, claim) = located(delivery)?;
-        sqlx::query(sql!(
-            "DELETE FROM {} WHERE id = $1 AND claim = $2",
-            self.q("queue")
-        ))
-        .bind(row)
-        .bind(claim)
-        .execute(self.pool_ref())
-        .await
+        run!(
+            self,
+            sqlx::query(sql!(
+                "DELETE FROM {} WHERE id = $1 AND claim = $2",
+                self.q("queue")
+            ))
+            .bind(row)
+            .bind(claim),
+            execute
+        )
         .map_err(failure)?;
         Ok(())
     }
@@ -377,18 +388,20 @@ impl WorkQueue for PostgresBackend {
         let (row, claim) = located(delivery)?;
         let limit = self.shared.config.dead_letter_payload_limit;
         let (payload, size) = truncate_payload(&delivery.raw, limit);
-        sqlx::query(sql!(
-            "SELECT {}('dead', $1, $2, $3, $4, $5, $6, NULL)",
-            self.q("settle")
-        ))
-        .bind(row)
-        .bind(claim)
-        .bind(payload)
-        .bind(reason)
-        .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
-        .bind(task_id.map(|t| t.0))
-        .execute(self.pool_ref())
-        .await
+        run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT {}('dead', $1, $2, $3, $4, $5, $6, NULL)",
+                self.q("settle")
+            ))
+            .bind(row)
+            .bind(claim)
+            .bind(payload)
+            .bind(reason)
+            .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
+            .bind(task_id.map(|t| t.0)),
+            execute
+        )
         .map_err(failure)?;
         Ok(())
     }
@@ -396,27 +409,31 @@ impl WorkQueue for PostgresBackend {
     async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {
         let limit = self.shared.config.dead_letter_payload_limit;
         let (payload, size) = truncate_payload(payload, limit);
-        sqlx::query(sql!(
-            "SELECT {}('dead', NULL, NULL, $1, $2, $3, NULL, NULL)",
-            self.q("settle")
-        ))
-        .bind(payload)
-        .bind(reason)
-        .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
-        .execute(self.pool_ref())
-        .await
+        run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT {}('dead', NULL, NULL, $1, $2, $3, NULL, NULL)",
+                self.q("settle")
+            ))
+            .bind(payload)
+            .bind(reason)
+            .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX))),
+            execute
+        )
         .map_err(failure)?;
         Ok(())
     }
 
     async fn wake(&self, message: &QueueMessage) -> Result<bool, BackendError> {
         let payload = WorkItem::Saga(message.clone()).encode();
-        let woken: bool = sqlx::query_scalar(sql!("SELECT {}($1, $2)", self.q("wake_delayed")))
-            .bind(message.task_id.0)
-            .bind(payload)
-            .fetch_one(self.pool_ref())
-            .await
-            .map_err(failure)?;
+        let woken: bool = run!(
+            self,
+            sqlx::query_scalar(sql!("SELECT {}($1, $2)", self.q("wake_delayed")))
+                .bind(message.task_id.0)
+                .bind(payload),
+            fetch_one
+        )
+        .map_err(failure)?;
         if woken {
             // Readers sleep until the next delayed message is due: the one
             // woken was it, or later.
@@ -431,15 +448,17 @@ impl WorkQueue for PostgresBackend {
     }
 
     async fn queue_stats(&self) -> Result<Option<QueueStats>, BackendError> {
-        let rows = sqlx::query(sql!(
-            "SELECT kind = 1, count(*), \
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT kind = 1, count(*), \
                     extract(epoch FROM clock_timestamp() - min(enqueued_at))::float8 \
              FROM {} WHERE consumer IS NOT NULL OR visible_at <= clock_timestamp() \
              GROUP BY kind = 1",
-            self.q("queue")
-        ))
-        .fetch_all(self.pool_ref())
-        .await
+                self.q("queue")
+            )),
+            fetch_all
+        )
         .map_err(failure)?;
         let mut stats = QueueStats::default();
         for row in rows {

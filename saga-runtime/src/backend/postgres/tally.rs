@@ -23,18 +23,20 @@ fn count(n: Option<i32>) -> u64 {
 #[async_trait]
 impl Tallies for PostgresBackend {
     async fn tally_check(&self, tally: &TallyRef, item: &str) -> Result<TallyCheck, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT code, remaining, late FROM {}($1, $2, $3, $4, $5, $6)",
-            self.q("tally_check")
-        ))
-        .bind(&tally.process)
-        .bind(&tally.instance)
-        .bind(&tally.generation)
-        .bind(&tally.name)
-        .bind(item)
-        .bind(ms(COMPLETED_TALLY_KEEP))
-        .fetch_one(self.pool_ref())
-        .await;
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT code, remaining, late FROM {}($1, $2, $3, $4, $5, $6)",
+                self.q("tally_check")
+            ))
+            .bind(&tally.process)
+            .bind(&tally.instance)
+            .bind(&tally.generation)
+            .bind(&tally.name)
+            .bind(item)
+            .bind(ms(COMPLETED_TALLY_KEEP)),
+            fetch_one
+        );
         // A completing check enqueued the completion, notifying nobody; a
         // failed statement may have committed all the same.
         if !matches!(&row, Ok(r) if r.try_get::<i32, _>(0).is_ok_and(|code| code != 2)) {
@@ -67,18 +69,20 @@ impl Tallies for PostgresBackend {
         missing: usize,
         mark_deadline: bool,
     ) -> Result<Option<TallyProgress>, BackendError> {
-        let row = sqlx::query(sql!(
-            "SELECT exists_, total, remaining, late, missing FROM {}($1, $2, $3, $4, $5, $6)",
-            self.q("tally_progress")
-        ))
-        .bind(&tally.process)
-        .bind(&tally.instance)
-        .bind(&tally.generation)
-        .bind(&tally.name)
-        .bind(i32::try_from(missing).unwrap_or(i32::MAX))
-        .bind(mark_deadline)
-        .fetch_one(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT exists_, total, remaining, late, missing FROM {}($1, $2, $3, $4, $5, $6)",
+                self.q("tally_progress")
+            ))
+            .bind(&tally.process)
+            .bind(&tally.instance)
+            .bind(&tally.generation)
+            .bind(&tally.name)
+            .bind(i32::try_from(missing).unwrap_or(i32::MAX))
+            .bind(mark_deadline),
+            fetch_one
+        )
         .map_err(failure)?;
         let exists: bool = row.try_get(0).map_err(corrupt)?;
         if !exists {

@@ -150,15 +150,17 @@ impl PostgresBackend {
         &self,
         ids: &[Uuid],
     ) -> Result<Vec<(Uuid, Result<TaskInstance, BackendError>)>, BackendError> {
-        let rows = sqlx::query(sql!(
-            "SELECT t.id, {}(t.id) FROM {} t WHERE t.id = ANY($1) \
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT t.id, {}(t.id) FROM {} t WHERE t.id = ANY($1) \
              AND (t.expires_at IS NULL OR t.expires_at > clock_timestamp())",
-            self.q("task_record"),
-            self.q("tasks")
-        ))
-        .bind(ids)
-        .fetch_all(self.pool_ref())
-        .await
+                self.q("task_record"),
+                self.q("tasks")
+            ))
+            .bind(ids),
+            fetch_all
+        )
         .map_err(failure)?;
         rows.into_iter()
             .map(|row| {
@@ -178,25 +180,27 @@ impl PostgresBackend {
         limit: usize,
     ) -> Result<Vec<(i64, Uuid)>, BackendError> {
         let ms_of = |t: Timestamp| i64::try_from(t.0).unwrap_or(i64::MAX);
-        let rows = sqlx::query(sql!(
-            "SELECT created_ms, id FROM {} WHERE saga = $1 \
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT created_ms, id FROM {} WHERE saga = $1 \
              AND ($2::text IS NULL OR status = $2) \
              AND ($3::bigint IS NULL OR created_ms >= $3) \
              AND ($4::bigint IS NULL OR created_ms < $4) \
              AND ($5::bigint IS NULL OR (created_ms, id) < ($5, $6)) \
              AND (expires_at IS NULL OR expires_at > clock_timestamp()) \
              ORDER BY created_ms DESC, id DESC LIMIT $7",
-            self.q("tasks")
-        ))
-        .bind(&query.saga)
-        .bind(query.status.map(TaskStatus::as_str))
-        .bind(query.created_from.map(ms_of))
-        .bind(query.created_to.map(ms_of))
-        .bind(after.map(|a| a.0))
-        .bind(after.map(|a| a.1))
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(self.pool_ref())
-        .await
+                self.q("tasks")
+            ))
+            .bind(&query.saga)
+            .bind(query.status.map(TaskStatus::as_str))
+            .bind(query.created_from.map(ms_of))
+            .bind(query.created_to.map(ms_of))
+            .bind(after.map(|a| a.0))
+            .bind(after.map(|a| a.1))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX)),
+            fetch_all
+        )
         .map_err(failure)?;
         rows.iter()
             .map(|row| {
@@ -215,7 +219,9 @@ impl TaskStore for PostgresBackend {
         task: &TaskInstance,
         first: &QueueMessage,
     ) -> Result<Created, BackendError> {
-        let created = self.create_task_on(self.pool_ref(), task, first).await?;
+        let mut session = self.session().await.map_err(failure)?;
+        let created = self.create_task_on(session.conn(), task, first).await?;
+        session.done().await.map_err(failure)?;
         match created {
             true => Ok(Created::New),
             false => match self.load_task(task.id).await? {
@@ -273,13 +279,15 @@ impl TaskStore for PostgresBackend {
     }
 
     async fn saga_names(&self) -> Result<Option<Vec<String>>, BackendError> {
-        let rows = sqlx::query(sql!(
-            "SELECT DISTINCT saga FROM {} \
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT DISTINCT saga FROM {} \
              WHERE expires_at IS NULL OR expires_at > clock_timestamp() ORDER BY saga",
-            self.q("tasks")
-        ))
-        .fetch_all(self.pool_ref())
-        .await
+                self.q("tasks")
+            )),
+            fetch_all
+        )
         .map_err(failure)?;
         let names = rows
             .iter()
@@ -289,14 +297,16 @@ impl TaskStore for PostgresBackend {
     }
 
     async fn count_tasks(&self, saga: &str) -> Result<Vec<(TaskStatus, usize)>, BackendError> {
-        let rows = sqlx::query(sql!(
-            "SELECT status, count(*) FROM {} WHERE saga = $1 \
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT status, count(*) FROM {} WHERE saga = $1 \
              AND (expires_at IS NULL OR expires_at > clock_timestamp()) GROUP BY status",
-            self.q("tasks")
-        ))
-        .bind(saga)
-        .fetch_all(self.pool_ref())
-        .await
+                self.q("tasks")
+            ))
+            .bind(saga),
+            fetch_all
+        )
         .map_err(failure)?;
         let mut counts = Vec::new();
         for row in rows {
@@ -317,15 +327,17 @@ impl TaskStore for PostgresBackend {
         statuses: &[TaskStatus],
     ) -> Result<Vec<(String, TaskStatus, usize)>, BackendError> {
         let names: Vec<&str> = statuses.iter().map(|s| s.as_str()).collect();
-        let rows = sqlx::query(sql!(
-            "SELECT saga, status, count(*) FROM {} WHERE saga = ANY($1) AND status = ANY($2) \
+        let rows = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT saga, status, count(*) FROM {} WHERE saga = ANY($1) AND status = ANY($2) \
              AND (expires_at IS NULL OR expires_at > clock_timestamp()) GROUP BY saga, status",
-            self.q("tasks")
-        ))
-        .bind(sagas)
-        .bind(&names)
-        .fetch_all(self.pool_ref())
-        .await
+                self.q("tasks")
+            ))
+            .bind(sagas)
+            .bind(&names),
+            fetch_all
+        )
         .map_err(failure)?;
         let mut counts = Vec::new();
         for row in rows {
@@ -345,15 +357,17 @@ impl TaskStore for PostgresBackend {
         ttl: Duration,
     ) -> Result<Option<Locked>, BackendError> {
         let token = Uuid::new_v4().simple().to_string();
-        let row = sqlx::query(sql!(
-            "SELECT code, fence, record, cancel_ms FROM {}($1, $2, $3)",
-            self.q("lock_task")
-        ))
-        .bind(id.0)
-        .bind(&token)
-        .bind(ms(ttl))
-        .fetch_one(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT code, fence, record, cancel_ms FROM {}($1, $2, $3)",
+                self.q("lock_task")
+            ))
+            .bind(id.0)
+            .bind(&token)
+            .bind(ms(ttl)),
+            fetch_one
+        )
         .map_err(failure)?;
         let code: i32 = row.try_get(0).map_err(corrupt)?;
         match code {
@@ -414,33 +428,36 @@ impl TaskStore for PostgresBackend {
             .next
             .as_ref()
             .map(|n| (WorkItem::Saga(n.message.clone()).encode(), ms(n.delay)));
-        let row = sqlx::query(sql!(
-            "SELECT code, detail, version FROM {}($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7::jsonb, $8, \
-             $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
-            self.q("commit_task")
-        ))
-        .bind(task.id.0)
-        .bind(i64::try_from(commit.lease.fence).unwrap_or(i64::MAX))
-        .bind(i64::try_from(task.version).unwrap_or(i64::MAX))
-        .bind(task.status.as_str())
-        .bind(head(task)?)
-        .bind(&changed.rows)
-        .bind(audit(task)?)
-        .bind(i32::try_from(AUDIT_LOG_CAP).unwrap_or(i32::MAX))
-        .bind(commit.unless_cancelled)
-        .bind(&commit.lease.token)
-        .bind(next.as_ref().map(|n| n.0.as_str()))
-        .bind(next.as_ref().map_or(0, |n| n.1))
-        .bind(settling.how)
-        .bind(settling.row)
-        .bind(settling.claim)
-        .bind(settling.payload)
-        .bind(settling.reason)
-        .bind(settling.size)
-        .bind(settling.dead_letter)
-        .bind(commit.expire_after.map(ms))
-        .fetch_one(self.pool_ref())
-        .await;
+        let (head, audit) = (head(task)?, audit(task)?);
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT code, detail, version FROM {}($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7::jsonb, $8, \
+                 $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
+                self.q("commit_task")
+            ))
+            .bind(task.id.0)
+            .bind(i64::try_from(commit.lease.fence).unwrap_or(i64::MAX))
+            .bind(i64::try_from(task.version).unwrap_or(i64::MAX))
+            .bind(task.status.as_str())
+            .bind(head)
+            .bind(&changed.rows)
+            .bind(audit)
+            .bind(i32::try_from(AUDIT_LOG_CAP).unwrap_or(i32::MAX))
+            .bind(commit.unless_cancelled)
+            .bind(&commit.lease.token)
+            .bind(next.as_ref().map(|n| n.0.as_str()))
+            .bind(next.as_ref().map_or(0, |n| n.1))
+            .bind(settling.how)
+            .bind(settling.row)
+            .bind(settling.claim)
+            .bind(settling.payload)
+            .bind(settling.reason)
+            .bind(settling.size)
+            .bind(settling.dead_letter)
+            .bind(commit.expire_after.map(ms)),
+            fetch_one
+        );
         // Wake whoever may care, unless the write was refused (a failed
         // statement may have committed all the same).
         let written = !matches!(&row, Ok(r) if r.try_get::<i32, _>(0).is_ok_and(|code| code != 0));
@@ -474,18 +491,20 @@ impl TaskStore for PostgresBackend {
         ttl: Duration,
     ) -> Result<Heartbeat, BackendError> {
         let (row_id, claim) = located(delivery)?;
-        let row = sqlx::query(sql!(
-            "SELECT held, cancel_ms FROM {}($1, $2, $3, $4, $5, $6)",
-            self.q("heartbeat")
-        ))
-        .bind(lease.task_id.0)
-        .bind(&lease.token)
-        .bind(ms(ttl))
-        .bind(row_id)
-        .bind(claim)
-        .bind(ms(self.shared.config.visibility_timeout))
-        .fetch_one(self.pool_ref())
-        .await
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT held, cancel_ms FROM {}($1, $2, $3, $4, $5, $6)",
+                self.q("heartbeat")
+            ))
+            .bind(lease.task_id.0)
+            .bind(&lease.token)
+            .bind(ms(ttl))
+            .bind(row_id)
+            .bind(claim)
+            .bind(ms(self.shared.config.visibility_timeout)),
+            fetch_one
+        )
         .map_err(failure)?;
         let held: bool = row.try_get(0).map_err(corrupt)?;
         let cancel: Option<i64> = row.try_get(1).map_err(corrupt)?;
@@ -496,14 +515,16 @@ impl TaskStore for PostgresBackend {
     }
 
     async fn unlock(&self, lease: &Lease) -> Result<bool, BackendError> {
-        let done = sqlx::query(sql!(
-            "UPDATE {} SET lock_token = NULL, lock_until = NULL WHERE id = $1 AND lock_token = $2",
-            self.q("tasks")
-        ))
-        .bind(lease.task_id.0)
-        .bind(&lease.token)
-        .execute(self.pool_ref())
-        .await
+        let done = run!(
+            self,
+            sqlx::query(sql!(
+                "UPDATE {} SET lock_token = NULL, lock_until = NULL WHERE id = $1 AND lock_token = $2",
+                self.q("tasks")
+            ))
+            .bind(lease.task_id.0)
+            .bind(&lease.token),
+            execute
+        )
         .map_err(failure)?;
         Ok(done.rows_affected() > 0)
     }
@@ -528,13 +549,15 @@ impl TaskStore for PostgresBackend {
     }
 
     async fn cancel_requested(&self, id: TaskId) -> Result<Option<Timestamp>, BackendError> {
-        let at: Option<Option<i64>> = sqlx::query_scalar(sql!(
-            "SELECT cancel_ms FROM {} WHERE id = $1",
-            self.q("tasks")
-        ))
-        .bind(id.0)
-        .fetch_optional(self.pool_ref())
-        .await
+        let at: Option<Option<i64>> = run!(
+            self,
+            sqlx::query_scalar(sql!(
+                "SELECT cancel_ms FROM {} WHERE id = $1",
+                self.q("tasks")
+            ))
+            .bind(id.0),
+            fetch_optional
+        )
         .map_err(failure)?;
         Ok(at
             .flatten()
@@ -593,28 +616,31 @@ impl PostgresBackend {
             Some((ttl, delivery)) => Some((ms(ttl), located(delivery)?)),
             None => None,
         };
-        let row = sqlx::query(sql!(
-            "SELECT code, detail, version, claimed FROM {}($1, $2, $3, $4, $5::jsonb, $6::jsonb, \
-             $7::jsonb, $8, $9, $10, $11, $12, $13, $14, $15)",
-            self.q("record_attempt")
-        ))
-        .bind(task.id.0)
-        .bind(i64::try_from(lease.fence).unwrap_or(i64::MAX))
-        .bind(i64::try_from(task.version).unwrap_or(i64::MAX))
-        .bind(task.status.as_str())
-        .bind(head(task)?)
-        .bind(&changed.rows)
-        .bind(audit(task)?)
-        .bind(i32::try_from(AUDIT_LOG_CAP).unwrap_or(i32::MAX))
-        .bind(claim)
-        .bind(next.as_ref().is_some_and(|n| n.unless_cancelled))
-        .bind(renew.map(|r| r.0))
-        .bind(&lease.token)
-        .bind(renew.map(|r| (r.1).0))
-        .bind(renew.map(|r| (r.1).1))
-        .bind(ms(self.shared.config.visibility_timeout))
-        .fetch_one(self.pool_ref())
-        .await
+        let (head, audit) = (head(task)?, audit(task)?);
+        let row = run!(
+            self,
+            sqlx::query(sql!(
+                "SELECT code, detail, version, claimed FROM {}($1, $2, $3, $4, $5::jsonb, $6::jsonb, \
+                 $7::jsonb, $8, $9, $10, $11, $12, $13, $14, $15)",
+                self.q("record_attempt")
+            ))
+            .bind(task.id.0)
+            .bind(i64::try_from(lease.fence).unwrap_or(i64::MAX))
+            .bind(i64::try_from(task.version).unwrap_or(i64::MAX))
+            .bind(task.status.as_str())
+            .bind(head)
+            .bind(&changed.rows)
+            .bind(audit)
+            .bind(i32::try_from(AUDIT_LOG_CAP).unwrap_or(i32::MAX))
+            .bind(claim)
+            .bind(next.as_ref().is_some_and(|n| n.unless_cancelled))
+            .bind(renew.map(|r| r.0))
+            .bind(&lease.token)
+            .bind(renew.map(|r| (r.1).0))
+            .bind(renew.map(|r| (r.1).1))
+            .bind(ms(self.shared.config.visibility_timeout)),
+            fetch_one
+        )
         .map_err(failure)?;
         let code: i32 = row.try_get(0).map_err(corrupt)?;
         if code != 0 {

@@ -24,12 +24,12 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use sqlx::postgres::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::listen::{Channels, Signals};
+use super::session::Statements;
 use crate::model::task::TaskId;
 
 /// Task ids one notification carries: a payload must stay under
@@ -127,7 +127,7 @@ impl Waker {
     /// Starts the background task that notifies the other engines, until
     /// `stop` (then it sends what is pending once more).
     pub(super) fn spawn(
-        pool: PgPool,
+        statements: Statements,
         schema: &str,
         signals: Arc<Signals>,
         stop: CancellationToken,
@@ -137,7 +137,12 @@ impl Waker {
             pending: Mutex::new(Pending::default()),
             ready: Notify::new(),
         });
-        tokio::spawn(send_loop(waker.clone(), pool, Channels::of(schema), stop));
+        tokio::spawn(send_loop(
+            waker.clone(),
+            statements,
+            Channels::of(schema),
+            stop,
+        ));
         waker
     }
 
@@ -178,7 +183,12 @@ impl Waker {
     }
 }
 
-async fn send_loop(waker: Arc<Waker>, pool: PgPool, channels: Channels, stop: CancellationToken) {
+async fn send_loop(
+    waker: Arc<Waker>,
+    statements: Statements,
+    channels: Channels,
+    stop: CancellationToken,
+) {
     let mut pause = Duration::from_millis(50);
     loop {
         let stopping = tokio::select! {
@@ -188,7 +198,7 @@ async fn send_loop(waker: Arc<Waker>, pool: PgPool, channels: Channels, stop: Ca
         let batch = waker.take();
         if !batch.is_empty() {
             let sent_at = tokio::time::Instant::now();
-            match send(&pool, &channels, &batch).await {
+            match send(&statements, &channels, &batch).await {
                 Ok(()) => {
                     pause = Duration::from_millis(50);
                     if !stopping {
@@ -216,14 +226,19 @@ async fn send_loop(waker: Arc<Waker>, pool: PgPool, channels: Channels, stop: Ca
     }
 }
 
-async fn send(pool: &PgPool, channels: &Channels, batch: &Pending) -> Result<(), sqlx::Error> {
+async fn send(
+    statements: &Statements,
+    channels: &Channels,
+    batch: &Pending,
+) -> Result<(), sqlx::Error> {
     let (names, payloads) = batch.notifications(channels);
+    let mut session = statements.session().await?;
     sqlx::query("SELECT count(pg_notify(c, p)) FROM unnest($1::text[], $2::text[]) AS n(c, p)")
         .bind(names)
         .bind(payloads)
-        .execute(pool)
-        .await
-        .map(|_| ())
+        .execute(session.conn())
+        .await?;
+    session.done().await
 }
 
 #[cfg(test)]
