@@ -45,6 +45,15 @@ pub enum ProcessRefusal {
         /// How many are held.
         held: usize,
     },
+    /// An endpoint the write sends to holds as many messages as its cap,
+    /// and a consumer group reads it: a message not settled by the group
+    /// is never trimmed away, so the write waits until the consumers catch
+    /// up (the engine hands its message back and says so).
+    #[error("endpoint `{endpoint}` is full: its consumers are behind (or gone)")]
+    EndpointFull {
+        /// The endpoint.
+        endpoint: String,
+    },
 }
 
 /// A continuing message that found no instance, kept by a
@@ -119,7 +128,12 @@ pub struct ProcessCommit<'a> {
     pub remove_shared: Vec<(String, String)>,
     /// Process-manager envelopes to enqueue.
     pub enqueue: Vec<Envelope>,
-    /// Messages for endpoints: `(endpoint, payload)`.
+    /// Messages for endpoints: `(endpoint, payload)`. An endpoint is an
+    /// outbox while a consumer group reads it: a store keeps every message
+    /// a group has not settled, and refuses a write to one that holds its
+    /// cap ([`ProcessRefusal::EndpointFull`]), checked with the others
+    /// before anything is written; an endpoint no group reads keeps its
+    /// newest messages up to the cap.
     pub endpoints: Vec<(String, String)>,
     /// Envelopes to deliver later: `(due, wall-clock ms; envelope)`.
     pub schedule: Vec<(u64, Envelope)>,

@@ -49,6 +49,7 @@
 //! | `saga_limit_wait_seconds` | histogram | `limit` | How long a step waited for its limit, from the first refusal to its start. |
 //! | `saga_limit_in_use` / `saga_limit_capacity` | gauge | `limit` | Slots held (or reserved for a woken waiter) of each unkeyed concurrency limit, and how many there are: saturation is their ratio. Deployment-wide, sampled like the queue gauges below. Keyed limits are not sampled (one series per key would be unbounded): see [`Engine::limits`](crate::Engine::limits). |
 //! | `saga_limit_slots_lost_total` | counter | `limit` | Slots that expired while their attempt still ran (its heartbeat came too late): the limit may be exceeded by one until the attempt ends. |
+//! | `saga_endpoint_full_total` | counter | `endpoint` | Process-manager writes refused because an endpoint a consumer group reads holds its cap (`RedisConfig::endpoint_max_len`, `PostgresConfig::endpoint_max_len`; 100,000): its consumers are behind or gone. The message waits (handed back every second) rather than any being dropped. |
 //! | `saga_transport_received_total` | counter | `transport` | Broker deliveries a bridge took into the store and acknowledged (`rabbitmq`, `nats`); the ones that were not messages are in `saga_dead_letters_total{kind="undecodable"}` too. |
 //! | `saga_transport_relayed_total` | counter | `transport`, `outcome` | Endpoint messages a relay handed to a broker: `published` (confirmed), `failed` (a publish that was not confirmed: retried), `dead_lettered` (given up on after the delivery cap: unroutable or refused each time, on the endpoint's dead letters). |
 //! | `saga_queue_depth` | gauge | `queue` | Messages on the work queue not yet settled (waiting, or taken and being worked on), `queue` being `saga` or `process`. Delayed messages (retry backoffs, timeouts) count once they are due. |
@@ -178,6 +179,9 @@ mod names {
     pub const LIMIT_CAPACITY: &str = "saga_limit_capacity";
     /// Slots that expired under a running attempt (counter; `limit`).
     pub const LIMIT_SLOTS_LOST: &str = "saga_limit_slots_lost_total";
+    /// Process-manager writes an endpoint refused for being full (counter;
+    /// `endpoint`).
+    pub const ENDPOINT_FULL: &str = "saga_endpoint_full_total";
     /// Broker deliveries taken into the store (counter; `transport`).
     pub const TRANSPORT_RECEIVED: &str = "saga_transport_received_total";
     /// Endpoint messages published to a broker and confirmed (counter;

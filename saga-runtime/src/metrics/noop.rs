@@ -61,6 +61,9 @@ pub(crate) fn process_message(_process: &'static str, _outcome: &'static str) {}
 pub(crate) fn bridged(_transport: &str, _n: usize) {}
 
 #[inline]
+pub(crate) fn endpoint_full(_endpoint: &str) {}
+
+#[inline]
 pub(crate) fn relayed(_transport: &str, _outcome: &'static str) {}
 
 #[inline]

@@ -15,8 +15,8 @@ use super::{
     STEPS_STARTED, STEPS_SUCCEEDED, STEP_DURATION, STEP_DURATION_BUCKETS, STEP_RETRIES,
     TASKS_AWAITING_OPERATOR, TASKS_FINISHED, TASKS_REOPENED, TASKS_STARTED,
 };
+use super::{ENDPOINT_FULL, TRANSPORT_RECEIVED, TRANSPORT_RELAYED};
 use super::{LIMIT_CAPACITY, LIMIT_IN_USE, LIMIT_SLOTS_LOST, LIMIT_WAIT, LIMIT_WAITS};
-use super::{TRANSPORT_RECEIVED, TRANSPORT_RELAYED};
 use crate::backend::Backend;
 use crate::backend::LimitCause;
 use crate::model::task::TaskStatus;
@@ -142,6 +142,13 @@ pub(crate) fn breaker_transition(saga: &'static str, step: &'static str, to: Bre
 #[inline]
 pub(crate) fn dead_lettered(kind: DeadLetterKind) {
     counter!(DEAD_LETTERS, "kind" => kind.label()).increment(1);
+}
+
+/// A write an endpoint refused for being full (endpoint names come from
+/// the definitions: bounded).
+#[inline]
+pub(crate) fn endpoint_full(endpoint: &str) {
+    counter!(ENDPOINT_FULL, "endpoint" => endpoint.to_owned()).increment(1);
 }
 
 /// Broker deliveries taken into the store (the transport's name is the

@@ -1,4 +1,6 @@
-//! Endpoints: capped streams with consumer groups.
+//! Endpoints: streams with consumer groups; an outbox while a group reads
+//! one (nothing unsettled is trimmed: a full one refuses writes), a
+//! capped log while none does.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -10,9 +12,10 @@ use super::MemoryBackend;
 use crate::backend::{truncate_payload, BackendError, DeadLetter, EndpointDelivery, Endpoints};
 use crate::model::task::Timestamp;
 
-/// Messages an endpoint keeps at most (oldest go first), as Redis's
-/// default `endpoint_max_len`.
-const ENDPOINT_CAP: usize = 100_000;
+/// Messages an endpoint keeps at most, as Redis's default
+/// `endpoint_max_len`: one no group reads drops its oldest past it, one a
+/// group reads refuses more (see `ProcessCommit::endpoints`).
+pub(super) const ENDPOINT_CAP: usize = 100_000;
 
 /// Dead letters an endpoint keeps at most.
 const ENDPOINT_DEAD_CAP: usize = 10_000;
@@ -35,12 +38,17 @@ pub(super) struct MemGroup {
 }
 
 impl MemEndpoint {
-    pub(super) fn push(&mut self, envelope: String) {
+    pub(super) fn push(&mut self, envelope: String, cap: Option<usize>) {
         self.next += 1;
         self.entries.push_back((self.next, envelope));
-        if self.entries.len() > ENDPOINT_CAP {
+        if self.groups.is_empty() && self.entries.len() > cap.unwrap_or(ENDPOINT_CAP) {
             self.entries.pop_front();
         }
+    }
+
+    /// Whether it can take no more: read by a group, and at its cap.
+    pub(super) fn full(&self, cap: Option<usize>) -> bool {
+        !self.groups.is_empty() && self.entries.len() >= cap.unwrap_or(ENDPOINT_CAP)
     }
 
     pub(super) fn get(&self, id: u64) -> Option<&String> {

@@ -85,6 +85,8 @@ struct State {
     held_order: HashMap<(String, String), u64>,
     held_seq: u64,
     endpoints: HashMap<String, MemEndpoint>,
+    /// Messages an endpoint keeps at most (`None`: `endpoint::ENDPOINT_CAP`).
+    endpoint_cap: Option<usize>,
     leases: HashMap<String, (String, Instant)>,
     /// What deleted instances handled, by [`Tombstone`], until it expires.
     tombstones: HashMap<Tombstone, (HashSet<String>, Instant)>,
@@ -171,6 +173,14 @@ impl MemoryBackend {
     /// `bytes` (default 256 KiB). Call it on a fresh store.
     pub fn with_dead_letter_payload_limit(self, bytes: usize) -> Self {
         MemoryBackend::build(self.shared.visibility_timeout, bytes)
+    }
+
+    /// The same store, whose endpoints keep at most `messages` each
+    /// (default 100,000, as Redis's): one a consumer group reads refuses
+    /// writes past it, one no group reads drops its oldest.
+    pub fn with_endpoint_cap(self, messages: usize) -> Self {
+        self.state().endpoint_cap = Some(messages.max(1));
+        self
     }
 
     fn build(visibility_timeout: Duration, payload_limit: usize) -> Self {

@@ -110,6 +110,13 @@ impl ProcessStore for MemoryBackend {
             let now = Instant::now();
             state.tallies.retain(|_, t| t.expires > now);
             let mut version = 0;
+            if let Some((endpoint, _)) = commit.endpoints.iter().find(|(e, _)| {
+                let cap = state.endpoint_cap;
+                state.endpoints.get(e).is_some_and(|e| e.full(cap))
+            }) {
+                let endpoint = endpoint.clone();
+                return Ok(Err(ProcessRefusal::EndpointFull { endpoint }));
+            }
             if let Some(hold) = commit.hold {
                 if let Err(refused) = state.hold(process, hold, commit.handling) {
                     return Ok(Err(refused));
@@ -434,10 +441,11 @@ impl State {
             self.push_item(&WorkItem::Process(envelope.clone()), Duration::ZERO);
         }
         for (endpoint, payload) in &commit.endpoints {
+            let cap = self.endpoint_cap;
             self.endpoints
                 .entry(endpoint.clone())
                 .or_default()
-                .push(payload.clone());
+                .push(payload.clone(), cap);
         }
         self.scheduled.extend(commit.schedule.iter().cloned());
         self.scheduled.sort_by_key(|(due, _)| *due);

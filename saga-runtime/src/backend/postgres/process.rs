@@ -36,6 +36,26 @@ use crate::model::envelope::Envelope;
 use crate::model::tally::TallyOpen;
 use crate::model::task::Timestamp;
 
+/// Why `call_commit` wrote nothing, besides a refusal code.
+enum CommitFailed {
+    /// `endpoint_append` raised SG001: the endpoint is full.
+    Full(String),
+    Failed(BackendError),
+}
+use CommitFailed::{Failed, Full};
+
+/// The endpoint `endpoint_append` found full, if that is why `e` failed.
+fn full(e: &sqlx::Error) -> Option<String> {
+    let db = e.as_database_error()?;
+    if db.code().as_deref() != Some("SG001") {
+        return None;
+    }
+    let message = db.message();
+    let start = message.find('`')? + 1;
+    let end = start + message[start..].find('`')?;
+    Some(message[start..end].to_owned())
+}
+
 /// `process_commit`'s refusal codes (see the migration).
 const CONFLICT: i32 = -2;
 const TOMBSTONED: i32 = -6;
@@ -226,9 +246,9 @@ impl PostgresBackend {
         &self,
         process: &str,
         commit: &ProcessCommit<'_>,
-    ) -> Result<(i32, Option<String>, i64), BackendError> {
+    ) -> Result<(i32, Option<String>, i64), CommitFailed> {
         let config = &self.shared.config;
-        let a = CommitArgs::of(commit, config.dead_letter_payload_limit)?;
+        let a = CommitArgs::of(commit, config.dead_letter_payload_limit).map_err(Failed)?;
         let s = &a.settling;
         // The messages held for what the write creates or claims are
         // released in its transaction, once it is written (see
@@ -236,7 +256,7 @@ impl PostgresBackend {
         let (created, claimed) = match commit.instance.filter(|_| !commit.delete) {
             Some(i) => (
                 (i.version == 0).then_some(i.id.as_str()),
-                serde_json::to_string(&commit.add_keys).map_err(corrupt)?,
+                serde_json::to_string(&commit.add_keys).map_err(|e| Failed(corrupt(e)))?,
             ),
             None => (None, "[]".to_owned()),
         };
@@ -297,11 +317,15 @@ impl PostgresBackend {
                 self.shared.waker.work();
             }
         }
-        let row = row.map_err(failure)?;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => return Err(full(&e).map_or_else(|| Failed(failure(e)), Full)),
+        };
+        let column = |e| Failed(corrupt(e));
         Ok((
-            row.try_get(0).map_err(corrupt)?,
-            row.try_get(1).map_err(corrupt)?,
-            row.try_get(2).map_err(corrupt)?,
+            row.try_get(0).map_err(column)?,
+            row.try_get(1).map_err(column)?,
+            row.try_get(2).map_err(column)?,
         ))
     }
 
@@ -559,7 +583,11 @@ impl ProcessStore for PostgresBackend {
         if let Some(hold) = commit.hold {
             return self.call_hold(process, hold, commit.settle).await;
         }
-        let (code, detail, version) = self.call_commit(process, &commit).await?;
+        let (code, detail, version) = match self.call_commit(process, &commit).await {
+            Err(Full(endpoint)) => return Ok(Err(ProcessRefusal::EndpointFull { endpoint })),
+            Err(Failed(error)) => return Err(error),
+            Ok(answer) => answer,
+        };
         let instance = || commit.instance.map(|i| i.id.clone()).unwrap_or_default();
         Ok(match code {
             0 => Ok(u64::try_from(version).unwrap_or(0)),

@@ -39,8 +39,18 @@ fn commit_refused(
     refused: Refused,
     instance: &str,
     tallies: &[TallyOpen],
+    endpoints: &[(String, String)],
 ) -> Result<ProcessRefusal, BackendError> {
     Ok(match refused.refusal {
+        Refusal::EndpointFull => {
+            let n = refused.detail.and_then(|n| n.parse::<usize>().ok());
+            match endpoints.get(n.unwrap_or(1).saturating_sub(1)) {
+                Some((endpoint, _)) => ProcessRefusal::EndpointFull {
+                    endpoint: endpoint.clone(),
+                },
+                None => return Err(corrupt("the process commit script named no endpoint")),
+            }
+        }
         Refusal::TallyExists => {
             let n = refused.detail.and_then(|n| n.parse::<usize>().ok());
             match tallies.get(n.unwrap_or(1).saturating_sub(1)) {
@@ -470,7 +480,10 @@ impl RedisBackend {
         let call = self.commit_call(process, commit, placement)?;
         let committed = match self.call(&call).await? {
             Ok(committed) => committed,
-            Err(refused) => return Ok(Err(commit_refused(refused, &call.id, &commit.tallies)?)),
+            Err(refused) => {
+                let refused = commit_refused(refused, &call.id, &commit.tallies, &commit.endpoints);
+                return Ok(Err(refused?));
+            }
         };
         // Messages for endpoints in other slots: relayed now, so that they
         // are there when the commit returns; the entries left on the

@@ -189,20 +189,21 @@ impl RedisBackend {
         // At a durability level above the default, the copy waits for the
         // endpoint's shard's replicas (or disk) before the entry goes.
         let appended = self
-            .query_durable(
-                redis::cmd("XADD")
-                    .arg(endpoint)
-                    .arg("MAXLEN")
-                    .arg("~")
-                    .arg((self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT))
-                    .arg("*")
-                    .arg("envelope")
-                    .arg(envelope)
-                    .clone(),
-            )
+            .call(&s::EndpointAppend {
+                stream: endpoint,
+                envelope,
+                cap: (self.shared.config.endpoint_max_len as u64).min(super::MAXLEN_LIMIT),
+            })
             .await;
         let deleted = match appended {
-            Ok(_) => redis::cmd("XDEL")
+            Ok(None) => {
+                tracing::error!(
+                    endpoint,
+                    "endpoint full: a relayed message waits until its consumers catch up"
+                );
+                return false;
+            }
+            Ok(Some(_)) => redis::cmd("XDEL")
                 .arg(relays)
                 .arg(entry)
                 .query_async::<i64>(&mut self.conn())

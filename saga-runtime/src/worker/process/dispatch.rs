@@ -138,8 +138,11 @@ async fn write(
             error: raw.to_string(),
         },
         ProcessRefusal::HoldFull { .. } => Refusal::HoldFull,
-        // Handed back: the worker forwards it on its next delivery.
-        ProcessRefusal::Elsewhere { .. } => return Err(raw.into()),
+        // Handed back: the worker forwards it on its next delivery, or
+        // (an endpoint full) tries again once its consumers caught up.
+        ProcessRefusal::Elsewhere { .. } | ProcessRefusal::EndpointFull { .. } => {
+            return Err(raw.into())
+        }
     };
     Ok(Err(Refused { refusal, raw }))
 }

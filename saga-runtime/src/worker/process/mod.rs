@@ -24,7 +24,7 @@ pub use metrics::ProcessMetrics;
 use super::limits::{Asker, HeldLimits, Refusal};
 use super::runtime::Runtime;
 use crate::backend::{
-    BackendError, Delivery, ForwardTo, LimitCause, LoadedInstance, ProcessBackend,
+    BackendError, Delivery, ForwardTo, LimitCause, LoadedInstance, ProcessBackend, ProcessRefusal,
 };
 use crate::limit::LimitSpec;
 use crate::metrics::DeadLetterKind;
@@ -167,6 +167,13 @@ pub(super) async fn handle(
     drop(local);
     match result {
         Ok(outcome) => counted(rt, process, envelope, &outcome),
+        // The outbox is full: nothing is dropped, the message waits (an
+        // operator needs to hear of it: its consumers are behind or gone).
+        Err(dispatch::NotHandled::Refused(ProcessRefusal::EndpointFull { endpoint })) => {
+            tracing::error!(process, %endpoint, message_id = %envelope.message_id, "endpoint full: the message is handed back until its consumers catch up");
+            crate::metrics::endpoint_full(&endpoint);
+            super::release(rt, delivery, ENDPOINT_FULL_RETRY).await;
+        }
         Err(error) => {
             tracing::warn!(%error, "process message not recorded; it will be redelivered");
             super::release(rt, delivery, rt.settings.lock_retry_delay).await;
@@ -465,6 +472,9 @@ async fn hand_over(
         local.set_cached(handover);
     }
 }
+
+/// How long a message whose write an endpoint refused (full) stays away.
+const ENDPOINT_FULL_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The `process` label of a message for a process manager this engine
 /// does not run (the name comes from the message: not a label).

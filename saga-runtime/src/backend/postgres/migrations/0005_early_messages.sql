@@ -198,3 +198,47 @@ BEGIN
     FROM taken t LEFT JOIN locked l ON l.queue_id = t.id
     ORDER BY t.id;
 END $$;
+
+-- 3. Endpoints that do not drop. An endpoint a consumer group reads (a
+-- relay, a consumer) is an outbox: a message no group settled is never
+-- trimmed away, so one that holds its cap refuses the write (SQLSTATE
+-- SG001, which the engine reads as the endpoint being full: the handler's
+-- message waits, nothing is lost) instead of deleting its oldest. An
+-- endpoint no group reads keeps its newest `p_cap`, as before.
+CREATE OR REPLACE FUNCTION {schema}.endpoint_append(p_endpoints text[], p_envelopes text[], p_cap bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    e text;
+    n bigint;
+    top bigint;
+    read_by_a_group boolean;
+    held bigint;
+BEGIN
+    FOR e, n IN
+        SELECT x.name, count(*) FROM unnest(p_endpoints) AS x(name) GROUP BY x.name ORDER BY x.name
+    LOOP
+        INSERT INTO {schema}.endpoints AS p (name, last_seq) VALUES (e, n)
+        ON CONFLICT (name) DO UPDATE SET last_seq = p.last_seq + n
+        RETURNING p.last_seq INTO top;
+        read_by_a_group := EXISTS (SELECT 1 FROM {schema}.endpoint_groups g WHERE g.endpoint = e);
+        IF read_by_a_group THEN
+            -- Trimming removes from the oldest on, so what is kept runs
+            -- from the lowest sequence number to the last (one index step).
+            SELECT (top - n) - min(m.seq) + 1 INTO held
+            FROM {schema}.endpoint_messages m WHERE m.endpoint = e;
+            held := COALESCE(held, 0);
+            IF held + n > p_cap THEN
+                RAISE EXCEPTION USING ERRCODE = 'SG001',
+                    MESSAGE = format('endpoint `%s` is full: %s messages wait for its consumers', e, held);
+            END IF;
+        END IF;
+        INSERT INTO {schema}.endpoint_messages (endpoint, seq, envelope)
+        SELECT e, top - n + row_number() OVER (ORDER BY m.i), m.envelope
+        FROM unnest(p_endpoints, p_envelopes) WITH ORDINALITY AS m(name, envelope, i)
+        WHERE m.name = e;
+        IF NOT read_by_a_group AND top > p_cap THEN
+            DELETE FROM {schema}.endpoint_pending WHERE endpoint = e AND seq <= top - p_cap;
+            DELETE FROM {schema}.endpoint_messages WHERE endpoint = e AND seq <= top - p_cap;
+        END IF;
+    END LOOP;
+END $$;

@@ -66,7 +66,8 @@
 -- Returns: {new version (0 when no instance is written), then the entry
 -- id of each message left for relaying}, or a refusal: {CONFLICT, stored
 -- version}, {TAKEN, owner}, {TOMBSTONED} a tombstone remembers a message
--- handled, {TALLY_EXISTS, i} tally i exists already.
+-- handled, {TALLY_EXISTS, i} tally i exists already, {ENDPOINT_FULL, i}
+-- endpoint key i is full (lib/endpoint_room.lua).
 local instance = KEYS[1]
 local instances = KEYS[2]
 local queue = KEYS[3]
@@ -108,6 +109,13 @@ local tomb = 5 + nadd + nrem + nep + 1
 local tk = tomb + nadd + nrem
 local sh = tk + 3 * ntally + 1
 
+local relays, relayed = cjson.decode(relay_targets), {}
+-- First of the checks: an endpoint that cannot take what is sent to it.
+for i = 1, nep do
+  if not relays[i] and endpoint_full(KEYS[5 + nadd + nrem + i], endpoint_cap) then
+    return {ENDPOINT_FULL, i}
+  end
+end
 local now = server_time()
 local hk = sh + nsadd + nsrem
 local parts = partitioned(KEYS[hk + 3 * nheld + 1], now)
@@ -169,12 +177,11 @@ for i = 1, nenq do
   redis.call('XADD', pm_queue(ARGV[a + 2 * i - 1], parts), '*', 'payload', ARGV[a + 2 * i])
 end
 a = a + 2 * nenq
-local relays, relayed = cjson.decode(relay_targets), {}
 for i = 1, nep do
   if relays[i] then
     relayed[#relayed + 1] = redis.call('XADD', KEYS[5 + nadd + nrem + i], '*', 'relay', relays[i], 'envelope', ARGV[a + i])
   else
-    redis.call('XADD', KEYS[5 + nadd + nrem + i], 'MAXLEN', '~', endpoint_cap, '*', 'envelope', ARGV[a + i])
+    endpoint_append(KEYS[5 + nadd + nrem + i], endpoint_cap, ARGV[a + i])
   end
 end
 a = a + nep

@@ -114,6 +114,7 @@ fn durable(script: &Script) -> bool {
         &ENQUEUE_PM,
         &PROCESS_COMMIT,
         &PROCESS_HOLD,
+        &ENDPOINT_APPEND,
         &TALLY_FINISH,
         &TALLY_PROGRESS,
     ]
@@ -204,7 +205,8 @@ scripts! {
     TRIM_DEAD = "trim_dead" with "time";
     REAP_CONSUMERS = "reap_consumers";
     LEAVE_GROUP = "leave_group";
-    PROCESS_COMMIT = "process_commit" with "refusals", "time", "settle", "pm_queue", "held";
+    PROCESS_COMMIT = "process_commit" with "refusals", "time", "settle", "pm_queue", "held", "endpoint_room";
+    ENDPOINT_APPEND = "endpoint_append" with "refusals", "endpoint_room";
     PROCESS_HOLD = "process_hold" with "refusals", "time", "settle", "pm_queue", "held";
     RELEASE_HELD = "release_held" with "pm_queue", "held";
     RELEASE_DUE = "release_due" with "time", "pm_queue", "route";

@@ -6,8 +6,8 @@ use redis::{Script, Value};
 
 use super::{flag, or_empty, typed, Call, Invocation, Refusal, Refused, Settling};
 use super::{
-    CLAIM_ENTRY, PROCESS_COMMIT, PROCESS_HOLD, RELEASE_DUE, RELEASE_HELD, REMEMBER, SWAP_ENTRY,
-    TALLY_FINISH, TALLY_PROGRESS,
+    CLAIM_ENTRY, ENDPOINT_APPEND, PROCESS_COMMIT, PROCESS_HOLD, RELEASE_DUE, RELEASE_HELD,
+    REMEMBER, SWAP_ENTRY, TALLY_FINISH, TALLY_PROGRESS,
 };
 use crate::backend::redis::corrupt;
 use crate::backend::redis::entry::{items, text, text_at};
@@ -340,6 +340,41 @@ impl Call for ProcessHold<'_> {
             },
             _ => return Err(corrupt("unexpected reply from the hold script")),
         })
+    }
+}
+
+/// `endpoint_append.lua`: a relayed message appended to its endpoint,
+/// unless the endpoint is full.
+pub(crate) struct EndpointAppend<'a> {
+    pub stream: &'a str,
+    pub envelope: &'a str,
+    pub cap: u64,
+}
+
+impl Call for EndpointAppend<'_> {
+    /// The entry's id, or `None` when the endpoint is full.
+    type Reply = Option<String>;
+
+    fn script() -> &'static Script {
+        &ENDPOINT_APPEND
+    }
+
+    fn fill(&self, call: &mut Invocation) {
+        call.key(self.stream).arg(self.envelope).arg(self.cap);
+    }
+
+    fn decode(reply: Value) -> Result<Option<String>, BackendError> {
+        match reply {
+            Value::Array(items) => match items.first() {
+                Some(Value::Int(code))
+                    if Refusal::from_code(*code, Refusal::ENDPOINT_APPEND).is_some() =>
+                {
+                    Ok(None)
+                }
+                _ => Err(corrupt("unexpected reply from the endpoint append")),
+            },
+            other => typed(other).map(Some),
+        }
     }
 }
 

@@ -28,6 +28,8 @@ pub(crate) enum Refusal {
     TallyExists,
     /// As many messages are held for the value as the cap allows.
     HoldFull,
+    /// An endpoint a group reads holds as many messages as its cap.
+    EndpointFull,
 }
 
 impl Refusal {
@@ -35,7 +37,7 @@ impl Refusal {
     /// on the wire. Codes repeat across families (a task write's `-5` is a
     /// cancellation, a process-manager write's a tombstone), never within
     /// the set one script answers (see [`from_code`](Self::from_code)).
-    pub const TABLE: [(Refusal, &'static str, i64); 8] = [
+    pub const TABLE: [(Refusal, &'static str, i64); 9] = [
         (Refusal::LockLost, "LOCK_LOST", -1),
         (Refusal::Conflict, "CONFLICT", -2),
         (Refusal::Missing, "MISSING", -3),
@@ -44,6 +46,7 @@ impl Refusal {
         (Refusal::Tombstoned, "TOMBSTONED", -5),
         (Refusal::TallyExists, "TALLY_EXISTS", -6),
         (Refusal::HoldFull, "HOLD_FULL", -7),
+        (Refusal::EndpointFull, "ENDPOINT_FULL", -8),
     ];
 
     /// What the task writes answer (`record_attempt.lua`,
@@ -61,7 +64,11 @@ impl Refusal {
         Refusal::Taken,
         Refusal::Tombstoned,
         Refusal::TallyExists,
+        Refusal::EndpointFull,
     ];
+
+    /// What `endpoint_append.lua` answers.
+    pub const ENDPOINT_APPEND: &'static [Refusal] = &[Refusal::EndpointFull];
 
     /// What `process_hold.lua` answers.
     pub const PROCESS_HOLD: &'static [Refusal] = &[
@@ -127,6 +134,7 @@ mod tests {
             Refusal::CancelRequested | Refusal::Tombstoned => -5,
             Refusal::TallyExists => -6,
             Refusal::HoldFull => -7,
+            Refusal::EndpointFull => -8,
         };
         for (refusal, _, wire) in Refusal::TABLE {
             assert_eq!(code(refusal), wire, "{refusal:?}");
@@ -143,6 +151,7 @@ mod tests {
             Refusal::PROCESS_COMMIT,
             Refusal::PROCESS_HOLD,
             Refusal::CLAIM_ENTRY,
+            Refusal::ENDPOINT_APPEND,
         ] {
             for refusal in among {
                 assert_eq!(

@@ -12,3 +12,4 @@ local CANCEL_REQUESTED = -5
 local TOMBSTONED = -5
 local TALLY_EXISTS = -6
 local HOLD_FULL = -7
+local ENDPOINT_FULL = -8
