@@ -756,6 +756,10 @@ async fn a_consumer_killed_mid_handler_leaves_its_message_to_another_and_the_end
     engine.shutdown().await;
 }
 
+/// An endpoint nobody reads keeps its newest messages up to its cap; one
+/// a group reads keeps everything the group has not settled, and refuses
+/// a write past its cap instead of dropping its oldest (see
+/// `tests/outbox.rs` for every store).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_keeps_its_newest_messages_up_to_its_cap() {
     let pg = TestPostgres::start();
@@ -766,17 +770,26 @@ async fn an_endpoint_keeps_its_newest_messages_up_to_its_cap() {
     let backend = PostgresBackend::connect_url(&pg.url(), config)
         .await
         .unwrap();
-    let send = async |payloads: &[&str]| {
+    let send = async |endpoint: &str, payloads: &[&str]| {
         let commit = ProcessCommit {
             endpoints: payloads
                 .iter()
-                .map(|p| ("jobs".to_owned(), p.to_string()))
+                .map(|p| (endpoint.to_owned(), p.to_string()))
                 .collect(),
             ..ProcessCommit::new(None, Settle::Nothing)
         };
-        backend.process_commit("pm", commit).await.unwrap().unwrap();
+        backend.process_commit("pm", commit).await.unwrap()
     };
-    send(&["m-1", "m-2"]).await;
+    // Read by nobody: a log of the newest three.
+    send("log", &["m-1", "m-2"]).await.unwrap();
+    send("log", &["m-3", "m-4", "m-5"]).await.unwrap();
+    assert_eq!(
+        backend.endpoint_messages("log").await.unwrap(),
+        ["m-3", "m-4", "m-5"]
+    );
+    // Read by a group: what it holds stays, and a write past the cap is
+    // refused whole.
+    send("jobs", &["m-1", "m-2"]).await.unwrap();
     let idle = Duration::from_secs(60);
     let held = backend
         .endpoint_receive("jobs", "g", "c", idle, Duration::ZERO)
@@ -784,25 +797,25 @@ async fn an_endpoint_keeps_its_newest_messages_up_to_its_cap() {
         .unwrap()
         .unwrap();
     assert_eq!(held.raw, "m-1");
-    send(&["m-3", "m-4", "m-5"]).await;
+    let refused = send("jobs", &["m-3", "m-4"]).await;
+    assert_eq!(
+        refused,
+        Err(saga_runtime::backend::ProcessRefusal::EndpointFull {
+            endpoint: "jobs".into()
+        })
+    );
     assert_eq!(
         backend.endpoint_messages("jobs").await.unwrap(),
-        ["m-3", "m-4", "m-5"]
+        ["m-1", "m-2"]
     );
-    // The message it held went with the cap: the group goes on after it.
-    let next = backend
-        .endpoint_receive("jobs", "g", "c", Duration::ZERO, Duration::ZERO)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((next.raw.as_str(), next.deliveries), ("m-3", 1));
+    send("jobs", &["m-3"]).await.unwrap();
     // A new group starts at the oldest message kept.
     let other = backend
         .endpoint_receive("jobs", "late", "c", idle, Duration::ZERO)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(other.raw, "m-3");
+    assert_eq!(other.raw, "m-1");
 }
 
 // ---------------------------------------------------------------------------

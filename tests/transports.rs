@@ -1,8 +1,8 @@
 //! Process managers and sagas fed by real brokers (a private RabbitMQ
-//! node and a private nats-server, one each for this binary, every test in
-//! a corner of its own names), with a plain client of each broker (not
-//! this library) playing the other services. The same scenarios run on
-//! both brokers.
+//! node and a private nats-server, one test each: the node takes seconds
+//! to boot, so its scenarios run in turn on it, each in a corner of its
+//! own names), with a plain client of each broker (not this library)
+//! playing the other services. The same scenarios run on both brokers.
 //!
 //! The faults (brokers restarted, connections cut, workers killed before
 //! their acknowledgement, outages while handlers send) are in
@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::brokers::{Corner, TestBroker};
@@ -20,16 +20,6 @@ use saga_runtime::prelude::*;
 use sagas::shop::{Fulfillment, Order, SHIPPING};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-
-fn rabbit() -> &'static TestBroker {
-    static BROKER: OnceLock<TestBroker> = OnceLock::new();
-    BROKER.get_or_init(TestBroker::rabbit)
-}
-
-fn nats() -> &'static TestBroker {
-    static BROKER: OnceLock<TestBroker> = OnceLock::new();
-    BROKER.get_or_init(TestBroker::nats)
-}
 
 /// A saga started by commands.
 pub struct Receipt;
@@ -221,31 +211,20 @@ async fn commands_start_sagas_once(broker: &TestBroker, test: &str) {
     engine.shutdown().await;
 }
 
-macro_rules! on_every_broker {
-    ($($scenario:ident),* $(,)?) => {
-        mod rabbitmq {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $scenario() {
-                    super::$scenario(rabbit(), concat!("r", stringify!($scenario))).await;
-                }
-            )*
-        }
-        mod nats {
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $scenario() {
-                    super::$scenario(nats(), concat!("n", stringify!($scenario))).await;
-                }
-            )*
-        }
-    };
+/// Every scenario in turn on `broker`.
+async fn every_scenario(broker: TestBroker) {
+    let b = broker.name();
+    a_plain_client_feeds_a_process_manager(&broker, &format!("{b}feed")).await;
+    what_is_not_a_message_is_dead_lettered_alone(&broker, &format!("{b}bad")).await;
+    commands_start_sagas_once(&broker, &format!("{b}start")).await;
 }
 
-on_every_broker!(
-    a_plain_client_feeds_a_process_manager,
-    what_is_not_a_message_is_dead_lettered_alone,
-    commands_start_sagas_once,
-);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_rabbitmq() {
+    every_scenario(TestBroker::rabbit()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_nats() {
+    every_scenario(TestBroker::nats()).await;
+}

@@ -42,6 +42,19 @@ impl TestNats {
             .stderr(Stdio::null())
             .spawn()
             .expect("nats-server (install it: apt-get install nats-server)");
+        // Gone with this test process, however it ends.
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "while kill -0 {} 2>/dev/null && kill -0 {} 2>/dev/null; do sleep 1; done; kill -9 {} 2>/dev/null",
+                std::process::id(),
+                child.id(),
+                child.id()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {

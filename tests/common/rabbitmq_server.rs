@@ -90,6 +90,7 @@ impl TestRabbit {
             .spawn()
             .expect("rabbitmq-server (install it: apt-get install rabbitmq-server)");
         self.child = Some(child);
+        self.watchdog();
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let ok = self.ctl(&["await_startup", "--timeout", "60"]).is_ok();
@@ -103,6 +104,25 @@ impl TestRabbit {
             );
             std::thread::sleep(Duration::from_millis(300));
         }
+    }
+
+    /// Stops the node should this test process die without dropping it
+    /// (SIGKILLed, a timeout): a process that waits for ours to go.
+    fn watchdog(&self) {
+        let script = format!(
+            "while kill -0 {} 2>/dev/null; do sleep 1; done; {} -q -n {} shutdown",
+            std::process::id(),
+            bin("rabbitmqctl").display(),
+            self.node
+        );
+        let _ = self
+            .command("sh")
+            .arg("-c")
+            .arg(script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
     }
 
     /// Runs `rabbitmqctl -n <node> args..`; its output, or why it failed.
