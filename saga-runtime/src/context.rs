@@ -12,6 +12,9 @@ pub struct StepContext {
     pub(crate) task_id: TaskId,
     pub(crate) saga: &'static str,
     pub(crate) step: &'static str,
+    /// The step the call belongs to: `step` for a step, the step it
+    /// undoes for a compensation.
+    pub(crate) of_step: &'static str,
     pub(crate) attempt: u32,
     pub(crate) trace_id: String,
     pub(crate) token: CancellationToken,
@@ -24,10 +27,19 @@ impl StepContext {
             task_id,
             saga,
             step,
+            of_step: step,
             attempt,
             trace_id: String::new(),
             token: CancellationToken::new(),
         }
+    }
+
+    /// The same detached context for compensation `self.step()` of
+    /// `step`: what [`step_idempotency_key`](Self::step_idempotency_key)
+    /// then names.
+    pub fn for_compensation_of(mut self, step: &'static str) -> Self {
+        self.of_step = step;
+        self
     }
 
     /// The task being executed.
@@ -63,6 +75,22 @@ impl StepContext {
     /// provider recognises it instead of charging twice.
     pub fn idempotency_key(&self) -> String {
         format!("{}:{}", self.task_id, self.step)
+    }
+
+    /// `{task_id}:{step}` of the step this call belongs to: in a step, the
+    /// same as [`idempotency_key`](Self::idempotency_key); in a
+    /// compensation, the key its step handed to the services it called,
+    /// to find and undo what the step did by it. That is what a
+    /// compensation taking [`Outcome`](crate::Outcome) needs for
+    /// `Outcome::Unknown`: the step's output was lost, its key was not.
+    ///
+    /// Not the compensation's own key: its own requests (a refund) carry
+    /// [`idempotency_key`](Self::idempotency_key), because a service that
+    /// honours idempotency keys answers a second, different request under
+    /// the first one's key with the first one's answer or an error (Stripe
+    /// compares the parameters and refuses).
+    pub fn step_idempotency_key(&self) -> String {
+        format!("{}:{}", self.task_id, self.of_step)
     }
 
     /// `{task_id}:{step}:{attempt}`: unique per attempt (the engine's own

@@ -128,7 +128,7 @@ pub use engine::{
     DeadLetterSelection, Engine, EngineBuilder, Intervention, TaskFilter, TaskPage,
 };
 pub use error::{BoxError, Error, StepError, StepErrorKind};
-pub use saga::{Cancellable, Saga};
+pub use saga::{Cancellable, Outcome, Saga};
 pub use task::{AuditAction, AuditEntry, StepRecord, StepStatus, TaskId, TaskInstance, TaskStatus};
 pub use worker::runtime::{
     DEFAULT_ATTENTION_RETENTION, DEFAULT_HOLD_UNMATCHED, DEFAULT_PROCESS_TOMBSTONE_TTL,
@@ -146,7 +146,7 @@ pub mod prelude {
         TallyCompleted, TallyRef, TallyStatus,
     };
     pub use crate::reconcile::{ReconcileError, ReconcileReport};
-    pub use crate::saga::{Cancellable, Saga};
+    pub use crate::saga::{Cancellable, Outcome, Saga};
     pub use saga_macros::{
         cancellable, circuit_breaker, compensate, compensation_retry_policy, correlate, handles,
         limit, on_error, process_manager, retry_policy, saga, saga_step, starts, timeout, Message,
@@ -184,8 +184,8 @@ pub mod __private {
     pub use crate::reconcile::{self, ReconcileError, ReconcileReport};
     pub use crate::saga::{
         decode, encode, unknown_step, BoxFuture, Cancellable, Codec, CompensationDefinition,
-        NotPersistable, Persist, Saga, SagaDefinition, SagaInput, StepDefinition, StepOutput,
-        TakesOutputOf, UndoesOutputOf,
+        CompletedIsOutputOf, IsOutcome, NotPersistable, Outcome, Persist, Saga, SagaDefinition,
+        SagaInput, StepDefinition, StepOutput, TakesOutputOf, UndoesOutputOf, UnknownIsInputOf,
     };
     pub use async_trait::async_trait;
     pub use serde::{de::DeserializeOwned, Serialize};

@@ -42,6 +42,7 @@ impl Saga for Handle {
                     compensation: Some(CompensationDefinition {
                         name: "undo_one",
                         retry: RetryPolicy::NO_RETRY,
+                        handles_unknown: false,
                     }),
                     circuit_breaker: None,
                     timeout: None,
@@ -56,6 +57,7 @@ impl Saga for Handle {
                     compensation: Some(CompensationDefinition {
                         name: "undo_two",
                         retry: RetryPolicy::NO_RETRY,
+                        handles_unknown: false,
                     }),
                     circuit_breaker: None,
                     timeout: None,

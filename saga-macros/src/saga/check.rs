@@ -21,6 +21,7 @@ pub fn check(cx: &Ctxt, saga: &SagaDef) {
     check_has_steps(cx, saga);
     check_numbering(cx, saga);
     check_compensations(cx, saga);
+    check_outcome_params(cx, saga);
     check_generic_params(cx, saga);
     check_limits(cx, saga);
 }
@@ -137,6 +138,40 @@ fn check_compensations(cx: &Ctxt, saga: &SagaDef) {
                 );
             }
         }
+    }
+}
+
+/// `Outcome` names two types, the step's output then its input: any
+/// other number is one error on the arguments, with the two types of the
+/// step it undoes (when that step is known). Whether the two are the
+/// right ones is the compiler's call (`expand.rs`).
+fn check_outcome_params(cx: &Ctxt, saga: &SagaDef) {
+    for comp in &saga.compensations {
+        let Some(outcome) = comp.outcome.as_ref().filter(|o| o.args.is_none()) else {
+            continue;
+        };
+        let step = comp
+            .target
+            .as_ref()
+            .and_then(|target| saga.steps.iter().find(|s| s.ident == *target));
+        let (input, output) = match step.map(|s| &s.written) {
+            Some((input, output)) if !input.is_empty() && !output.is_empty() => {
+                (input.as_str(), output.as_str())
+            }
+            _ => ("Input", "Output"),
+        };
+        let step = match step {
+            Some(step) => format!("step `{}`", step.ident),
+            None => "the step".to_owned(),
+        };
+        cx.error_spanned_by(
+            &outcome.written,
+            format!(
+                "`Outcome` takes two types, the output of the step it undoes and then that \
+                 step's input: `Outcome<{output}, {input}>` for {step} (`Completed` carries the \
+                 output; `Unknown`, for an attempt whose outcome was lost, the input)"
+            ),
+        );
     }
 }
 

@@ -69,6 +69,14 @@ fn through_aliases(saga: &SagaDef) -> (SagaDef, TokenStream) {
         signatures.push((step.ident.clone(), step.input.clone(), step.output.clone()));
     }
     for comp in &mut saga.compensations {
+        // `Outcome<Output, Input>`: each argument by its own alias (the
+        // checks name them), then the whole by one.
+        let args = comp.outcome.as_mut().and_then(|o| o.args.as_mut());
+        if let (Some(param), Some((output, input))) = (&mut comp.param, args) {
+            alias(output, &comp.ident, "completed");
+            alias(input, &comp.ident, "unknown");
+            outcome_args(param, |args| *args = vec![output.clone(), input.clone()]);
+        }
         if let Some(param) = &mut comp.param {
             alias(param, &comp.ident, "input");
         }
@@ -100,6 +108,28 @@ fn through_aliases(saga: &SagaDef) -> (SagaDef, TokenStream) {
     (saga, aliases)
 }
 
+/// Rewrites the type arguments of `Outcome<..>` (the last segment of
+/// `ty`'s path), dropping lifetimes and constants written there.
+fn outcome_args(ty: &mut Type, rewrite: impl FnOnce(&mut Vec<Type>)) {
+    let Type::Path(path) = ty else { return };
+    let Some(segment) = path.path.segments.last_mut() else {
+        return;
+    };
+    let syn::PathArguments::AngleBracketed(args) = &mut segment.arguments else {
+        return;
+    };
+    let mut types: Vec<Type> = args
+        .args
+        .iter()
+        .filter_map(|arg| match arg {
+            syn::GenericArgument::Type(ty) => Some(ty.clone()),
+            _ => None,
+        })
+        .collect();
+    rewrite(&mut types);
+    args.args = types.into_iter().map(syn::GenericArgument::Type).collect();
+}
+
 /// `T` in `Result<T, E>`, to rewrite it.
 fn result_ok_type(ty: &mut Type) -> Option<&mut Type> {
     let Type::Path(path) = ty else { return None };
@@ -125,6 +155,7 @@ pub fn fallback(saga: &SagaDef) -> TokenStream {
     item.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
     let generic = !saga.item.generics.params.is_empty();
     let value: Type = syn::parse_quote!(#rt::Value);
+    pad_outcome_params(saga, &mut item, &value);
 
     // Best guesses for the saga's input and output, even when the numbering
     // is wrong: `Value` would turn every typed use of the saga into a
@@ -216,6 +247,34 @@ pub fn fallback(saga: &SagaDef) -> TokenStream {
         }
         #cancellable
         #generated_types
+    }
+}
+
+/// A compensation's `Outcome<..>` with other than two type arguments is
+/// reported (`check.rs`); left so in the impl emitted beside the error,
+/// the compiler would report it again. Given two (the first ones written,
+/// then `Value`), it is the one error.
+fn pad_outcome_params(saga: &SagaDef, item: &mut syn::ItemImpl, value: &Type) {
+    let malformed = saga
+        .compensations
+        .iter()
+        .filter(|c| c.outcome.as_ref().is_some_and(|o| o.args.is_none()));
+    for comp in malformed {
+        for impl_item in &mut item.items {
+            let syn::ImplItem::Fn(method) = impl_item else {
+                continue;
+            };
+            if method.sig.ident != comp.ident {
+                continue;
+            }
+            let first = method.sig.inputs.iter_mut().find_map(|arg| match arg {
+                syn::FnArg::Typed(pat) => Some(pat),
+                syn::FnArg::Receiver(_) => None,
+            });
+            if let Some(param) = first {
+                outcome_args(&mut param.ty, |args| args.resize(2, value.clone()));
+            }
+        }
     }
 }
 
@@ -359,10 +418,12 @@ fn step_definition(saga: &SagaDef, step: &StepDef) -> TokenStream {
                 Some(policy) => retry_policy(&rt, Some(policy)),
                 None => retry.clone(),
             };
+            let handles_unknown = comp.outcome.is_some();
             quote! {
                 ::core::option::Option::Some(#rt::CompensationDefinition {
                     name: #comp_name,
                     retry: #comp_retry,
+                    handles_unknown: #handles_unknown,
                 })
             }
         }
@@ -492,9 +553,33 @@ fn type_checks(saga: &SagaDef) -> TokenStream {
             if stored.insert(type_to_string(output)) {
                 clause(output, quote!(#rt::StepOutput<#n>), None);
             }
-            if let Some(param) = saga.compensation_of(step).and_then(|c| c.param.as_ref()) {
-                clause(param, quote!(#rt::UndoesOutputOf<#n,), Some(output));
+        }
+        let Some(comp) = saga.compensation_of(step) else {
+            continue;
+        };
+        let outcome = comp.outcome.as_ref().and_then(|o| o.args.as_ref());
+        match (&comp.param, outcome) {
+            // `Outcome<Output, Input>`: each argument checked on its own,
+            // so a wrong one is one error, on it.
+            (Some(param), Some((completed, unknown))) => {
+                if let Some(output) = &step.output {
+                    clause(
+                        completed,
+                        quote!(#rt::CompletedIsOutputOf<#n,),
+                        Some(output),
+                    );
+                }
+                if let Some(input) = &step.input {
+                    clause(unknown, quote!(#rt::UnknownIsInputOf<#n,), Some(input));
+                }
+                clause(param, quote!(#rt::IsOutcome), None);
             }
+            (Some(param), None) => {
+                if let Some(output) = &step.output {
+                    clause(param, quote!(#rt::UndoesOutputOf<#n,), Some(output));
+                }
+            }
+            (None, _) => {}
         }
     }
     for pair in steps.windows(2) {

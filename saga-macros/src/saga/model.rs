@@ -65,9 +65,22 @@ pub struct CompensationDef {
     pub ident: Ident,
     /// The step it undoes.
     pub target: Option<Ident>,
-    /// Its parameter: the step's output.
+    /// Its parameter: the step's output, or `Outcome<Output, Input>`.
     pub param: Option<Type>,
+    /// Set when `param` is written `Outcome<..>`: the compensation also
+    /// undoes an attempt of its step whose outcome was lost.
+    pub outcome: Option<OutcomeParam>,
     pub takes_ctx: bool,
+}
+
+/// A compensation's parameter written `Outcome<..>`.
+#[derive(Clone)]
+pub struct OutcomeParam {
+    /// The two type arguments, `Outcome<Output, Input>`; `None` when not
+    /// exactly two types are written (reported by `check`).
+    pub args: Option<(Type, Type)>,
+    /// The arguments as written (`<..>`), where an error about them goes.
+    pub written: TokenStream,
 }
 
 #[derive(Clone)]

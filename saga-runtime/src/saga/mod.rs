@@ -15,8 +15,14 @@ use crate::context::StepContext;
 use crate::error::StepError;
 use crate::policy::RetryPolicy;
 
+mod outcome;
 mod registry;
 pub(crate) mod state_machine;
+
+pub use outcome::Outcome;
+pub(crate) use outcome::{completed_json, unknown_json};
+#[doc(hidden)]
+pub use outcome::{CompletedIsOutputOf, IsOutcome, UnknownIsInputOf};
 
 pub(crate) use registry::SagaRegistry;
 
@@ -88,6 +94,13 @@ pub struct CompensationDefinition {
     pub name: &'static str,
     /// `#[compensation_retry_policy]`, or else the step's own policy.
     pub retry: RetryPolicy,
+    /// Whether it takes [`Outcome`]: it is then also called for a step
+    /// whose attempt began and whose outcome was lost
+    /// ([`StepRecord::lost_outcomes`](crate::StepRecord::lost_outcomes)),
+    /// with `{"Unknown": input}`, and with `{"Completed": output}` for a
+    /// completed one; otherwise with the output alone, for completed steps
+    /// only.
+    pub handles_unknown: bool,
 }
 
 /// A saga: implemented by `#[saga]`, not by hand.
@@ -152,7 +165,10 @@ pub trait Saga: Send + Sync + 'static {
         ctx: &'a StepContext,
     ) -> BoxFuture<'a, Result<Value, StepError>>;
 
-    /// Runs the compensation of step `order` on the step's JSON output.
+    /// Runs the compensation of step `order` on the step's JSON output
+    /// (for a compensation that [handles unknown
+    /// outcomes](CompensationDefinition::handles_unknown), the JSON of an
+    /// [`Outcome`]).
     fn compensate_step<'a>(
         &'a self,
         order: u32,

@@ -27,7 +27,7 @@ use crate::model::task::{
     AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus, Timestamp,
 };
 use crate::policy::{Backoff, OnExhausted, RetryPolicy};
-use crate::saga::SagaDefinition;
+use crate::saga::{completed_json, unknown_json, SagaDefinition};
 
 /// Whether an attempt runs a step or its compensation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,13 +64,26 @@ impl Call {
 
     /// The call's JSON input: the saga's input for step 1, the previous
     /// step's output for later steps, the step's own output for its
-    /// compensation.
-    pub fn input(&self, task: &TaskInstance) -> Value {
+    /// compensation; for a compensation that takes [`Outcome`](crate::Outcome),
+    /// that output as `Outcome::Completed`, or the step's input as
+    /// `Outcome::Unknown` when the step has no output (what it did was
+    /// lost).
+    pub fn input(&self, def: &SagaDefinition, task: &TaskInstance) -> Value {
         let output = |i: usize| task.steps[i].output.clone().unwrap_or(Value::Null);
-        match (self.phase, self.idx) {
-            (Phase::Step, 0) => task.input.clone(),
-            (Phase::Step, i) => output(i - 1),
-            (Phase::Compensation, i) => output(i),
+        let step_input = |i: usize| match i {
+            0 => task.input.clone(),
+            i => output(i - 1),
+        };
+        let i = self.idx;
+        let handles_unknown = def.steps[i]
+            .compensation
+            .as_ref()
+            .is_some_and(|c| c.handles_unknown);
+        match (self.phase, handles_unknown, &task.steps[i].output) {
+            (Phase::Step, ..) => step_input(i),
+            (Phase::Compensation, false, _) => output(i),
+            (Phase::Compensation, true, Some(out)) => completed_json(out.clone()),
+            (Phase::Compensation, true, None) => unknown_json(step_input(i)),
         }
     }
 }

@@ -36,7 +36,11 @@ const fn step(
 }
 
 const fn undo(name: &'static str, retry: RetryPolicy) -> Option<CompensationDefinition> {
-    Some(CompensationDefinition { name, retry })
+    Some(CompensationDefinition {
+        name,
+        retry,
+        handles_unknown: false,
+    })
 }
 
 /// The main saga:
@@ -474,7 +478,7 @@ fn plan_on_a_fresh_task_calls_step_one_and_changes_nothing() {
     assert_eq!(t, before, "planning a call mutates nothing");
     assert_eq!(call.method(&BOOK), "reserve");
     assert_eq!(call.policy(&BOOK), BOOK.steps[0].retry);
-    assert_eq!(call.input(&t), json!({"input": "book"}));
+    assert_eq!(call.input(&BOOK, &t), json!({"input": "book"}));
 }
 
 #[test]
@@ -516,7 +520,7 @@ fn a_later_step_attempt_changes_no_task_status() {
     let call = expect_call(plan(&mut t, &BOOK, None, W));
     assert_eq!(call, step_call(1));
     assert_eq!(call.method(&BOOK), "charge");
-    assert_eq!(call.input(&t), out(0), "step 2 gets step 1's output");
+    assert_eq!(call.input(&BOOK, &t), out(0), "step 2 gets step 1's output");
     let attempt = record_attempt(&mut t, &BOOK, call);
     assert_eq!(attempt.claim, "charge:1");
     assert_eq!(t.status, T::Running);
@@ -541,16 +545,20 @@ fn calls_name_their_method_policy_and_input_for_steps_and_compensations() {
         comp_call(2).policy(&BOOK),
         RetryPolicy::new(2, BackoffKind::Exponential, 50)
     );
-    assert_eq!(step_call(0).input(&t), json!({"input": "book"}));
-    assert_eq!(step_call(2).input(&t), out(1));
-    assert_eq!(step_call(3).input(&t), out(2));
+    assert_eq!(step_call(0).input(&BOOK, &t), json!({"input": "book"}));
+    assert_eq!(step_call(2).input(&BOOK, &t), out(1));
+    assert_eq!(step_call(3).input(&BOOK, &t), out(2));
     assert_eq!(
-        comp_call(2).input(&t),
+        comp_call(2).input(&BOOK, &t),
         out(2),
         "a compensation gets its step's output"
     );
-    assert_eq!(comp_call(0).input(&t), out(0));
-    assert_eq!(comp_call(3).input(&t), Value::Null, "no output yet: null");
+    assert_eq!(comp_call(0).input(&BOOK, &t), out(0));
+    assert_eq!(
+        comp_call(3).input(&BOOK, &t),
+        Value::Null,
+        "no output yet: null"
+    );
 }
 
 // -------------------------------------------------------------- success
@@ -584,7 +592,7 @@ fn a_middle_step_succeeding_records_its_output_and_moves_on_now() {
     assert_eq!(last(&t).worker.as_deref(), Some(W));
     let next = expect_call(plan(&mut t, &BOOK, None, W));
     assert_eq!(next, step_call(1));
-    assert_eq!(next.input(&t), out(0));
+    assert_eq!(next.input(&BOOK, &t), out(0));
 }
 
 #[test]
@@ -1697,7 +1705,7 @@ fn a_cancel_flag_on_a_running_task_whose_steps_all_completed_undoes_them_all() {
     let call = expect_call(plan(&mut t, &BOOK, Some(at), W));
     assert_eq!(call, comp_call(3));
     assert_eq!(call.method(&BOOK), "retract");
-    assert_eq!(call.input(&t), out(3));
+    assert_eq!(call.input(&BOOK, &t), out(3));
 }
 
 #[test]
@@ -2012,7 +2020,7 @@ fn compensation_runs_in_reverse_over_completed_steps_that_have_one() {
     let n = t.audit_log.len();
     let call = expect_call(plan(&mut t, &BOOK, None, W));
     assert_eq!(call, comp_call(2), "notify failed: ship is undone first");
-    assert_eq!(call.input(&t), out(2));
+    assert_eq!(call.input(&BOOK, &t), out(2));
     let a = record_attempt(&mut t, &BOOK, call);
     assert_eq!(
         a,
@@ -2039,7 +2047,7 @@ fn compensation_runs_in_reverse_over_completed_steps_that_have_one() {
     );
     let call = expect_call(plan(&mut t, &BOOK, None, W));
     assert_eq!(call, comp_call(0), "charge has no compensation: skipped");
-    assert_eq!(call.input(&t), out(0));
+    assert_eq!(call.input(&BOOK, &t), out(0));
     assert_eq!(record_attempt(&mut t, &BOOK, call).claim, "release:1");
     let e = on_outcome(&mut t, &BOOK, call, undone(), W);
     assert_effects(&e, NextMove::Stop, None, false);

@@ -391,6 +391,7 @@ mod tests {
             compensation: Some(CompensationDefinition {
                 name: "undo",
                 retry: RetryPolicy::NO_RETRY,
+                handles_unknown: false,
             }),
             circuit_breaker: None,
             timeout: None,

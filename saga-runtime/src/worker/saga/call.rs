@@ -42,6 +42,7 @@ impl Run<'_> {
             task_id: task.id,
             saga: self.def.name,
             step: method,
+            of_step: step.name,
             attempt,
             trace_id: task.trace_id.clone(),
             token: attempt_token.clone(),
@@ -56,7 +57,7 @@ impl Run<'_> {
             compensation = call.phase == Phase::Compensation,
         );
         crate::otel::continue_trace(&span, task.traceparent.as_deref(), Some(&task.trace_id));
-        let input = call.input(task);
+        let input = call.input(self.def, task);
         let invoke = async {
             match call.phase {
                 Phase::Step => self.saga.execute_step(step.order, input, &ctx).await,

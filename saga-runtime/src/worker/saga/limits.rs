@@ -36,7 +36,7 @@ impl Run<'_> {
             waiter: &waiter,
             wake: Some(wake),
         };
-        let input = call.input(task);
+        let input = call.input(self.def, task);
         let asked = match HeldLimits::acquire(self.rt, step.limits, &input, asker).await {
             Ok(asked) => asked,
             // The store could not be asked: wait a moment, as a limit

@@ -1,0 +1,28 @@
+//! `Outcome`'s first type argument is not the output of the step the
+//! compensation undoes.
+use saga_runtime::prelude::*;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct CreateZipRequest;
+#[derive(Serialize, Deserialize)]
+pub struct UploadResult;
+
+pub struct CreateZip;
+
+#[saga]
+impl CreateZip {
+    #[saga_step(1)]
+    async fn upload(&self, req: CreateZipRequest) -> Result<UploadResult, StepError> {
+        let _ = req;
+        Ok(UploadResult)
+    }
+
+    #[compensate(upload)]
+    async fn delete_upload(&self, out: Outcome<CreateZipRequest, CreateZipRequest>) -> Result<(), StepError> {
+        let _ = out;
+        Ok(())
+    }
+}
+
+fn main() {}
