@@ -250,7 +250,7 @@ mod names {
             Outcome::Cancelled { .. } => Some(Err("cancelled")),
             // Not the attempt's own outcome: it was stopped by a shutdown
             // (and is made again), or never ran.
-            Outcome::Interrupted
+            Outcome::Interrupted { .. }
             | Outcome::AlreadyClaimed
             | Outcome::CircuitOpen(_)
             | Outcome::CircuitWait { .. }

@@ -226,6 +226,18 @@ pub struct StepRecord {
     /// The same for the compensation's attempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alone_compensation: Option<u32>,
+    /// Attempts of the step that began and whose outcome is not known:
+    /// their worker died or lost its lease before recording it (a crash
+    /// forgiven as another message's counts too: forgiving spares the
+    /// retry budget, not the side effect), or they were dropped for
+    /// ignoring their timeout, a cancellation or a shutdown. Whatever
+    /// such an attempt did is still out there: a step that ends without
+    /// completing is then compensated all the same, as
+    /// [`Outcome::Unknown`](crate::Outcome::Unknown), by a compensation that
+    /// takes [`Outcome`](crate::Outcome). Written only once one is lost
+    /// (absent, it reads 0), so a step costs nothing more to record.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost_outcomes: u32,
     /// While the step waits for a flow-control limit: which, since when
     /// (kept here, not in the audit log a worker may load without).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,9 +264,21 @@ impl StepRecord {
             next_attempt_at: None,
             alone_attempt: None,
             alone_compensation: None,
+            lost_outcomes: 0,
             limit_wait: None,
         }
     }
+
+    /// Whether the step is to be compensated although it did not
+    /// complete: an attempt's outcome was lost, and the step has not
+    /// completed or been compensated since.
+    pub(crate) fn undone_unknown(&self) -> bool {
+        self.lost_outcomes > 0 && matches!(self.status, StepStatus::Pending | StepStatus::Failed)
+    }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl StepRecord {

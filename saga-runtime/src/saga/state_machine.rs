@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::error::StepErrorKind;
 use crate::model::task::{
@@ -156,11 +156,17 @@ pub(crate) enum Outcome {
     Succeeded(Value),
     /// It returned an error.
     Failed { error: String, kind: StepErrorKind },
-    /// It ran past its timeout and was cancelled and dropped; a transient
-    /// failure.
-    TimedOut { after: Duration },
-    /// The task's cancellation stopped it (steps only).
-    Cancelled { at: Timestamp, error: String },
+    /// It ran past its timeout and was cancelled; a transient failure.
+    /// `dropped`: it did not return within the stop grace and was
+    /// dropped, so what it did is not known (a lost outcome).
+    TimedOut { after: Duration, dropped: bool },
+    /// The task's cancellation stopped it (steps only); `dropped` as for
+    /// a timeout.
+    Cancelled {
+        at: Timestamp,
+        error: String,
+        dropped: bool,
+    },
     /// The circuit breaker refused the call; no attempt was made (steps only).
     CircuitOpen(String),
     /// The same for a breaker declared `when_open = wait`: the task is
@@ -179,8 +185,8 @@ pub(crate) enum Outcome {
     /// Its worker shut down gracefully and the attempt outlived the grace
     /// period: stopped by the engine, not failed. It is made again at once
     /// and does not count against the retry budget (a redeploy must not
-    /// fail a step that allows no retries).
-    Interrupted,
+    /// fail a step that allows no retries). `dropped` as for a timeout.
+    Interrupted { dropped: bool },
 }
 
 /// The attempt just recorded by [`record_attempt`].
@@ -262,31 +268,6 @@ fn plan_step(task: &mut TaskInstance, def: &SagaDefinition, worker: &str) -> Pla
     Plan::Call(call)
 }
 
-fn plan_compensation(task: &mut TaskInstance, def: &SagaDefinition, worker: &str) -> Plan {
-    let Some(idx) = next_compensable(task, def) else {
-        finish_or_compensate(task, def);
-        return Plan::Commit(Effects::continue_or_stop(task));
-    };
-    let call = Call {
-        phase: Phase::Compensation,
-        idx,
-    };
-    let rec = &task.steps[idx];
-    if rec.status == StepStatus::Compensating
-        && rec.compensation_attempts > 0
-        && rec.next_attempt_at.is_none()
-    {
-        abandoned(task, def, call, worker);
-    }
-    let rec = &task.steps[idx];
-    if rec.compensation_attempts - rec.compensation_retry_base > call.policy(def).max_retries {
-        let error = rec.compensation_error.clone().unwrap_or_default();
-        compensation_failed(task, def, idx, error);
-        return Plan::Commit(Effects::next(NextMove::Stop));
-    }
-    Plan::Call(call)
-}
-
 /// The last attempt began (it was recorded) but never reported back: its
 /// worker died, hung past its lease, or lost the lease. It counts as a
 /// failed attempt.
@@ -303,6 +284,7 @@ fn abandoned(task: &mut TaskInstance, def: &SagaDefinition, call: Call, worker: 
         Phase::Step => {
             rec.status = StepStatus::Pending;
             rec.error = Some(error.clone());
+            rec.lost_outcomes += 1;
         }
         Phase::Compensation => rec.compensation_error = Some(error.clone()),
     }
@@ -405,9 +387,10 @@ fn step_outcome(
                 guard: Some(before),
             };
         }
-        Outcome::Cancelled { at, error } => {
+        Outcome::Cancelled { at, error, dropped } => {
             let error = format!("cancelled: {error}");
             let rec = &mut task.steps[idx];
+            rec.lost_outcomes += u32::from(dropped);
             rec.status = StepStatus::Failed;
             rec.error = Some(error.clone());
             task.audit(failed(Phase::Step, name, attempt, &error, None, true).worker(worker));
@@ -442,15 +425,19 @@ fn step_outcome(
             rec.status = StepStatus::Pending;
             return Effects::next(NextMove::Now);
         }
-        Outcome::Interrupted => {
+        Outcome::Interrupted { dropped } => {
             task.audit(interrupted(name, attempt, worker));
             let rec = &mut task.steps[idx];
             rec.retry_base += 1;
+            rec.lost_outcomes += u32::from(dropped);
             rec.status = StepStatus::Pending;
             return Effects::next(NextMove::Now);
         }
         Outcome::Failed { error, kind } => (error, kind),
-        Outcome::TimedOut { after } => (timed_out(after), StepErrorKind::Transient),
+        Outcome::TimedOut { after, dropped } => {
+            task.steps[idx].lost_outcomes += u32::from(dropped);
+            (timed_out(after), StepErrorKind::Transient)
+        }
     };
     task.steps[idx].error = Some(error.clone());
     match kind {
@@ -480,87 +467,6 @@ fn step_outcome(
     }
 }
 
-fn compensation_outcome(
-    task: &mut TaskInstance,
-    def: &SagaDefinition,
-    call: Call,
-    outcome: Outcome,
-    worker: &str,
-) -> Effects {
-    let idx = call.idx;
-    let method = call.method(def);
-    let attempt = task.steps[idx].compensation_attempts;
-    let (error, retryable) = match outcome {
-        Outcome::Succeeded(_) => {
-            task.steps[idx].status = StepStatus::Compensated;
-            task.audit(
-                AuditEntry::new(AuditAction::StepCompensated)
-                    .step(def.steps[idx].name)
-                    .attempt(attempt)
-                    .worker(worker),
-            );
-            if next_compensable(task, def).is_none() {
-                finish_or_compensate(task, def);
-            }
-            return Effects::continue_or_stop(task);
-        }
-        Outcome::Interrupted => {
-            task.audit(interrupted(method, attempt, worker));
-            let rec = &mut task.steps[idx];
-            rec.compensation_retry_base += 1;
-            // Due now: a compensation with no next attempt due is one that
-            // never reported back.
-            rec.next_attempt_at = Some(Timestamp::now());
-            return Effects::next(NextMove::Now);
-        }
-        Outcome::Failed { error, kind } => (error, kind == StepErrorKind::Transient),
-        Outcome::TimedOut { after } => (timed_out(after), true),
-        Outcome::AlreadyClaimed => (
-            format!(
-                "attempt {attempt} of `{method}` was already claimed; counted as failed \
-                 instead of running twice"
-            ),
-            true,
-        ),
-        // Compensation never sees the task's cancellation and has no
-        // breaker; treat these defensively as failures.
-        Outcome::Cancelled { error, .. }
-        | Outcome::CircuitOpen(error)
-        | Outcome::CircuitWait { error, .. } => (error, true),
-        Outcome::LimitWait(waiting) => (waiting.to_string(), true),
-    };
-    task.steps[idx].compensation_error = Some(error.clone());
-    let used = attempt - task.steps[idx].compensation_retry_base;
-    let delay = if retryable {
-        call.policy(def)
-            .schedule(used.saturating_sub(1))
-            .next_backoff()
-    } else {
-        None
-    };
-    task.audit(
-        failed(
-            Phase::Compensation,
-            method,
-            attempt,
-            &error,
-            delay,
-            !retryable,
-        )
-        .worker(worker),
-    );
-    match delay {
-        Some(delay) => {
-            task.steps[idx].next_attempt_at = Some(after(delay));
-            Effects::next(retry(delay))
-        }
-        None => {
-            compensation_failed(task, def, idx, error);
-            Effects::next(NextMove::Stop)
-        }
-    }
-}
-
 /// A poison message: its deliveries kept killing their workers. The task is
 /// parked on the dead-letter queue; an operator requeues it once fixed.
 pub(crate) fn poisoned(task: &mut TaskInstance, def: &SagaDefinition, deliveries: u32) -> Effects {
@@ -577,6 +483,8 @@ pub(crate) fn poisoned(task: &mut TaskInstance, def: &SagaDefinition, deliveries
     if let Some(idx) = step {
         let rec = &mut task.steps[idx];
         if rec.status == StepStatus::Running {
+            // Its worker died in it, as every delivery's did.
+            rec.lost_outcomes += 1;
             rec.status = StepStatus::Failed;
             rec.error = Some(reason.clone());
         }
@@ -600,11 +508,16 @@ pub(crate) fn park(task: &mut TaskInstance, reason: &str) {
     task.set_status(TaskStatus::DeadLettered);
 }
 
-/// Records a cancellation and moves to compensating the completed steps (or
-/// straight to `Cancelled` when there is nothing to undo).
+/// Records a cancellation and moves to compensating the completed steps
+/// and those whose outcome was lost (or straight to `Cancelled` when there
+/// is nothing to undo).
 pub(crate) fn begin_cancel(task: &mut TaskInstance, def: &SagaDefinition, at: Timestamp) {
     task.cancelled_at = Some(at);
     for rec in &mut task.steps {
+        // An attempt recorded as running when the cancellation is applied
+        // (under the lease) is one whose worker is gone: its outcome was
+        // lost.
+        rec.lost_outcomes += u32::from(rec.status == StepStatus::Running);
         // A step waiting for its retry (or whose attempt never reported
         // back) will not run again.
         if matches!(rec.status, StepStatus::Running)
@@ -619,27 +532,6 @@ pub(crate) fn begin_cancel(task: &mut TaskInstance, def: &SagaDefinition, at: Ti
     let trace = task.trace_id.clone();
     task.audit(AuditEntry::new(AuditAction::CancellationRequested).trace(&trace));
     finish_or_compensate(task, def);
-}
-
-/// Moves to `Compensating` if a completed step has a compensation, else
-/// straight to the final status.
-fn finish_or_compensate(task: &mut TaskInstance, def: &SagaDefinition) {
-    if next_compensable(task, def).is_some() {
-        task.set_status(TaskStatus::Compensating);
-    } else if task.cancelled_at.is_some() {
-        task.set_status(TaskStatus::Cancelled);
-    } else {
-        task.set_status(TaskStatus::Compensated);
-    }
-}
-
-/// The last completed step that has a compensation (or whose compensation
-/// is under way).
-fn next_compensable(task: &TaskInstance, def: &SagaDefinition) -> Option<usize> {
-    task.steps.iter().enumerate().rev().find_map(|(i, rec)| {
-        let has = def.steps.get(i).is_some_and(|d| d.compensation.is_some());
-        (has && matches!(rec.status, StepStatus::Completed | StepStatus::Compensating)).then_some(i)
-    })
 }
 
 /// The step used up its retries (or failed permanently): its
@@ -685,42 +577,6 @@ fn exhausted(
         guard: before,
         ..Effects::continue_or_stop(task)
     }
-}
-
-/// A compensation failed for good: the terminal `CompensationFailed`, with
-/// everything an operator needs in the step record and the audit log.
-fn compensation_failed(task: &mut TaskInstance, def: &SagaDefinition, idx: usize, error: String) {
-    let step_name = def.steps[idx].name;
-    let trace_id = task.trace_id.clone();
-    let rec = &mut task.steps[idx];
-    rec.status = StepStatus::CompensationFailed;
-    rec.next_attempt_at = None;
-    rec.compensation_error = Some(error.clone());
-    rec.trace_id = Some(trace_id.clone());
-    let details = json!({
-        "step": step_name,
-        "error": error,
-        "trace_id": trace_id,
-        "attempt_count": rec.attempt_count,
-        "compensation_attempts": rec.compensation_attempts,
-    });
-    let attempts = rec.compensation_attempts;
-    tracing::error!(
-        task_id = %task.id, saga = def.name, step = step_name, %trace_id, %error,
-        "compensation FAILED; manual intervention required"
-    );
-    task.error = Some(format!(
-        "compensation of step `{step_name}` failed: {error}"
-    ));
-    task.audit(
-        AuditEntry::new(AuditAction::CompensationFailed)
-            .step(step_name)
-            .attempt(attempts)
-            .error(&error)
-            .trace(&trace_id)
-            .details(details.to_string()),
-    );
-    task.set_status(TaskStatus::CompensationFailed);
 }
 
 fn timed_out(after: Duration) -> String {
@@ -770,6 +626,8 @@ fn failed(
 
 mod breaker;
 pub(crate) use breaker::on_probe_outcome;
+mod compensation;
+use compensation::{compensation_outcome, finish_or_compensate, plan_compensation};
 mod limit;
 pub(crate) use limit::{waiting_since, Waiting};
 

@@ -56,7 +56,10 @@ pub(crate) fn on_probe_outcome(
             error,
             kind: StepErrorKind::Transient,
         } => error.clone(),
-        Outcome::TimedOut { after } => super::timed_out(*after),
+        Outcome::TimedOut { after, dropped } => {
+            task.steps[call.idx].lost_outcomes += u32::from(*dropped);
+            super::timed_out(*after)
+        }
         _ => return on_outcome(task, def, call, outcome, worker),
     };
     probe_failed(task, def, call.idx, config, error, worker)

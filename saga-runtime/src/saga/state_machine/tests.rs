@@ -1179,6 +1179,7 @@ fn a_timeout_is_a_transient_failure_that_names_the_timeout() {
         &BOOK,
         Outcome::TimedOut {
             after: Duration::from_secs(30),
+            dropped: false,
         },
     );
     let error = "attempt timed out after 30s and was cancelled";
@@ -1196,7 +1197,14 @@ fn a_timeout_is_a_transient_failure_that_names_the_timeout() {
     );
     assert_eq!(last(&t).error.as_deref(), Some(error));
 
-    let ran = run(&mut t, &BOOK, Outcome::TimedOut { after: ms(1500) });
+    let ran = run(
+        &mut t,
+        &BOOK,
+        Outcome::TimedOut {
+            after: ms(1500),
+            dropped: false,
+        },
+    );
     assert_effects(&ran.effects, after_ms(400), None, false);
     assert_eq!(
         t.steps[0].error.as_deref(),
@@ -1207,7 +1215,14 @@ fn a_timeout_is_a_transient_failure_that_names_the_timeout() {
 #[test]
 fn a_timeout_on_the_last_allowed_attempt_exhausts() {
     let mut t = fresh(&ONCE);
-    let ran = run(&mut t, &ONCE, Outcome::TimedOut { after: ms(5000) });
+    let ran = run(
+        &mut t,
+        &ONCE,
+        Outcome::TimedOut {
+            after: ms(5000),
+            dropped: false,
+        },
+    );
     assert_effects(&ran.effects, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Compensated);
     assert_eq!(t.steps[0].status, S::Failed);
@@ -1719,6 +1734,7 @@ fn a_cancelled_outcome_fails_the_step_and_begins_cancellation() {
         Outcome::Cancelled {
             at,
             error: "render aborted".into(),
+            dropped: false,
         },
     );
     assert_eq!(ran.call, step_call(1));
@@ -1759,6 +1775,7 @@ fn a_cancelled_outcome_on_the_first_step_ends_cancelled() {
         Outcome::Cancelled {
             at: Timestamp(9),
             error: "stopped".into(),
+            dropped: false,
         },
     );
     assert_effects(&ran.effects, NextMove::Stop, None, false);
@@ -2211,7 +2228,14 @@ fn a_compensation_timing_out_on_its_last_attempt_fails_it() {
     begin_cancel(&mut t, &FAIL2, Timestamp(2));
     assert_eq!(t.status, T::Compensating);
     let n = t.audit_log.len();
-    let ran = run(&mut t, &FAIL2, Outcome::TimedOut { after: ms(250) });
+    let ran = run(
+        &mut t,
+        &FAIL2,
+        Outcome::TimedOut {
+            after: ms(250),
+            dropped: false,
+        },
+    );
     assert_eq!(ran.call, comp_call(0));
     assert_eq!(ran.attempt.claim, "undo_first:1");
     let error = "attempt timed out after 250ms and was cancelled";
@@ -2291,7 +2315,14 @@ fn a_zero_delay_compensation_retry_is_due_now_and_not_taken_for_abandoned() {
 fn a_timed_out_compensation_is_retried() {
     let mut t = book_compensating();
     let n = t.audit_log.len();
-    let ran = run(&mut t, &BOOK, Outcome::TimedOut { after: ms(2000) });
+    let ran = run(
+        &mut t,
+        &BOOK,
+        Outcome::TimedOut {
+            after: ms(2000),
+            dropped: false,
+        },
+    );
     assert_effects(&ran.effects, after_ms(50), None, false);
     let error = "attempt timed out after 2s and was cancelled";
     assert_eq!(t.steps[2].compensation_error.as_deref(), Some(error));
@@ -2309,6 +2340,7 @@ fn cancelled_and_circuit_open_compensation_outcomes_count_as_transient_failures(
         Outcome::Cancelled {
             at: Timestamp(1),
             error: "stopped".into(),
+            dropped: false,
         },
     );
     assert_effects(&ran.effects, after_ms(50), None, false);
@@ -2807,7 +2839,7 @@ fn a_refused_compensation_decision_cancelled_on_its_guard_ends_cancelled() {
 #[test]
 fn an_interrupted_step_attempt_is_made_again_now_without_spending_the_budget() {
     let mut t = fresh(&ONCE); // max_retries = 0: one real call
-    let ran = run(&mut t, &ONCE, Outcome::Interrupted);
+    let ran = run(&mut t, &ONCE, Outcome::Interrupted { dropped: false });
     assert_eq!(ran.attempt.claim, "only:1");
     assert_effects(&ran.effects, NextMove::Now, None, false);
     let rec = &t.steps[0];
@@ -2838,7 +2870,7 @@ fn an_interrupted_step_attempt_is_made_again_now_without_spending_the_budget() {
 fn an_interrupted_compensation_is_made_again_now_without_spending_the_budget() {
     let mut t = completed(&FAIL2, 1);
     begin_cancel(&mut t, &FAIL2, Timestamp(10)); // compensation: no retries
-    let ran = run(&mut t, &FAIL2, Outcome::Interrupted);
+    let ran = run(&mut t, &FAIL2, Outcome::Interrupted { dropped: false });
     assert_eq!(ran.call, comp_call(0));
     assert_effects(&ran.effects, NextMove::Now, None, false);
     let rec = &t.steps[0];
@@ -2964,7 +2996,14 @@ fn failed_probes_of_a_breaker_that_waits_spend_no_retry_however_many() {
             .starts_with("half-open probe failed: not counted"));
     }
     // A timed-out probe is a failed probe too.
-    probe(&mut t, &WAITS, Outcome::TimedOut { after: ms(500) });
+    probe(
+        &mut t,
+        &WAITS,
+        Outcome::TimedOut {
+            after: ms(500),
+            dropped: false,
+        },
+    );
     assert_eq!(t.steps[0].attempt_count - t.steps[0].retry_base, 1);
     // The dependency is back: the next probe completes the task.
     let ran = probe(&mut t, &WAITS, succeeded(0));
@@ -3094,3 +3133,6 @@ fn a_wait_for_another_limit_is_a_new_wait() {
         .collect();
     assert_eq!(limits, ["psp", "mail"]);
 }
+
+#[path = "tests_unknown.rs"]
+mod unknown;

@@ -113,6 +113,7 @@ impl Run<'_> {
                     Err(error) if cancellable && running.token.is_cancelled() => Outcome::Cancelled {
                         at: heartbeat.cancelled_at().await,
                         error: error.to_string(),
+                        dropped: false,
                     },
                     Err(error) => Outcome::Failed { error: error.to_string(), kind: error.kind() },
                 });
@@ -132,13 +133,19 @@ impl Run<'_> {
         if late.is_none() {
             tracing::warn!(task_id = %task.id, step = method, attempt, ?grace, "the attempt ignored its cancellation; dropped");
         }
+        // Dropped half-way: what it did is not known.
+        let dropped = late.is_none();
         Ok(match (stop, late) {
             // It finished its work during the grace: keep the result rather
             // than redo a side effect that happened.
             (_, Some(Ok(output))) => Outcome::Succeeded(output),
-            (Stop::TimedOut, _) => Outcome::TimedOut { after: timeout },
-            (Stop::Interrupted, _) => Outcome::Interrupted,
+            (Stop::TimedOut, _) => Outcome::TimedOut {
+                after: timeout,
+                dropped,
+            },
+            (Stop::Interrupted, _) => Outcome::Interrupted { dropped },
             (Stop::Cancelled, late) => Outcome::Cancelled {
+                dropped,
                 at: heartbeat.cancelled_at().await,
                 error: match late {
                     Some(Err(error)) => error.to_string(),
