@@ -21,10 +21,12 @@
 //! before it succeeded; a completed task ran every step to success and no
 //! compensation; a compensated, cancelled or failed task has no step whose
 //! success was recorded left uncompensated, and its compensations
-//! succeeded in reverse order; no body runs once its task ended. (A
-//! success lost with a crash, before the task was cancelled or the step
-//! ran out of retries, is not compensated by the engine, which cannot know
-//! of it: the report lists those, [`TaskReport::uncompensated`].) A run that breaks one fails
+//! succeeded in reverse order; a compensated or cancelled task has no step
+//! whose success was lost with a crash left uncompensated either, when
+//! that step's compensation takes [`Outcome`](crate::Outcome); no body
+//! runs once its task ended. (A compensation that takes the step's output
+//! has nothing to be called with for a success lost with a crash: the
+//! report lists such steps, [`TaskReport::uncompensated`].) A run that breaks one fails
 //! with the seed, and [`FaultKit::seed`] (or `SAGA_FAULT_SEED=n`) replays
 //! it exactly: decisions depend only on the seed and on each task's own
 //! history, and the clock is virtual.

@@ -88,8 +88,12 @@ pub struct TaskReport {
     /// Steps whose body succeeded at least once yet that the task ended
     /// neither completed nor compensated: the success was lost with a
     /// crash, then the task was cancelled or the step's retries ran out,
-    /// so the engine, which compensates only recorded successes, left the
-    /// side effect in place. Not an engine invariant; for your books.
+    /// and the step's compensation takes the step's output, so the engine
+    /// had nothing to call it with and left the side effect in place (or
+    /// the task ended `Failed`, which compensates nothing). Empty for a
+    /// saga whose compensations take [`Outcome`](crate::Outcome): the
+    /// engine undoes those steps as `Outcome::Unknown`, and the kit fails
+    /// a run where it did not. For your books.
     pub uncompensated: Vec<String>,
 }
 
@@ -320,6 +324,11 @@ fn check_task(
             .iter()
             .any(|e| e.phase == Phase::Compensation && e.order == order && e.ok == Some(true))
     };
+    let succeeded = |order: u32| {
+        log.events
+            .iter()
+            .any(|e| e.phase == Phase::Step && e.order == order && e.ok == Some(true))
+    };
     match task.status {
         TaskStatus::Completed => {
             if done as usize != def.steps.len() {
@@ -343,6 +352,20 @@ fn check_task(
                 }
                 if compensable && rec.status == StepStatus::Compensated && !undone(step.order) {
                     v.push(format!("{who}: step `{}` is marked compensated, but its compensation never succeeded", step.name));
+                }
+                let handles_unknown = step
+                    .compensation
+                    .as_ref()
+                    .is_some_and(|c| c.handles_unknown);
+                if handles_unknown
+                    && task.status != TaskStatus::Failed
+                    && succeeded(step.order)
+                    && !undone(step.order)
+                {
+                    v.push(format!(
+                        "{who} ended {:?} with step `{}` succeeded (its success lost with a crash) and never compensated, though its compensation takes `Outcome`",
+                        task.status, step.name
+                    ));
                 }
             }
         }
