@@ -71,6 +71,37 @@ pub fn compensation_retry_policy(args: TokenStream, item: TokenStream) -> TokenS
 }
 
 /// Marks the method that undoes a step: `#[compensate(upload_to_s3)]`.
+///
+/// ```ignore
+/// // Called for a completed step, with its output:
+/// #[compensate(upload)]
+/// async fn delete_upload(&self, uploaded: Uploaded, ctx: &StepContext) -> Result<(), StepError> { .. }
+///
+/// // Also called for a step whose attempt began and whose outcome was lost
+/// // (its worker died between the side effect and the write that records
+/// // it), with the step's input: the compiler's exhaustiveness check says
+/// // what it must handle.
+/// #[compensate(charge)]
+/// async fn refund(&self, out: Outcome<Charged, Order>, ctx: &StepContext) -> Result<(), StepError> {
+///     match out {
+///         Outcome::Completed(charged) => self.psp.refund(&charged.id).await,
+///         Outcome::Unknown(_order) => self.psp.refund_by_key(&ctx.step_idempotency_key()).await,
+///     }
+/// }
+/// ```
+///
+/// Compensations run in reverse step order after a step fails for good
+/// (`on_exhausted = compensate`) or the task is cancelled: every step that
+/// completed, and, for a compensation taking `Outcome<Output, Input>` (the
+/// step's output, then its input; `#[saga]` checks both), every step whose
+/// outcome was lost. A step known to have failed is not compensated.
+///
+/// Compensations run **at least once**: one whose worker dies before its
+/// outcome is written runs again, and `Outcome::Unknown` may stand for an
+/// attempt that did nothing. Make them idempotent: undo by
+/// `ctx.step_idempotency_key()` (the key the step handed to its services)
+/// whatever was done under it, if anything, and give the compensation's own
+/// requests `ctx.idempotency_key()`.
 #[proc_macro_attribute]
 pub fn compensate(args: TokenStream, item: TokenStream) -> TokenStream {
     helpers::standalone("compensate", args.into(), item.into()).into()
