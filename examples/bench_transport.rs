@@ -396,6 +396,50 @@ async fn through_engine(b: &Broker, store_url: &str, n: u64, workers: usize, tag
     rate
 }
 
+/// The store's own ceiling for the same work: the messages published
+/// in-process (64 at a time), no broker.
+async fn in_process(store_url: &str, n: u64, workers: usize, tag: &str) -> f64 {
+    let engine = Engine::builder()
+        .backend_arc(store(store_url, tag).await)
+        .process_manager(Counter)
+        .worker_concurrency(16)
+        .workers(workers)
+        .build()
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let ids: Vec<u64> = (0..n).collect();
+    for chunk in ids.chunks(64) {
+        let sends = chunk.iter().map(|i| {
+            let m = Counted {
+                id: format!("i-{}", i % INSTANCES),
+                n: *i,
+            };
+            let engine = engine.clone();
+            async move { engine.publish(m).await.unwrap() }
+        });
+        futures::future::join_all(sends).await;
+    }
+    loop {
+        let mut total = 0;
+        for i in 0..INSTANCES {
+            total += engine
+                .process_state::<Counter>(&format!("i-{i}"))
+                .await
+                .ok()
+                .flatten()
+                .map_or(0, |c| c.n);
+        }
+        if total >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    engine.shutdown().await;
+    rate
+}
+
 /// The relay: `n` messages sent by handlers (each `Noted` sends one to
 /// `outbox`) drained to the broker by one relay; the time from the first
 /// publish to the last message on the broker.
@@ -482,6 +526,18 @@ async fn main() {
         .filter_map(|(k, v)| v.map(|v| (k, v)))
         .collect();
     let run = std::process::id();
+    for (store_name, url) in &stores {
+        for workers in [1, 4] {
+            let rate = in_process(
+                url,
+                n,
+                workers,
+                &format!("inproc{store_name}{workers}w{run}"),
+            )
+            .await;
+            println!("{store_name}, {workers} workers x 16, published in-process (no broker): {rate:.0} msg/s");
+        }
+    }
     for b in &brokers {
         let (published, consumed) = plain_loop(b, n, &format!("{}{run}", b.name())).await;
         println!("{}: plain confirmed publish {published:.0} msg/s, plain consume+ack {consumed:.0} msg/s", b.name());

@@ -45,4 +45,20 @@ pub trait Outbound: Send {
     /// engine opens another.
     async fn publish(&mut self, to: &Destination, message: &Outgoing)
         -> Result<(), TransportError>;
+
+    /// Publishes `messages` to `to` in order, and returns once the broker
+    /// confirmed them all, or with how many it confirmed (in order) before
+    /// the first that it did not, and why. A broker that keeps a channel's
+    /// order may send them all before waiting (one wait for many): the
+    /// default publishes one at a time.
+    async fn publish_all(
+        &mut self,
+        to: &Destination,
+        messages: &[Outgoing],
+    ) -> Result<(), (usize, TransportError)> {
+        for (n, message) in messages.iter().enumerate() {
+            self.publish(to, message).await.map_err(|e| (n, e))?;
+        }
+        Ok(())
+    }
 }

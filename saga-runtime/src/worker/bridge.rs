@@ -62,6 +62,30 @@ enum Write {
     Nothing,
 }
 
+/// Whether the store's queue has room, asked at most every
+/// [`ROOM_EVERY`] (one round trip per batch cost more than the batch's
+/// own write when batches are small).
+#[derive(Default)]
+struct Room {
+    asked: Option<(tokio::time::Instant, bool)>,
+}
+
+/// How long an answer about the store's backlog stands.
+const ROOM_EVERY: Duration = Duration::from_millis(250);
+
+impl Room {
+    async fn left(&mut self, bridge: &Bridge) -> bool {
+        match self.asked {
+            Some((at, room)) if at.elapsed() < ROOM_EVERY => room,
+            _ => {
+                let room = bridge.has_room().await;
+                self.asked = Some((tokio::time::Instant::now(), room));
+                room
+            }
+        }
+    }
+}
+
 /// Doubling pauses after failures, from 50 ms to 5 s.
 struct Pause(Duration);
 
@@ -127,8 +151,9 @@ impl Bridge {
         lease: &mut HeldLease,
     ) -> Result<(), TransportError> {
         let rt = &self.rt;
+        let mut room = Room::default();
         while !rt.shutdown.is_cancelled() && lease.holds(rt.leases()).await {
-            if !self.room().await {
+            if !room.left(self).await {
                 self.sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -153,7 +178,7 @@ impl Bridge {
     }
 
     /// Whether the store's queue has room for more (see the module docs).
-    async fn room(&self) -> bool {
+    async fn has_room(&self) -> bool {
         let bound = self.rt.settings.transport_backlog;
         match self.rt.backend.queue_stats().await {
             Ok(Some(stats)) => stats.processes.depth + stats.sagas.depth < bound,

@@ -41,14 +41,8 @@ pub(crate) struct Relay {
     pub to: Destination,
 }
 
-/// How a message's publish went.
-enum Sent {
-    /// Confirmed, or given up on (parked): settle it.
-    Settle(Option<String>),
-    /// Not yet: try again after a pause (the publisher is to be opened
-    /// again if it failed).
-    Again { reopen: bool },
-}
+/// Messages published in one go (one broker wait for all of them).
+const BATCH: usize = 64;
 
 impl Relay {
     fn endpoint(&self) -> &str {
@@ -87,43 +81,12 @@ impl Relay {
                     tracing::debug!(relay = %self.label(), %error, "trimming the endpoint failed");
                 }
             }
-            let received = endpoints
-                .endpoint_receive(
-                    self.endpoint(),
-                    &self.group(),
-                    &rt.instance,
-                    rt.lease_ttl(),
-                    BLOCK,
-                )
-                .await;
-            let delivery = match received {
-                Ok(Some(d)) => d,
-                Ok(None) => continue,
-                Err(error) => {
-                    tracing::warn!(relay = %self.label(), %error, "reading the endpoint failed");
-                    self.sleep(BLOCK).await;
-                    continue;
-                }
-            };
-            let settled = self
-                .relay_one(
-                    &*endpoints,
-                    &delivery,
-                    &mut publisher,
-                    &mut lease,
-                    &mut pause,
-                )
-                .await;
-            if let Some(dead) = settled {
-                let settle = endpoints
-                    .endpoint_settle(self.endpoint(), &self.group(), &delivery, dead.as_deref())
-                    .await;
-                if let Err(error) = settle {
-                    // Published, not settled: published again later (the
-                    // same id), which receivers drop.
-                    tracing::warn!(relay = %self.label(), %error, "settling a relayed message failed");
-                }
+            let batch = self.take(&*endpoints).await;
+            if batch.is_empty() {
+                continue;
             }
+            self.relay_batch(&*endpoints, batch, &mut publisher, &mut lease, &mut pause)
+                .await;
         }
         let _ = endpoints
             .endpoint_leave(self.endpoint(), &self.group(), &rt.instance)
@@ -142,56 +105,121 @@ impl Relay {
         }
     }
 
-    /// Publishes `d` until the broker confirms it (or it is to be given
-    /// up on), keeping it meanwhile; what to settle it with, `None` if the
-    /// relay stopped first (it stays pending, for the next relay).
-    async fn relay_one(
+    /// The next messages of the endpoint, in order: waiting up to a read's
+    /// block for the first, then what is there, up to [`BATCH`].
+    async fn take(&self, endpoints: &dyn ProcessBackend) -> Vec<EndpointDelivery> {
+        let rt = &self.rt;
+        let mut batch = Vec::new();
+        let mut block = BLOCK;
+        while batch.len() < BATCH {
+            let received = endpoints
+                .endpoint_receive(
+                    self.endpoint(),
+                    &self.group(),
+                    &rt.instance,
+                    rt.lease_ttl(),
+                    block,
+                )
+                .await;
+            match received {
+                Ok(Some(d)) => batch.push(d),
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::warn!(relay = %self.label(), %error, "reading the endpoint failed");
+                    if batch.is_empty() {
+                        self.sleep(BLOCK).await;
+                    }
+                    break;
+                }
+            }
+            block = Duration::ZERO;
+        }
+        batch
+    }
+
+    /// Publishes `batch` in order until the broker confirmed each (or it is
+    /// to be given up on), settling what is done as it goes and keeping
+    /// the rest meanwhile; what is left when the relay stops stays pending,
+    /// for the next relay.
+    async fn relay_batch(
         &self,
         endpoints: &dyn ProcessBackend,
-        d: &EndpointDelivery,
+        batch: Vec<EndpointDelivery>,
         publisher: &mut Option<Box<dyn Outbound>>,
         lease: &mut HeldLease,
         pause: &mut Duration,
-    ) -> Option<Option<String>> {
+    ) {
         let rt = &self.rt;
+        // Entries that are not envelopes are parked at once, in place.
+        let mut left: Vec<(EndpointDelivery, crate::transport::Outgoing)> = Vec::new();
+        for d in batch {
+            match wire::outgoing(&d.raw) {
+                Ok(message) => left.push((d, message)),
+                Err(why) => {
+                    crate::metrics::relayed(self.carried.transport.name(), "dead_lettered");
+                    self.settle(endpoints, &[d], Some(format!("not relayed: {why}")))
+                        .await;
+                }
+            }
+        }
         let mut refusals = 0u32;
-        loop {
-            match self.send(d, publisher, &mut refusals).await {
-                Sent::Settle(dead) => {
-                    *pause = Duration::from_millis(50);
-                    return Some(dead);
+        while !left.is_empty() {
+            let messages: Vec<_> = left.iter().map(|(_, m)| m.clone()).collect();
+            let (done, failed) = match self.publish(publisher, &messages).await {
+                Ok(()) => (left.len(), None),
+                Err((done, error)) => (done, Some(error)),
+            };
+            let rest = left.split_off(done);
+            let published: Vec<EndpointDelivery> = left.into_iter().map(|(d, _)| d).collect();
+            for _ in &published {
+                crate::metrics::relayed(self.carried.transport.name(), "published");
+            }
+            self.settle(endpoints, &published, None).await;
+            left = rest;
+            let Some(error) = failed else {
+                *pause = Duration::from_millis(50);
+                return;
+            };
+            crate::metrics::relayed(self.carried.transport.name(), "failed");
+            if !matches!(error, TransportError::Unavailable(_)) {
+                refusals += 1;
+                let (d, message) = &left[0];
+                tracing::error!(relay = %self.label(), message_id = %message.message_id, %error, refusals, "the broker did not take a relayed message");
+                if refusals >= rt.settings.max_deliveries {
+                    crate::metrics::relayed(self.carried.transport.name(), "dead_lettered");
+                    let why = format!(
+                        "not relayed by {} after {refusals} tries: {error}",
+                        self.carried.transport.name()
+                    );
+                    self.settle(endpoints, std::slice::from_ref(d), Some(why))
+                        .await;
+                    left.remove(0);
+                    refusals = 0;
+                    continue;
                 }
-                Sent::Again { reopen } => {
-                    if reopen {
-                        *publisher = None;
-                    }
-                }
+            } else {
+                tracing::warn!(relay = %self.label(), %error, "publish not confirmed; the messages wait in their endpoint");
+                *publisher = None;
             }
             self.sleep(*pause).await;
             *pause = (*pause * 2).min(Duration::from_secs(30));
             if rt.shutdown.is_cancelled() || !lease.holds(rt.leases()).await {
-                return None;
+                return;
             }
-            let _ = endpoints
-                .endpoint_touch(self.endpoint(), &self.group(), &rt.instance, &d.id)
-                .await;
+            for (d, _) in &left {
+                let _ = endpoints
+                    .endpoint_touch(self.endpoint(), &self.group(), &rt.instance, &d.id)
+                    .await;
+            }
         }
     }
 
-    /// One try at publishing `d`.
-    async fn send(
+    /// Publishes `messages` on the publisher (opened first if need be).
+    async fn publish(
         &self,
-        d: &EndpointDelivery,
         publisher: &mut Option<Box<dyn Outbound>>,
-        refusals: &mut u32,
-    ) -> Sent {
-        let message = match wire::outgoing(&d.raw) {
-            Ok(message) => message,
-            Err(why) => {
-                crate::metrics::relayed(self.carried.transport.name(), "dead_lettered");
-                return Sent::Settle(Some(format!("not relayed: {why}")));
-            }
-        };
+        messages: &[crate::transport::Outgoing],
+    ) -> Result<(), (usize, TransportError)> {
         let open = match publisher.take() {
             Some(p) => Ok(p),
             None => match self.carried.declared().await {
@@ -199,38 +227,28 @@ impl Relay {
                 Err(error) => Err(error),
             },
         };
-        let mut p = match open {
-            Ok(p) => p,
-            Err(error) => {
-                tracing::warn!(relay = %self.label(), %error, "no publisher: the message waits in its endpoint");
-                return Sent::Again { reopen: true };
-            }
-        };
-        let sent = p.publish(&self.to, &message).await;
+        let mut p = open.map_err(|e| (0, e))?;
+        let sent = p.publish_all(&self.to, messages).await;
         *publisher = Some(p);
-        match sent {
-            Ok(()) => {
-                crate::metrics::relayed(self.carried.transport.name(), "published");
-                Sent::Settle(None)
-            }
-            Err(error) => {
-                crate::metrics::relayed(self.carried.transport.name(), "failed");
-                let reopen = matches!(error, TransportError::Unavailable(_));
-                if reopen {
-                    tracing::warn!(relay = %self.label(), %error, "publish not confirmed; the message waits in its endpoint");
-                    return Sent::Again { reopen };
-                }
-                *refusals += 1;
-                let cap = self.rt.settings.max_deliveries;
-                tracing::error!(relay = %self.label(), message_id = %message.message_id, %error, refusals = *refusals, "the broker did not take a relayed message");
-                if *refusals >= cap {
-                    crate::metrics::relayed(self.carried.transport.name(), "dead_lettered");
-                    return Sent::Settle(Some(format!(
-                        "not relayed by {} after {refusals} tries: {error}",
-                        self.carried.transport.name()
-                    )));
-                }
-                Sent::Again { reopen }
+        sent
+    }
+
+    /// Settles `done` (each with `dead` as its dead letter's reason, if
+    /// any), all at once. A settle that fails leaves the message pending:
+    /// published again later with the same id, which receivers drop.
+    async fn settle(
+        &self,
+        endpoints: &dyn ProcessBackend,
+        done: &[EndpointDelivery],
+        dead: Option<String>,
+    ) {
+        let group = self.group();
+        let settles = done
+            .iter()
+            .map(|d| endpoints.endpoint_settle(self.endpoint(), &group, d, dead.as_deref()));
+        for settled in futures::future::join_all(settles).await {
+            if let Err(error) = settled {
+                tracing::warn!(relay = %self.label(), %error, "settling a relayed message failed");
             }
         }
     }

@@ -64,18 +64,17 @@ impl Receiver {
         incoming
     }
 
-    /// Settles each of `taken` with `kind`, waiting for the server's
-    /// confirmation of each (an acknowledgement that may be lost is a
-    /// redelivery the engine must expect anyway, but not one it should
-    /// cause).
+    /// Settles each of `taken` with `kind` (sent, not confirmed: one
+    /// request and reply per message cost more than the rest of the
+    /// bridge; a lost acknowledgement is a redelivery, which the engine
+    /// recognises by the message's id).
     async fn settle(&mut self, taken: &[Incoming], kind: AckKind) -> Result<(), TransportError> {
         let messages: Vec<jetstream::Message> = taken
             .iter()
             .filter_map(|i| self.held.remove(&i.tag))
             .collect();
-        let settled = messages.iter().map(|m| m.double_ack_with(kind));
-        for done in futures::future::join_all(settled).await {
-            done.map_err(unavailable)?;
+        for m in &messages {
+            m.ack_with(kind).await.map_err(unavailable)?;
         }
         Ok(())
     }

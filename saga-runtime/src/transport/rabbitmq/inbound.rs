@@ -13,6 +13,9 @@ use lapin::{Channel, Consumer};
 use super::{unavailable, Shared};
 use crate::transport::{Inbound, Incoming, Route, TransportError};
 
+/// How long a receive waits, once, for more deliveries behind the first.
+const LINGER: Duration = Duration::from_millis(2);
+
 /// A consumer of one route's queue on a channel of its own.
 pub(super) struct Receiver {
     channel: Channel,
@@ -119,6 +122,7 @@ impl Inbound for Receiver {
             Ok(first) => first,
         };
         let mut next = first;
+        let mut lingered = false;
         loop {
             match next {
                 Some(Ok(d)) => out.push(self.incoming(d)),
@@ -128,17 +132,40 @@ impl Inbound for Receiver {
             if out.len() >= max {
                 break;
             }
-            // What has arrived already, without waiting.
+            // What has arrived already, without waiting; then, once, a
+            // moment for more (a batch is one store write: a few more in
+            // it cost nothing, a batch of one costs a write each).
             match self.consumer.next().now_or_never() {
                 Some(more) => next = more,
+                None if !lingered => {
+                    lingered = true;
+                    match tokio::time::timeout(LINGER, self.consumer.next()).await {
+                        Ok(more) => next = more,
+                        Err(_) => break,
+                    }
+                }
                 None => break,
             }
         }
         Ok(out)
     }
 
+    /// Everything handed out up to the batch's last delivery settled at
+    /// once (`multiple`: one frame), when the batch is all of it (a
+    /// bridge settles its batches whole and in order); one by one
+    /// otherwise.
     async fn ack(&mut self, taken: &[Incoming]) -> Result<(), TransportError> {
-        for d in self.settled(taken) {
+        let last = taken.iter().map(|i| i.tag).max();
+        let whole = last
+            .is_some_and(|last| self.held.keys().filter(|t| **t <= last).count() == taken.len());
+        let mut settled = self.settled(taken);
+        if whole {
+            settled.sort_by_key(|d| d.delivery_tag);
+            if let Some(d) = settled.pop() {
+                return sent(d.ack(BasicAckOptions { multiple: true }).await);
+            }
+        }
+        for d in settled {
             sent(d.ack(BasicAckOptions::default()).await)?;
         }
         Ok(())

@@ -33,17 +33,18 @@ impl Publisher {
     }
 }
 
-#[async_trait]
-impl Outbound for Publisher {
-    async fn publish(
-        &mut self,
-        to: &Destination,
-        message: &Outgoing,
-    ) -> Result<(), TransportError> {
-        let (exchange, key) = match to {
+impl Publisher {
+    /// Where `message` goes for `to`: `(exchange, routing key)`.
+    fn route(&self, to: &Destination, message: &Outgoing) -> (String, String) {
+        match to {
             Destination::Endpoint(endpoint) => (String::new(), endpoint.clone()),
             Destination::Published => (self.prefix.clone(), message.message_type.clone()),
-        };
+        }
+    }
+
+    /// `message`'s properties: its id, type, content type, persistence and
+    /// CloudEvents attributes.
+    fn properties(message: &Outgoing) -> BasicProperties {
         let mut headers = FieldTable::default();
         // The CloudEvents AMQP binding's names (`cloudEvents_` works for
         // JMS-style clients too; the content type is the property's).
@@ -57,28 +58,45 @@ impl Outbound for Publisher {
                 AMQPValue::LongString(LongString::from(v.as_str())),
             );
         }
-        let props = BasicProperties::default()
+        BasicProperties::default()
             .with_message_id(message.message_id.as_str().into())
             .with_type(message.message_type.as_str().into())
             .with_content_type("application/json".into())
             .with_delivery_mode(2)
-            .with_headers(headers);
-        let publish = async {
-            self.channel
-                .basic_publish(
-                    exchange.as_str().into(),
-                    key.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    &message.body,
-                    props,
-                )
-                .await?
-                .await
+            .with_headers(headers)
+    }
+
+    /// Sends `message` (mandatory); the confirmation comes later.
+    async fn send(
+        &self,
+        to: &Destination,
+        message: &Outgoing,
+    ) -> Result<lapin::PublisherConfirm, TransportError> {
+        let (exchange, key) = self.route(to, message);
+        let options = BasicPublishOptions {
+            mandatory: true,
+            immediate: false,
         };
-        let confirmation = tokio::time::timeout(self.timeout, publish)
+        let sent = self.channel.basic_publish(
+            exchange.as_str().into(),
+            key.as_str().into(),
+            options,
+            &message.body,
+            Self::properties(message),
+        );
+        tokio::time::timeout(self.timeout, sent)
+            .await
+            .map_err(|_| unavailable(format!("not sent within {:?}", self.timeout)))?
+            .map_err(unavailable)
+    }
+
+    /// What a confirmation of a publish to `to` means.
+    async fn confirmed(
+        &self,
+        to: &Destination,
+        confirm: lapin::PublisherConfirm,
+    ) -> Result<(), TransportError> {
+        let confirmation = tokio::time::timeout(self.timeout, confirm)
             .await
             .map_err(|_| unavailable(format!("no confirmation within {:?}", self.timeout)))?
             .map_err(unavailable)?;
@@ -95,5 +113,59 @@ impl Outbound for Publisher {
             )),
             (Confirmation::NotRequested, _) => Err(unavailable("the channel confirms nothing")),
         }
+    }
+}
+
+#[async_trait]
+impl Outbound for Publisher {
+    async fn publish(
+        &mut self,
+        to: &Destination,
+        message: &Outgoing,
+    ) -> Result<(), TransportError> {
+        let confirm = self.send(to, message).await?;
+        self.confirmed(to, confirm).await
+    }
+
+    /// Every message sent, then every confirmation awaited in order (a
+    /// channel confirms in order): one broker round trip, and one quorum
+    /// commit, for many messages.
+    async fn publish_all(
+        &mut self,
+        to: &Destination,
+        messages: &[Outgoing],
+    ) -> Result<(), (usize, TransportError)> {
+        let mut confirms = Vec::with_capacity(messages.len());
+        for message in messages {
+            match self.send(to, message).await {
+                Ok(confirm) => confirms.push(confirm),
+                Err(e) => {
+                    return self
+                        .first_failure(to, std::mem::take(&mut confirms), e)
+                        .await
+                }
+            }
+        }
+        for (n, confirm) in confirms.into_iter().enumerate() {
+            self.confirmed(to, confirm).await.map_err(|e| (n, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Publisher {
+    /// A send failed after `confirms` went out: they are confirmed (or
+    /// not) in order, and the failure counts from the first that is not.
+    async fn first_failure(
+        &self,
+        to: &Destination,
+        confirms: Vec<lapin::PublisherConfirm>,
+        e: TransportError,
+    ) -> Result<(), (usize, TransportError)> {
+        let sent = confirms.len();
+        for (n, confirm) in confirms.into_iter().enumerate() {
+            self.confirmed(to, confirm).await.map_err(|e| (n, e))?;
+        }
+        Err((sent, e))
     }
 }
