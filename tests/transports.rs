@@ -211,9 +211,84 @@ async fn commands_start_sagas_once(broker: &TestBroker, test: &str) {
     engine.shutdown().await;
 }
 
+/// A message of a type no process manager here handles is dead-lettered
+/// once, with the reason, whatever the broker delivered it to.
+async fn an_unknown_type_is_dead_lettered_once(broker: &TestBroker, test: &str) {
+    let corner = Corner::new(test);
+    let backend = Arc::new(MemoryBackend::new());
+    let engine = engine(broker, &corner, backend.clone()).await;
+    let shop = broker.client(&corner).await;
+    let queue = format!("{}.process.fulfillment", corner.prefix);
+    shop.publish_direct(&queue, "Refunded", "r-1", &json!({"order_id": "o-1"}))
+        .await;
+    let reason = "no process manager of this engine handles messages of type `Refunded`";
+    until("the unknown type dead-lettered", Duration::from_secs(20), async || {
+        let letters = backend
+            .dead_letters(&DeadLetterQuery {
+                after: None,
+                limit: 10,
+            })
+            .await
+            .unwrap();
+        letters.items.iter().any(|l| l.reason.contains(reason))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let letters = engine.dead_letters(Default::default()).await.unwrap().letters;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    engine.shutdown().await;
+}
+
+/// RabbitMQ: what a handler sends to a queue nobody declared is returned
+/// unrouted: the relay says so, retries, and after the delivery cap parks
+/// it on the endpoint's dead letters with the reason; nothing is dropped
+/// unseen. (Run before anything declares the `shipping` queue.)
+async fn an_unroutable_send_is_parked_on_its_endpoint(broker: &TestBroker, test: &str) {
+    use saga_runtime::backend::Endpoints;
+    let corner = Corner::new(test);
+    let backend = Arc::new(MemoryBackend::new());
+    let builder = Engine::builder()
+        .backend(backend.as_ref().clone())
+        .process_manager(Fulfillment)
+        .saga(Receipt)
+        .max_deliveries(2)
+        .workers(2);
+    let engine = with_transport(builder, broker, &corner).build().await.unwrap();
+    use sagas::shop::{InventoryReserved, OrderSubmitted, PaymentCaptured};
+    engine
+        .publish(OrderSubmitted {
+            order_id: "o-u".into(),
+            order_number: "U-1".into(),
+        })
+        .await
+        .unwrap();
+    engine
+        .publish(InventoryReserved {
+            order_number: "U-1".into(),
+        })
+        .await
+        .unwrap();
+    engine
+        .publish(PaymentCaptured {
+            order_id: "o-u".into(),
+        })
+        .await
+        .unwrap();
+    until("the Ship command parked", Duration::from_secs(30), async || {
+        let letters = backend.endpoint_dead_letters(SHIPPING).await.unwrap();
+        letters.iter().any(|l| l.reason.contains("nothing receives"))
+    })
+    .await;
+    engine.shutdown().await;
+}
+
 /// Every scenario in turn on `broker`.
 async fn every_scenario(broker: TestBroker) {
     let b = broker.name();
+    if let TestBroker::Rabbit(_) = broker {
+        an_unroutable_send_is_parked_on_its_endpoint(&broker, &format!("{b}unroutable")).await;
+    }
+    an_unknown_type_is_dead_lettered_once(&broker, &format!("{b}unknown")).await;
     a_plain_client_feeds_a_process_manager(&broker, &format!("{b}feed")).await;
     what_is_not_a_message_is_dead_lettered_alone(&broker, &format!("{b}bad")).await;
     commands_start_sagas_once(&broker, &format!("{b}start")).await;

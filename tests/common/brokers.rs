@@ -230,6 +230,28 @@ impl Plain {
         }
     }
 
+    /// Publishes `body` straight to queue `queue` (RabbitMQ's default
+    /// exchange) as a CloudEvent of `message_type`; NATS: to the events
+    /// subject of that type.
+    pub async fn publish_direct(&self, queue: &str, message_type: &str, id: &str, body: &Value) {
+        let bytes = serde_json::to_vec(body).unwrap();
+        match self {
+            Plain::Rabbit { ch, .. } => {
+                use lapin::types::{AMQPValue, FieldTable, LongString};
+                let mut headers = FieldTable::default();
+                headers.insert("cloudEvents_type".into(), AMQPValue::LongString(LongString::from(message_type)));
+                headers.insert("cloudEvents_id".into(), AMQPValue::LongString(LongString::from(id)));
+                let props = lapin::BasicProperties::default().with_headers(headers);
+                ch.basic_publish("".into(), queue.into(), Default::default(), &bytes, props)
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+            }
+            Plain::Nats { .. } => self.publish_raw(message_type, Some(id), &bytes, true).await,
+        }
+    }
+
     /// Publishes a command starting saga `saga`, with `id`.
     pub async fn publish_start(&self, saga: &str, id: &str, input: &Value) {
         let bytes = serde_json::to_vec(input).unwrap();

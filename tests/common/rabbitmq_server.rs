@@ -61,7 +61,8 @@ impl TestRabbit {
     fn command(&self, program: &str) -> Command {
         let d = self.dir.path();
         let mut cmd = Command::new(bin(program));
-        cmd.env("HOME", d.join("home"))
+        cmd.current_dir(d)
+            .env("HOME", d.join("home"))
             .env("RABBITMQ_NODENAME", &self.node)
             .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
             .env("RABBITMQ_NODE_PORT", self.port.to_string())
@@ -73,6 +74,7 @@ impl TestRabbit {
             .env("RABBITMQ_CONF_ENV_FILE", d.join("rabbitmq-env.conf"))
             .env("RABBITMQ_PID_FILE", d.join("node.pid"))
             .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .env("ERL_CRASH_DUMP", d.join("erl_crash.dump"))
             .env(
                 "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
                 "-kernel inet_dist_use_interface {127,0,0,1}",

@@ -41,10 +41,11 @@ pub(crate) enum Read {
     },
     /// A command starting a task of the route's saga.
     Start { key: String, input: Value },
-    /// A message of a type the route's process manager does not handle,
-    /// delivered because the broker cannot filter finer (a NATS consumer
-    /// of every event): acknowledged, nothing else.
-    NotOurs,
+    /// A message of a type (this one) the route's process manager does
+    /// not handle, delivered because the broker cannot filter finer (a
+    /// NATS consumer of every event): for another process manager, or for
+    /// none (then dead-lettered by one route: see the bridge).
+    NotOurs(String),
     /// Not something the route can take, and why: dead-lettered.
     Bad(String),
 }
@@ -133,7 +134,7 @@ pub(crate) fn read(kind: &RouteKind, incoming: &Incoming) -> Read {
             if !message_types.contains(&message_type.as_str()) {
                 // Bound by type, a queue receives only what it handles;
                 // what is left came because the broker filters coarser.
-                return Read::NotOurs;
+                return Read::NotOurs(message_type);
             }
             let message_id = id.or_else(|| incoming.message_id.clone());
             match message_id {
@@ -253,7 +254,7 @@ mod tests {
             matches!(read(&ORDERS(), &incoming("{}", &[])), Read::Bad(why) if why.contains("no id"))
         );
         let other = incoming("{}", &[("ce-type", "Shipped"), ("ce-id", "x")]);
-        assert_eq!(read(&ORDERS(), &other), Read::NotOurs);
+        assert_eq!(read(&ORDERS(), &other), Read::NotOurs("Shipped".into()));
         let start = RouteKind::Start { saga: "zip" };
         assert!(matches!(
             read(&start, &incoming(r#"{"n":1}"#, &[])),

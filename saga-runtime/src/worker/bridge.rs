@@ -202,7 +202,7 @@ impl Bridge {
         }
         match wire::read(&self.route.kind, d) {
             Read::Bad(why) => park(why),
-            Read::NotOurs => Write::Nothing,
+            Read::NotOurs(message_type) => self.not_ours(&message_type, park),
             Read::Start { key, input } => Write::Start { key, input },
             Read::Message {
                 message_id,
@@ -213,6 +213,23 @@ impl Bridge {
                 Some(item) => Write::Envelope(Box::new(item)),
                 None => park(format!("no process manager here handles `{message_type}`")),
             },
+        }
+    }
+
+    /// A message of a type the route's process manager does not handle:
+    /// another's, or nobody's. Nobody's is dead-lettered, by one route only
+    /// (the first process manager's by name, whose bridge sees every
+    /// event as the others' do); another's is left to its own route.
+    fn not_ours(&self, message_type: &str, park: impl Fn(String) -> Write) -> Write {
+        if self.rt.routes.contains_key(message_type) {
+            return Write::Nothing;
+        }
+        let first = self.rt.processes.keys().min().copied();
+        match &self.route.kind {
+            RouteKind::Process { process, .. } if Some(*process) == first => park(format!(
+                "no process manager of this engine handles messages of type `{message_type}`"
+            )),
+            _ => Write::Nothing,
         }
     }
 
