@@ -347,7 +347,7 @@ async fn engine_on(backend: Arc<dyn Backend>) -> Engine {
     Engine::builder()
         .backend_arc(backend)
         .process_manager(Orders)
-        .workers(2)
+        .workers(std::env::var("W").map(|w| w.parse().unwrap()).unwrap_or(2))
         .worker_concurrency(8)
         .timeout_poll_interval(Duration::from_millis(20))
         .build()

@@ -114,6 +114,16 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
         if interest.processes {
             interest.process_partitions = partitions::owned(&rt).await;
         }
+        // Held until the messages read have their tickets (see
+        // `Runtime::reading`); the work in flight goes on meanwhile.
+        let reading = interest.processes.then(|| rt.reading.lock());
+        let reading = match reading {
+            Some(lock) => tokio::select! {
+                guard = lock => Some(guard),
+                _ = rt.shutdown.cancelled() => break,
+            },
+            None => None,
+        };
         let free = limit - running.len();
         let receive = rt.backend.receive_many(
             &consumer,
@@ -154,6 +164,7 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
                 }
             }
             Err(error) => {
+                drop(reading);
                 let delay = backoff.next();
                 tracing::warn!(%error, ?delay, "receiving a message failed; retrying");
                 tokio::select! {

@@ -146,6 +146,12 @@ pub(crate) struct Runtime {
     /// Each process-manager message's place among its instance's, in the
     /// order read (`process::lanes`).
     pub lanes: Arc<super::process::lanes::Lanes>,
+    /// Taken by a worker loop of an engine that runs process managers from
+    /// before its read until its messages have their tickets in their
+    /// lanes: two loops reading at once could ticket the later message of
+    /// an instance first (their replies return in any order), and the
+    /// lanes would then hand it to the instance's lock first.
+    pub reading: tokio::sync::Mutex<()>,
     /// The brokers, each with what it carries (`transport`).
     pub transports: Vec<Arc<super::transports::Carried>>,
     /// The process-manager partitions this engine's workers read.
@@ -197,6 +203,7 @@ impl Runtime {
             tasks: TaskTracker::new(),
             instance_locks: Default::default(),
             lanes: Default::default(),
+            reading: Default::default(),
             transports: Vec::new(),
             partitions: Default::default(),
             isolation: Default::default(),
