@@ -112,6 +112,9 @@ impl Orders {
         state: &mut Fulfillment,
         _ctx: &mut ProcessContext,
     ) -> Result<(), ProcessError> {
+        if msg.order_id.starts_with("handover-") && msg.n == 0 {
+            handover::block().await;
+        }
         state.notes.push(msg.n);
         Ok(())
     }
@@ -347,7 +350,7 @@ async fn engine_on(backend: Arc<dyn Backend>) -> Engine {
     Engine::builder()
         .backend_arc(backend)
         .process_manager(Orders)
-        .workers(std::env::var("W").map(|w| w.parse().unwrap()).unwrap_or(2))
+        .workers(2)
         .worker_concurrency(8)
         .timeout_poll_interval(Duration::from_millis(20))
         .build()
@@ -381,4 +384,109 @@ async fn on_postgres_three_engines_lose_no_order_whatever_the_order_of_its_messa
         engines.push(engine_on(Arc::new(backend)).await);
     }
     no_order_is_lost(engines).await;
+}
+
+/// The first note of each `handover-` order waits until the test opens
+/// the gate: its partition's owner is busy with it while another engine
+/// joins.
+mod handover {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    pub static BLOCKED: AtomicUsize = AtomicUsize::new(0);
+    pub static OPEN: AtomicBool = AtomicBool::new(false);
+
+    pub async fn block() {
+        BLOCKED.fetch_add(1, Ordering::SeqCst);
+        while !OPEN.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// An engine joins while the only one handles the first note of each of
+/// 24 orders: the partitions balanced to the newcomer stay the first
+/// one's, unread, until those notes are done, so the second note of each
+/// order (published meanwhile) is handled after its first. Before, the
+/// newcomer read the second notes of its partitions at once and handled
+/// them first (the first engine's write then retried on the newer state).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_redis_a_partition_changing_owner_keeps_its_instances_order() {
+    use std::sync::atomic::Ordering;
+    let redis = TestRedis::start();
+    let one = |concurrency| {
+        let redis = &redis;
+        async move {
+            Engine::builder()
+                .backend(redis.backend().await)
+                .process_manager(Orders)
+                .workers(1)
+                .worker_concurrency(concurrency)
+                .build()
+                .await
+                .unwrap()
+        }
+    };
+    let first = one(64).await;
+    const ORDERS: usize = 24;
+    let order = |i: usize| format!("handover-{i}");
+    for i in 0..ORDERS {
+        let start = OrderSubmitted {
+            order_id: order(i),
+            order_number: format!("H-{i}"),
+        };
+        first.publish(start).await.unwrap();
+        let note = Noted {
+            order_id: order(i),
+            n: 0,
+        };
+        first.publish(note).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while handover::BLOCKED.load(Ordering::SeqCst) < ORDERS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first notes never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = one(8).await;
+    // A few heartbeats (visibility 800 ms: one every ~270 ms) to balance.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for i in 0..ORDERS {
+        let note = Noted {
+            order_id: order(i),
+            n: 1,
+        };
+        first.publish(note).await.unwrap();
+    }
+    // Time for the newcomer to read the second notes of its partitions.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    handover::OPEN.store(true, Ordering::SeqCst);
+    let mut wrong = Vec::new();
+    for i in 0..ORDERS {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let notes = first
+                .process_state::<Orders>(&order(i))
+                .await
+                .unwrap()
+                .map(|s| s.notes)
+                .unwrap_or_default();
+            if notes.len() == 2 {
+                if notes != [0, 1] {
+                    wrong.push((i, notes));
+                }
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "order {i}: notes {notes:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(wrong.is_empty(), "handled out of order: {wrong:?}");
+    first.shutdown().await;
+    second.shutdown().await;
 }

@@ -198,7 +198,7 @@ async fn partitions_of_a_dead_engine_are_read_by_no_one_else_until_its_lease_run
     let owned = redis
         .backend()
         .await
-        .process_partitions("ghost", ghost_lease)
+        .process_partitions("ghost", ghost_lease, 0)
         .await
         .unwrap();
     assert_eq!(owned, Some(0xffff));
@@ -457,7 +457,7 @@ async fn a_late_share_leaves_a_message_taken_over_by_another_consumer_alone() {
     };
     let redis = TestRedis::start();
     let b = redis.backend().await; // visibility timeout 800 ms
-    b.process_partitions("reader", Duration::from_secs(60))
+    b.process_partitions("reader", Duration::from_secs(60), 0)
         .await
         .unwrap();
     let envelope = Envelope {

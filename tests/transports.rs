@@ -222,19 +222,27 @@ async fn an_unknown_type_is_dead_lettered_once(broker: &TestBroker, test: &str) 
     shop.publish_direct(&queue, "Refunded", "r-1", &json!({"order_id": "o-1"}))
         .await;
     let reason = "no process manager of this engine handles messages of type `Refunded`";
-    until("the unknown type dead-lettered", Duration::from_secs(20), async || {
-        let letters = backend
-            .dead_letters(&DeadLetterQuery {
-                after: None,
-                limit: 10,
-            })
-            .await
-            .unwrap();
-        letters.items.iter().any(|l| l.reason.contains(reason))
-    })
+    until(
+        "the unknown type dead-lettered",
+        Duration::from_secs(20),
+        async || {
+            let letters = backend
+                .dead_letters(&DeadLetterQuery {
+                    after: None,
+                    limit: 10,
+                })
+                .await
+                .unwrap();
+            letters.items.iter().any(|l| l.reason.contains(reason))
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let letters = engine.dead_letters(Default::default()).await.unwrap().letters;
+    let letters = engine
+        .dead_letters(Default::default())
+        .await
+        .unwrap()
+        .letters;
     assert_eq!(letters.len(), 1, "{letters:?}");
     engine.shutdown().await;
 }
@@ -253,7 +261,10 @@ async fn an_unroutable_send_is_parked_on_its_endpoint(broker: &TestBroker, test:
         .saga(Receipt)
         .max_deliveries(2)
         .workers(2);
-    let engine = with_transport(builder, broker, &corner).build().await.unwrap();
+    let engine = with_transport(builder, broker, &corner)
+        .build()
+        .await
+        .unwrap();
     use sagas::shop::{InventoryReserved, OrderSubmitted, PaymentCaptured};
     engine
         .publish(OrderSubmitted {
@@ -274,10 +285,16 @@ async fn an_unroutable_send_is_parked_on_its_endpoint(broker: &TestBroker, test:
         })
         .await
         .unwrap();
-    until("the Ship command parked", Duration::from_secs(30), async || {
-        let letters = backend.endpoint_dead_letters(SHIPPING).await.unwrap();
-        letters.iter().any(|l| l.reason.contains("nothing receives"))
-    })
+    until(
+        "the Ship command parked",
+        Duration::from_secs(30),
+        async || {
+            let letters = backend.endpoint_dead_letters(SHIPPING).await.unwrap();
+            letters
+                .iter()
+                .any(|l| l.reason.contains("nothing receives"))
+        },
+    )
     .await;
     engine.shutdown().await;
 }

@@ -104,7 +104,7 @@ async fn run_process(
     // stand-in reader that lets go before the workers start.
     let stand_in = RedisBackend::connect(url).await.unwrap();
     stand_in
-        .process_partitions("bench-publisher", Duration::from_secs(60))
+        .process_partitions("bench-publisher", Duration::from_secs(60), 0)
         .await
         .unwrap();
     for _ in 0..messages {

@@ -239,8 +239,14 @@ impl Plain {
             Plain::Rabbit { ch, .. } => {
                 use lapin::types::{AMQPValue, FieldTable, LongString};
                 let mut headers = FieldTable::default();
-                headers.insert("cloudEvents_type".into(), AMQPValue::LongString(LongString::from(message_type)));
-                headers.insert("cloudEvents_id".into(), AMQPValue::LongString(LongString::from(id)));
+                headers.insert(
+                    "cloudEvents_type".into(),
+                    AMQPValue::LongString(LongString::from(message_type)),
+                );
+                headers.insert(
+                    "cloudEvents_id".into(),
+                    AMQPValue::LongString(LongString::from(id)),
+                );
                 let props = lapin::BasicProperties::default().with_headers(headers);
                 ch.basic_publish("".into(), queue.into(), Default::default(), &bytes, props)
                     .await

@@ -32,15 +32,28 @@ pub trait Partitions: Send + Sync + 'static {
     /// the partitions it owns now, a bit each, for [`Interest`](super::Interest): the
     /// backend balances them over its live members, each partition owned
     /// by one at a time, so that one writer handles the messages of an
-    /// instance. `None`: this backend does not partition (every reader
-    /// reads every message, and versioning alone settles races).
+    /// instance. `busy`: the partitions `member` still handles messages of
+    /// (a bit each, see [`owned_partition`](Self::owned_partition)); one
+    /// balanced to another member stays `member`'s, unread, until it is no
+    /// longer busy, so that the messages of an instance are handled in the
+    /// order read across a hand-over. `None`: this backend does not
+    /// partition (every reader reads every message, and versioning alone
+    /// settles races).
     async fn process_partitions(
         &self,
         member: &str,
         ttl: Duration,
+        busy: u64,
     ) -> Result<Option<u64>, BackendError> {
-        let _ = (member, ttl);
+        let _ = (member, ttl, busy);
         Ok(None)
+    }
+
+    /// The partition `delivery` was read from, when it is one that a
+    /// single member reads (see [`process_partitions`](Self::process_partitions)).
+    fn owned_partition(&self, delivery: &Delivery) -> Option<u16> {
+        let _ = delivery;
+        None
     }
 
     /// Lets go of `member`'s partitions at once (an engine shutting down),

@@ -157,10 +157,13 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
                     // Its place among its instance's messages, taken in the
                     // order read (see `process::lanes`).
                     let lane = process::lane(&rt, &delivery);
+                    // Its partition stays this engine's until it is done.
+                    let busy = partitions::busy(&rt, &delivery);
                     let (delivery, lease) = split_lease(delivery);
                     let delivery = Arc::new(delivery);
                     holding.insert(taken, delivery.clone());
-                    running.spawn(work(rt.clone(), delivery, lease, (ticket, lane), taken));
+                    let places = (ticket, lane, busy);
+                    running.spawn(work(rt.clone(), delivery, lease, places, taken));
                 }
             }
             Err(error) => {
@@ -233,7 +236,11 @@ async fn work(
     rt: Arc<Runtime>,
     delivery: Arc<Delivery>,
     lease: Option<TakenLease>,
-    (ticket, lane): (isolation::Ticket, Option<process::Ticket>),
+    (ticket, lane, _busy): (
+        isolation::Ticket,
+        Option<process::Ticket>,
+        Option<partitions::Busy>,
+    ),
     n: u64,
 ) -> u64 {
     // A message recovered from a worker that died runs alone, so that a
@@ -260,7 +267,7 @@ async fn work(
 #[cfg(test)]
 pub(crate) fn message_future_size(rt: Arc<Runtime>, delivery: Arc<Delivery>) -> usize {
     let ticket = isolation::ticket(&rt, &delivery);
-    std::mem::size_of_val(&work(rt, delivery, None, (ticket, None), 1))
+    std::mem::size_of_val(&work(rt, delivery, None, (ticket, None, None), 1))
 }
 
 fn settled(

@@ -4,8 +4,12 @@
 //! The share is renewed every heartbeat and trusted only for the TTL it was
 //! granted for: an engine that cannot reach the backend stops reading the
 //! partitions it can no longer prove it owns, since another engine may own
-//! them by then.
+//! them by then. Each renewal names the partitions this engine still
+//! handles messages of, which it keeps (unread) until they are done, even
+//! when they were balanced to another engine: that engine reads the next
+//! message of an instance only once this one finished the previous.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,12 +19,48 @@ use tokio::time::Instant;
 use crate::worker::runtime::Runtime;
 
 /// What this engine owns, as last granted.
-#[derive(Default)]
 pub(crate) struct Ownership {
     /// The first grant, which the workers wait for before their first read
     /// (else they would start on the shared stream alone).
     first: OnceCell<()>,
     state: Mutex<Grant>,
+    /// How many messages of each partition this engine's workers handle.
+    busy: [AtomicU32; 64],
+}
+
+impl Default for Ownership {
+    fn default() -> Self {
+        Ownership {
+            first: OnceCell::new(),
+            state: Mutex::default(),
+            busy: std::array::from_fn(|_| AtomicU32::new(0)),
+        }
+    }
+}
+
+/// One message of a partition being handled: counted in
+/// [`Ownership::busy`] until dropped.
+pub(crate) struct Busy {
+    rt: Arc<Runtime>,
+    partition: usize,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.rt.partitions.busy[self.partition].fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts `delivery` as in flight in its partition until the returned
+/// guard drops; `None` for a message of no partition one engine reads.
+pub(crate) fn busy(rt: &Arc<Runtime>, delivery: &crate::backend::Delivery) -> Option<Busy> {
+    let partition = usize::from(rt.placement().owned_partition(delivery)?);
+    let counter = rt.partitions.busy.get(partition)?;
+    counter.fetch_add(1, Ordering::AcqRel);
+    Some(Busy {
+        rt: rt.clone(),
+        partition,
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -49,6 +89,14 @@ impl Ownership {
     fn set(&self, grant: Grant) {
         *self.state.lock().unwrap_or_else(|p| p.into_inner()) = grant;
     }
+
+    /// The partitions with a message in flight here, a bit each.
+    fn busy(&self) -> u64 {
+        let busy = self.busy.iter().map(|n| n.load(Ordering::Acquire) > 0);
+        busy.enumerate()
+            .filter(|(_, busy)| *busy)
+            .fold(0, |mask, (k, _)| mask | 1 << k)
+    }
 }
 
 /// The partitions this engine's workers read now: after the first grant.
@@ -68,7 +116,7 @@ async fn renew(rt: &Runtime) {
     let asked = Instant::now();
     match rt
         .placement()
-        .process_partitions(&rt.instance, ttl(rt))
+        .process_partitions(&rt.instance, ttl(rt), rt.partitions.busy())
         .await
     {
         Ok(Some(bits)) => {

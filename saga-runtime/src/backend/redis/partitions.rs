@@ -5,11 +5,13 @@
 //! from its instance id or correlation value, so that the messages of one
 //! instance meet in one stream. Each partition is read by one engine at a
 //! time, the holder of its owner lease: `BALANCE` spreads the partitions
-//! over the engines that renewed their membership within its TTL. One
+//! over the engines that renewed their membership within its TTL. An
+//! owner keeps a partition balanced away until the messages of it in
+//! flight are done (it reads no more of them meanwhile), so that the
+//! next owner reads an instance's next message only then. One
 //! writer per instance is thus the normal case across processes, not
 //! only within one; versioning still settles the rare overlap (an owner
-//! that stalls past its lease, a hand-over while the old owner finishes a
-//! message).
+//! that stalls past its lease).
 
 use std::time::Duration;
 
@@ -26,6 +28,7 @@ impl RedisBackend {
         member: &str,
         ttl: Duration,
         leaving: bool,
+        busy: u64,
     ) -> Result<u64, BackendError> {
         let k = self.keys();
         let owned = self
@@ -37,6 +40,7 @@ impl RedisBackend {
                 partitions: k.pm_count(),
                 leaving,
                 pm_prefix: (!k.spread()).then(|| k.process_prefix(k.process_stream())),
+                busy: (0..64).filter(|k| busy & (1 << k) != 0).collect(),
             })
             .await?;
         Ok(owned
@@ -57,12 +61,22 @@ impl Partitions for RedisBackend {
         &self,
         member: &str,
         ttl: Duration,
+        busy: u64,
     ) -> Result<Option<u64>, BackendError> {
-        self.balance(member, ttl, false).await.map(Some)
+        self.balance(member, ttl, false, busy).await.map(Some)
     }
 
     async fn leave_process_partitions(&self, member: &str) -> Result<(), BackendError> {
-        self.balance(member, Duration::ZERO, true).await.map(drop)
+        self.balance(member, Duration::ZERO, true, 0)
+            .await
+            .map(drop)
+    }
+
+    fn owned_partition(&self, delivery: &Delivery) -> Option<u16> {
+        let k = self.keys();
+        let (stream, _) = k.split_id(&delivery.id)?;
+        let p = stream.checked_sub(k.process_partition(0))?;
+        (p < k.pm_count()).then_some(p)
     }
 
     async fn announce_processes(

@@ -1,7 +1,10 @@
 -- Balances the process-manager partitions over the live members (sorted
 -- by name, member `r` of `n` gets the partitions `k` with `k % n == r`):
 -- takes or renews those of the member that are free or its own, lets go
--- of its others (their new owner takes them on its next call), and
+-- of its others (their new owner takes them on its next call) once it
+-- has no message of theirs in flight (until then it keeps them, without
+-- reading them: the new owner must not handle an instance's next message
+-- while the old one still handles the previous), and
 -- returns the partitions it holds now, as a list (a bit mask built in
 -- Lua, whose numbers are doubles, would lose partitions past 53). Leaving
 -- lets go of all of them and of the membership. A partition is never held
@@ -19,6 +22,8 @@
 -- ARGV[6]: the process-manager key prefix ('' in the spread layout, whose
 --   partitions are in other slots: the timer poller moves their due
 --   hand-backs)
+-- ARGV[7]: the partitions the member still has messages of in flight,
+--   comma-separated ('' for none)
 -- Returns: the partitions the member holds, as a list.
 local members_key = KEYS[1]
 local owner_prefix = ARGV[1]
@@ -27,6 +32,10 @@ local ttl = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
 local leaving = ARGV[5]
 local pm_prefix = ARGV[6]
+local busy_list = ARGV[7]
+
+local busy = {}
+for k in string.gmatch(busy_list, '%d+') do busy[tonumber(k)] = true end
 
 local now = server_time()
 redis.call('ZREMRANGEBYSCORE', members_key, '-inf', now)
@@ -52,6 +61,8 @@ for k = 0, n - 1 do
         move_due(pm_prefix .. ':delayed:' .. k, pm_prefix .. ':queue:' .. k, 256, now)
       end
     end
+  elseif owner == me and busy[k] and leaving ~= '1' then
+    redis.call('SET', key, me, 'PX', ttl)
   elseif owner == me then
     redis.call('DEL', key)
   end

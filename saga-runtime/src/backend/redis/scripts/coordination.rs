@@ -47,6 +47,9 @@ pub(crate) struct Balance<'a> {
     /// The process-manager key prefix, whose partitions' due hand-backs
     /// the owner moves (`None` in the spread layout).
     pub pm_prefix: Option<String>,
+    /// The partitions the member has messages of in flight: kept, not
+    /// read, while balanced to another member.
+    pub busy: Vec<u16>,
 }
 
 impl Call for Balance<'_> {
@@ -64,12 +67,19 @@ impl Call for Balance<'_> {
             .arg(self.ttl_ms)
             .arg(self.partitions)
             .arg(flag(self.leaving))
-            .arg(self.pm_prefix.as_deref().unwrap_or_default());
+            .arg(self.pm_prefix.as_deref().unwrap_or_default())
+            .arg(join(&self.busy));
     }
 
     fn decode(reply: Value) -> Result<Vec<u16>, BackendError> {
         typed(reply)
     }
+}
+
+/// `3,17`: numbers as `balance.lua` reads them.
+fn join(numbers: &[u16]) -> String {
+    let parts: Vec<String> = numbers.iter().map(u16::to_string).collect();
+    parts.join(",")
 }
 
 /// `announce.lua`: an engine recorded among the runners of each process

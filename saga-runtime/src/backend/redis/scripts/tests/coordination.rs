@@ -101,10 +101,18 @@ async fn balance_spreads_partitions_over_members() {
         partitions: 4,
         leaving,
         pm_prefix: Some(k.process_prefix(k.process_stream())),
+        busy: Vec::new(),
     };
     assert_eq!(f.call(&balance("a", false)).await.unwrap(), [0, 1, 2, 3]);
     // `b` joins: the ones `a` holds are not free for it yet.
     assert!(f.call(&balance("b", false)).await.unwrap().is_empty());
+    // `a` still handles a message of partition 1: it keeps it, unread.
+    let busy = s::Balance {
+        busy: vec![1],
+        ..balance("a", false)
+    };
+    assert_eq!(f.call(&busy).await.unwrap(), [0, 2]);
+    assert_eq!(f.call(&balance("b", false)).await.unwrap(), [3]);
     assert_eq!(f.call(&balance("a", false)).await.unwrap(), [0, 2]);
     assert_eq!(f.call(&balance("b", false)).await.unwrap(), [1, 3]);
     // Due hand-backs move onto the owner's partitions.
