@@ -153,6 +153,32 @@ impl Chaos {
     }
 }
 
+/// The `chaos` saga with a retry budget of two per step: a task charged
+/// for crashes it did not cause (tests/crash_isolation.rs) is soon
+/// exhausted and compensated, where `chaos`'s eight retries would hide it.
+pub struct Brittle(pub Chaos);
+
+#[saga(name = "chaos-brittle")]
+impl Brittle {
+    #[saga_step(1)]
+    #[retry_policy(max_retries = 2, backoff = constant, base_delay_ms = 5)]
+    async fn one(&self, n: u64, ctx: &StepContext) -> Result<u64, StepError> {
+        self.0.work(n, ctx).await
+    }
+
+    #[saga_step(2)]
+    #[retry_policy(max_retries = 2, backoff = constant, base_delay_ms = 5)]
+    async fn two(&self, n: u64, ctx: &StepContext) -> Result<u64, StepError> {
+        self.0.work(n, ctx).await
+    }
+
+    #[saga_step(3)]
+    #[retry_policy(max_retries = 2, backoff = constant, base_delay_ms = 5)]
+    async fn three(&self, n: u64, ctx: &StepContext) -> Result<u64, StepError> {
+        self.0.work(n, ctx).await
+    }
+}
+
 /// Checks the invariants on one finished task: every step's recorded
 /// completion is its last execution (nothing ran after it), attempt numbers
 /// are unique, and no two executions of the task overlapped in time.

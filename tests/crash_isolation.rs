@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::redis_server::TestRedis;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
-use sagas::chaos::{Chaos, ChaosConfig};
+use sagas::chaos::{Brittle, Chaos, ChaosConfig};
 
 /// A chaos-worker process, killed when dropped (a failed assertion must
 /// not leave it running).
@@ -65,45 +65,139 @@ async fn client(redis: &TestRedis) -> Engine {
                 .await
                 .unwrap(),
         )
-        .saga(Chaos::new(recorder, "client", chaos))
+        .saga(Chaos::new(recorder.clone(), "client", chaos))
+        .saga(Brittle(Chaos::new(recorder, "client", chaos)))
         .workers(0)
         .build()
         .await
         .unwrap()
 }
 
+/// How a crash loop is run: the worker's visibility timeout, its task
+/// lease (`None`: the visibility timeout) and which saga the tasks run.
+struct Loop {
+    visibility_ms: u64,
+    lease_ms: Option<u64>,
+    brittle: bool,
+}
+
+/// What came of a crash loop.
+struct Looped {
+    crashes: usize,
+    poison: TaskId,
+    good: Vec<TaskInstance>,
+    client: Engine,
+    _redis: TestRedis,
+}
+
+impl Looped {
+    /// The steps of good tasks that counted other than one attempt (no
+    /// step fails: each counts exactly one, whatever crashes cut short),
+    /// with what their audit says of them.
+    fn charged(&self) -> Vec<String> {
+        let mut charged = Vec::new();
+        for task in &self.good {
+            for step in &task.steps {
+                if step.attempt_count - step.retry_base == 1 {
+                    continue;
+                }
+                let audit: Vec<String> = task
+                    .audit_log
+                    .iter()
+                    .filter(|e| e.step.as_deref() == Some(step.name.as_str()))
+                    .map(|e| {
+                        format!(
+                            "{:?} #{:?} by {:?}: {}",
+                            e.action,
+                            e.attempt,
+                            e.worker,
+                            e.error.as_deref().unwrap_or("")
+                        )
+                    })
+                    .collect();
+                charged.push(format!(
+                    "task {} step {} ({:?}): {} attempts, base {}, alone {:?}\n    {}",
+                    task.id,
+                    step.name,
+                    task.status,
+                    step.attempt_count,
+                    step.retry_base,
+                    step.alone_attempt,
+                    audit.join("\n    ")
+                ));
+            }
+        }
+        charged
+    }
+
+    /// The culprit alone is dead-lettered, for crashing each delivery.
+    async fn culprit_parked(&self) {
+        let task = self.client.task(self.poison).await.unwrap().unwrap();
+        assert_eq!(task.status, TaskStatus::DeadLettered, "{task:#?}");
+        let reason = task.error.clone().unwrap_or_default();
+        assert!(reason.contains("without completing"), "{reason}");
+        assert!(
+            self.crashes >= 4,
+            "each delivery of the culprit crashed ({})",
+            self.crashes
+        );
+        let letters = self
+            .client
+            .dead_letters(Default::default())
+            .await
+            .unwrap()
+            .letters;
+        assert_eq!(letters.len(), 1, "only the culprit: {letters:#?}");
+        assert_eq!(letters[0].task_id, Some(self.poison));
+    }
+}
+
 /// 40 good tasks and one whose step aborts the process, on a worker that
-/// runs 8 messages at once: before recovered messages ran alone, each
-/// crash cost the tasks in flight beside the culprit an attempt and a
-/// delivery, and some ended `Compensated` or parked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_loop_costs_the_tasks_beside_it_nothing() {
+/// runs 8 messages at once, restarted each time it dies, until every task
+/// has ended.
+async fn crash_loop(how: Loop) -> Looped {
     let redis = TestRedis::start();
     let url = redis.url();
     let client = client(&redis).await;
+    let start = |n: u64| {
+        let client = &client;
+        async move {
+            match how.brittle {
+                true => client.start::<Brittle>(n).await.unwrap(),
+                false => client.start::<Chaos>(n).await.unwrap(),
+            }
+        }
+    };
     let mut good = Vec::new();
     for n in 1..=20u64 {
-        good.push(client.start::<Chaos>(n).await.unwrap());
+        good.push(start(n).await);
     }
-    let poison = client.start::<Chaos>(666).await.unwrap();
+    let poison = start(666).await;
     for n in 21..=40u64 {
-        good.push(client.start::<Chaos>(n).await.unwrap());
+        good.push(start(n).await);
     }
-    let envs = [
+    let visibility = how.visibility_ms.to_string();
+    let lease = how.lease_ms.map(|ms| ms.to_string());
+    let mut envs = vec![
         ("WORKERS", "1"),
         ("CONCURRENCY", "8"),
         ("POISON", "666"),
         ("MAX_DELIVERIES", "4"),
-        ("VISIBILITY_MS", "500"),
+        ("VISIBILITY_MS", visibility.as_str()),
         ("MAX_WORK_MS", "300"),
         ("FAILURE_RATE", "0"),
         ("RECORD", "0"),
         ("HOUSEKEEPING_MS", "200"),
         ("IDLE_CONSUMER_MS", "1000"),
+        ("BRITTLE", "1"),
     ];
+    if let Some(lease) = &lease {
+        envs.push(("LOCK_TTL_MS", lease));
+    }
     let mut worker = spawn_worker(&url, &envs);
     let mut crashes = 0;
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(90);
     loop {
         let mut open = 0;
         for id in good.iter().chain([&poison]) {
@@ -113,48 +207,117 @@ async fn a_crash_loop_costs_the_tasks_beside_it_nothing() {
         if open == 0 {
             break;
         }
+        if Instant::now() >= deadline {
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let keys: Vec<String> = redis::cmd("KEYS").arg("*lock*").query(&mut conn).unwrap();
+            for k in keys {
+                let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut conn).unwrap();
+                eprintln!("{k}: {ttl} ms");
+            }
+            for id in good.iter().chain([&poison]) {
+                let task = client.task(*id).await.unwrap().unwrap();
+                if !task.status.is_terminal() {
+                    let steps: Vec<_> = task
+                        .steps
+                        .iter()
+                        .map(|s| (s.status, s.attempt_count, s.retry_base, s.alone_attempt))
+                        .collect();
+                    eprintln!("open {} {:?} {:?}", task.id, task.status, steps);
+                    for e in task.audit_log.iter().rev().take(6) {
+                        eprintln!(
+                            "    {:?} {:?} {:?} {:?} {:?}",
+                            e.at, e.action, e.step, e.attempt, e.worker
+                        );
+                    }
+                }
+            }
+        }
         assert!(
             Instant::now() < deadline,
             "{open} tasks still open after {crashes} crashes"
         );
         if worker.exited() {
             crashes += 1;
+            eprintln!(
+                "crash {crashes} at {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
             worker = spawn_worker(&url, &envs);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(worker);
-    let task = client.task(poison).await.unwrap().unwrap();
-    assert_eq!(task.status, TaskStatus::DeadLettered, "{task:#?}");
-    let reason = task.error.clone().unwrap_or_default();
-    assert!(reason.contains("without completing"), "{reason}");
-    assert!(
-        crashes >= 4,
-        "each delivery of the culprit crashed ({crashes})"
+    eprintln!(
+        "{} crashes, {:.1} s",
+        crashes,
+        started.elapsed().as_secs_f64()
     );
-    let mut charged = Vec::new();
+    let mut tasks = Vec::new();
     for id in &good {
-        let task = client.task(*id).await.unwrap().unwrap();
+        tasks.push(client.task(*id).await.unwrap().unwrap());
+    }
+    Looped {
+        crashes,
+        poison,
+        good: tasks,
+        client,
+        _redis: redis,
+    }
+}
+
+/// Before recovered messages ran alone, each crash cost the tasks in
+/// flight beside the culprit an attempt and a delivery, and some ended
+/// `Compensated` or parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_costs_the_tasks_beside_it_nothing() {
+    let looped = crash_loop(Loop {
+        visibility_ms: 500,
+        lease_ms: None,
+        brittle: false,
+    })
+    .await;
+    looped.culprit_parked().await;
+    for task in &looped.good {
         assert_eq!(task.status, TaskStatus::Completed, "innocent: {task:#?}");
-        // No step failed: each counted exactly one attempt, whatever
-        // crashes cut some short.
-        for step in &task.steps {
-            if step.attempt_count - step.retry_base != 1 {
-                charged.push((task.id, step.name.clone(), step.attempt_count));
-            }
-        }
+    }
+    let charged = looped.charged();
+    assert!(
+        charged.is_empty(),
+        "innocent tasks were charged attempts:\n{}",
+        charged.join("\n")
+    );
+}
+
+/// The settings (visibility 1 s, a task lease of 2 s, longer than
+/// it) with two retries a step: a charge for a neighbour's crashes would
+/// soon exhaust an innocent task and compensate it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loop_exhausts_no_innocent_with_two_retries() {
+    let looped = crash_loop(Loop {
+        visibility_ms: 1000,
+        lease_ms: Some(2000),
+        brittle: true,
+    })
+    .await;
+    let charged = looped.charged();
+    for task in &looped.good {
+        assert_eq!(
+            task.status,
+            TaskStatus::Completed,
+            "innocent: {}\n{}",
+            task.id,
+            charged.join("\n")
+        );
     }
     assert!(
         charged.is_empty(),
-        "innocent tasks were charged attempts: {charged:?}"
+        "innocent tasks were charged attempts:\n{}",
+        charged.join("\n")
     );
-    let letters = client
-        .dead_letters(Default::default())
-        .await
-        .unwrap()
-        .letters;
-    assert_eq!(letters.len(), 1, "only the culprit: {letters:#?}");
-    assert_eq!(letters[0].task_id, Some(poison));
+    looped.culprit_parked().await;
 }
 
 /// The same for a process manager: one handler aborts the process on one

@@ -316,10 +316,15 @@ async fn a_chain_of_steps_costs_at_most_two_transactions_per_step() {
         "{:.2} transactions per step in the steady state (budget 5/3): {by_query:#?}",
         steady as f64 / steps
     );
-    // Notifications go out for many writes at once: fewer than the tasks.
+    // Notifications go out after the writes, for all those of the last
+    // few milliseconds at once: at most one per task (its final commit;
+    // the writes of its steps before it share its statement or need
+    // none), never one per step. Fewer when tasks end closer together
+    // than the waker's spacing, which is the machine's speed, not a
+    // count to hold it to.
     assert!(
-        notifications < tasks as i64,
-        "{notifications} notifications sent for {tasks} tasks"
+        notifications <= tasks as i64,
+        "{notifications} notifications sent for {tasks} tasks of 3 steps"
     );
     // The listener reads each notification once; a few connections start.
     // More would be notifications sent per step.

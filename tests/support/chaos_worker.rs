@@ -13,7 +13,8 @@
 //! `TIMER_POLL_MS` (20), `HOUSEKEEPING_MS` (30000), `IDLE_CONSUMER_MS`
 //! (600000), `POLL_MS` (PostgreSQL's idle poll, 100), `PROCESS` (1: also
 //! run the `crashy` process manager), `PM_POISON` (an input whose handler
-//! aborts the process).
+//! aborts the process), `BRITTLE` (1: also run `chaos-brittle`, the same
+//! steps with two retries each).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +23,7 @@ use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::backend::Backend;
 use saga_runtime::Engine;
-use sagas::chaos::{Chaos, ChaosConfig};
+use sagas::chaos::{Brittle, Chaos, ChaosConfig};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -83,13 +84,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         record: env("RECORD", 1) == 1,
         poison: std::env::var("POISON").ok().and_then(|v| v.parse().ok()),
     };
+    let worker = format!("pid-{}", std::process::id());
     let mut builder = Engine::builder()
         .backend_arc(backend)
-        .saga(Chaos::new(
-            recorder,
-            format!("pid-{}", std::process::id()),
-            chaos,
-        ))
+        .saga(Chaos::new(recorder.clone(), worker.clone(), chaos))
         .lock_retry_delay(Duration::from_millis(50))
         .max_deliveries(env("MAX_DELIVERIES", 10))
         .worker_concurrency(env("CONCURRENCY", 1))
@@ -103,6 +101,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         builder = builder.process_manager(sagas::crashy::Crashy {
             poison: std::env::var("PM_POISON").ok().and_then(|v| v.parse().ok()),
         });
+    }
+    if env("BRITTLE", 0) == 1 {
+        builder = builder.saga(Brittle(Chaos::new(recorder, worker, chaos)));
     }
     if let Some(ttl) = env_ms("LOCK_TTL_MS") {
         builder = builder.lock_ttl(ttl);

@@ -4,7 +4,9 @@
 //!
 //! One engine of a deployment relays an endpoint at a time (the named
 //! lease `relay:<transport>:<endpoint>`), reading it as the consumer
-//! group `relay-<transport>` one message at a time, in order: the
+//! group `relay-<transport>` in order, in batches sent together whose
+//! confirmations are awaited in order (a failure leaves the rest of the
+//! batch pending, retried from it): the
 //! messages of one sending instance reach the broker in the order its
 //! saves wrote them. With the broker away, the message waits in the
 //! endpoint (retried with growing pauses, kept from other consumers of
