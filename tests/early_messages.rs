@@ -112,8 +112,8 @@ impl Orders {
         state: &mut Fulfillment,
         _ctx: &mut ProcessContext,
     ) -> Result<(), ProcessError> {
-        if msg.order_id.starts_with("handover-") && msg.n == 0 {
-            handover::block().await;
+        if let Some(gate) = handover::gate(&msg.order_id).filter(|_| msg.n == 0) {
+            gate.pass().await;
         }
         state.notes.push(msg.n);
         Ok(())
@@ -386,33 +386,56 @@ async fn on_postgres_three_engines_lose_no_order_whatever_the_order_of_its_messa
     no_order_is_lost(engines).await;
 }
 
-/// The first note of each `handover-` order waits until the test opens
-/// the gate: its partition's owner is busy with it while another engine
-/// joins.
+/// The first note of each `joining-` (`leaving-`) order waits until the
+/// test opens that gate: its partition's owner is busy with it while
+/// another engine joins (or the owner shuts down).
 mod handover {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::Duration;
 
-    pub static BLOCKED: AtomicUsize = AtomicUsize::new(0);
-    pub static OPEN: AtomicBool = AtomicBool::new(false);
+    pub struct Gate {
+        pub waiting: AtomicUsize,
+        pub open: AtomicBool,
+    }
 
-    pub async fn block() {
-        BLOCKED.fetch_add(1, Ordering::SeqCst);
-        while !OPEN.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    pub static JOINING: Gate = Gate::new();
+    pub static LEAVING: Gate = Gate::new();
+
+    pub fn gate(order: &str) -> Option<&'static Gate> {
+        match order.split('-').next()? {
+            "joining" => Some(&JOINING),
+            "leaving" => Some(&LEAVING),
+            _ => None,
+        }
+    }
+
+    impl Gate {
+        const fn new() -> Self {
+            Gate {
+                waiting: AtomicUsize::new(0),
+                open: AtomicBool::new(false),
+            }
+        }
+
+        pub async fn pass(&self) {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            while !self.open.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
 }
 
-/// An engine joins while the only one handles the first note of each of
-/// 24 orders: the partitions balanced to the newcomer stay the first
-/// one's, unread, until those notes are done, so the second note of each
-/// order (published meanwhile) is handled after its first. Before, the
-/// newcomer read the second notes of its partitions at once and handled
-/// them first (the first engine's write then retried on the newer state).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn on_redis_a_partition_changing_owner_keeps_its_instances_order() {
+/// 24 orders whose first notes are being handled by the only engine when
+/// a second one joins (and, `leaving`, the first one shuts down): the
+/// partitions that move to the second stay the first one's, unread,
+/// until those notes are done, so the second note of each order
+/// (published meanwhile) is handled after its first. Before, the newcomer
+/// read the second notes at once and handled them first (the first
+/// engine's write then retried on the newer state).
+async fn a_partition_moving_keeps_its_instances_order(prefix: &str, leaving: bool) {
     use std::sync::atomic::Ordering;
+    let gate = handover::gate(prefix).unwrap();
     let redis = TestRedis::start();
     let one = |concurrency| {
         let redis = &redis;
@@ -429,11 +452,11 @@ async fn on_redis_a_partition_changing_owner_keeps_its_instances_order() {
     };
     let first = one(64).await;
     const ORDERS: usize = 24;
-    let order = |i: usize| format!("handover-{i}");
+    let order = |i: usize| format!("{prefix}-{i}");
     for i in 0..ORDERS {
         let start = OrderSubmitted {
             order_id: order(i),
-            order_number: format!("H-{i}"),
+            order_number: format!("{prefix}-number-{i}"),
         };
         first.publish(start).await.unwrap();
         let note = Noted {
@@ -443,7 +466,7 @@ async fn on_redis_a_partition_changing_owner_keeps_its_instances_order() {
         first.publish(note).await.unwrap();
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while handover::BLOCKED.load(Ordering::SeqCst) < ORDERS {
+    while gate.waiting.load(Ordering::SeqCst) < ORDERS {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the first notes never ran"
@@ -453,21 +476,29 @@ async fn on_redis_a_partition_changing_owner_keeps_its_instances_order() {
     let second = one(8).await;
     // A few heartbeats (visibility 800 ms: one every ~270 ms) to balance.
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stopping = leaving.then(|| {
+        let first = first.clone();
+        tokio::spawn(async move { first.shutdown().await })
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
     for i in 0..ORDERS {
         let note = Noted {
             order_id: order(i),
             n: 1,
         };
-        first.publish(note).await.unwrap();
+        second.publish(note).await.unwrap();
     }
-    // Time for the newcomer to read the second notes of its partitions.
+    // Time for the second engine to read the second notes.
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    handover::OPEN.store(true, Ordering::SeqCst);
+    gate.open.store(true, Ordering::SeqCst);
+    if let Some(stopping) = stopping {
+        stopping.await.unwrap();
+    }
     let mut wrong = Vec::new();
     for i in 0..ORDERS {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
-            let notes = first
+            let notes = second
                 .process_state::<Orders>(&order(i))
                 .await
                 .unwrap()
@@ -489,4 +520,14 @@ async fn on_redis_a_partition_changing_owner_keeps_its_instances_order() {
     assert!(wrong.is_empty(), "handled out of order: {wrong:?}");
     first.shutdown().await;
     second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_redis_a_partition_moving_to_an_engine_that_joins_keeps_its_instances_order() {
+    a_partition_moving_keeps_its_instances_order("joining", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_redis_a_partition_left_by_an_engine_shutting_down_keeps_its_instances_order() {
+    a_partition_moving_keeps_its_instances_order("leaving", true).await;
 }

@@ -115,7 +115,7 @@ async fn run_process(
         .unwrap();
     }
     stand_in
-        .leave_process_partitions("bench-publisher")
+        .leave_process_partitions("bench-publisher", 0, Duration::from_secs(1))
         .await
         .unwrap();
     let started = Instant::now();

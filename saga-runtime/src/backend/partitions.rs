@@ -56,10 +56,24 @@ pub trait Partitions: Send + Sync + 'static {
         None
     }
 
-    /// Lets go of `member`'s partitions at once (an engine shutting down),
-    /// so that the others take them over without waiting for the TTL.
-    async fn leave_process_partitions(&self, member: &str) -> Result<(), BackendError> {
-        let _ = member;
+    /// The partition the messages of `process` for `target` (an instance
+    /// id, or a correlation value) are published to.
+    fn target_partition(&self, process: &str, target: &str) -> Option<u16> {
+        let _ = (process, target);
+        None
+    }
+
+    /// Lets go of `member`'s partitions (an engine shutting down), so
+    /// that the others take them over without waiting for the TTL: at
+    /// once, but those in `busy`, which it keeps for `ttl` more (its
+    /// messages of them are being finished; it calls again).
+    async fn leave_process_partitions(
+        &self,
+        member: &str,
+        busy: u64,
+        ttl: Duration,
+    ) -> Result<(), BackendError> {
+        let _ = (member, busy, ttl);
         Ok(())
     }
 

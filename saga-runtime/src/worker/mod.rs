@@ -111,18 +111,9 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
             _ = isolation::settled(&rt) => {}
             _ = rt.shutdown.cancelled() => break,
         }
-        if interest.processes {
-            interest.process_partitions = partitions::owned(&rt).await;
-        }
-        // Held until the messages read have their tickets (see
-        // `Runtime::reading`); the work in flight goes on meanwhile.
-        let reading = interest.processes.then(|| rt.reading.lock());
-        let reading = match reading {
-            Some(lock) => tokio::select! {
-                guard = lock => Some(guard),
-                _ = rt.shutdown.cancelled() => break,
-            },
-            None => None,
+        // Held until the messages read have their tickets.
+        let Some(reading) = read_turn(&rt, &mut interest, &mut running, &mut holding).await else {
+            break;
         };
         let free = limit - running.len();
         let receive = rt.backend.receive_many(
@@ -156,9 +147,11 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
                     let ticket = isolation::ticket(&rt, &delivery);
                     // Its place among its instance's messages, taken in the
                     // order read (see `process::lanes`).
-                    let lane = process::lane(&rt, &delivery);
-                    // Its partition stays this engine's until it is done.
-                    let busy = partitions::busy(&rt, &delivery);
+                    let target = process::routed_by(&rt, &delivery);
+                    let lane = process::lane(&rt, target.as_ref());
+                    // Its partitions stay this engine's until it is done.
+                    let busy = partitions::busy(&rt, &delivery, target.as_ref());
+                    drop(target);
                     let (delivery, lease) = split_lease(delivery);
                     let delivery = Arc::new(delivery);
                     holding.insert(taken, delivery.clone());
@@ -201,6 +194,39 @@ pub(crate) async fn run(rt: Arc<Runtime>, name: String) {
     if let Err(error) = rt.backend.leave(&consumer).await {
         tracing::warn!(%error, "handing back this worker's buffered messages failed; they are redelivered after the visibility timeout");
     }
+}
+
+/// This loop's turn to read (`Runtime::reading`), for an engine that
+/// runs process managers (`Some(None)` for one that does not), with the
+/// partitions it reads now in `interest`; `None`: the engine is shutting
+/// down. The work in flight goes on meanwhile.
+async fn read_turn<'a>(
+    rt: &'a Runtime,
+    interest: &mut Interest,
+    running: &mut JoinSet<u64>,
+    holding: &mut HashMap<u64, Arc<Delivery>>,
+) -> Option<Option<partitions::ReadTurn<'a>>> {
+    if !interest.processes {
+        return Some(None);
+    }
+    let turn = tokio::select! {
+        biased;
+        _ = rt.shutdown.cancelled() => return None,
+        guard = rt.reading.lock() => partitions::ReadTurn::new(rt, guard),
+    };
+    // What changed while this loop waited for its turn.
+    while let Some(done) = running.try_join_next() {
+        settled(holding, Some(done));
+    }
+    tokio::select! {
+        _ = isolation::settled(rt) => {}
+        _ = rt.shutdown.cancelled() => return None,
+    }
+    // The partitions owned now, not before the wait; counted as being
+    // read until the messages read are counted in theirs.
+    interest.process_partitions = partitions::owned(rt).await;
+    turn.reads(interest.process_partitions);
+    Some(Some(turn))
 }
 
 /// Takes the task loaded with a delivery's lease out of it: the message's

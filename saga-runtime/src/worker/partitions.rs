@@ -4,12 +4,20 @@
 //! The share is renewed every heartbeat and trusted only for the TTL it was
 //! granted for: an engine that cannot reach the backend stops reading the
 //! partitions it can no longer prove it owns, since another engine may own
-//! them by then. Each renewal names the partitions this engine still
-//! handles messages of, which it keeps (unread) until they are done, even
-//! when they were balanced to another engine: that engine reads the next
-//! message of an instance only once this one finished the previous.
+//! them by then.
+//!
+//! A partition balanced to another engine is handed over only once this
+//! one is done with it, so that the other reads the next message of an
+//! instance only after this one handled the previous: each renewal names
+//! the partitions to keep (renewed, no longer read) though balanced away:
+//! those of the last grant (a read may have begun on it just before this
+//! renewal), of the read in progress, and of the messages being handled.
+//! A partition is kept so at most [`KEEP_LEASES`] TTLs (a handler that
+//! blocks its thread must not keep the newcomer out for ever; versioning
+//! settles what overlaps then). A shutdown keeps them the same way until
+//! its messages are done, then leaves.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +34,16 @@ pub(crate) struct Ownership {
     state: Mutex<Grant>,
     /// How many messages of each partition this engine's workers handle.
     busy: [AtomicU32; 64],
+    /// The partitions of the read in progress (the worker loops of an
+    /// engine read one at a time: `Runtime::reading`).
+    reading: AtomicU64,
+    /// Since when each partition is kept though balanced away.
+    kept: Mutex<[Option<Instant>; 64]>,
 }
+
+/// How many TTLs a partition balanced away is kept at most for its
+/// messages in flight.
+const KEEP_LEASES: u32 = 10;
 
 impl Default for Ownership {
     fn default() -> Self {
@@ -34,32 +51,84 @@ impl Default for Ownership {
             first: OnceCell::new(),
             state: Mutex::default(),
             busy: std::array::from_fn(|_| AtomicU32::new(0)),
+            reading: AtomicU64::new(0),
+            kept: Mutex::new([None; 64]),
         }
     }
 }
 
-/// One message of a partition being handled: counted in
-/// [`Ownership::busy`] until dropped.
+/// A worker loop's turn to read (`Runtime::reading`), held until the
+/// messages it read are counted in their partitions: meanwhile the
+/// partitions it reads count as in use.
+pub(crate) struct ReadTurn<'a> {
+    rt: &'a Runtime,
+    _turn: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl<'a> ReadTurn<'a> {
+    pub(crate) fn new(rt: &'a Runtime, turn: tokio::sync::MutexGuard<'a, ()>) -> Self {
+        ReadTurn { rt, _turn: turn }
+    }
+
+    /// Records the partitions this read covers.
+    pub(crate) fn reads(&self, partitions: u64) {
+        self.rt
+            .partitions
+            .reading
+            .store(partitions, Ordering::Release);
+    }
+}
+
+impl Drop for ReadTurn<'_> {
+    /// Before the turn passes (its fields drop after this).
+    fn drop(&mut self) {
+        self.rt.partitions.reading.store(0, Ordering::Release);
+    }
+}
+
+/// One message being handled: counted in [`Ownership::busy`] in the
+/// partition it was read from and in the one the next message of what it
+/// is for goes to (the same, but for a message moved or read from a
+/// stream every engine reads), until dropped.
 pub(crate) struct Busy {
     rt: Arc<Runtime>,
-    partition: usize,
+    partitions: [Option<usize>; 2],
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.rt.partitions.busy[self.partition].fetch_sub(1, Ordering::AcqRel);
+        for k in self.partitions.into_iter().flatten() {
+            self.rt.partitions.busy[k].fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
-/// Counts `delivery` as in flight in its partition until the returned
-/// guard drops; `None` for a message of no partition one engine reads.
-pub(crate) fn busy(rt: &Arc<Runtime>, delivery: &crate::backend::Delivery) -> Option<Busy> {
-    let partition = usize::from(rt.placement().owned_partition(delivery)?);
-    let counter = rt.partitions.busy.get(partition)?;
-    counter.fetch_add(1, Ordering::AcqRel);
+/// Counts `delivery` (routed by `target`: its process manager and what it
+/// names) as in flight in its partitions until the returned guard drops;
+/// `None` for a message of no partition one engine reads.
+pub(crate) fn busy(
+    rt: &Arc<Runtime>,
+    delivery: &crate::backend::Delivery,
+    target: Option<&(&str, String)>,
+) -> Option<Busy> {
+    let placement = rt.placement();
+    let read = placement.owned_partition(delivery);
+    let next = target.and_then(|(process, target)| placement.target_partition(process, target));
+    let valid = |k: Option<u16>| k.map(usize::from).filter(|k| *k < 64);
+    let (read, next) = (valid(read), valid(next));
+    let partitions = match next == read {
+        true => [read, None],
+        false => [read, next],
+    };
+    if partitions == [None, None] {
+        return None;
+    }
+    for k in partitions.into_iter().flatten() {
+        rt.partitions.busy[k].fetch_add(1, Ordering::AcqRel);
+    }
     Some(Busy {
         rt: rt.clone(),
-        partition,
+        partitions,
     })
 }
 
@@ -97,6 +166,42 @@ impl Ownership {
             .filter(|(_, busy)| *busy)
             .fold(0, |mask, (k, _)| mask | 1 << k)
     }
+
+    /// The partitions read or with a message handled here now.
+    fn in_use(&self) -> u64 {
+        self.reading.load(Ordering::Acquire) | self.busy()
+    }
+
+    /// The partitions to keep though balanced away (see the module
+    /// documentation): but those kept for `longest` already.
+    fn keep(&self, longest: Duration) -> u64 {
+        let granted = match *self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            Grant::Owned(bits, _) => bits,
+            Grant::Everything => 0,
+        };
+        let wanted = granted | self.in_use();
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let expired = kept
+            .iter()
+            .enumerate()
+            .filter_map(|(k, since)| match since {
+                Some(since) if since.elapsed() >= longest => Some(1u64 << k),
+                _ => None,
+            });
+        wanted & !expired.fold(0, |mask, bit| mask | bit)
+    }
+
+    /// Notes which of `keep` the backend left this engine without
+    /// granting them (kept since now, if not before).
+    fn note_kept(&self, keep: u64, granted: u64) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        for (k, since) in kept.iter_mut().enumerate() {
+            match (keep & !granted) & (1 << k) != 0 {
+                true => *since = since.or(Some(Instant::now())),
+                false => *since = None,
+            }
+        }
+    }
 }
 
 /// The partitions this engine's workers read now: after the first grant.
@@ -114,12 +219,14 @@ fn ttl(rt: &Runtime) -> Duration {
 /// Asks the backend for this engine's share and records the grant.
 async fn renew(rt: &Runtime) {
     let asked = Instant::now();
+    let keep = rt.partitions.keep(ttl(rt) * KEEP_LEASES);
     match rt
         .placement()
-        .process_partitions(&rt.instance, ttl(rt), rt.partitions.busy())
+        .process_partitions(&rt.instance, ttl(rt), keep)
         .await
     {
         Ok(Some(bits)) => {
+            rt.partitions.note_kept(keep, bits);
             let before = rt.partitions.now();
             if bits != before {
                 tracing::info!(
@@ -208,13 +315,40 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
     if !processes {
         return;
     }
-    rt.partitions.set(Grant::Owned(0, Instant::now()));
-    if let Err(error) = rt.placement().leave_process_partitions(&rt.instance).await {
-        tracing::warn!(%error, "letting go of the process-manager partitions failed; others take them over when they expire");
-    }
+    leave(&rt).await;
     let names = process_names(&rt);
     let _ = rt
         .placement()
         .announce_processes(&rt.instance, &names, None)
         .await;
+}
+
+/// Leaves the partitions: at once those this engine is done with, the
+/// others once their messages are (the workers drain them within their
+/// shutdown grace, or give them back), or after [`KEEP_LEASES`] TTLs.
+async fn leave(rt: &Runtime) {
+    let state = &rt.partitions.state;
+    let grant = std::mem::take(&mut *state.lock().unwrap_or_else(|p| p.into_inner()));
+    if let Grant::Everything = grant {
+        // The backend does not partition: nothing to leave.
+        return;
+    }
+    let until = Instant::now() + ttl(rt) * KEEP_LEASES;
+    let mut busy = rt.partitions.in_use();
+    loop {
+        let placement = rt.placement();
+        let left = placement.leave_process_partitions(&rt.instance, busy, ttl(rt));
+        if let Err(error) = left.await {
+            tracing::warn!(%error, "letting go of the process-manager partitions failed; others take them over when they expire");
+            return;
+        }
+        if busy == 0 {
+            return;
+        }
+        tokio::time::sleep(rt.heartbeat_every()).await;
+        busy = match Instant::now() < until {
+            true => rt.partitions.in_use(),
+            false => 0,
+        };
+    }
 }

@@ -6,9 +6,10 @@
 //! instance meet in one stream. Each partition is read by one engine at a
 //! time, the holder of its owner lease: `BALANCE` spreads the partitions
 //! over the engines that renewed their membership within its TTL. An
-//! owner keeps a partition balanced away until the messages of it in
-//! flight are done (it reads no more of them meanwhile), so that the
-//! next owner reads an instance's next message only then. One
+//! owner keeps a partition balanced away (or left, shutting down) until
+//! the messages of it in flight are done (it reads no more of them
+//! meanwhile; see the worker's `partitions`), so that the next owner
+//! reads an instance's next message only then. One
 //! writer per instance is thus the normal case across processes, not
 //! only within one; versioning still settles the rare overlap (an owner
 //! that stalls past its lease).
@@ -66,10 +67,17 @@ impl Partitions for RedisBackend {
         self.balance(member, ttl, false, busy).await.map(Some)
     }
 
-    async fn leave_process_partitions(&self, member: &str) -> Result<(), BackendError> {
-        self.balance(member, Duration::ZERO, true, 0)
-            .await
-            .map(drop)
+    async fn leave_process_partitions(
+        &self,
+        member: &str,
+        busy: u64,
+        ttl: Duration,
+    ) -> Result<(), BackendError> {
+        self.balance(member, ttl, true, busy).await.map(drop)
+    }
+
+    fn target_partition(&self, process: &str, target: &str) -> Option<u16> {
+        Some(self.keys().pm_k(process, target))
     }
 
     fn owned_partition(&self, delivery: &Delivery) -> Option<u16> {

@@ -35,10 +35,10 @@ use crate::process::{
 };
 use crate::saga::state_machine::poison_reason;
 
-/// The lane of a delivered process-manager message (what it is routed
-/// by), and its ticket in it; `None` for anything else, or a message
-/// whose routing cannot be told here (it goes on at once).
-pub(super) fn lane(rt: &Runtime, delivery: &Delivery) -> Option<Ticket> {
+/// What a delivered process-manager message is routed by: its process
+/// manager, and the instance id or correlation value it names; `None`
+/// for anything else, or a message whose routing cannot be told here.
+pub(super) fn routed_by<'a>(rt: &Runtime, delivery: &'a Delivery) -> Option<(&'a str, String)> {
     let Ok(crate::backend::WorkItem::Process(envelope)) = &delivery.item else {
         return None;
     };
@@ -49,7 +49,14 @@ pub(super) fn lane(rt: &Runtime, delivery: &Delivery) -> Option<Ticket> {
             crate::process::routing_key(pm.as_ref(), &envelope.message_type, &envelope.payload).0?
         }
     };
-    Some(rt.lanes.enter(format!("{}:{target}", envelope.process)))
+    Some((envelope.process.as_str(), target))
+}
+
+/// The ticket of a message routed by `target` in its lane; `None` (it
+/// goes on at once) for one whose routing cannot be told.
+pub(super) fn lane(rt: &Runtime, target: Option<&(&str, String)>) -> Option<Ticket> {
+    let (process, target) = target?;
+    Some(rt.lanes.enter(format!("{process}:{target}")))
 }
 
 /// Handles one process-manager envelope; `lane`, its place among its

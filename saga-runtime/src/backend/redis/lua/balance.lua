@@ -7,7 +7,7 @@
 -- while the old one still handles the previous), and
 -- returns the partitions it holds now, as a list (a bit mask built in
 -- Lua, whose numbers are doubles, would lose partitions past 53). Leaving
--- lets go of all of them and of the membership. A partition is never held
+-- lets go of the membership and of the partitions but the busy ones. A partition is never held
 -- by two members: an owner lease is taken only where none is. The owner
 -- also moves its partitions' due hand-backs back onto them (as the timer
 -- poller does, move_due.lua): a poller of a version without partitions
@@ -22,8 +22,8 @@
 -- ARGV[6]: the process-manager key prefix ('' in the spread layout, whose
 --   partitions are in other slots: the timer poller moves their due
 --   hand-backs)
--- ARGV[7]: the partitions the member still has messages of in flight,
---   comma-separated ('' for none)
+-- ARGV[7]: the partitions the member keeps though not its share (it
+--   still has messages of them in flight), comma-separated ('' for none)
 -- Returns: the partitions the member holds, as a list.
 local members_key = KEYS[1]
 local owner_prefix = ARGV[1]
@@ -61,7 +61,7 @@ for k = 0, n - 1 do
         move_due(pm_prefix .. ':delayed:' .. k, pm_prefix .. ':queue:' .. k, 256, now)
       end
     end
-  elseif owner == me and busy[k] and leaving ~= '1' then
+  elseif owner == me and busy[k] then
     redis.call('SET', key, me, 'PX', ttl)
   elseif owner == me then
     redis.call('DEL', key)
