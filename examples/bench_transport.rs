@@ -376,7 +376,21 @@ async fn through_engine(b: &Broker, store_url: &str, n: u64, workers: usize, tag
             |i| json!({"id": format!("i-{}", i % INSTANCES), "n": i}),
         )
         .await;
+    counted(&engine, n).await;
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    engine.shutdown().await;
+    rate
+}
+
+/// Until the counters of the instances add up to `n` (a run that loses
+/// messages ends with an error after 10 minutes rather than wait on).
+async fn counted(engine: &Engine, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(600);
     loop {
+        assert!(
+            Instant::now() < deadline,
+            "fewer than {n} messages were handled in 10 minutes"
+        );
         let mut total = 0;
         for i in 0..INSTANCES {
             total += engine
@@ -387,13 +401,10 @@ async fn through_engine(b: &Broker, store_url: &str, n: u64, workers: usize, tag
                 .map_or(0, |c| c.n);
         }
         if total >= n {
-            break;
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    engine.shutdown().await;
-    rate
 }
 
 /// The store's own ceiling for the same work: the messages published
@@ -420,21 +431,7 @@ async fn in_process(store_url: &str, n: u64, workers: usize, tag: &str) -> f64 {
         });
         futures::future::join_all(sends).await;
     }
-    loop {
-        let mut total = 0;
-        for i in 0..INSTANCES {
-            total += engine
-                .process_state::<Counter>(&format!("i-{i}"))
-                .await
-                .ok()
-                .flatten()
-                .map_or(0, |c| c.n);
-        }
-        if total >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    counted(&engine, n).await;
     let rate = n as f64 / start.elapsed().as_secs_f64();
     engine.shutdown().await;
     rate
