@@ -16,11 +16,11 @@
 //! than its share, which is what lets throughput grow with shards on
 //! machines of their own.
 
-#[path = "../tests/common/redis_server.rs"]
+#[path = "../testsuite/tests/common/redis_server.rs"]
 #[allow(dead_code)]
 mod redis_server;
 
-#[path = "../tests/common/redis_cluster.rs"]
+#[path = "../testsuite/tests/common/redis_cluster.rs"]
 #[allow(dead_code)]
 mod redis_cluster;
 

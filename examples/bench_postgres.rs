@@ -30,7 +30,7 @@
 //! time in, those inside the protocol's functions included
 //! (`pg_stat_statements.track = all`).
 
-#[path = "../tests/common/postgres_server.rs"]
+#[path = "../testsuite/tests/common/postgres_server.rs"]
 #[allow(dead_code)]
 mod postgres_server;
 

@@ -38,7 +38,7 @@
 //!   right after, favourable settings at concurrency 4 and 16, three runs
 //!   each; then a summary of both medians and their ratio.
 
-#[path = "../tests/common/redis_server.rs"]
+#[path = "../testsuite/tests/common/redis_server.rs"]
 #[allow(dead_code)]
 mod redis_server;
 

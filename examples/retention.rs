@@ -9,7 +9,7 @@
 //! cargo run --release --example retention [-- TASKS]
 //! ```
 
-#[path = "../tests/common/redis_server.rs"]
+#[path = "../testsuite/tests/common/redis_server.rs"]
 #[allow(dead_code)]
 mod redis_server;
 

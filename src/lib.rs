@@ -1,16 +1,5 @@
-//! Owns the workspace's examples and integration tests; the library is
-//! `saga-runtime`. The README's code blocks are compiled and run as doctests
-//! from here.
-
-#[doc(hidden)]
-pub mod batch;
-#[doc(hidden)]
-pub mod chaos;
-#[doc(hidden)]
-pub mod crashy;
-#[doc(hidden)]
-pub mod shop;
-
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
+//! The examples of `saga-runtime` (in `examples/`): run one with
+//! `cargo run --example create_zip`. An example that needs a store or a
+//! broker names its feature (`cargo run --features redis --example
+//! bench_redis`). The library is `saga-runtime`; the tests are in
+//! `testsuite/`.

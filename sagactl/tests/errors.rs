@@ -8,16 +8,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[allow(dead_code)]
-#[path = "../../tests/common/ops_sagas.rs"]
+#[path = "../../testsuite/tests/common/ops_sagas.rs"]
 mod ops_sagas;
 #[allow(dead_code)]
-#[path = "../../tests/common/postgres_server.rs"]
+#[path = "../../testsuite/tests/common/postgres_server.rs"]
 mod postgres_server;
 #[allow(dead_code)]
-#[path = "../../tests/common/redis_cluster.rs"]
+#[path = "../../testsuite/tests/common/redis_cluster.rs"]
 mod redis_cluster;
 #[allow(dead_code)]
-#[path = "../../tests/common/redis_server.rs"]
+#[path = "../../testsuite/tests/common/redis_server.rs"]
 mod redis_server;
 
 use std::net::TcpListener;

@@ -186,10 +186,31 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, BackendError> {
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
             Ok(Arc::new(redis::RedisBackend::connect(url).await?))
         }
-        _ => Err(BackendError::Misconfigured(format!(
-            "`{url}` names no store this build can use: expected {}",
-            supported_schemes()
-        ))),
+        _ => Err(BackendError::Misconfigured(match missing_feature(scheme) {
+            // A store this library has, in a build without it: the usual
+            // mistake of a first `--url` (the examples build no store by
+            // default).
+            Some(feature) => format!(
+                "`{url}` names a store this build leaves out: enable the feature \
+                 `{feature}` of saga-runtime (for this repository's examples, \
+                 `cargo run --features {feature} --example ..`)"
+            ),
+            None => format!(
+                "`{url}` names no store this build can use: expected {}",
+                supported_schemes()
+            ),
+        })),
+    }
+}
+
+/// The feature of the store `scheme` names, when this build leaves it out.
+fn missing_feature(scheme: &str) -> Option<&'static str> {
+    match scheme {
+        "postgres" | "postgresql" if !cfg!(feature = "postgres") => Some("postgres"),
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" if !cfg!(feature = "redis") => {
+            Some("redis")
+        }
+        _ => None,
     }
 }
 

@@ -20,7 +20,7 @@ use saga_runtime::backend::{
 };
 use saga_runtime::prelude::*;
 use saga_runtime::task::Timestamp;
-use sagas::shop::Fulfillment;
+use sagas_tests::shop::Fulfillment;
 use serde_json::json;
 
 const CAP: usize = 5;
@@ -168,7 +168,7 @@ async fn a_handler_whose_endpoint_is_full_waits_for_its_consumer() {
     // A consumer group reads `shipping`: it is an outbox.
     backend
         .endpoint_receive(
-            sagas::shop::SHIPPING,
+            sagas_tests::shop::SHIPPING,
             "g",
             "c",
             Duration::from_secs(60),
@@ -181,7 +181,7 @@ async fn a_handler_whose_endpoint_is_full_waits_for_its_consumer() {
     }
     let shipped = async || {
         backend
-            .endpoint_messages(sagas::shop::SHIPPING)
+            .endpoint_messages(sagas_tests::shop::SHIPPING)
             .await
             .unwrap()
             .len()
@@ -196,7 +196,7 @@ async fn a_handler_whose_endpoint_is_full_waits_for_its_consumer() {
     // The consumer settles what it has; the third goes through.
     while let Some(d) = backend
         .endpoint_receive(
-            sagas::shop::SHIPPING,
+            sagas_tests::shop::SHIPPING,
             "g",
             "c",
             Duration::ZERO,
@@ -206,12 +206,12 @@ async fn a_handler_whose_endpoint_is_full_waits_for_its_consumer() {
         .unwrap()
     {
         backend
-            .endpoint_settle(sagas::shop::SHIPPING, "g", &d, None)
+            .endpoint_settle(sagas_tests::shop::SHIPPING, "g", &d, None)
             .await
             .unwrap();
     }
     backend
-        .endpoint_trim(sagas::shop::SHIPPING, Duration::from_secs(3600))
+        .endpoint_trim(sagas_tests::shop::SHIPPING, Duration::from_secs(3600))
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -235,7 +235,7 @@ async fn a_handler_whose_endpoint_is_full_waits_for_its_consumer() {
 
 /// Submits, reserves and pays order `id` (it ships when all three are in).
 async fn engine_publish(engine: &Engine, id: &str, n: usize) {
-    use sagas::shop::{InventoryReserved, OrderSubmitted, PaymentCaptured};
+    use sagas_tests::shop::{InventoryReserved, OrderSubmitted, PaymentCaptured};
     let number = format!("A-{n}");
     engine
         .publish(OrderSubmitted {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::redis_server::TestRedis;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
-use sagas::chaos::{Brittle, Chaos, ChaosConfig};
+use sagas_tests::chaos::{Brittle, Chaos, ChaosConfig};
 
 /// A chaos-worker process, killed when dropped (a failed assertion must
 /// not leave it running).
@@ -327,7 +327,7 @@ async fn a_crash_loop_exhausts_no_innocent_with_two_retries() {
 /// runs (its deliveries spent by the culprit's crashes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashing_handler_costs_the_messages_beside_it_nothing() {
-    use sagas::crashy::{Crashy, Job};
+    use sagas_tests::crashy::{Crashy, Job};
     let redis = TestRedis::start();
     let url = redis.url();
     let config = RedisConfig {

@@ -11,7 +11,7 @@ use common::redis_server::TestRedis;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::backend::{QueueMessage, WorkItem};
 use saga_runtime::prelude::*;
-use sagas::chaos::{check_task, Chaos, ChaosConfig};
+use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
 
 async fn backend(redis: &TestRedis) -> RedisBackend {
     let config = RedisConfig {

@@ -51,7 +51,7 @@ const FLOORS: &[&str] = &[
 const MAX_LINES: usize = 800;
 
 fn src_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("saga-runtime/src")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../saga-runtime/src")
 }
 
 /// One source file: its path relative to `src/`, its top-level module and

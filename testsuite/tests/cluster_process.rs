@@ -284,7 +284,7 @@ async fn messages_reach_instances_across_partitions_once_each() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tally_checked_from_outside_completes_once_on_a_cluster() {
-    use sagas::batch::{Batch, BatchStarted, Batches};
+    use sagas_tests::batch::{Batch, BatchStarted, Batches};
     let cluster = TestCluster::start();
     let engine = Engine::builder()
         .backend(backend(&cluster).await)

@@ -23,7 +23,7 @@ use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::backend::Backend;
 use saga_runtime::Engine;
-use sagas::chaos::{Brittle, Chaos, ChaosConfig};
+use sagas_tests::chaos::{Brittle, Chaos, ChaosConfig};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -98,7 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `PROCESS=1`: also the `crashy` process manager, whose handler aborts
     // the process on the input `PM_POISON`.
     if env("PROCESS", 0) == 1 {
-        builder = builder.process_manager(sagas::crashy::Crashy {
+        builder = builder.process_manager(sagas_tests::crashy::Crashy {
             poison: std::env::var("PM_POISON").ok().and_then(|v| v.parse().ok()),
         });
     }

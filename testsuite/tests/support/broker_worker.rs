@@ -1,5 +1,5 @@
 //! A worker process for the transport fault tests: runs the shop's
-//! fulfillment process manager (`sagas::shop`) against the store at
+//! fulfillment process manager (`sagas_tests::shop`) against the store at
 //! `BACKEND_URL`, fed by the broker at `BROKER_URL` (`amqp://..` or
 //! `nats://..`) under the names of `PREFIX`, relaying its `shipping`
 //! endpoint, until killed (or stopped by Ctrl-C or SIGTERM).
@@ -17,7 +17,7 @@ use saga_runtime::backend::Backend;
 use saga_runtime::transport::nats::{Nats, NatsConfig};
 use saga_runtime::transport::rabbitmq::{RabbitMq, RabbitMqConfig};
 use saga_runtime::Engine;
-use sagas::shop::{Fulfillment, SHIPPING};
+use sagas_tests::shop::{Fulfillment, SHIPPING};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::http_client::Client;
 use saga_runtime::http::Api;
 use saga_runtime::prelude::*;
-use sagas::shop::Fulfillment;
+use sagas_tests::shop::Fulfillment;
 use serde_json::json;
 
 const TOKEN: &str = "s3cret";

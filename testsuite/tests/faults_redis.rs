@@ -14,7 +14,7 @@ use redis::Value;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
 use saga_runtime::{Error, TaskFilter};
-use sagas::chaos::{Chaos, ChaosConfig};
+use sagas_tests::chaos::{Chaos, ChaosConfig};
 
 struct Double;
 
@@ -621,7 +621,7 @@ async fn a_killed_workers_tasks_resume_within_seconds() {
         let task = finish(&client, *id, Duration::from_secs(20)).await;
         assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
         let executions = Chaos::executions(&mut recorder, *id).await.unwrap();
-        sagas::chaos::check_task(&task, &executions).unwrap();
+        sagas_tests::chaos::check_task(&task, &executions).unwrap();
     }
     let took = killed_at.elapsed();
     assert!(

@@ -85,11 +85,19 @@ fn chromium() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// Builds the example and returns its executable.
+/// Builds the example and returns its executable. With `--workspace` the
+/// features are those of the test build (every one), so nothing is built
+/// again with fewer.
 fn build_example() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
-        .args(["build", "--example", "console", "--message-format=json"])
+        .args([
+            "build",
+            "--workspace",
+            "--example",
+            "console",
+            "--message-format=json",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stderr(Stdio::inherit())
         .output()
@@ -201,7 +209,7 @@ impl Page {
             .expect("DevTools connection");
         let target = std::env::var_os("CARGO_TARGET_DIR")
             .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
         let screenshots = target.join("console-screenshots");
         std::fs::create_dir_all(&screenshots).unwrap();
         let mut page = Page {

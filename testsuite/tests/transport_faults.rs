@@ -1,5 +1,5 @@
 //! Brokers under faults, with the shop's fulfillment manager
-//! (`sagas::shop`) on a real store, Redis and PostgreSQL: every connection
+//! (`sagas_tests::shop`) on a real store, Redis and PostgreSQL: every connection
 //! cut while messages flow, the broker restarted mid-run, the broker down
 //! while handlers send, workers SIGKILLed between their store write and
 //! their acknowledgement, a poison message. Exactly once is checked by
@@ -23,7 +23,9 @@ use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::backend::Backend;
 use saga_runtime::prelude::*;
-use sagas::shop::{Fulfillment, InventoryReserved, OrderSubmitted, PaymentCaptured, SHIPPING};
+use sagas_tests::shop::{
+    Fulfillment, InventoryReserved, OrderSubmitted, PaymentCaptured, SHIPPING,
+};
 use serde_json::json;
 
 /// A store of the scenarios.

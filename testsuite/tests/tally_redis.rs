@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::redis_server::TestRedis;
 use saga_runtime::backend::InstanceStatus;
 use saga_runtime::Engine;
-use sagas::batch::{Batch, BatchStarted, Batches};
+use sagas_tests::batch::{Batch, BatchStarted, Batches};
 
 const ITEMS: u32 = 10_000;
 

@@ -26,7 +26,7 @@ use saga_runtime::engine::Checked;
 use saga_runtime::prelude::*;
 use saga_runtime::process::{Envelope, EnvelopeKind};
 use saga_runtime::task::Timestamp;
-use sagas::batch::{Batch, BatchStarted, Batches};
+use sagas_tests::batch::{Batch, BatchStarted, Batches};
 use serde::{Deserialize, Serialize};
 
 /// A backend on `pg` in schema `schema`.

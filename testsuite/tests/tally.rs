@@ -8,7 +8,7 @@ use saga_runtime::engine::Checked;
 use saga_runtime::process::{Dispatched, TallyCheck};
 use saga_runtime::testing::ProcessTest;
 use saga_runtime::{Engine, Error};
-use sagas::batch::{Abandon, Batch, BatchStarted, Batches, Reopen};
+use sagas_tests::batch::{Abandon, Batch, BatchStarted, Batches, Reopen};
 
 fn started(batch: &str, items: u32) -> BatchStarted {
     BatchStarted {

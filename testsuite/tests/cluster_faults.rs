@@ -27,7 +27,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
-use sagas::chaos::{check_task, Chaos, ChaosConfig};
+use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
 
 fn seed() -> u64 {
     let seed = std::env::var("CHAOS_SEED")

@@ -20,7 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::{Engine, TaskId, TaskStatus};
-use sagas::chaos::{check_task, Chaos, ChaosConfig};
+use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
 
 const TASKS: u64 = 500;
 /// Faults of each kind (SIGKILLs, connection kills) injected before the

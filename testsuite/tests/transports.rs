@@ -17,7 +17,7 @@ use common::brokers::{Corner, TestBroker};
 use saga_runtime::backend::memory::MemoryBackend;
 use saga_runtime::backend::{Backend, DeadLetterQuery, DeadLetters};
 use saga_runtime::prelude::*;
-use sagas::shop::{Fulfillment, Order, SHIPPING};
+use sagas_tests::shop::{Fulfillment, Order, SHIPPING};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -265,7 +265,7 @@ async fn an_unroutable_send_is_parked_on_its_endpoint(broker: &TestBroker, test:
         .build()
         .await
         .unwrap();
-    use sagas::shop::{InventoryReserved, OrderSubmitted, PaymentCaptured};
+    use sagas_tests::shop::{InventoryReserved, OrderSubmitted, PaymentCaptured};
     engine
         .publish(OrderSubmitted {
             order_id: "o-u".into(),

@@ -326,10 +326,11 @@ async fn a_chain_of_steps_costs_at_most_two_transactions_per_step() {
         notifications <= tasks as i64,
         "{notifications} notifications sent for {tasks} tasks of 3 steps"
     );
-    // The listener reads each notification once; a few connections start.
-    // More would be notifications sent per step.
+    // The listener reads each notification once; a few connections start
+    // (how many depends on the pool's timing: 1 to 41 here). Notifications
+    // sent per step would make it three per task.
     assert!(
-        unaccounted <= tasks as i64 + 40,
+        unaccounted <= tasks as i64 * 3 / 2,
         "{unaccounted} transactions of no statement of the engine's for {tasks} tasks"
     );
 }

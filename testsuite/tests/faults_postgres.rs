@@ -31,7 +31,7 @@ use common::redis_server::TestRedis;
 use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::prelude::*;
 use saga_runtime::TaskFilter;
-use sagas::chaos::{check_task, Chaos, ChaosConfig};
+use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
 use sqlx::Connection;
 
 fn config(visibility: Duration) -> PostgresConfig {
