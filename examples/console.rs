@@ -290,9 +290,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .process_manager(ExportFollowUp)
         .workers(4);
     if let Some(url) = &args.redis {
-        let backend = saga_runtime::backend::connect(url)
-            .await
-            .map_err(|e| format!("cannot use the store at {url}: {e}"))?;
+        let backend = saga_runtime::backend::connect(url).await.map_err(|e| {
+            format!(
+                "cannot use the store at {}: {e}",
+                saga_runtime::backend::redacted(url)
+            )
+        })?;
         builder = builder.backend_arc(backend);
     }
     // Before the engine, so that its first figures are recorded.

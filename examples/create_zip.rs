@@ -278,9 +278,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         services: services.clone(),
     });
     if let Some(url) = &args.redis {
-        let backend = saga_runtime::backend::connect(url)
-            .await
-            .map_err(|e| format!("cannot use the store at {url}: {e}"))?;
+        let backend = saga_runtime::backend::connect(url).await.map_err(|e| {
+            format!(
+                "cannot use the store at {}: {e}",
+                saga_runtime::backend::redacted(url)
+            )
+        })?;
         builder = builder.backend_arc(backend);
     }
     if args.worker_only {

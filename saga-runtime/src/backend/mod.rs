@@ -187,19 +187,48 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, BackendError> {
             Ok(Arc::new(redis::RedisBackend::connect(url).await?))
         }
         _ => Err(BackendError::Misconfigured(match missing_feature(scheme) {
+            // (The URL is shown without its password.)
             // A store this library has, in a build without it: the usual
             // mistake of a first `--url` (the examples build no store by
             // default).
             Some(feature) => format!(
-                "`{url}` names a store this build leaves out: enable the feature \
+                "`{}` names a store this build leaves out: enable the feature \
                  `{feature}` of saga-runtime (for this repository's examples, \
-                 `cargo run --features {feature} --example ..`)"
+                 `cargo run --features {feature} --example ..`)",
+                redacted(url)
             ),
             None => format!(
-                "`{url}` names no store this build can use: expected {}",
+                "`{}` names no store this build can use: expected {}",
+                redacted(url),
                 supported_schemes()
             ),
         })),
+    }
+}
+
+/// `url` with its password (if any) replaced by `***`: what an error or a
+/// log line may show of a store's URL.
+///
+/// ```
+/// use saga_runtime::backend::redacted;
+/// assert_eq!(redacted("postgres://app:s3cret@db:5432/orders"), "postgres://app:***@db:5432/orders");
+/// assert_eq!(redacted("redis://:pw@cache:6379/0"), "redis://:***@cache:6379/0");
+/// assert_eq!(redacted("redis://cache:6379"), "redis://cache:6379");
+/// ```
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    // The authority ends at the first `/`, `?` or `#`; its user info at
+    // its last `@`.
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     }
 }
 

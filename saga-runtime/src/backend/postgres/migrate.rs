@@ -11,7 +11,7 @@
 
 use sqlx::postgres::PgPool;
 
-use super::failure;
+use super::{failure, privileges};
 use crate::backend::BackendError;
 
 /// The migrations: version, name, SQL.
@@ -43,6 +43,14 @@ pub(super) fn quoted_schema(schema: &str) -> Result<String, BackendError> {
         && schema
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if schema == "public" || schema == "information_schema" || schema.starts_with("pg_") {
+        return Err(BackendError::Misconfigured(format!(
+            "`{schema}` is a schema of the database's own or of the application's: the engine's \
+             tables and functions would sit next to them, and a migration would replace \
+             functions of theirs with its own names; give the engine a schema of its own \
+             (`PostgresConfig::schema`, default `saga`)"
+        )));
+    }
     match valid {
         true => Ok(format!("\"{schema}\"")),
         false => Err(BackendError::Misconfigured(format!(
@@ -85,6 +93,57 @@ pub(super) async fn version_of(pool: &PgPool, schema: &str) -> Result<Option<i32
         .map_err(failure)
 }
 
+/// Readies `schema` for an engine at start: nothing to do when it is at
+/// [`SCHEMA_VERSION`] (no DDL, no lock: a role with only `USAGE` and the
+/// table and function privileges runs an engine); created or upgraded
+/// when older and `migrate` allows it; refused when newer. Then the
+/// privileges the engine's statements need are checked, so that a missing
+/// one is named now rather than by the first statement that needs it,
+/// perhaps hours later.
+pub(super) async fn prepare(
+    pool: &PgPool,
+    schema: &str,
+    migrate: bool,
+) -> Result<(), BackendError> {
+    match version_of(pool, schema).await? {
+        Some(v) if v == SCHEMA_VERSION => {}
+        Some(v) if v > SCHEMA_VERSION => return Err(newer(schema, v)),
+        found if migrate => run(pool, schema).await.map_err(|e| {
+            BackendError::Misconfigured(format!(
+                "schema `{schema}` {} and this engine could not bring it to version \
+                 {SCHEMA_VERSION}: {e}",
+                at(found)
+            ))
+        })?,
+        found => {
+            return Err(BackendError::Misconfigured(format!(
+                "schema `{schema}` {}, and this engine needs version {SCHEMA_VERSION} and does not \
+                 migrate (`PostgresConfig::migrate` is off): run the migration first, as the \
+                 schema's owner (`PostgresBackend::migrate`, `sagactl migrate`)",
+                at(found)
+            )))
+        }
+    }
+    privileges::missing(pool, schema).await
+}
+
+/// Where a schema's version stands, in words.
+fn at(found: Option<i32>) -> String {
+    match found {
+        Some(v) => format!("is at version {v}"),
+        None => "holds no deployment yet".to_owned(),
+    }
+}
+
+/// Refusal of a schema written by a newer library.
+fn newer(schema: &str, current: i32) -> BackendError {
+    BackendError::Misconfigured(format!(
+        "schema `{schema}` is at version {current}, written by a newer version of this library \
+         than this one (which knows up to {SCHEMA_VERSION}): upgrade this engine, or give it \
+         another schema (`PostgresConfig::schema`)"
+    ))
+}
+
 /// Creates or upgrades `schema` to [`SCHEMA_VERSION`].
 pub(super) async fn run(pool: &PgPool, schema: &str) -> Result<(), BackendError> {
     let q = quoted_schema(schema)?;
@@ -112,11 +171,7 @@ pub(super) async fn run(pool: &PgPool, schema: &str) -> Result<(), BackendError>
             .map_err(failure)?;
     let current = current.unwrap_or(0);
     if current > SCHEMA_VERSION {
-        return Err(BackendError::Misconfigured(format!(
-            "schema `{schema}` is at version {current}, written by a newer version of this library \
-             than this one (which knows up to {SCHEMA_VERSION}): upgrade this engine, or give it \
-             another schema (`PostgresConfig::schema`)"
-        )));
+        return Err(newer(schema, current));
     }
     for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
         sqlx::raw_sql(sqlx::AssertSqlSafe(filled(sql, schema)?))
@@ -147,7 +202,18 @@ mod tests {
     fn schema_names_are_checked_and_quoted() {
         assert_eq!(quoted_schema("saga").unwrap(), "\"saga\"");
         assert_eq!(quoted_schema("orders_2").unwrap(), "\"orders_2\"");
-        for bad in ["", "Saga", "2x", "a-b", "a\"b", "a b", &"x".repeat(49)] {
+        for bad in [
+            "",
+            "Saga",
+            "2x",
+            "a-b",
+            "a\"b",
+            "a b",
+            &"x".repeat(49),
+            "public",
+            "pg_catalog",
+            "information_schema",
+        ] {
             assert!(quoted_schema(bad).is_err(), "{bad:?}");
         }
     }

@@ -45,12 +45,14 @@ mod breakers;
 mod cancel;
 mod dead_letters;
 mod endpoint;
+mod failure;
 mod housekeeping;
 mod leases;
 mod limits;
 mod listen;
 mod migrate;
 mod partitions;
+mod privileges;
 mod process;
 mod queue;
 mod steps;
@@ -65,6 +67,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, BackendError, Breakers, Leases, Limits, Partitions, ProcessBackend};
+pub(crate) use failure::{corrupt, failure};
 use listen::Signals;
 use session::{Session, Statements};
 use wake::Waker;
@@ -114,6 +117,13 @@ pub struct PostgresConfig {
     /// [`connect_with`](PostgresBackend::connect_with) is sized by whoever
     /// made it.
     pub max_connections: u32,
+    /// Whether an engine creates or upgrades its schema at start (default
+    /// `true`). An engine whose schema is current runs no DDL either way;
+    /// turn this off where engines run as a role that cannot migrate, and
+    /// a deploy job migrates first ([`PostgresBackend::migrate`]): an
+    /// engine that finds its schema behind then stops with that said,
+    /// rather than with the permission error of the first `CREATE`.
+    pub migrate: bool,
 }
 
 impl Default for PostgresConfig {
@@ -127,6 +137,7 @@ impl Default for PostgresConfig {
             statement_timeout: Duration::from_secs(30),
             lock_timeout: Duration::from_secs(5),
             max_connections: 8,
+            migrate: true,
         }
     }
 }
@@ -177,11 +188,7 @@ impl PostgresBackend {
     /// Connects to `url` with `config`, and creates or upgrades the schema.
     /// The pool has [`PostgresConfig::max_connections`] connections.
     pub async fn connect_url(url: &str, config: PostgresConfig) -> Result<Self, BackendError> {
-        let options: PgConnectOptions = url.parse().map_err(|e| {
-            BackendError::Misconfigured(format!(
-                "`{url}` is not a PostgreSQL URL ({e}): expected postgres://user:password@host:port/database"
-            ))
-        })?;
+        let options = parse_url(url)?;
         let options = options.application_name("saga-runtime");
         let set = session::set_statements(&config, false);
         let pool = PgPoolOptions::new()
@@ -227,7 +234,9 @@ impl PostgresBackend {
         own: bool,
     ) -> Result<Self, BackendError> {
         let schema = migrate::quoted_schema(&config.schema)?;
-        migrate::run(&pool, &config.schema).await?;
+        if let Err(e) = migrate::prepare(&pool, &config.schema, config.migrate).await {
+            return Err(failure::at_start(&pool.connect_options(), e).await);
+        }
         let statements = Statements::new(pool.clone(), &config, own);
         if statements.per_transaction() {
             tracing::debug!("the pool's connections do not start with the configured timeouts: each engine statement sets them in a transaction of its own");
@@ -254,16 +263,39 @@ impl PostgresBackend {
         })
     }
 
+    /// Creates or upgrades `config.schema` at `url` to [`SCHEMA_VERSION`]
+    /// and returns: what a deploy job runs, as a role that may (`CREATE`
+    /// on the database the first time, ownership of the schema's objects
+    /// after), so that the engines can run as a role that only uses them
+    /// (see [`PostgresConfig::migrate`]). Several at once are safe (one
+    /// migrates, the others wait and find it done). Returns the version
+    /// the schema was at before (`None`: it held no deployment).
+    pub async fn migrate(url: &str, config: &PostgresConfig) -> Result<Option<i32>, BackendError> {
+        let options = parse_url(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options.application_name("saga-runtime migrate"));
+        let migrated = async {
+            let before = migrate::version_of(&pool, &config.schema).await?;
+            migrate::run(&pool, &config.schema).await?;
+            Ok(before)
+        }
+        .await;
+        let migrated = match migrated {
+            Ok(before) => Ok(before),
+            Err(e) => Err(failure::at_start(&pool.connect_options(), e).await),
+        };
+        pool.close().await;
+        migrated
+    }
+
     /// Attaches to a deployment's existing schema without creating or
     /// upgrading anything (an operator's tool must not be what migrates a
     /// production database): refused when `config.schema` holds no
     /// deployment, or one of another schema version than this library's.
     pub async fn attach(url: &str, config: PostgresConfig) -> Result<Self, BackendError> {
-        let options: PgConnectOptions = url.parse().map_err(|e| {
-            BackendError::Misconfigured(format!(
-                "`{url}` is not a PostgreSQL URL ({e}): expected postgres://user:password@host:port/database"
-            ))
-        })?;
+        let options = parse_url(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(5))
@@ -315,6 +347,17 @@ impl PostgresBackend {
     }
 }
 
+/// `url`'s connection options; the refusal names the URL without its
+/// password.
+fn parse_url(url: &str) -> Result<PgConnectOptions, BackendError> {
+    url.parse().map_err(|e| {
+        BackendError::Misconfigured(format!(
+            "`{}` is not a PostgreSQL URL ({e}): expected postgres://user:password@host:port/database",
+            crate::backend::redacted(url)
+        ))
+    })
+}
+
 /// Everything: process managers and coordination live in the database
 /// every engine shares.
 impl Backend for PostgresBackend {
@@ -337,39 +380,6 @@ impl Backend for PostgresBackend {
     fn limits(self: Arc<Self>) -> Option<Arc<dyn Limits>> {
         Some(self)
     }
-}
-
-/// A failure of the database or the connection to it as the engine sees
-/// it: transient when trying again may work (the connection, the pool, a
-/// server shutting down or recovering, a cancelled statement, a
-/// serialization failure or deadlock), a refusal otherwise.
-pub(crate) fn failure(error: sqlx::Error) -> BackendError {
-    use sqlx::Error as E;
-    let transient = match &error {
-        E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::Tls(_) | E::Protocol(_) => true,
-        E::WorkerCrashed => true,
-        E::Database(db) => db.code().is_some_and(|code| {
-            let code = code.as_ref();
-            // Connection exceptions, operator intervention (shutdown,
-            // crash, cannot connect now), query cancelled (a statement
-            // timeout), serialization failure, deadlock, lock timeout.
-            code.starts_with("08")
-                || code.starts_with("57")
-                || code == "40001"
-                || code == "40P01"
-                || code == "55P03"
-        }),
-        _ => false,
-    };
-    match transient {
-        true => BackendError::unavailable(error),
-        false => BackendError::Rejected(Arc::new(error)),
-    }
-}
-
-/// A stored value that does not read.
-pub(crate) fn corrupt(error: impl std::fmt::Display) -> BackendError {
-    BackendError::Corrupt(error.to_string())
 }
 
 /// What starting and publishing in a caller's transaction need

@@ -214,9 +214,10 @@ impl Target {
         };
         let bad = |why: &str| {
             BackendError::Misconfigured(format!(
-                "bad Redis URL `{url}`: {why}; write `redis://host:port`, \
+                "bad Redis URL `{}`: {why}; write `redis://host:port`, \
                  `redis+cluster://host:port,host:port` or \
-                 `redis+sentinel://host:port,host:port/<service>`"
+                 `redis+sentinel://host:port,host:port/<service>`",
+                crate::backend::redacted(url)
             ))
         };
         if let Some(rest) = url.strip_prefix("redis+cluster://") {

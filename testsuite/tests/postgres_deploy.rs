@@ -1,0 +1,156 @@
+//! Deploying on PostgreSQL as production does: a deploy job migrates as
+//! the schema's owner, engines run as a role that only uses the schema,
+//! and what goes wrong at start (a missing privilege, a schema behind, a
+//! closed port, a schema that is the application's) is said with the fix,
+//! never with the password. One server for every scenario, each in a
+//! schema of its own.
+
+mod common;
+
+use common::postgres_server::TestPostgres;
+use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig, SCHEMA_VERSION};
+use saga_runtime::prelude::*;
+
+struct Ship;
+
+#[saga(name = "ship")]
+impl Ship {
+    #[saga_step(1)]
+    async fn pack(&self, order: u64) -> Result<u64, StepError> {
+        Ok(order)
+    }
+
+    #[saga_step(2)]
+    async fn send(&self, order: u64) -> Result<String, StepError> {
+        Ok(format!("order {order} shipped"))
+    }
+}
+
+fn config(schema: &str, migrate: bool) -> PostgresConfig {
+    PostgresConfig {
+        schema: schema.to_owned(),
+        migrate,
+        ..PostgresConfig::default()
+    }
+}
+
+/// A login role (with a password the errors must not show) that may use
+/// `schema`, or, with `except`, all but that one privilege.
+fn engine_role(server: &TestPostgres, role: &str, schema: &str, except: Option<&str>) -> String {
+    server.psql(&format!(
+        "CREATE ROLE {role} LOGIN PASSWORD 'hunter2';
+         GRANT USAGE ON SCHEMA {schema} TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role};
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role};
+         GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role};
+         {}",
+        except.unwrap_or("")
+    ));
+    format!(
+        "postgres://{role}:hunter2@127.0.0.1:{}/postgres",
+        server.port()
+    )
+}
+
+async fn refusal(url: &str, config: PostgresConfig) -> String {
+    match PostgresBackend::connect_url(url, config).await {
+        Ok(_) => panic!("{url} was accepted"),
+        Err(e) => {
+            let text = e.to_string();
+            assert!(!text.contains("hunter2"), "the password shown: {text}");
+            text
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_run_as_a_role_that_cannot_migrate_and_start_failures_say_the_fix() {
+    let server = TestPostgres::start();
+
+    // The deploy job migrates; again, it finds the schema current.
+    let before = PostgresBackend::migrate(&server.url(), &config("orders", true))
+        .await
+        .unwrap();
+    assert_eq!(before, None, "the schema held no deployment");
+    let again = PostgresBackend::migrate(&server.url(), &config("orders", true))
+        .await
+        .unwrap();
+    assert_eq!(again, Some(SCHEMA_VERSION));
+
+    // An engine whose role has no CREATE on the database runs: its
+    // schema is current, so it runs no DDL (it ran CREATE SCHEMA IF NOT
+    // EXISTS at every start: "permission denied for database").
+    let url = engine_role(&server, "orders_app", "orders", None);
+    let backend = PostgresBackend::connect_url(&url, config("orders", true))
+        .await
+        .expect("the least-privilege role connects");
+    let engine = Engine::builder()
+        .backend(backend)
+        .saga(Ship)
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    let id = engine.start::<Ship>(7).await.unwrap();
+    assert_eq!(
+        engine.wait_output::<Ship>(id).await.unwrap(),
+        "order 7 shipped"
+    );
+    engine.shutdown().await;
+
+    // One privilege short: named, with the grants.
+    PostgresBackend::migrate(&server.url(), &config("billing", true))
+        .await
+        .unwrap();
+    let url = engine_role(
+        &server,
+        "billing_app",
+        "billing",
+        Some("REVOKE DELETE ON billing.tasks FROM billing_app;"),
+    );
+    let text = refusal(&url, config("billing", true)).await;
+    assert!(
+        text.contains("role `billing_app` lacks")
+            && text.contains("DELETE on table billing.tasks")
+            && text
+                .contains("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA billing"),
+        "{text}"
+    );
+
+    // A schema not migrated yet: an engine that may not migrate says to
+    // run the migration; one that may, but whose role cannot, says which
+    // privilege that takes.
+    let url = engine_role(&server, "late_app", "public", None);
+    let text = refusal(&url, config("late", false)).await;
+    assert!(
+        text.contains("holds no deployment yet") && text.contains("sagactl migrate"),
+        "{text}"
+    );
+    let text = refusal(&url, config("late", true)).await;
+    assert!(
+        text.contains("permission denied for database")
+            && text.contains("CREATE on the database")
+            && !text.contains(" at line "),
+        "{text}"
+    );
+
+    // A schema of the application's, or of the database's, is refused.
+    for schema in ["public", "pg_catalog"] {
+        let text = refusal(&server.url(), config(schema, true)).await;
+        assert!(text.contains("a schema of its own"), "{text}");
+    }
+
+    // A closed port: "connection refused", not "pool timed out".
+    let closed = common::redis_server::free_port();
+    let text = refusal(
+        &format!("postgres://orders_app:hunter2@127.0.0.1:{closed}/postgres"),
+        config("orders", true),
+    )
+    .await;
+    assert!(
+        text.contains(&format!(
+            "cannot connect to PostgreSQL at 127.0.0.1:{closed}"
+        )) && text.contains("connection refused"),
+        "{text}"
+    );
+}
