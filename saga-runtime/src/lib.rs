@@ -53,12 +53,15 @@
 //!   workers and shutdown) and its [`EngineBuilder`];
 //! - [`saga`](mod@saga): what `#[saga]` generates ([`Saga`], [`saga::SagaDefinition`],
 //!   versions); [`policy`] and [`circuit`]: retries and breakers;
-//!   [`limit`]: flow control (`#[limit]`);
+//!   [`limit`](mod@limit): flow control (`#[limit]`);
 //! - [`model`]: the plain records every layer passes around; [`task`] is
 //!   the persisted task ([`TaskInstance`], statuses, audit log);
 //! - [`backend`]: the storage seam (the core a saga-only backend
 //!   implements, what process managers need, optional coordination), the
-//!   in-memory backend and, with the `redis` feature, `backend::redis`;
+//!   in-memory backend, `backend::postgres` (feature `postgres`: tasks
+//!   started in your own transaction, `Engine::start_in`) and
+//!   `backend::redis` (feature `redis`: one server, Sentinel or Cluster);
+//!   [`backend::connect`] takes either's URL;
 //! - [`process`]: process managers, with [`process::tally`] for fan-in;
 //!   [`endpoint`]: the messages they send to other services, and
 //!   [`Engine::consumer`] to receive them; [`testing`]: `ProcessTest`,
@@ -74,7 +77,7 @@
 //!
 //! The modules stand on floors, and each refers only to those below it, so
 //! that each can be read and changed knowing what it may touch (the
-//! repository's `tests/architecture.rs` keeps it so). Lowest first: `model`
+//! repository's `testsuite/tests/architecture.rs` keeps it so). Lowest first: `model`
 //! (the persisted records); `util`, `name`, `policy`, `context`, `otel` and
 //! `circuit`; `limit`; `backend` (storage); `error`; the state machines `saga` and
 //! `process`; `transport` (brokers); `metrics`; `worker` (what runs them); `engine`; then
@@ -84,8 +87,9 @@
 //! Users depend on this crate (it re-exports the macros), on `serde` (step
 //! types derive `Serialize`/`Deserialize`) and on `tokio`;
 //! `use saga_runtime::prelude::*;` brings in the attributes and the types a
-//! saga's methods mention. The repository's README covers running on Redis,
-//! the key layout and the guarantees with their limits.
+//! saga's methods mention. The repository's guide (`guide/`) covers each
+//! store, brokers, operating a deployment, testing under faults, and the
+//! guarantees with their limits.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 

@@ -18,10 +18,10 @@
 //! Without the feature every function here does nothing, and trace ids
 //! are random ids that still correlate log lines.
 //!
-//! [`otlp`] (feature `otel`) builds a tracer provider that ships the spans
+//! `otlp` (feature `otel`) builds a tracer provider that ships the spans
 //! to an OpenTelemetry collector over OTLP/HTTP, for applications that have
-//! no exporter set up yet (the README shows it wired into a subscriber).
-//! It counts what it could not export: [`Otlp::shutdown`] fails when spans
+//! no exporter set up yet (the guide shows it wired into a subscriber).
+//! It counts what it could not export: `Otlp::shutdown` fails when spans
 //! were lost, and the first failures are logged. The OpenTelemetry crates
 //! it is built with are re-exported here, so that the layer and the tracer
 //! come from one version.

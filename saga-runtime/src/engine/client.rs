@@ -36,7 +36,7 @@ pub struct TaskFilter {
     /// Page size (default 50, at most 1000).
     pub limit: usize,
     /// The most tasks one call reads from the store to fill a page
-    /// filtered by step or error text (default [`TASK_SCAN_LIMIT`]).
+    /// filtered by step or error text (default 5,000).
     pub scan_limit: Option<usize>,
 }
 

@@ -83,7 +83,7 @@ pub struct StepDefinition {
     /// The output type as written, for messages.
     pub output_type: &'static str,
     /// `#[limit(..)]`s, in the order written: flow control shared by the
-    /// deployment (see [`crate::limit`]).
+    /// deployment (see [`crate::limit`](mod@crate::limit)).
     pub limits: &'static [crate::limit::LimitSpec],
 }
 

@@ -34,8 +34,8 @@
 //!   order, publishes each message and settles it only once the broker
 //!   confirmed it; with the broker down, messages wait in the endpoint.
 //!
-//! With the features `rabbitmq` ([`rabbitmq`], on lapin) and `nats`
-//! ([`nats`], on async-nats with JetStream).
+//! With the features `rabbitmq` (`transport::rabbitmq`, on lapin) and
+//! `nats` (`transport::nats`, on async-nats with JetStream).
 
 mod inbound;
 mod outbound;
