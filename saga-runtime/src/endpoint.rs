@@ -56,8 +56,10 @@
 //! ```
 //!
 //! (and `XAUTOCLAIM` for the messages of consumers that died). The stream
-//! is capped (`RedisConfig::endpoint_max_len`): a consumer that falls that
-//! far behind loses the oldest messages.
+//! keeps about `RedisConfig::endpoint_max_len` messages: once a consumer
+//! group reads it, it refuses new ones at that cap (the sending handler's
+//! message waits) rather than trim what a group has not acknowledged; one
+//! that no group reads keeps its newest.
 
 pub use crate::engine::Consumer;
 pub use crate::model::endpoint::{EndpointMessage, ENVELOPE_VERSION, PUBLISHED};

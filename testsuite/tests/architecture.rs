@@ -640,3 +640,26 @@ fn the_circle_finder_finds_circles() {
     assert_eq!(shortest_circle(&edges, "d"), None);
     assert_eq!(reachable(&edges, "a"), BTreeSet::from(["a", "b", "c", "d"]));
 }
+
+/// Every chapter of the guide is compiled by the doctests: a chapter left
+/// out of `testsuite/src/lib.rs` would let its code blocks rot unseen.
+#[test]
+fn every_guide_chapter_is_a_doctest() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lib = std::fs::read_to_string(root.join("testsuite/src/lib.rs")).expect("lib.rs");
+    let mut chapters = 0;
+    for entry in std::fs::read_dir(root.join("guide")).expect("guide/ is readable") {
+        let name = entry.expect("an entry").file_name();
+        let name = name.to_string_lossy();
+        if !name.ends_with(".md") {
+            continue;
+        }
+        chapters += 1;
+        assert!(
+            lib.contains(&format!("include_str!(\"../../guide/{name}\")")),
+            "guide/{name} is not included as doctests in testsuite/src/lib.rs"
+        );
+    }
+    assert!(chapters >= 9, "{chapters} chapters found");
+    assert!(lib.contains("include_str!(\"../../README.md\")"));
+}

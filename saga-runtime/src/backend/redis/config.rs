@@ -18,7 +18,7 @@ pub struct RedisConfig {
     /// partition, chosen from its id, and each partition is one hash slot.
     /// `None` (the default) is 1 on a single server or Sentinel, where
     /// more buy nothing, and [`CLUSTER_PARTITIONS`] on a cluster, where
-    /// they are what spreads the work over the shards (see the README,
+    /// they are what spreads the work over the shards (see `guide/03-stores.md`,
     /// "Redis Cluster", for how to choose). Fixed for the life of a
     /// deployment's data: connecting with another count than the one
     /// recorded under `prefix` fails with [`BackendError::Misconfigured`].
@@ -67,7 +67,7 @@ pub struct RedisConfig {
 /// When a write (a task's start, a step's outcome, a cancellation, a
 /// process manager's commit, a message moved to another shard) counts as
 /// done, and so what a failover or a crash of the server can still lose.
-/// See the README, "Durability", for each level's cost.
+/// See the guide (`guide/03-stores.md`, "Durability") for each level's cost.
 ///
 /// A write that does not reach the level within its timeout fails with a
 /// transient [`BackendError::Unavailable`] saying so; it is not undone (it

@@ -267,7 +267,7 @@ impl RedisBackend {
     /// the partitions' slots are spread over the slot range (see
     /// [`KeyLayout::Spread`]), so the work of one saga spreads over the
     /// shards; redirects (resharding) and failovers are followed. What a
-    /// failover can lose is in the README ("Redis Cluster").
+    /// failover can lose is in the guide (`guide/03-stores.md`, "Redis Cluster").
     pub async fn connect_cluster(
         nodes: &[&str],
         config: RedisConfig,
@@ -335,7 +335,7 @@ impl RedisBackend {
     /// backend follows the new primary: a command that fails because the
     /// primary went away or became a replica makes it ask the sentinels
     /// again, and the engine retries the command as after any transient
-    /// error. What a failover can lose is in the README ("Sentinel").
+    /// error. What a failover can lose is in the guide (`guide/03-stores.md`, "Sentinel").
     pub async fn connect_sentinel(
         sentinels: &[&str],
         service: &str,

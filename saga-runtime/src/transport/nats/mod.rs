@@ -32,7 +32,7 @@
 //!
 //! A JetStream publish acknowledgement means stored in memory, not on
 //! disk: a file stream syncs every 2 minutes unless the server runs with
-//! `sync_interval: always` (see the README).
+//! `sync_interval: always` (see `guide/04-talking-to-other-services.md`).
 
 mod inbound;
 mod outbound;
