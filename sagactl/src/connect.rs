@@ -108,6 +108,35 @@ impl Store {
         Ok(Arc::new(RedisBackend::attach(&self.url, config).await?))
     }
 
+    /// Brings a PostgreSQL deployment's schema to this version's; what
+    /// it says of the schema before and after.
+    pub async fn migrate(&self) -> Result<String, String> {
+        if !self.is_postgres() {
+            return Err(
+                "nothing to migrate on Redis: a deployment records its key and record \
+                 layouts at its first start (`record-layout` switches the latter)"
+                    .to_owned(),
+            );
+        }
+        let config = PostgresConfig {
+            schema: self.prefix.clone(),
+            ..PostgresConfig::default()
+        };
+        let now = saga_runtime::backend::postgres::SCHEMA_VERSION;
+        match PostgresBackend::migrate(&self.url, &config).await {
+            Ok(None) => Ok(format!("schema `{}` created at version {now}", self.prefix)),
+            Ok(Some(v)) if v == now => Ok(format!(
+                "schema `{}` is at version {now} already",
+                self.prefix
+            )),
+            Ok(Some(v)) => Ok(format!(
+                "schema `{}` upgraded from version {v} to {now}",
+                self.prefix
+            )),
+            Err(error) => Err(self.explain_attach(&error).await),
+        }
+    }
+
     /// The record layout a Redis deployment writes (`1` or `2`), after
     /// switching it to 2 if `switch`.
     pub async fn record_layout(&self, switch: bool) -> Result<u8, String> {
@@ -181,12 +210,12 @@ impl Store {
             if self.url.starts_with("redis://") && self.is_cluster_node().await {
                 return self.cluster_node();
             }
-            return self.unmask(format!("{}: {error}", self.shown));
+            return self.scrub(format!("{}: {error}", self.shown));
         }
         if error.is_transient() {
-            return self.unmask(format!("cannot reach {}: {error}", self.shown));
+            return self.scrub(format!("cannot reach {}: {error}", self.shown));
         }
-        self.unmask(format!("{}: {error}", self.shown))
+        self.scrub(format!("{}: {error}", self.shown))
     }
 
     /// Whether the single server at the URL runs in cluster mode.
@@ -224,19 +253,26 @@ impl Store {
             Some(e) if redis_error(e).is_some_and(|r| r.code() == Some("MOVED")) => {
                 self.cluster_node()
             }
-            Some(e) if e.is_transient() => self.unmask(format!("lost {}: {error}", self.shown)),
-            Some(_) => self.unmask(format!("{}: {error}", self.shown)),
-            None => error.to_string(),
+            Some(e) if e.is_transient() => self.scrub(format!("lost {}: {error}", self.shown)),
+            Some(_) => self.scrub(format!("{}: {error}", self.shown)),
+            None => self.scrub(error.to_string()),
         }
     }
 
-    /// `text` with the URL as given replaced by the masked one: the
-    /// runtime's messages may quote the URL, password and all.
-    fn unmask(&self, text: String) -> String {
-        match self.url == self.shown {
+    /// [`without_secrets`] for this store's URL.
+    pub fn without_secrets(&self, text: String) -> String {
+        without_secrets(text, &self.url)
+    }
+
+    /// `text`, the runtime's words about the store, with the URL as given
+    /// replaced by the masked one, and then [`scrubbed`]: the runtime's
+    /// messages may quote the URL, password and all.
+    fn scrub(&self, text: String) -> String {
+        let text = match self.url == self.shown {
             true => text,
             false => text.replace(&self.url, &self.shown),
-        }
+        };
+        scrubbed(&text, Some(&self.url))
     }
 }
 
@@ -254,16 +290,43 @@ fn redis_error(error: &BackendError) -> Option<&redis::RedisError> {
 /// Sentinel URL names several hosts) and any `password=` query parameter
 /// replaced by `***`: what is printed goes to terminals and logs.
 pub fn masked(url: &str) -> String {
+    split_secrets(url).0
+}
+
+/// `url` as [`masked`] shows it, and the secrets masked in it.
+///
+/// The user info ends at the URL's last `@`, not where a URL parser ends
+/// the authority (the first `/`, `?` or `#`): a password typed with one of
+/// those unencoded (`postgres://ana:a/b@db/shop`) is still the password the
+/// operator meant, and a parser's reading would print it. An `@` in the
+/// query of a URL with a password then masks more than the password,
+/// which is the side to err on.
+fn split_secrets(url: &str) -> (String, Vec<String>) {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return (url.to_owned(), Vec::new());
     };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let end = match rest.rfind('@') {
+        Some(at) => rest[at..]
+            .find(['/', '?', '#'])
+            .map_or(rest.len(), |e| at + e),
+        None => rest.find(['/', '?', '#']).unwrap_or(rest.len()),
+    };
     let (authority, tail) = rest.split_at(end);
-    let authority: Vec<String> = authority
-        .split(',')
+    let mut secrets = Vec::new();
+    // Only a cluster's or Sentinel's URL lists hosts that each may carry
+    // credentials; in another, a `,` may be part of the password.
+    let hosts: Vec<&str> = match scheme.starts_with("redis+") {
+        true => authority.split(',').collect(),
+        false => vec![authority],
+    };
+    let authority: Vec<String> = hosts
+        .into_iter()
         .map(|host| match host.rsplit_once('@') {
             Some((userinfo, at)) => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***@{at}"),
+                Some((user, password)) => {
+                    secrets.push(password.to_owned());
+                    format!("{user}:***@{at}")
+                }
                 None => host.to_owned(),
             },
             None => host.to_owned(),
@@ -274,7 +337,8 @@ pub fn masked(url: &str) -> String {
             let query: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                    Some((key, value)) if key.eq_ignore_ascii_case("password") => {
+                        secrets.push(value.split('#').next().unwrap_or("").to_owned());
                         format!("{key}=***")
                     }
                     _ => pair.to_owned(),
@@ -284,12 +348,91 @@ pub fn masked(url: &str) -> String {
         }
         None => tail.to_owned(),
     };
-    format!("{scheme}://{}{tail}", authority.join(","))
+    let decoded: Vec<String> = secrets.iter().filter_map(|s| percent_decoded(s)).collect();
+    secrets.extend(decoded);
+    (format!("{scheme}://{}{tail}", authority.join(",")), secrets)
+}
+
+/// `text` (`%40` and the like decoded), if it holds an escape: the form a
+/// client library may quote a password in.
+fn percent_decoded(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return None;
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok().filter(|d| d != text)
+}
+
+/// The shortest password that [`scrubbed`] replaces wherever it appears:
+/// a shorter one cannot be told apart from the letters of the message's
+/// own words, and replacing those would leave nothing readable.
+const SCRUBBED_FROM: usize = 4;
+
+/// `text` as printed: every URL in it [`masked`] (a message of the runtime
+/// or a client library may quote the store's URL, or the operator typed a
+/// URL where an id goes), and each password of `url` replaced wherever it
+/// still appears (a library may quote it decoded, or on its own).
+pub fn scrubbed(text: &str, url: Option<&str>) -> String {
+    let text = mask_urls(text);
+    match url {
+        Some(url) => without_secrets(text, url),
+        None => text,
+    }
+}
+
+/// `text` with each password of `url` replaced wherever it appears: what
+/// sagactl's own messages (which quote the URL masked, and list the URL
+/// forms, placeholders and all) get before they are printed, in case one
+/// quotes the runtime's words unscrubbed.
+pub fn without_secrets(mut text: String, url: &str) -> String {
+    for secret in split_secrets(url).1 {
+        if secret.chars().count() >= SCRUBBED_FROM && secret != "***" {
+            text = text.replace(&secret, "***");
+        }
+    }
+    text
+}
+
+/// `text` with each URL in it (`scheme://` up to a blank or a quote, less
+/// the punctuation of the sentence around it) [`masked`].
+pub fn mask_urls(text: &str) -> String {
+    let ends = |c: char| c.is_whitespace() || c.is_control() || matches!(c, '`' | '\'' | '"');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(found) = rest.find("://") {
+        let start = rest[..found]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |i| i + 1);
+        let end = rest[found..].find(ends).map_or(rest.len(), |e| found + e);
+        let url = rest[start..end].trim_end_matches([':', ',', ';', '.', ')']);
+        out.push_str(&rest[..start]);
+        out.push_str(&masked(url));
+        rest = &rest[start + url.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
 mod tests {
-    use super::masked;
+    use super::{masked, scrubbed};
 
     #[test]
     fn passwords_are_masked() {
@@ -304,5 +447,39 @@ mod tests {
             "redis+cluster://:***@h:1,:***@h:2"
         );
         assert_eq!(masked("redis://user@h:1"), "redis://user@h:1");
+    }
+
+    /// A password with a character a URL parser ends the authority at,
+    /// typed unencoded, is masked all the same.
+    #[test]
+    fn a_password_with_a_separator_is_masked() {
+        assert_eq!(
+            masked("postgres://ana:a/b?c#d@db:5432/shop"),
+            "postgres://ana:***@db:5432/shop"
+        );
+        assert_eq!(masked("redis://:x,y@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(
+            masked("postgres://ana@db/shop?x=1"),
+            "postgres://ana@db/shop?x=1"
+        );
+    }
+
+    #[test]
+    fn messages_are_scrubbed() {
+        let url = "postgres://ana:p%40ss-word@db/shop";
+        let text = "cannot reach `postgres://ana:p%40ss-word@db/shop`: auth p@ss-word refused";
+        assert_eq!(
+            scrubbed(text, Some(url)),
+            "cannot reach `postgres://ana:***@db/shop`: auth *** refused"
+        );
+        assert_eq!(
+            scrubbed("dead letter redis://:hunter2@h:1 not found", None),
+            "dead letter redis://:***@h:1 not found"
+        );
+        assert_eq!(scrubbed("a pw b", Some("redis://:pw@h:1")), "a pw b");
+        assert_eq!(
+            scrubbed("redis://:hunter2@h:1/?password=x2: refused.", None),
+            "redis://:***@h:1/?password=***: refused."
+        );
     }
 }

@@ -11,18 +11,28 @@
 //! worker running the task honours it; whether the task may be cancelled
 //! is what its saga recorded in the task when it started.
 //!
-//! The store is `--redis URL`, else `REDIS_URL`, else
-//! `redis://127.0.0.1:6379`: a command that changes something says on
-//! stderr which deployment it acts on before it does.
+//! The store is `--url URL` (alias `--redis`), else `SAGA_URL`; there is
+//! no default, and without either sagactl stops with a usage error that
+//! shows the URL forms. A default (a Redis on localhost) made a command
+//! typed without the URL act on whatever store happened to listen there,
+//! silently. A command that changes something says on stderr which
+//! deployment it acts on (and when the URL came from `SAGA_URL`) before
+//! it does. No message prints the URL's password.
+//!
+//! Every action that changes a task (resolve, retry-compensation, cancel,
+//! requeue, discard, purge) takes `--by` (or `SAGACTL_OPERATOR`) and
+//! `--note`, kept in the task's audit log: the next operator reads who
+//! acted and why.
 //!
 //! ```text
-//! sagactl --redis redis://127.0.0.1:6379 list --saga create-zip --status CompensationFailed
+//! export SAGA_URL=redis://redis.internal:6379   # or --url postgres://ana@db:5432/shop
+//! sagactl list --saga create-zip --status CompensationFailed
 //! sagactl show 4b6c1a2e-…                 # the steps, their outputs, the timeline
 //! sagactl resolve 4b6c1a2e-… --by ana --note "refunded by hand"
 //! sagactl cancel 4b6c1a2e-… --by ana --note "customer withdrew"
 //! sagactl dead-letters
-//! sagactl requeue 3:1732518000000-0      # one letter
-//! sagactl requeue --saga create-zip --error "timed out"   # every letter picked
+//! sagactl requeue 3:1732518000000-0 --by ana --note "warehouse API back"   # one letter
+//! sagactl requeue --saga create-zip --error "timed out" --by ana --note "timeout raised"
 //! sagactl purge --saga create-zip --by ana --note "orders withdrawn" --yes
 //! ```
 
@@ -49,17 +59,22 @@ use connect::Store;
     about = "Operator actions on sagas stored in Redis or PostgreSQL"
 )]
 struct Cli {
-    /// The deployment's store: a Redis (`redis://host:port`, a cluster's
+    /// The deployment's store (required: there is no default): a Redis
+    /// (`redis://host:port`, a cluster's
     /// `redis+cluster://host:port,host:port`, or a Sentinel deployment's
     /// `redis+sentinel://host:port,host:port/<service>`) or a PostgreSQL
     /// database (`postgres://user@host:port/database`).
+    // Optional to clap: a missing URL is told by `no_store`, with the URL
+    // forms. The variable's value is not shown in `--help`: it may carry
+    // a password.
     #[arg(
         long,
-        visible_alias = "url",
-        env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379"
+        visible_alias = "redis",
+        env = "SAGA_URL",
+        hide_env_values = true,
+        value_name = "URL"
     )]
-    redis: String,
+    url: Option<String>,
     /// Its key prefix (`RedisConfig::prefix`; the partition count is read
     /// from what the deployment recorded there), or on PostgreSQL its
     /// schema (`PostgresConfig::schema`).
@@ -137,11 +152,16 @@ enum Command {
         cursor: Option<String>,
     },
     /// Requeues one dead letter, or every one the filters pick.
+    ///
+    /// Each requeued task runs again where it stopped, its audit log
+    /// recording who sent it back and why.
     Requeue {
         /// The letter's id; without it, the filters pick.
         letter: Option<String>,
         #[command(flatten)]
         pick: Pick,
+        #[command(flatten)]
+        who: Who,
     },
     /// Discards one dead letter for good.
     Discard {
@@ -161,6 +181,14 @@ enum Command {
         #[arg(long)]
         write_steps_apart: bool,
     },
+    /// Creates or upgrades a PostgreSQL deployment's schema (`--prefix`)
+    /// to this version's, and prints the version it was at.
+    ///
+    /// What a deploy job runs, as a role that may migrate (`CREATE` on the
+    /// database the first time, the schema's owner after), so that engines
+    /// run as a role that only uses the schema. Safe to run again, and
+    /// beside engines starting. A Redis deployment has nothing to migrate.
+    Migrate,
     /// Discards every dead letter the filters pick.
     Purge {
         #[command(flatten)]
@@ -224,24 +252,27 @@ impl Who {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
-    // A store nobody named is worth a word before anything is changed.
-    let defaulted = matches.value_source("redis") == Some(ValueSource::DefaultValue);
+    let matches = matches();
+    // A URL from the environment may name a deployment the operator did
+    // not mean (a shell left set up for another): worth a word before
+    // anything is changed.
+    let from_env = matches.value_source("url") == Some(ValueSource::EnvVariable);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let Some(url) = cli.url.clone() else {
+        usage_error(clap::error::ErrorKind::MissingRequiredArgument, no_store())
+    };
     if let Err(message) = cli.check() {
-        // Before connecting: a usage mistake is told as one, exit code 2.
-        Cli::command()
-            .error(clap::error::ErrorKind::ValueValidation, message)
-            .exit();
+        let message = connect::scrubbed(&message, Some(&url));
+        usage_error(clap::error::ErrorKind::ValueValidation, message);
     }
     let store = Store::new(
-        cli.redis.clone(),
+        url,
         cli.prefix.clone(),
         Duration::from_secs_f64(cli.timeout),
     );
     if let Some(action) = cli.command.mutation() {
-        let origin = match defaulted {
-            true => " (the default: --redis or REDIS_URL names another)",
+        let origin = match from_env {
+            true => " (from SAGA_URL)",
             false => "",
         };
         eprintln!("sagactl: {action} on {}{origin}", store.describe());
@@ -249,10 +280,50 @@ async fn main() -> ExitCode {
     match run(cli, &store).await {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("sagactl: {message}");
+            eprintln!("sagactl: {}", store.without_secrets(message));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line, parsed. A mistake in it is clap's message, with any
+/// URL in it masked: clap quotes what was typed (a URL put where an id
+/// goes, say), and a URL's password must not reach a terminal or a log.
+fn matches() -> clap::ArgMatches {
+    match Cli::command().try_get_matches() {
+        Ok(matches) => matches,
+        // Help and the version go to stdout as they are: they quote
+        // nothing typed (the URL variable's value is hidden).
+        Err(error) if !error.use_stderr() => error.exit(),
+        Err(error) => {
+            let text = error.render().to_string();
+            let shown = connect::mask_urls(&text);
+            if shown == text {
+                error.exit()
+            }
+            eprint!("{shown}");
+            std::process::exit(error.exit_code())
+        }
+    }
+}
+
+/// Ends with a usage mistake (exit code 2), told before connecting.
+fn usage_error(kind: clap::error::ErrorKind, message: String) -> ! {
+    Cli::command().error(kind, message).exit()
+}
+
+/// What a command given no store is told: how to name one, with the URL
+/// forms. There is no default to fall back on, so that a command typed
+/// without the URL never acts on whatever store listens on localhost.
+fn no_store() -> String {
+    format!(
+        "no store given: name the deployment's store with --url <URL> or the \
+         SAGA_URL environment variable, for example
+  sagactl --url redis://redis.internal:6379 dead-letters
+  sagactl --url postgres://ana@db.internal:5432/shop dead-letters
+{}",
+        connect::FORMS
+    )
 }
 
 impl Cli {
@@ -282,8 +353,11 @@ impl Command {
             Command::Requeue {
                 letter: Some(_),
                 pick,
+                ..
             } if !pick.is_empty() => Err("give a letter id or filters, not both"),
-            Command::Requeue { letter: None, pick } if pick.is_empty() => {
+            Command::Requeue {
+                letter: None, pick, ..
+            } if pick.is_empty() => {
                 Err("give a letter id, or --saga/--step/--error to pick letters")
             }
             Command::Purge { pick, .. } if pick.is_empty() => {
@@ -316,6 +390,7 @@ impl Command {
             Command::Requeue { .. } => Some("requeue"),
             Command::Discard { .. } => Some("discard"),
             Command::Purge { .. } => Some("purge"),
+            Command::Migrate => Some("migrate"),
             Command::RecordLayout {
                 write_steps_apart: true,
             } => Some("record-layout --write-steps-apart"),
@@ -329,6 +404,11 @@ impl Command {
 
 /// Runs the command against `store`: the exit code, or what to print.
 async fn run(cli: Cli, store: &Store) -> Result<ExitCode, String> {
+    // Before attaching: attaching refuses a schema that is not current.
+    if let Command::Migrate = cli.command {
+        println!("{}", store.migrate().await?);
+        return Ok(ExitCode::SUCCESS);
+    }
     let backend = store.attach().await?;
     let building = Engine::builder()
         .backend_arc(backend.clone())
@@ -407,14 +487,22 @@ async fn run(cli: Cli, store: &Store) -> Result<ExitCode, String> {
         }
         Command::Requeue {
             letter: Some(letter),
+            who,
             ..
         } => {
-            engine.requeue(&letter).await.map_err(explain)?;
+            engine
+                .requeue_by(&letter, who.intervention())
+                .await
+                .map_err(explain)?;
             out.line(&format!("requeued {letter}"));
         }
-        Command::Requeue { letter: None, pick } => {
+        Command::Requeue {
+            letter: None,
+            pick,
+            who,
+        } => {
             let bulk = engine
-                .requeue_where(pick.selection())
+                .requeue_where_by(pick.selection(), who.intervention())
                 .await
                 .map_err(explain)?;
             out.bulk("requeued", &bulk);
@@ -433,6 +521,7 @@ async fn run(cli: Cli, store: &Store) -> Result<ExitCode, String> {
                 .map_err(explain)?;
             out.bulk("discarded", &bulk);
         }
+        Command::Migrate => unreachable!("handled before attaching"),
         Command::RecordLayout { write_steps_apart } => {
             println!("{}", store.record_layout(write_steps_apart).await?);
         }

@@ -1,6 +1,6 @@
 //! `sagactl` against a private redis-server (and PostgreSQL) that an
 //! engine wrote to: list, show, resolve, cancel, requeue (one and by
-//! filter), purge.
+//! filter, with who and why audited), purge.
 
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -108,11 +108,13 @@ async fn operator_actions_from_the_command_line() {
     let letters: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(letters["letters"].as_array().unwrap().len(), 2, "{out}");
 
-    let (ok, _, err) = sagactl(&redis, &["requeue"]);
+    let who = ["--by", "ana", "--note", "gate fixed"];
+    let (ok, _, err) = sagactl(&redis, &[&["requeue"][..], &who].concat());
     assert!(!ok);
     assert!(err.contains("--saga"), "{err}");
     let code = Command::new(env!("CARGO_BIN_EXE_sagactl"))
         .args(["--redis", "redis://127.0.0.1:1", "requeue"])
+        .args(who)
         .output()
         .unwrap()
         .status
@@ -120,9 +122,9 @@ async fn operator_actions_from_the_command_line() {
     assert_eq!(code, Some(2), "a usage mistake, told before connecting");
     open.store(true, Ordering::SeqCst);
     let one = letters["letters"][0]["id"].as_str().unwrap();
-    let (ok, _, err) = sagactl(&redis, &["requeue", one]);
+    let (ok, _, err) = sagactl(&redis, &[&["requeue", one][..], &who].concat());
     assert!(ok, "{err}");
-    let (ok, out, err) = sagactl(&redis, &["requeue", "--saga", "gate"]);
+    let (ok, out, err) = sagactl(&redis, &[&["requeue", "--saga", "gate"][..], &who].concat());
     assert!(ok, "{err}");
     assert!(out.starts_with("requeued 1 of 1"), "{out}");
     for id in gated {
@@ -367,6 +369,21 @@ async fn cancel_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_on_postgres() {
     let pg = postgres_server::TestPostgres::start();
+    // A deploy job's migration, before any engine: creates the schema,
+    // then finds it current.
+    let now = saga_runtime::backend::postgres::SCHEMA_VERSION;
+    let (code, out, err) = sagactl_code(&pg.url(), &["migrate"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("schema `saga` created at version {now}")
+    );
+    let (code, out, err) = sagactl_code(&pg.url(), &["migrate"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("schema `saga` is at version {now} already")
+    );
     let backend = saga_runtime::backend::postgres::PostgresBackend::connect_url(
         &pg.url(),
         saga_runtime::backend::postgres::PostgresConfig {
@@ -377,6 +394,140 @@ async fn cancel_on_postgres() {
     .await
     .unwrap();
     cancel_from_the_command_line(&pg.url(), Arc::new(backend)).await;
+}
+
+/// Runs `sagactl --redis url args` with none of its variables but `env`
+/// set: (exit code, stdout, stderr).
+fn sagactl_env(url: &str, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sagactl"))
+        .arg("--redis")
+        .arg(url)
+        .args(args)
+        .env_remove("SAGA_URL")
+        .env_remove("SAGACTL_OPERATOR")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `(by, note)` of each `Requeued` entry of `task`'s audit log.
+fn requeued_by(task: &TaskInstance) -> Vec<(String, String)> {
+    task.audit_log
+        .iter()
+        .filter(|e| e.action == saga_runtime::AuditAction::Requeued)
+        .map(|e| {
+            let details: serde_json::Value =
+                serde_json::from_str(e.details.as_deref().unwrap_or("null")).unwrap();
+            (
+                details["by"].as_str().unwrap_or("").to_owned(),
+                details["note"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// `sagactl requeue`, one letter and by filter: refused without who and
+/// why (as every action that changes a task is), and each requeued task's
+/// audit log records them (`--by`, or `SAGACTL_OPERATOR`, and `--note`).
+/// Run on Redis and on PostgreSQL, whose requeues are written by
+/// different code.
+async fn requeue_from_the_command_line(
+    url: &str,
+    backend: Arc<dyn saga_runtime::backend::Backend>,
+) {
+    let open = Arc::new(AtomicBool::new(false));
+    let engine = Engine::builder()
+        .saga(Gate { open: open.clone() })
+        .backend_arc(backend)
+        .build()
+        .await
+        .unwrap();
+    let mut gated = Vec::new();
+    for n in 0..3 {
+        let id = engine.start::<Gate>(n).await.unwrap();
+        assert_eq!(
+            engine.wait(id).await.unwrap().status,
+            TaskStatus::DeadLettered
+        );
+        gated.push(id);
+    }
+    let letters = engine.dead_letters(DeadLetterFilter::new()).await.unwrap();
+    let first = letters
+        .letters
+        .iter()
+        .find(|l| l.task_id == Some(gated[0]))
+        .unwrap()
+        .id
+        .clone();
+
+    // Without who and why: a usage mistake, and nothing requeued.
+    for args in [vec!["requeue", &first], vec!["requeue", "--saga", "gate"]] {
+        let (code, out, err) = sagactl_env(url, &args, &[]);
+        assert_eq!(code, Some(2), "{out}{err}");
+        assert!(err.contains("--by") && err.contains("--note"), "{err}");
+    }
+    let (code, out, err) = sagactl_env(url, &["requeue", &first, "--note", "x"], &[]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("--by"), "{err}");
+    let left = engine.dead_letters(DeadLetterFilter::new()).await.unwrap();
+    assert_eq!(left.letters.len(), 3, "{left:?}");
+
+    open.store(true, Ordering::SeqCst);
+    let one = ["requeue", &first, "--by", "ana", "--note", "gate fixed"];
+    let (code, out, err) = sagactl_env(url, &one, &[]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(out.trim(), format!("requeued {first}"));
+    assert!(err.contains("requeue on "), "the deployment, first: {err}");
+    let task = engine.wait(gated[0]).await.unwrap();
+    assert_eq!(task.status, TaskStatus::Completed);
+    assert_eq!(
+        requeued_by(&task),
+        [("ana".to_owned(), "gate fixed".to_owned())],
+        "{:#?}",
+        task.audit_log
+    );
+
+    let bulk = ["requeue", "--saga", "gate", "--note", "all gates open"];
+    let (code, out, err) = sagactl_env(url, &bulk, &[("SAGACTL_OPERATOR", "bo")]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.starts_with("requeued 2 of 2"), "{out}");
+    for id in &gated[1..] {
+        let task = engine.wait(*id).await.unwrap();
+        assert_eq!(task.status, TaskStatus::Completed);
+        assert_eq!(
+            requeued_by(&task),
+            [("bo".to_owned(), "all gates open".to_owned())],
+            "{:#?}",
+            task.audit_log
+        );
+    }
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_on_redis() {
+    let redis = TestRedis::start();
+    requeue_from_the_command_line(&redis.url(), Arc::new(redis.backend().await)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_on_postgres() {
+    let pg = postgres_server::TestPostgres::start();
+    let backend = saga_runtime::backend::postgres::PostgresBackend::connect_url(
+        &pg.url(),
+        saga_runtime::backend::postgres::PostgresConfig {
+            poll_interval: Duration::from_millis(50),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    requeue_from_the_command_line(&pg.url(), Arc::new(backend)).await;
 }
 
 /// `show` (text) prints each completed step's output next to the errors,

@@ -36,7 +36,7 @@ fn sagactl(url: &str, args: &[&str]) -> (Option<i32>, String, String) {
         .arg("--redis")
         .arg(url)
         .args(args)
-        .env_remove("REDIS_URL")
+        .env_remove("SAGA_URL")
         .output()
         .unwrap();
     (
@@ -67,7 +67,7 @@ fn a_malformed_url_lists_the_accepted_forms() {
 }
 
 /// A refused connection names the URL, with its password masked, and a
-/// mutating command names the deployment (from `REDIS_URL` here) before
+/// mutating command names the deployment (from `SAGA_URL` here) before
 /// trying.
 #[test]
 fn connection_errors_name_the_url_without_its_password() {
@@ -82,17 +82,135 @@ fn connection_errors_name_the_url_without_its_password() {
         .args([
             "--prefix", "shop", "purge", "--saga", "s", "--by", "ana", "--note", "n", "--yes",
         ])
-        .env("REDIS_URL", &url)
+        .env("SAGA_URL", &url)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     let banner = err.lines().next().unwrap();
     assert_eq!(
         banner,
-        format!("sagactl: purge on {masked} (prefix `shop`)"),
+        format!("sagactl: purge on {masked} (prefix `shop`) (from SAGA_URL)"),
         "{err}"
     );
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+/// Runs `sagactl args` with `env` and none of its own variables else set:
+/// (exit code, stdout, stderr).
+fn sagactl_bare(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sagactl"))
+        .args(args)
+        .env_remove("SAGA_URL")
+        .env_remove("SAGACTL_OPERATOR")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// No `--url` and no `SAGA_URL`: a usage error (exit code 2) that says
+/// how to name the store and shows the URL forms, before anything is
+/// tried; sagactl no longer falls back on a Redis on localhost.
+#[test]
+fn without_a_url_it_says_how_to_name_the_store() {
+    let commands: [&[&str]; 2] = [
+        &["dead-letters"],
+        &[
+            "purge", "--saga", "s", "--by", "ana", "--note", "n", "--yes",
+        ],
+    ];
+    for args in commands {
+        let (code, out, err) = sagactl_bare(args, &[]);
+        assert_eq!(code, Some(2), "{args:?}: {out}{err}");
+        assert!(out.is_empty(), "{out}");
+        assert!(err.contains("no store given"), "{err}");
+        assert!(err.contains("--url") && err.contains("SAGA_URL"), "{err}");
+        for form in ["redis://", "postgres://"] {
+            assert!(err.contains(form), "{form} in {err}");
+        }
+        assert!(!err.contains("purge on"), "nothing is tried: {err}");
+        assert!(!err.contains("127.0.0.1:6379"), "no default: {err}");
+    }
+    // `--redis` is still a name of `--url`, and `--help` says there is
+    // no default.
+    let (code, _, err) = sagactl_bare(&["--redis", "redis://127.0.0.1:1", "dead-letters"], &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot reach redis://127.0.0.1:1"), "{err}");
+    let (code, out, _) = sagactl_bare(&["--help"], &[]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("--url <URL>") && out.contains("no default"),
+        "{out}"
+    );
+    assert!(!out.contains("[default: redis"), "{out}");
+}
+
+/// A PostgreSQL URL with a password, to a port nothing listens on: what
+/// sagactl prints names the URL with the password masked, whatever the
+/// password holds (a `/` or a `?` typed unencoded, a `%40`), wherever it
+/// is (the URL's user info, its `password=` parameter), and whichever
+/// message carries it (the deployment named before a change, the
+/// connection's failure). `--help` does not show `SAGA_URL`'s value, and
+/// a URL typed where no URL goes is masked in clap's complaint.
+#[test]
+fn a_password_is_never_printed() {
+    let port = free_port();
+    let cases = [
+        (
+            format!("postgres://ana:hunter2@127.0.0.1:{port}/shop"),
+            vec!["hunter2"],
+        ),
+        (
+            format!("postgres://ana:hun/ter2@127.0.0.1:{port}/shop"),
+            vec!["ter2"],
+        ),
+        (
+            format!("postgres://ana:hun?ter2@127.0.0.1:{port}/shop"),
+            vec!["ter2"],
+        ),
+        (
+            format!("postgres://ana:hunter%402@127.0.0.1:{port}/shop"),
+            vec!["hunter%402", "hunter@2"],
+        ),
+        (
+            format!("postgres://ana@127.0.0.1:{port}/shop?sslmode=disable&password=hunter3"),
+            vec!["hunter3"],
+        ),
+        (format!("redis://:hun/ter2@127.0.0.1:{port}"), vec!["ter2"]),
+    ];
+    for (url, secrets) in &cases {
+        let commands: [&[&str]; 2] = [
+            &["dead-letters"],
+            &["requeue", "1-0", "--by", "ana", "--note", "n"],
+        ];
+        for args in commands {
+            let args = [&["--timeout", "2", "--url", url.as_str()][..], args].concat();
+            let (code, out, err) = sagactl_bare(&args, &[]);
+            assert_eq!(code, Some(1), "{url}: {out}{err}");
+            assert!(err.contains(&format!("127.0.0.1:{port}")), "the URL: {err}");
+            for secret in secrets {
+                assert!(
+                    !out.contains(secret) && !err.contains(secret),
+                    "{url}: {out}{err}"
+                );
+            }
+        }
+        let (_, out, err) = sagactl_bare(&["--help"], &[("SAGA_URL", url)]);
+        assert!(out.contains("SAGA_URL"), "{out}");
+        for secret in secrets {
+            assert!(!out.contains(secret) && !err.contains(secret), "{out}{err}");
+        }
+        let (code, out, err) = sagactl_bare(&["dead-letters", url], &[("SAGA_URL", url)]);
+        assert_eq!(code, Some(2), "{out}{err}");
+        assert!(err.contains("unexpected argument"), "{err}");
+        for secret in secrets {
+            assert!(!out.contains(secret) && !err.contains(secret), "{out}{err}");
+        }
+    }
 }
 
 /// A socket that accepts and never answers, and a redis-server stopped

@@ -246,8 +246,21 @@ async fn listing(engine: Engine) {
     engine.shutdown().await;
 }
 
-/// Resolve, discard and bulk requeue through the API, audited with the
-/// operator who called.
+/// The `(by, note)` of each `Requeued` entry of `task`'s audit log.
+fn requeued_by(task: &TaskInstance) -> Vec<(Value, Value)> {
+    task.audit_log
+        .iter()
+        .filter(|e| e.action == saga_runtime::AuditAction::Requeued)
+        .map(|e| {
+            let details: Value = serde_json::from_str(e.details.as_deref().unwrap()).unwrap();
+            (details["by"].clone(), details["note"].clone())
+        })
+        .collect()
+}
+
+/// Resolve, discard and requeue (one letter, and in bulk) through the
+/// API, audited with the operator who called and the note, if any, they
+/// gave.
 async fn operator_actions(redis: Option<&TestRedis>) {
     let gate = Arc::new(AtomicBool::new(false));
     let engine = engine_with(redis, gate.clone()).await;
@@ -255,7 +268,7 @@ async fn operator_actions(redis: Option<&TestRedis>) {
     let stuck = engine.start::<Stuck>(1).await.unwrap();
     let parked = engine.start::<Parked>(1).await.unwrap();
     let mut gated = Vec::new();
-    for n in 0..3 {
+    for n in 0..4 {
         gated.push(engine.start::<Gate>(n).await.unwrap());
     }
     for id in gated.iter().chain([&stuck, &parked]) {
@@ -288,7 +301,7 @@ async fn operator_actions(redis: Option<&TestRedis>) {
 
     let (_, letters) = api.get("/api/dead-letters").await;
     let letters = letters["letters"].as_array().unwrap().clone();
-    assert_eq!(letters.len(), 4);
+    assert_eq!(letters.len(), 5);
     let parked_letter = letters
         .iter()
         .find(|l| l["saga"] == "parked")
@@ -318,7 +331,7 @@ async fn operator_actions(redis: Option<&TestRedis>) {
         )
         .await;
     assert_eq!((status, &bulk["done"]), (200, &json!([])), "{bulk}");
-    assert_eq!(bulk["scanned"], json!(3));
+    assert_eq!(bulk["scanned"], json!(4));
     let (status, body) = api
         .post("/api/dead-letters/requeue", json!({"sgaa": "gate"}))
         .await;
@@ -330,25 +343,55 @@ async fn operator_actions(redis: Option<&TestRedis>) {
     );
 
     gate.store(true, Ordering::SeqCst);
+    let letter_of = |id: TaskId| {
+        let id = id.to_string();
+        let letter = letters.iter().find(|l| l["task_id"] == json!(id)).unwrap();
+        format!(
+            "/api/dead-letters/{}/requeue",
+            letter["id"].as_str().unwrap()
+        )
+    };
+    // One letter, with a note; a body that is not one is refused.
+    let (status, body) = api.post(&letter_of(gated[0]), json!({"nota": "x"})).await;
+    assert_eq!(status, 422, "{body}");
+    let (status, body) = api.post(&letter_of(gated[0]), json!({"note": 5})).await;
+    assert_eq!(status, 422, "{body}");
+    let (status, body) = api
+        .post(&letter_of(gated[0]), json!({"note": "the gate is fixed"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // And without a body, as the console's button sends it.
+    let (status, body) = api.send("POST", &letter_of(gated[1]), None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api
+        .post(
+            "/api/dead-letters/requeue",
+            json!({"saga": "gate", "nota": "all gates open"}),
+        )
+        .await;
+    assert_eq!(
+        status, 422,
+        "a misspelt field is refused, not ignored: {body}"
+    );
     let (_, bulk) = api
         .post(
             "/api/dead-letters/requeue",
-            json!({"saga": "gate", "error_contains": "gate closed"}),
+            json!({"saga": "gate", "error_contains": "gate closed", "note": " all gates open "}),
         )
         .await;
-    assert_eq!(bulk["done"].as_array().unwrap().len(), 3, "{bulk}");
+    assert_eq!(bulk["done"].as_array().unwrap().len(), 2, "{bulk}");
     assert_eq!(bulk["failed"], json!([]));
-    for id in &gated {
+    // Who requeued each task, and why, is in its audit log.
+    let notes = ["the gate is fixed", "", "all gates open", "all gates open"];
+    for (id, note) in gated.iter().zip(notes) {
         let task = engine.wait(*id).await.unwrap();
         assert_eq!(task.status, TaskStatus::Completed);
-        // The operator who requeued it is in its audit log.
-        let requeued = task
-            .audit_log
-            .iter()
-            .find(|e| e.action == saga_runtime::AuditAction::Requeued)
-            .expect("a Requeued entry");
-        let details: Value = serde_json::from_str(requeued.details.as_deref().unwrap()).unwrap();
-        assert_eq!(details["by"], json!("ana"), "{details}");
+        assert_eq!(
+            requeued_by(&task),
+            [(json!("ana"), json!(note))],
+            "{:#?}",
+            task.audit_log
+        );
     }
     let (_, letters) = api.get("/api/dead-letters").await;
     assert_eq!(letters["letters"], json!([]));

@@ -85,7 +85,11 @@ impl Engine {
     }
 
     /// [`requeue`](Self::requeue), with who did it and why recorded in
-    /// the task's `Requeued` audit entry.
+    /// the task's `Requeued` audit entry (its `details`, JSON, hold
+    /// `dead_letter`, `by` and `note`): the next operator to read the task
+    /// sees that it ran again because someone sent it back, not by
+    /// itself. A letter with no task (bad input) has no audit log: the
+    /// requeue is logged (`tracing`, with `by`) instead.
     pub async fn requeue_by(
         &self,
         dead_letter_id: &str,
@@ -110,7 +114,7 @@ impl Engine {
             Some(id) => self.task(id).await?.map(|t| t.status),
             None => None,
         };
-        match (letter.task_id, status) {
+        let requeued = match (letter.task_id, status) {
             (Some(id), Some(TaskStatus::Resolved)) => Err(Error::ResolvedTask(id)),
             (Some(id), None) => Err(Error::TaskGone(id)),
             (Some(id), Some(TaskStatus::DeadLettered)) => {
@@ -139,7 +143,11 @@ impl Engine {
                 Some(_) => Ok(()),
                 None => Err(Error::DeadLetterNotFound(dead_letter_id.to_owned())),
             },
+        };
+        if let (Ok(()), Some(intervention)) = (&requeued, intervention) {
+            tracing::info!(dead_letter = dead_letter_id, by = %intervention.by, "dead letter requeued");
         }
+        requeued
     }
 
     /// Removes a dead letter for good: a message that must not run again

@@ -1,7 +1,9 @@
 //! `/api/dead-letters`: list, read, requeue (one or in bulk) and discard.
 
+use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -9,7 +11,7 @@ use serde_json::{json, Value};
 use super::access::Operator;
 use super::reads::Reader;
 use super::reply::ApiError;
-use super::tasks::{intervention, NoteBody};
+use super::tasks::{intervention, optional_note, NoteBody};
 use super::ApiState;
 use crate::engine::{Bulk, DeadLetterFilter, DeadLetterSelection, Intervention};
 use crate::error::Error;
@@ -72,14 +74,22 @@ pub(super) async fn get(
     }
 }
 
-/// `POST /api/dead-letters/{id}/requeue`.
+/// `POST /api/dead-letters/{id}/requeue` (body optional: `{"note": ..}`):
+/// records who requeued it and why in its task's `Requeued` audit entry.
+/// The note is optional, as a cancellation's is (the console's button
+/// sends none): a requeue after a fix is the letter's ordinary way on.
 pub(super) async fn requeue(
     State(state): State<ApiState>,
     Operator(by): Operator,
     Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let intervention = Intervention::new(by, "requeued through the HTTP API");
-    state.engine.requeue_by(&id, intervention).await?;
+    let note = optional_note(&headers, &body)?;
+    state
+        .engine
+        .requeue_by(&id, Intervention::new(by, note))
+        .await?;
     Ok(Json(json!({ "requeued": id })))
 }
 
@@ -95,24 +105,47 @@ pub(super) async fn discard(
     Ok(Json(json!({ "discarded": id })))
 }
 
+/// The body of `POST /api/dead-letters/requeue`: a
+/// [`DeadLetterSelection`] and the operator's note. Its own type, not the
+/// selection flattened into one, because serde's `flatten` would let an
+/// unknown (misspelt) field through, and a misspelt filter must not
+/// widen what is requeued.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RequeueWhereBody {
+    saga: Option<String>,
+    step: Option<String>,
+    error_contains: Option<String>,
+    max: Option<usize>,
+    /// Why (optional, as for one letter's requeue).
+    note: Option<String>,
+}
+
 /// `POST /api/dead-letters/requeue` `{"saga": .., "step": ..,
-/// "error_contains": .., "max": ..}`: every letter the selection picks.
+/// "error_contains": .., "max": .., "note": ..}`: every letter the
+/// selection picks, each requeued task's audit log recording who and why.
 pub(super) async fn requeue_where(
     State(state): State<ApiState>,
     Operator(by): Operator,
-    body: Result<Json<DeadLetterSelection>, JsonRejection>,
+    body: Result<Json<RequeueWhereBody>, JsonRejection>,
 ) -> Result<Json<Bulk>, ApiError> {
-    let Json(selection) = body?;
-    if selection.saga.is_none() && selection.step.is_none() && selection.error_contains.is_none() {
+    let Json(body) = body?;
+    if body.saga.is_none() && body.step.is_none() && body.error_contains.is_none() {
         return Err(ApiError::invalid(
             "pick the letters by `saga`, `step` or `error_contains`: a bulk requeue does not \
              take the whole queue",
         ));
     }
-    let intervention = Intervention::new(by, "bulk requeue through the HTTP API");
+    let note = body.note.map(|n| n.trim().to_owned()).unwrap_or_default();
+    let selection = DeadLetterSelection {
+        saga: body.saga,
+        step: body.step,
+        error_contains: body.error_contains,
+        max: body.max,
+    };
     let bulk = state
         .engine
-        .requeue_where_by(selection, intervention)
+        .requeue_where_by(selection, Intervention::new(by, note))
         .await?;
     Ok(Json(bulk))
 }

@@ -41,9 +41,9 @@
 //! | `POST /api/tasks/{id}/retry-compensation` `{"note":..}` | runs its failed compensation again |
 //! | `GET /api/dead-letters?cursor=&limit=` | dead letters, newest first, each with its task's saga, status and step (at most 200 a page) |
 //! | `GET /api/dead-letters/{id}` | one |
-//! | `POST /api/dead-letters/{id}/requeue` | puts it back |
+//! | `POST /api/dead-letters/{id}/requeue` `{"note":..}` (body optional) | puts it back, recording who and why in its task's audit log |
 //! | `POST /api/dead-letters/{id}/discard` `{"note":..}` | removes it |
-//! | `POST /api/dead-letters/requeue` `{"saga":..,"step":..,"error_contains":..,"max":..}` | requeues every letter picked |
+//! | `POST /api/dead-letters/requeue` `{"saga":..,"step":..,"error_contains":..,"max":..,"note":..}` (`note` optional) | requeues every letter picked, recording who and why in each task's audit log |
 //! | `POST /api/messages` `{"type":..,"payload":..}` with `Idempotency-Key` | publishes a message to the process managers that handle its type (202 `{"message_id":..,"delivered_to":n}`); CloudEvents binary mode too (the payload as the body, `ce-type`, `ce-id`); the same key again is handled once |
 //! | `GET /api/limits` | the flow-control limits (`#[limit]`): each one's `name`, `concurrency`, `rate`, `keyed`, `used_by` and the unkeyed budget's `usage` now (`in_use`, `waiting`, `booked`) |
 //! | `GET /api/processes` | each process manager's `name`, `total` instances and `counts` by status (`null` past 1,000 instances) |

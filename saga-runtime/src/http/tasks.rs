@@ -191,7 +191,7 @@ pub(super) async fn cancel(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let id = task_id(&id)?;
-    let note = cancel_note(&headers, &body)?;
+    let note = optional_note(&headers, &body)?;
     let result = state
         .engine
         .cancel_by_operator(id, Intervention::new(by, note))
@@ -199,9 +199,12 @@ pub(super) async fn cancel(
     Ok(cancel_answer(result))
 }
 
-/// The note of a cancellation's body: none for no body (or an empty one,
-/// whatever its type), else the body must be JSON, `{"note": ..}`.
-fn cancel_note(headers: &HeaderMap, body: &Bytes) -> Result<String, ApiError> {
+/// The note of a cancellation's (or a dead letter's requeue's) body: none
+/// for no body (or an empty one, whatever its type), else the body must be
+/// JSON, `{"note": ..}`. Both actions are a saga's ordinary way on, so a
+/// caller (the console's button) may have nothing to explain, and who
+/// acted is recorded either way.
+pub(super) fn optional_note(headers: &HeaderMap, body: &Bytes) -> Result<String, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(String::new());
     }
