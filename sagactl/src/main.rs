@@ -449,7 +449,13 @@ async fn run(cli: Cli, store: &Store) -> Result<ExitCode, String> {
         Command::Show { task } => {
             let id = task_id(&task)?;
             match engine.task(id).await.map_err(explain)? {
-                Some(task) => out.task(&task),
+                Some(task) => {
+                    out.task(&task);
+                    // What plain `Pending` does not say: nobody runs it.
+                    if let Some(why) = engine.stalled(&task).await.map_err(explain)? {
+                        out.line(&format!("waiting: {why}"));
+                    }
+                }
                 None => return Err(format!("task {id} does not exist in {}", store.describe())),
             }
         }

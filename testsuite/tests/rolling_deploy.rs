@@ -130,11 +130,34 @@ async fn a_task_no_live_engine_runs_is_parked_with_a_true_reason() {
         .await
         .unwrap();
     let id = starter.start::<ShipV1>(7).await.unwrap();
+    // While it waits, what reads as plain Pending says why.
+    let waiting = starter.task(id).await.unwrap().expect("the task");
+    let why = starter.stalled(&waiting).await.unwrap();
+    assert!(
+        why.as_deref().is_some_and(
+            |w| w.contains("no live engine announces that it runs saga `ship` version 1")
+        ),
+        "{why:?}"
+    );
+    // Version 2 is run by a live engine (once it has announced it).
+    let mut of_v2 = waiting.clone();
+    of_v2.saga_version = 2;
+    of_v2.fingerprint = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while starter.stalled(&of_v2).await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "v2 never announced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let task = tokio::time::timeout(Duration::from_secs(30), v2_only.wait(id))
         .await
         .expect("parked within the bounded wait (1 s + 2 s of hand-backs)")
         .unwrap();
     assert_eq!(task.status, TaskStatus::DeadLettered, "{task:#?}");
+    assert_eq!(
+        starter.stalled(&task).await.unwrap(),
+        None,
+        "parked: it waits for an operator, said by its status"
+    );
     let reason = task.error.unwrap_or_default();
     assert!(
         reason.contains("runs on version 1 of saga `ship`, which this worker does not have"),

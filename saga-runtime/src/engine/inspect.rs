@@ -5,9 +5,9 @@
 use serde::Serialize;
 
 use super::Engine;
-use crate::backend::ProcessInstance;
+use crate::backend::{saga_steps_run, saga_version_run, ProcessInstance};
 use crate::error::Error;
-use crate::model::task::{TaskStatus, Timestamp};
+use crate::model::task::{TaskInstance, TaskStatus, Timestamp};
 use crate::process::EnvelopeKind;
 
 /// How many retained tasks of one saga are in each status.
@@ -43,6 +43,41 @@ pub struct PendingTimeout {
 }
 
 impl Engine {
+    /// Why `task` waits, when no engine can take it up: `Some(reason)`
+    /// for a task not yet ended whose saga version (with its steps) no
+    /// live engine announces that it runs, so that its message is handed
+    /// back with growing delays until the delivery cap parks it
+    /// `DeadLettered` (about 13 minutes at the defaults); an operator
+    /// reading it as plain `Pending` meanwhile would not know. `None`
+    /// when an engine runs it, when the task has ended, or when the store
+    /// keeps no announcements (the in-memory backend: one process).
+    pub async fn stalled(&self, task: &TaskInstance) -> Result<Option<String>, Error> {
+        if task.status.is_terminal() {
+            return Ok(None);
+        }
+        let Some(placement) = self.rt.backend.clone().partitions() else {
+            return Ok(None);
+        };
+        let run = match &task.fingerprint {
+            Some(steps) => saga_steps_run(&task.saga, task.saga_version, steps),
+            None => saga_version_run(&task.saga, task.saga_version),
+        };
+        if placement.saga_runner_alive(&run).await? {
+            return Ok(None);
+        }
+        Ok(Some(format!(
+            "no live engine announces that it runs saga `{}` version {}{}: its message is handed \
+             back with growing delays, and the task is parked DeadLettered at the delivery cap; \
+             start an engine that registers that version (or requeue the task once one runs)",
+            task.saga,
+            task.saga_version,
+            match task.fingerprint {
+                Some(_) => " with these steps",
+                None => "",
+            },
+        )))
+    }
+
     /// Task counts by status for every registered saga, by name.
     pub async fn task_counts(&self) -> Result<Vec<SagaCounts>, Error> {
         let mut all = Vec::new();
