@@ -98,6 +98,22 @@ async fn engines_run_as_a_role_that_cannot_migrate_and_start_failures_say_the_fi
     );
     engine.shutdown().await;
 
+    // A schema a DBA made for its owner, who has no CREATE on the
+    // database: the owner's deploy job migrates it (CREATE SCHEMA IF NOT
+    // EXISTS needed CREATE on the database even for a schema that exists).
+    server.psql(
+        "CREATE ROLE shop_owner LOGIN PASSWORD 'hunter2';
+         CREATE SCHEMA shop AUTHORIZATION shop_owner;",
+    );
+    let owner = format!(
+        "postgres://shop_owner:hunter2@127.0.0.1:{}/postgres",
+        server.port()
+    );
+    match PostgresBackend::migrate(&owner, &config("shop", true)).await {
+        Ok(before) => assert_eq!(before, None),
+        Err(e) => panic!("the schema's owner could not migrate it: {e}"),
+    }
+
     // One privilege short: named, with the grants.
     PostgresBackend::migrate(&server.url(), &config("billing", true))
         .await

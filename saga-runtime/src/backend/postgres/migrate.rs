@@ -153,9 +153,23 @@ pub(super) async fn run(pool: &PgPool, schema: &str) -> Result<(), BackendError>
         .execute(&mut *tx)
         .await
         .map_err(failure)?;
+    // `CREATE SCHEMA IF NOT EXISTS` needs `CREATE` on the database even
+    // when the schema exists: an upgrade by the schema's owner, who need
+    // not have it, creates nothing it finds.
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(schema)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(failure)?;
+    if !exists {
+        sqlx::raw_sql(sql!("CREATE SCHEMA {q}"))
+            .execute(&mut *tx)
+            .await
+            .map_err(failure)?;
+    }
     sqlx::raw_sql(sql!(
-        "CREATE SCHEMA IF NOT EXISTS {q};
-         CREATE TABLE IF NOT EXISTS {q}.schema_version (
+        "CREATE TABLE IF NOT EXISTS {q}.schema_version (
              version integer PRIMARY KEY,
              name text NOT NULL,
              applied_at timestamptz NOT NULL DEFAULT now()
