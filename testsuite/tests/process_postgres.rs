@@ -6,9 +6,9 @@
 //! consumer that dies mid-handler; an endpoint's cap; and a timer poller
 //! that leaves an idle database alone.
 //!
-//! The PostgreSQL backend offers no named leases yet (`leases.rs`), so no
-//! engine here holds the `timers` lease that moves due timeouts: the tests
-//! move them themselves ([`drive_timers`]), as the lease holder would.
+//! Beside the engines' own timer poller (its lease is proven in
+//! tests/coordination_postgres.rs), the tests move due timeouts
+//! themselves ([`drive_timers`]), as a racing poller would.
 //! Moving each due timeout once however many pollers race is the store's
 //! part, and is what this exercises.
 
