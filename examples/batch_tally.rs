@@ -3,8 +3,8 @@
 //! saga contention).
 //!
 //! ```text
-//! cargo run --release --example batch_tally
-//! cargo run --release --example batch_tally -- --redis redis://127.0.0.1:6379 --items 100000
+//! cargo run --features redis --release --example batch_tally
+//! cargo run --features redis --release --example batch_tally -- --redis redis://127.0.0.1:6379 --items 100000
 //! ```
 //!
 //! (`--tally-only` skips the naive run, which takes a while on Redis.)

@@ -8,7 +8,7 @@
 //! same saga on one server in the same run.
 //!
 //! ```text
-//! cargo run --release --example bench_cluster [-- TASKS] [--primaries N]
+//! cargo run --features redis --release --example bench_cluster [-- TASKS] [--primaries N]
 //! ```
 //!
 //! Absolute throughput cannot grow with shards here: every primary shares

@@ -4,8 +4,8 @@
 //! the peers (apalis-postgres and underway, `../shared/peer-pg`).
 //!
 //! ```text
-//! cargo run --release --example bench_postgres [-- TASKS] [--peer PATH]
-//! cargo run --release --example bench_postgres -- --statements [TASKS]
+//! cargo run --features postgres --release --example bench_postgres [-- TASKS] [--peer PATH]
+//! cargo run --features postgres --release --example bench_postgres -- --statements [TASKS]
 //! ```
 //!
 //! `--pool N` gives each engine a pool of N connections (default: the

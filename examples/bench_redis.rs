@@ -3,11 +3,11 @@
 //! server in the same run, and optionally next to the peer (apalis-redis).
 //!
 //! ```text
-//! cargo run --release --example bench_redis [-- TASKS] [--runs N] [--peer PATH]
-//! cargo run --release --example bench_redis -- TASKS --only 4x16 [--runs 1]   # one configuration
-//! cargo run --release --example bench_redis -- TASKS --only 4x16 --durability replicated
-//! cargo run --release --example bench_redis -- TASKS --limits   # a limited step next to an unlimited one
-//! cargo run --release --example bench_redis -- --instructions [TASKS]   # callgrind, twice
+//! cargo run --features redis --release --example bench_redis [-- TASKS] [--runs N] [--peer PATH]
+//! cargo run --features redis --release --example bench_redis -- TASKS --only 4x16 [--runs 1]   # one configuration
+//! cargo run --features redis --release --example bench_redis -- TASKS --only 4x16 --durability replicated
+//! cargo run --features redis --release --example bench_redis -- TASKS --limits   # a limited step next to an unlimited one
+//! cargo run --features redis --release --example bench_redis -- --instructions [TASKS]   # callgrind, twice
 //! ```
 //!
 //! TASKS defaults to 30,000 (3 steps each): on a shared 2-core machine a

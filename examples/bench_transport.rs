@@ -4,7 +4,7 @@
 //! relay's publish rate next to a plain confirmed-publish loop.
 //!
 //! ```text
-//! cargo run --release --example bench_transport -- \
+//! cargo run --features redis,postgres,rabbitmq,nats --release --example bench_transport -- \
 //!   --rabbitmq amqp://guest:guest@127.0.0.1:PORT/%2f --nats nats://127.0.0.1:PORT \
 //!   --redis redis://127.0.0.1:PORT --postgres postgres://postgres@127.0.0.1:PORT/postgres \
 //!   [--messages 20000]

@@ -7,9 +7,9 @@
 //!
 //! ```text
 //! # with the machine's RabbitMQ (or `nats://127.0.0.1:4222` for NATS JetStream):
-//! cargo run --example broker_fulfillment -- amqp://guest:guest@127.0.0.1:5672/%2f
+//! cargo run --features rabbitmq,nats --example broker_fulfillment -- amqp://guest:guest@127.0.0.1:5672/%2f
 //! # in another terminal:
-//! cargo run --example broker_shop -- amqp://guest:guest@127.0.0.1:5672/%2f
+//! cargo run --features rabbitmq,nats --example broker_shop -- amqp://guest:guest@127.0.0.1:5672/%2f
 //! ```
 //!
 //! A second argument names a store (`redis://..`, `postgres://..`):

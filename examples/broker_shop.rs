@@ -4,8 +4,8 @@
 //! then reads the `Ship` commands the process manager sends back.
 //!
 //! ```text
-//! cargo run --example broker_shop -- amqp://guest:guest@127.0.0.1:5672/%2f
-//! cargo run --example broker_shop -- nats://127.0.0.1:4222
+//! cargo run --features rabbitmq,nats --example broker_shop -- amqp://guest:guest@127.0.0.1:5672/%2f
+//! cargo run --features rabbitmq,nats --example broker_shop -- nats://127.0.0.1:4222
 //! ```
 
 use std::time::Duration;

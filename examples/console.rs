@@ -3,10 +3,10 @@
 //! `Api::new(engine).token(..)`.
 //!
 //! ```text
-//! cargo run --example console                          # in-memory backend, port 8080
-//! cargo run --example console -- --redis redis://127.0.0.1:6379 --port 0 --token s3cret
-//! cargo run --example console -- --read-only           # no token: the API only reads
-//! cargo run --example console -- --public-reads        # a token for changes, reads open to anyone
+//! cargo run --features http,metrics --example console                          # in-memory backend, port 8080
+//! cargo run --features http,metrics,redis --example console -- --redis redis://127.0.0.1:6379 --port 0 --token s3cret
+//! cargo run --features http,metrics --example console -- --read-only           # no token: the API only reads
+//! cargo run --features http,metrics --example console -- --public-reads        # a token for changes, reads open to anyone
 //! ```
 //!
 //! Open the printed URL. Most tasks complete; some retry first; some are

@@ -7,9 +7,9 @@
 //!
 //! ```text
 //! cargo run --example create_zip                       # in-memory backend
-//! cargo run --example create_zip -- --redis redis://127.0.0.1:6379 --workers 2
-//! cargo run --example create_zip -- --redis redis://127.0.0.1:6379 --worker-only --workers 2
-//! cargo run --example create_zip -- --url postgres://postgres@127.0.0.1:5432/postgres --workers 2
+//! cargo run --features redis --example create_zip -- --redis redis://127.0.0.1:6379 --workers 2
+//! cargo run --features redis --example create_zip -- --redis redis://127.0.0.1:6379 --worker-only --workers 2
+//! cargo run --features postgres --example create_zip -- --url postgres://postgres@127.0.0.1:5432/postgres --workers 2
 //! ```
 //!
 //! With `--url URL` (or `--redis URL`, or `REDIS_URL`: a Redis URL or a
@@ -292,7 +292,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{} workers (pid {}) serving create-zip tasks from {}; Ctrl-C to stop",
             args.workers,
             std::process::id(),
-            args.redis.as_deref().unwrap_or("")
+            saga_runtime::backend::redacted(args.redis.as_deref().unwrap_or(""))
         );
         // Ctrl-C (or SIGTERM) lets the steps in progress finish first.
         engine

@@ -6,7 +6,7 @@
 //! the retention passed.
 //!
 //! ```text
-//! cargo run --release --example retention [-- TASKS]
+//! cargo run --features redis --release --example retention [-- TASKS]
 //! ```
 
 #[path = "../testsuite/tests/common/redis_server.rs"]

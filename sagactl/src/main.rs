@@ -78,11 +78,11 @@ struct Cli {
     /// Its key prefix (`RedisConfig::prefix`; the partition count is read
     /// from what the deployment recorded there), or on PostgreSQL its
     /// schema (`PostgresConfig::schema`).
-    #[arg(long, default_value = "saga")]
+    #[arg(long, global = true, default_value = "saga")]
     prefix: String,
     /// Seconds to wait for the store to answer before calling it
     /// unresponsive.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, global = true, default_value_t = 5.0)]
     timeout: f64,
     /// Print JSON instead of text.
     #[arg(long, global = true)]

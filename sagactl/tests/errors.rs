@@ -78,6 +78,29 @@ fn connection_errors_name_the_url_without_its_password() {
     assert!(err.contains(&format!("cannot reach {masked}")), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
 
+    // A closed PostgreSQL port: the server's "no", at once (the pool
+    // retried it into "pool timed out" after 5 s, or sagactl's own
+    // timeout said "no answer").
+    let port = free_port();
+    let started = std::time::Instant::now();
+    let (code, _, err) = sagactl(
+        &format!("postgres://ana:hunter2@127.0.0.1:{port}/postgres"),
+        &["dead-letters"],
+    );
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains(&format!(
+            "cannot connect to PostgreSQL at 127.0.0.1:{port}: connection refused"
+        )),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+
     let out = Command::new(env!("CARGO_BIN_EXE_sagactl"))
         .args([
             "--prefix", "shop", "purge", "--saga", "s", "--by", "ana", "--note", "n", "--yes",

@@ -90,13 +90,16 @@ fn grant_for(message: &str) -> String {
         .unwrap_or(message);
     let kind = object.split_whitespace().next().unwrap_or("");
     match kind {
-        "database" => "creating the schema needs CREATE on the database: run the migration once \
-                       with a role that has it (`PostgresBackend::migrate`, `sagactl migrate`); \
-                       an engine whose schema is current runs no DDL"
+        "database" => "creating the schema needs CREATE on the database: migrate as a role \
+                       that has it, or have the schema created for its owner first \
+                       (`PostgresBackend::migrate`, `sagactl migrate`); an engine whose schema \
+                       is current runs no DDL"
             .to_owned(),
-        "schema" => "the engine's role needs USAGE on its schema (GRANT USAGE ON SCHEMA <schema> \
-                     TO <role>), and CREATE on it only to migrate"
-            .to_owned(),
+        "schema" => format!(
+            "the engine's role needs USAGE on its schema (GRANT USAGE ON SCHEMA {} TO <the \
+             engine's role>), and CREATE on it only to migrate",
+            object.split_whitespace().nth(1).unwrap_or("<schema>")
+        ),
         "table" | "relation" => "the engine's role needs SELECT, INSERT, UPDATE and DELETE on \
                                  its schema's tables (GRANT SELECT, INSERT, UPDATE, DELETE ON \
                                  ALL TABLES IN SCHEMA <schema> TO <role>)"
@@ -108,18 +111,49 @@ fn grant_for(message: &str) -> String {
                        ALL SEQUENCES IN SCHEMA <schema> TO <role>)"
             .to_owned(),
         _ if message.starts_with("must be owner") => "a migration replaces the schema's \
-                       functions and tables: run it as their owner (`PostgresBackend::migrate`, \
-                       `sagactl migrate`)"
+                       functions and tables: run it as the role that owns them \
+                       (`PostgresBackend::migrate`, `sagactl migrate`)"
             .to_owned(),
         _ => "grant the engine's role the privilege named".to_owned(),
     }
 }
 
-/// `error` from the first statement at start, told better when it is the
-/// pool giving up: a refused connection is retried inside the pool until
-/// its timeout, which then says only "pool timed out". One direct
-/// connection says why (refused, no such host, authentication, no such
-/// database).
+/// One direct connection to `options`, closed again: what a pool hides.
+/// A refused connection is retried inside the pool until its acquire
+/// timeout, which then says only "pool timed out", seconds after the
+/// server said no; connected once at start, the server's answer is told
+/// at once (refused, no such host, authentication, no such database).
+pub(crate) async fn reach(options: &PgConnectOptions) -> Result<(), BackendError> {
+    let place = format!("{}:{}", options.get_host(), options.get_port());
+    let why = match tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::PgConnection::connect_with(options),
+    )
+    .await
+    {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            return Ok(());
+        }
+        Err(_) => "no answer within 10 s".to_owned(),
+        Ok(Err(sqlx::Error::Io(io))) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "connection refused: is the server running, and listening on this port?".to_owned()
+        }
+        Ok(Err(e)) => match failure(e) {
+            // Authentication, no such database: not worth a retry.
+            BackendError::Rejected(e) => {
+                return Err(BackendError::Rejected(e));
+            }
+            e => e.to_string(),
+        },
+    };
+    Err(BackendError::unavailable(format!(
+        "cannot connect to PostgreSQL at {place}: {why}"
+    )))
+}
+
+/// `error` from the first statement on a pool the application made,
+/// told better when it is the pool giving up ([`reach`] says why).
 pub(crate) async fn at_start(options: &PgConnectOptions, error: BackendError) -> BackendError {
     let BackendError::Unavailable(source) = &error else {
         return error;
@@ -130,25 +164,7 @@ pub(crate) async fn at_start(options: &PgConnectOptions, error: BackendError) ->
     ) {
         return error;
     }
-    let place = format!("{}:{}", options.get_host(), options.get_port());
-    let why = match tokio::time::timeout(
-        Duration::from_secs(5),
-        sqlx::PgConnection::connect_with(options),
-    )
-    .await
-    {
-        Err(_) => "no answer within 5 s".to_owned(),
-        Ok(Ok(conn)) => {
-            // Reachable now: the pool's timeout was a busy server.
-            let _ = conn.close().await;
-            return error;
-        }
-        Ok(Err(sqlx::Error::Io(io))) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
-            "connection refused: is the server running, and listening on this port?".to_owned()
-        }
-        Ok(Err(e)) => failure(e).to_string(),
-    };
-    BackendError::unavailable(format!("cannot connect to PostgreSQL at {place}: {why}"))
+    reach(options).await.err().unwrap_or(error)
 }
 
 #[cfg(test)]
@@ -162,14 +178,17 @@ mod tests {
                 "permission denied for database app",
                 "CREATE on the database",
             ),
-            ("permission denied for schema saga", "GRANT USAGE ON SCHEMA"),
+            (
+                "permission denied for schema saga",
+                "GRANT USAGE ON SCHEMA saga TO",
+            ),
             (
                 "permission denied for table tasks",
                 "ON ALL TABLES IN SCHEMA",
             ),
             ("permission denied for function take", "GRANT EXECUTE"),
             ("permission denied for sequence s", "ALL SEQUENCES"),
-            ("must be owner of function take", "as their owner"),
+            ("must be owner of function take", "the role that owns them"),
         ] {
             assert!(grant_for(message).contains(grant), "{message}");
         }

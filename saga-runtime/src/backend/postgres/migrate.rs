@@ -48,7 +48,7 @@ pub(super) fn quoted_schema(schema: &str) -> Result<String, BackendError> {
             "`{schema}` is a schema of the database's own or of the application's: the engine's \
              tables and functions would sit next to them, and a migration would replace \
              functions of theirs with its own names; give the engine a schema of its own \
-             (`PostgresConfig::schema`, default `saga`)"
+             (`PostgresConfig::schema`, sagactl's `--prefix`; default `saga`)"
         )));
     }
     match valid {

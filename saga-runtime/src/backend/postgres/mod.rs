@@ -190,6 +190,7 @@ impl PostgresBackend {
     pub async fn connect_url(url: &str, config: PostgresConfig) -> Result<Self, BackendError> {
         let options = parse_url(url)?;
         let options = options.application_name("saga-runtime");
+        failure::reach(&options).await?;
         let set = session::set_statements(&config, false);
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections.max(2))
@@ -271,11 +272,12 @@ impl PostgresBackend {
     /// migrates, the others wait and find it done). Returns the version
     /// the schema was at before (`None`: it held no deployment).
     pub async fn migrate(url: &str, config: &PostgresConfig) -> Result<Option<i32>, BackendError> {
-        let options = parse_url(url)?;
+        let options = parse_url(url)?.application_name("saga-runtime migrate");
+        failure::reach(&options).await?;
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_lazy_with(options.application_name("saga-runtime migrate"));
+            .connect_lazy_with(options);
         let migrated = async {
             let before = migrate::version_of(&pool, &config.schema).await?;
             migrate::run(&pool, &config.schema).await?;
@@ -296,23 +298,27 @@ impl PostgresBackend {
     /// deployment, or one of another schema version than this library's.
     pub async fn attach(url: &str, config: PostgresConfig) -> Result<Self, BackendError> {
         let options = parse_url(url)?;
+        let options = options.application_name("sagactl");
+        failure::reach(&options).await?;
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy_with(options.application_name("sagactl"));
+            .connect_lazy_with(options);
         let found = migrate::version_of(&pool, &config.schema).await?;
         match found {
             Some(v) if v == SCHEMA_VERSION => {}
             Some(v) => {
                 return Err(BackendError::Misconfigured(format!(
                     "schema `{}` is at version {v}, this tool knows version {SCHEMA_VERSION}: \
-                     use the tool of the deployment's version",
+                     use the tool of the deployment's version (or, to upgrade the deployment to \
+                     this one, migrate it as the schema's owner: `sagactl migrate`)",
                     config.schema
                 )))
             }
             None => {
                 return Err(BackendError::Misconfigured(format!(
-                    "no deployment in schema `{}` of this database: check the URL and the schema",
+                    "no deployment in schema `{}` of this database: check the URL and the schema \
+                     (sagactl's `--prefix`), or create it with `sagactl migrate`",
                     config.schema
                 )))
             }
@@ -352,7 +358,8 @@ impl PostgresBackend {
 fn parse_url(url: &str) -> Result<PgConnectOptions, BackendError> {
     url.parse().map_err(|e| {
         BackendError::Misconfigured(format!(
-            "`{}` is not a PostgreSQL URL ({e}): expected postgres://user:password@host:port/database",
+            "`{}` is not a PostgreSQL URL ({e}): expected postgres://user:password@host:port/database \
+             (a password holding `/`, `?`, `@`, `:` or `#` is percent-encoded: `/` as %2F)",
             crate::backend::redacted(url)
         ))
     })
