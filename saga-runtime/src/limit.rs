@@ -139,6 +139,76 @@ impl<T: fmt::Display + ?Sized> LimitKeyValue for T {
     }
 }
 
+/// Asked of a key whose type is an `Option`, and implemented by nothing:
+/// an attempt spends from the budget of its key's value, and `None` names
+/// no budget. Without it such a key would fail as "not `Display`", where
+/// rustc suggests an `.unwrap()` that the key syntax (a path to a field)
+/// does not take; the macro can't tell an `Option` itself, the input type
+/// being declared elsewhere.
+#[diagnostic::on_unimplemented(
+    message = "a limit cannot be keyed by `{Self}`: a key cannot go through an `Option`",
+    label = "this field may be `None`, which names no budget",
+    note = "key by a field that is always set (`merchant_id: u64`, not `Option<u64>`); if the value may be missing, add such a field to the input, filled in where the input is made (the value, or e.g. \"none\" for the inputs without one, which then share one budget), and key by it"
+)]
+pub trait KeyIsNotAnOption {}
+
+/// How generated code reads a key: `LimitKeyValue::limit_key(LimitKey::probe(&key).value())`.
+/// `value` is an inherent method of [`KeyProbe`] for an `Option` (which asks
+/// for [`KeyIsNotAnOption`], and so is one error that says why) and, for
+/// any other type, the method of [`KeyValue`] that `KeyProbe` derefs to (the
+/// key itself, for `LimitKeyValue` to judge with its own message).
+impl LimitKey {
+    #[doc(hidden)]
+    pub fn probe<T: ?Sized>(key: &T) -> KeyProbe<'_, T> {
+        KeyProbe(KeyValue(key))
+    }
+}
+
+/// See [`LimitKey::probe`].
+#[doc(hidden)]
+pub struct KeyProbe<'a, T: ?Sized>(KeyValue<'a, T>);
+
+/// See [`LimitKey::probe`].
+#[doc(hidden)]
+pub struct KeyValue<'a, T: ?Sized>(&'a T);
+
+/// Which types [`KeyProbe`]'s own `value` applies to: `Option`s (and, as
+/// for every bound, a key whose type is already an error, such as a field
+/// the input lacks, so that rustc's "no field" stays the one error; written
+/// as `impl<T> KeyProbe<'_, Option<T>>` instead, the error type would match
+/// `Option<_>` and be reported again as an `Option`).
+#[doc(hidden)]
+pub trait IsOption {}
+
+impl<T> IsOption for Option<T> {}
+
+impl<T: IsOption> KeyProbe<'_, T> {
+    /// Never compiles for an `Option`, which does not implement
+    /// `KeyIsNotAnOption`. Returns a `Display` type so that the key's own
+    /// call adds no error.
+    pub fn value(&self) -> &'static str
+    where
+        T: KeyIsNotAnOption,
+    {
+        ""
+    }
+}
+
+impl<'a, T: ?Sized> std::ops::Deref for KeyProbe<'a, T> {
+    type Target = KeyValue<'a, T>;
+
+    fn deref(&self) -> &KeyValue<'a, T> {
+        &self.0
+    }
+}
+
+impl<'a, T: ?Sized> KeyValue<'a, T> {
+    /// The key, for any type but an `Option`.
+    pub fn value(&self) -> &'a T {
+        self.0
+    }
+}
+
 /// What generated code calls with the input decoded the way the rest of
 /// the generated code decodes it (a saga's `Codec`, a message's
 /// `message_ops`): a type that does not decode is then reported once, by

@@ -697,50 +697,93 @@ impl Slowpoke {
     }
 }
 
+/// Two handlers for one wire name. `#[process_manager]` refuses them at
+/// compile time (ui-tests/fail/pm_same_wire_name.rs), so the definition is
+/// written by hand: what the engine refuses when it is built.
 mod wire_names {
-    use super::*;
+    use saga_runtime::prelude::*;
+    use saga_runtime::process::{
+        Concurrency, Correlation, HandlerDefinition, HandlerKind, OnComplete, ProcessDefinition,
+        Unmatched,
+    };
+    use saga_runtime::saga::BoxFuture;
+    use serde_json::Value;
 
-    #[derive(Message, Serialize, Deserialize)]
-    #[message(name = "same")]
-    struct One {
-        #[correlation_id]
-        id: String,
-    }
+    const ONE: HandlerDefinition = HandlerDefinition {
+        method: "one",
+        message_type: "same",
+        kind: HandlerKind::Starts { strict: false },
+        correlation: Correlation::Id,
+        limits: &[],
+        unmatched: Unmatched {
+            hold: None,
+            then: None,
+        },
+    };
 
-    #[derive(Message, Serialize, Deserialize)]
-    #[message(name = "same")]
-    struct Two {
-        #[correlation_id]
-        id: String,
-    }
+    static DEFINITION: ProcessDefinition = ProcessDefinition {
+        name: "clash",
+        state_type: "()",
+        handlers: &[
+            ONE,
+            HandlerDefinition {
+                method: "two",
+                kind: HandlerKind::Handles {
+                    strict: false,
+                    many: false,
+                },
+                ..ONE
+            },
+        ],
+        on_complete: OnComplete::Keep,
+        concurrency: Concurrency::Optimistic,
+    };
 
     struct Clash;
 
-    pub fn clash() -> impl ProcessManager {
-        Clash
+    impl ProcessManager for Clash {
+        type State = ();
+        const NAME: &'static str = "clash";
+
+        fn definition() -> &'static ProcessDefinition {
+            &DEFINITION
+        }
+
+        fn new_state() {}
+
+        fn encode_state(_: &()) -> Result<Value, ProcessError> {
+            Ok(Value::Null)
+        }
+
+        fn decode_state(_: Value) -> Result<(), ProcessError> {
+            Ok(())
+        }
+
+        fn handle<'a>(
+            &'a self,
+            _: &'a str,
+            _: Value,
+            _: &'a mut (),
+            _: &'a mut ProcessContext,
+        ) -> BoxFuture<'a, Result<(), ProcessError>> {
+            Box::pin(async { Ok(()) })
+        }
+
+        fn state_keys(_: &()) -> Vec<(&'static str, String)> {
+            Vec::new()
+        }
+
+        fn message_key(_: &str, _: &Value) -> Result<Option<String>, ProcessError> {
+            Ok(None)
+        }
+
+        fn seed(_: &str, _: &Value, _: &mut ()) -> Result<(), ProcessError> {
+            Ok(())
+        }
     }
 
-    #[process_manager(state = Counter)]
-    impl Clash {
-        #[starts]
-        async fn one(
-            &self,
-            _m: One,
-            _s: &mut Counter,
-            _ctx: &mut ProcessContext,
-        ) -> Result<(), ProcessError> {
-            Ok(())
-        }
-
-        #[handles]
-        async fn two(
-            &self,
-            _m: Two,
-            _s: &mut Counter,
-            _ctx: &mut ProcessContext,
-        ) -> Result<(), ProcessError> {
-            Ok(())
-        }
+    pub fn clash() -> impl ProcessManager {
+        Clash
     }
 }
 

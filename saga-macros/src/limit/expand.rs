@@ -5,8 +5,9 @@
 //! process manager's), so a key's reader is a non-capturing closure,
 //! coerced to `LimitKey::of`'s `fn` pointer. Its field accesses carry the
 //! user's tokens: a field the input lacks is rustc's own "no field `x` on
-//! type `Req`", on that field, and a field without `Display` is the
-//! `LimitKeyValue` diagnostic, on the key. The input is decoded the way the
+//! type `Req`", on that field, a field without `Display` is the
+//! `LimitKeyValue` diagnostic and an `Option` field the `KeyIsNotAnOption`
+//! one, on the key. The input is decoded the way the
 //! rest of the expansion decodes it (the caller's `decode`), so a type that
 //! does not decode stays the one error its own check gives.
 
@@ -83,11 +84,15 @@ fn key_reader(
     }
 }
 
-/// `|__input: &In| LimitKeyValue::limit_key(&(*__input).a.b)`, every
-/// generated token of the call on the key's first word and each field on
-/// its own: rustc reports an unknown field on that field, and a key that
-/// is not `Display` over the key as written (with the runtime trait's
-/// message), not on `#[saga]` nor across lines.
+/// `|__input: &In| LimitKeyValue::limit_key(LimitKey::probe(&(*__input).a.b).value())`,
+/// every generated token of the call on the key's first word and each
+/// field on its own: rustc reports an unknown field on that field, and a
+/// key that is not `Display` over the key as written (with the runtime
+/// trait's message), not on `#[saga]` nor across lines. The probe turns a
+/// key through an `Option` into the one error that says a key can't go
+/// through one (`KeyIsNotAnOption`), where "not `Display`" would have
+/// rustc suggest an `.unwrap()` the key syntax refuses: the field's type
+/// is known to the compiler only, the input being declared elsewhere.
 fn read_key(rt: &TokenStream, key: &KeyDef, input: &Type) -> TokenStream {
     let span = key.base_span();
     let rt = respan(rt.clone(), span);
@@ -95,8 +100,19 @@ fn read_key(rt: &TokenStream, key: &KeyDef, input: &Type) -> TokenStream {
     for field in &key.fields {
         access = quote_spanned!(span=> #access.#field);
     }
+    // `.value()` on the last field, so that the key's errors cover the
+    // key as written, from its first word to that field.
+    let last = key.fields.last().map_or(span, field_span);
+    let value = quote_spanned!(last=> .value());
     quote_spanned! {span=>
-        |__input: &#input| #rt::LimitKeyValue::limit_key(&#access)
+        |__input: &#input| #rt::LimitKeyValue::limit_key(#rt::LimitKey::probe(&#access)#value)
+    }
+}
+
+fn field_span(member: &syn::Member) -> Span {
+    match member {
+        syn::Member::Named(ident) => ident.span(),
+        syn::Member::Unnamed(index) => index.span,
     }
 }
 
@@ -163,7 +179,7 @@ mod tests {
         );
         assert!(text.contains("| __input : & Req |"), "{text}");
         assert!(
-            text.contains("limit_key (& (* __input) . merchant . id)"),
+            text.contains("limit_key (:: saga_runtime :: __private :: LimitKey :: probe (& (* __input) . merchant . id) . value ())"),
             "{text}"
         );
         // Valid Rust: an expression.

@@ -62,6 +62,28 @@ pub enum Misplaced<'a> {
     OnError,
     /// A process-manager method that is not a handler.
     NotAHandler(&'a Ident),
+    /// The impl block itself, of a `#[saga]` (`Site::Step`) or a
+    /// `#[process_manager]` (`Site::Handler`).
+    Impl(Site),
+}
+
+/// Why a limit can't go on a whole saga or process manager, and where it
+/// goes instead: what the mistake "one limit for the saga" needs to hear
+/// (the impl's own attribute is right there, so "add it" would not help).
+pub fn on_impl_message(site: Site) -> &'static str {
+    match site {
+        Site::Step => {
+            "`#[limit]` goes on a step (a `#[saga_step]` method) or on a process manager's \
+             handler, not on the impl block: there is no saga-wide limit; put it on each step \
+             it limits (steps that give the same `name = \"..\"` share one budget)"
+        }
+        Site::Handler => {
+            "`#[limit]` goes on a process manager's `#[starts]`, `#[handles]` or `#[timeout]` \
+             handler, or on a saga's `#[saga_step]` method, not on the impl block: there is no \
+             limit for a whole process manager; put it on each handler it limits (handlers \
+             that give the same `name = \"..\"` share one budget)"
+        }
+    }
 }
 
 /// Reports each of `attrs`, found where no limit applies.
@@ -83,6 +105,7 @@ pub fn misplaced(cx: &Ctxt, attrs: &[Attribute], place: Misplaced<'_>) {
             "`#[limit]` goes on a `#[starts]`, `#[handles]` or `#[timeout]` handler, and \
              `{ident}` is none of them: mark it as a handler, or remove `#[limit]`"
         ),
+        Misplaced::Impl(site) => on_impl_message(site).to_owned(),
     };
     for attr in attrs {
         cx.error_spanned_by(attr, &message);
@@ -344,6 +367,20 @@ pub(crate) fn parse_period(text: &str) -> Result<u64, BadPeriod> {
         .ok_or(BadPeriod::TooLong)
 }
 
+/// `"2d"` (or `"1w"`, `"3 days"`) -> `Some(48)`: the hours of a period
+/// written in a unit longer than `h`, the longest one periods take, so that
+/// the error can show the spelling to write instead.
+pub(crate) fn days_as_hours(text: &str) -> Option<u64> {
+    let digits_end = text.find(|c: char| !c.is_ascii_digit())?;
+    let (digits, unit) = text.split_at(digits_end);
+    let per_unit: u64 = match unit.trim_start() {
+        "d" | "day" | "days" => 24,
+        "w" | "week" | "weeks" => 7 * 24,
+        _ => return None,
+    };
+    digits.parse::<u64>().ok()?.checked_mul(per_unit)
+}
+
 /// `per = ".."`: a positive period, in milliseconds.
 fn period(cx: &Ctxt, meta: &Meta) -> Option<SpannedValue<u64>> {
     const FORMS: &str = "a whole number and a unit (`ms`, `s`, `m` or `h`), without a space: \
@@ -377,6 +414,16 @@ fn period(cx: &Ctxt, meta: &Meta) -> Option<SpannedValue<u64>> {
         }
     };
     let value = text.value();
+    if let Some(hours) = days_as_hours(&value) {
+        cx.error_spanned_by(
+            text,
+            format!(
+                "`per = \"{value}\"`: a period's units are `ms`, `s`, `m` and `h`, the longest \
+                 an hour; write it in hours, `per = \"{hours}h\"`"
+            ),
+        );
+        return None;
+    }
     match parse_period(&value) {
         Ok(0) => {
             cx.error_spanned_by(
@@ -605,6 +652,11 @@ mod tests {
             parse_period("99999999999999999999h"),
             Err(BadPeriod::TooLong)
         );
+        assert_eq!(days_as_hours("2d"), Some(48));
+        assert_eq!(days_as_hours("1 week"), Some(168));
+        for other in ["d", "2h", "1.5d", "", "2dd"] {
+            assert_eq!(days_as_hours(other), None, "{other}");
+        }
     }
 
     #[test]
@@ -635,6 +687,10 @@ mod tests {
                 "is not a period",
             ),
             (parse_quote!(#[limit(rate = 1, per = "0s")]), "empty period"),
+            (
+                parse_quote!(#[limit(rate = 1, per = "2d")]),
+                "`per = \"48h\"`",
+            ),
             (parse_quote!(#[limit(rate = 1, per = 1s)]), "`per = \"1s\"`"),
             (
                 parse_quote!(#[limit(rate = 1, per = 1)]),

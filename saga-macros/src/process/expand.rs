@@ -243,6 +243,7 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
             }
         })
     });
+    let routing = routing_assertions(&rt, pm);
     quote! {
         const _: () = {
             // The inherent method applies only to messages (method lookup
@@ -268,8 +269,108 @@ fn assertions(pm: &ProcessDef) -> TokenStream {
                 #calls
             }
             #(#correlations)*
+            #routing
         };
     }
+}
+
+/// Messages are routed to a handler by their type's `Message::TYPE`, so
+/// two handlers must not get one type, nor two types with one wire name.
+/// `check` compares the types as written; this asks the compiler, which
+/// sees through an alias or another path (`type Submitted =
+/// OrderSubmitted`) and reads `#[message(name = "..")]`, with two const
+/// assertions per pair of handlers, spanned on the second one's message
+/// type, whose messages name both handlers and the fix:
+///
+/// - whether the two are one type: `__Pair::<A, B>::SAME` is the inherent
+///   const of `__Pair<T, T>` when they are, else the trait's `false`;
+/// - otherwise, whether their wire names are equal.
+///
+/// One mistake is one error: the assertions are in one const, whose
+/// evaluation stops at the first; the second asks for the wire names only
+/// of two types that differ; a type that is not a message is the one error
+/// `message_ops` gives everywhere (same tokens, and a body with an error is
+/// not evaluated). Impls over the types (rustc's "conflicting
+/// implementations") would say less, and an unknown type in an impl header
+/// gets a second "cannot find type", with a help to add a type parameter.
+fn routing_assertions(rt: &TokenStream, pm: &ProcessDef) -> TokenStream {
+    let handled: Vec<(&HandlerDef, &Type)> = pm
+        .handlers
+        .iter()
+        .filter_map(|h| h.message.as_ref().map(|m| (h, m)))
+        .collect();
+    let mut pairs = TokenStream::new();
+    for (i, (second, second_ty)) in handled.iter().enumerate() {
+        for (first, first_ty) in &handled[..i] {
+            let (first_name, second_name) = (type_to_string(first_ty), type_to_string(second_ty));
+            let same_type = format_literal(format!(
+                "`{second_name}` (the message of `{}`) is the same type as `{first_name}` (the \
+                 message of `{}`), named another way (an alias, a re-export or another path): \
+                 messages are routed by type, so a process manager has one handler per message \
+                 type; merge `{}` into `{}`",
+                second.ident, first.ident, second.ident, first.ident,
+            ));
+            let same_name = format_literal(format!(
+                "`{second_name}` (the message of `{}`) has the same wire name as \
+                 `{first_name}` (the message of `{}`): a process manager routes a message to \
+                 its handler by `Message::TYPE`, so it could not tell the two apart; give one \
+                 of them a different `#[message(name = \"..\")]`",
+                second.ident, first.ident,
+            ));
+            let (first_ops, second_ops) = (message_ops(rt, first_ty), message_ops(rt, second_ty));
+            pairs.extend(quote_spanned! {second_ty.span()=>
+                ::core::assert!(!__Pair::<#first_ty, #second_ty>::SAME, #same_type);
+                ::core::assert!(
+                    __Pair::<#first_ty, #second_ty>::SAME
+                        || !__same_wire_name(#first_ops.type_name, #second_ops.type_name),
+                    #same_name
+                );
+            });
+        }
+    }
+    if pairs.is_empty() {
+        return pairs;
+    }
+    quote! {
+        #[allow(dead_code)]
+        struct __Pair<__A: ?::core::marker::Sized, __B: ?::core::marker::Sized>(
+            ::core::marker::PhantomData<fn() -> (*const __A, *const __B)>,
+        );
+        // Used only where two types are one.
+        #[allow(dead_code)]
+        impl<__T: ?::core::marker::Sized> __Pair<__T, __T> {
+            const SAME: bool = true;
+        }
+        trait __Distinct {
+            const SAME: bool = false;
+        }
+        impl<__A: ?::core::marker::Sized, __B: ?::core::marker::Sized> __Distinct
+            for __Pair<__A, __B>
+        {
+        }
+        const fn __same_wire_name(__a: &str, __b: &str) -> bool {
+            let (__a, __b) = (__a.as_bytes(), __b.as_bytes());
+            if __a.len() != __b.len() {
+                return false;
+            }
+            let mut __i = 0;
+            while __i < __a.len() {
+                if __a[__i] != __b[__i] {
+                    return false;
+                }
+                __i += 1;
+            }
+            true
+        }
+        #pairs
+    }
+}
+
+/// `message` as the literal format string of an `assert!` (a type may be
+/// written with braces, `Batch<{ N }>`).
+fn format_literal(message: String) -> TokenStream {
+    let message = message.replace('{', "{{").replace('}', "}}");
+    quote!(#message)
 }
 
 fn trait_impl(pm: &ProcessDef) -> TokenStream {

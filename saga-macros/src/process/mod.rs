@@ -169,6 +169,17 @@ mod tests {
         assert!(text.contains("name : \"fulfillment.reserved\""), "{text}");
         assert!(text.contains("expr : \"msg.warehouse.code\""), "{text}");
         assert!(text.contains("name : \"wms\""), "{text}");
+        // Two assertions per pair of handlers (three pairs here): one type,
+        // one wire name.
+        assert_eq!(text.matches(":: core :: assert !").count(), 6, "{text}");
+        assert!(
+            text.contains("`PaymentDue` (the message of `payment_due`) is the same type as `InventoryReserved` (the message of `reserved`)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("`PaymentDue` (the message of `payment_due`) has the same wire name as `InventoryReserved` (the message of `reserved`)"),
+            "{text}"
+        );
     }
 
     /// Prelude names used without a leading `::path::`.

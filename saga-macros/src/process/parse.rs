@@ -198,6 +198,12 @@ fn parse_impl(cx: &Ctxt, args: ProcessArgs, mut item: syn::ItemImpl) -> Parsed {
     }
     for attr in take_helpers(&mut item.attrs) {
         let name = helper_name(&attr).unwrap_or_default();
+        if name == "limit" {
+            // There is no limit for a whole process manager.
+            let place = Misplaced::Impl(Site::Handler);
+            limit::parse::misplaced(cx, std::slice::from_ref(&attr), place);
+            continue;
+        }
         cx.error_spanned_by(
             &attr,
             format!("`#[{name}]` goes on a method of this impl, not on the impl block itself"),

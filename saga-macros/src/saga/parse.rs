@@ -191,7 +191,7 @@ fn parse_saga_args(cx: &Ctxt, args: TokenStream) -> SagaArgs {
             None => cx.error_spanned_by(meta, "`name` needs a value: `name = \"create-zip\"`"),
         }
     }
-    if let Some(meta) = keys.get("version") {
+    if let Some(meta) = keys.get("version").filter(|m| whole_version(cx, m)) {
         args.version = int_key(
             cx,
             meta,
@@ -205,6 +205,42 @@ fn parse_saga_args(cx: &Ctxt, args: TokenStream) -> SagaArgs {
         args.runtime = runtime_path(cx, meta);
     }
     args
+}
+
+/// `version = 1.5` or `version = "2"`: reported with the whole number to
+/// write (`false`); anything else is left to `int_key`. A version counts
+/// deploys of a changed saga (tasks keep the version they started with), so
+/// a change after 1 is 2, not 1.5.
+fn whole_version(cx: &Ctxt, meta: &Meta) -> bool {
+    let Some(Expr::Lit(syn::ExprLit { lit, .. })) = name_value(meta) else {
+        return true;
+    };
+    let written = match lit {
+        Lit::Float(f) => f.base10_digits().to_owned(),
+        Lit::Str(s) => s.value(),
+        _ => return true,
+    };
+    let Ok(value) = written.trim().parse::<f64>() else {
+        return true;
+    };
+    // The next whole version: what a change after `1.5` would be.
+    let next = if value.is_finite() && value > 1.0 {
+        format!("{}", value.ceil())
+    } else {
+        "1".to_owned()
+    };
+    let message = match lit {
+        Lit::Str(_) => format!(
+            "`version` is a whole number, not a string: write `version = {next}` (versions \
+             count 1, 2, 3, ...; a saga without `version` is version 1)"
+        ),
+        _ => format!(
+            "`version = {written}` is not a whole number: versions count 1, 2, 3, ... (a saga \
+             without `version` is version 1); write e.g. `version = {next}`"
+        ),
+    };
+    cx.error_spanned_by(lit, message);
+    false
 }
 
 fn string_value(expr: &Expr) -> darling::Result<SpannedValue<String>> {
@@ -262,6 +298,12 @@ fn parse_inherent(cx: &Ctxt, args: SagaArgs, mut item: syn::ItemImpl) -> Parsed 
                 }
                 cancellable = true;
             }
+            // There is no saga-wide limit: say where limits go instead.
+            _ if limit::parse::is_limit(&attr) => limit::parse::misplaced(
+                cx,
+                std::slice::from_ref(&attr),
+                Misplaced::Impl(Site::Step),
+            ),
             Some(name) if is_method_helper(&attr) => cx.error_spanned_by(
                 &attr,
                 format!("`#[{name}]` goes on a method of this impl, not on the impl block itself"),
@@ -1512,5 +1554,41 @@ mod tests {
             word,
             "expected the step's number as an integer literal, e.g. `#[saga_step(1)]`"
         );
+    }
+
+    /// `parse_saga_args` on `args`: the version and every error message.
+    fn saga_version(args: TokenStream) -> (Option<u32>, Vec<String>) {
+        let cx = Ctxt::new();
+        let parsed = parse_saga_args(&cx, args);
+        let errors = match cx.check() {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.iter().map(ToString::to_string).collect(),
+        };
+        (parsed.version, errors)
+    }
+
+    #[test]
+    fn a_version_that_is_not_whole_shows_one_that_is() {
+        assert_eq!(saga_version(quote::quote!(version = 3)), (Some(3), vec![]));
+        let cases = [
+            (
+                quote::quote!(version = 1.5),
+                "`version = 1.5` is not a whole number",
+            ),
+            (quote::quote!(version = 1.5), "write e.g. `version = 2`"),
+            (quote::quote!(version = 2.0), "write e.g. `version = 2`"),
+            (quote::quote!(version = 0.5), "write e.g. `version = 1`"),
+            (
+                quote::quote!(version = "2"),
+                "not a string: write `version = 2`",
+            ),
+        ];
+        for (args, expected) in cases {
+            let text = args.to_string();
+            let (version, errors) = saga_version(args);
+            assert_eq!(version, None, "{text}");
+            assert_eq!(errors.len(), 1, "{text}: {errors:?}");
+            assert!(errors[0].contains(expected), "{text}: {errors:?}");
+        }
     }
 }

@@ -13,7 +13,7 @@ use super::{CancelResult, Engine};
 use crate::backend::{Created, QueueMessage, TaskCursor, TaskQuery};
 use crate::error::Error;
 use crate::model::task::{TaskId, TaskInstance, TaskStatus, Timestamp};
-use crate::saga::{Saga, SagaDefinition};
+use crate::saga::{BoxFuture, Saga, SagaDefinition};
 
 /// Which tasks [`Engine::tasks`] lists, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -156,22 +156,31 @@ pub(super) fn keyed_id(saga: &str, key: &str) -> TaskId {
 
 impl Engine {
     /// Starts a task of saga `S`; returns at once with its id.
-    pub async fn start<S: Saga>(&self, input: S::Input) -> Result<TaskId, Error> {
-        let task = self.new_task::<S>(TaskId::new(), &input)?;
-        self.create_once(&task, None).await
+    // Returns a boxed future whose type does not mention `S` (as `cancel`
+    // does): the `Saga` bound is then checked once, at the call, and a type
+    // that is not a saga (a process manager) is one error instead of three
+    // (the call, the future's bounds, its `.await`).
+    pub fn start<S: Saga>(&self, input: S::Input) -> BoxFuture<'_, Result<TaskId, Error>> {
+        Box::pin(async move {
+            let task = self.new_task::<S>(TaskId::new(), &input)?;
+            self.create_once(&task, None).await
+        })
     }
 
     /// Starts a task of saga `S` at most once per `key`: calling it again
     /// with the same key (a retried request, a redelivered command) returns
     /// the same task's id without starting another, for as long as the
     /// task is retained. A reused key with a different input is an error.
-    pub async fn start_with_key<S: Saga>(
-        &self,
-        key: &str,
+    // Boxed for the reason `start` is.
+    pub fn start_with_key<'a, S: Saga>(
+        &'a self,
+        key: &'a str,
         input: S::Input,
-    ) -> Result<TaskId, Error> {
-        let task = self.new_task::<S>(keyed_id(S::NAME, key), &input)?;
-        self.create_once(&task, Some(key)).await
+    ) -> BoxFuture<'a, Result<TaskId, Error>> {
+        Box::pin(async move {
+            let task = self.new_task::<S>(keyed_id(S::NAME, key), &input)?;
+            self.create_once(&task, Some(key)).await
+        })
     }
 
     /// Creates `task` unless it exists: with no `key` an existing task is

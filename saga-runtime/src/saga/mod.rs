@@ -179,10 +179,17 @@ pub trait Saga: Send + Sync + 'static {
 
 /// Marks a saga declared `#[cancellable]`; required by
 /// [`Engine::cancel`](crate::engine::Engine::cancel).
+///
+/// The message can't tell a saga from a process manager (a diagnostic
+/// can't ask what else `{Self}` implements), and `engine.cancel::<P>` is
+/// the same mistake for both; so it says what each needs: a saga, the
+/// attribute; a process manager, which has no tasks to cancel, how its
+/// instances end.
 #[diagnostic::on_unimplemented(
-    message = "the saga `{Self}` is not cancellable",
-    label = "`{Self}` is not declared `#[cancellable]`",
-    note = "add `#[cancellable]` next to `#[saga]` on `impl {Self}` to allow `engine.cancel::<{Self}>(..)`"
+    message = "`{Self}` is not a cancellable saga: `engine.cancel` takes a saga declared `#[cancellable]`",
+    label = "not a `#[cancellable]` saga",
+    note = "if `{Self}` is a saga, add `#[cancellable]` next to `#[saga]` on `impl {Self}` to allow `engine.cancel::<{Self}>(..)`",
+    note = "if `{Self}` is a `#[process_manager]`, its instances are not tasks and are not cancelled: an instance ends when one of its handlers calls `ctx.mark_complete()` (later messages are ignored) or `ctx.stop()` (its state is deleted), or when `#[on_error]` answers `ErrorAction::Stop`; to end one from outside, `engine.publish(..)` a message it handles whose handler does so"
 )]
 pub trait Cancellable: Saga {}
 
