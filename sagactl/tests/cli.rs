@@ -366,6 +366,21 @@ async fn cancel_on_redis() {
     cancel_from_the_command_line(&redis.url(), Arc::new(redis.backend().await)).await;
 }
 
+/// An engine's backend on `pg`, polling often (the scenarios wait on it).
+async fn postgres_backend(
+    pg: &postgres_server::TestPostgres,
+) -> Arc<dyn saga_runtime::backend::Backend> {
+    let config = saga_runtime::backend::postgres::PostgresConfig {
+        poll_interval: Duration::from_millis(50),
+        ..Default::default()
+    };
+    Arc::new(
+        saga_runtime::backend::postgres::PostgresBackend::connect_url(&pg.url(), config)
+            .await
+            .unwrap(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_on_postgres() {
     let pg = postgres_server::TestPostgres::start();
@@ -384,16 +399,7 @@ async fn cancel_on_postgres() {
         out.trim(),
         format!("schema `saga` is at version {now} already")
     );
-    let backend = saga_runtime::backend::postgres::PostgresBackend::connect_url(
-        &pg.url(),
-        saga_runtime::backend::postgres::PostgresConfig {
-            poll_interval: Duration::from_millis(50),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    cancel_from_the_command_line(&pg.url(), Arc::new(backend)).await;
+    cancel_from_the_command_line(&pg.url(), postgres_backend(&pg).await).await;
 }
 
 /// Runs `sagactl --redis url args` with none of its variables but `env`
@@ -518,16 +524,7 @@ async fn requeue_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requeue_on_postgres() {
     let pg = postgres_server::TestPostgres::start();
-    let backend = saga_runtime::backend::postgres::PostgresBackend::connect_url(
-        &pg.url(),
-        saga_runtime::backend::postgres::PostgresConfig {
-            poll_interval: Duration::from_millis(50),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    requeue_from_the_command_line(&pg.url(), Arc::new(backend)).await;
+    requeue_from_the_command_line(&pg.url(), postgres_backend(&pg).await).await;
 }
 
 /// `show` (text) prints each completed step's output next to the errors,
