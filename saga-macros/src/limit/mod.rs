@@ -145,7 +145,7 @@ mod tests {
         );
 
         let reconciliation = quote! {
-            async fn list_resources(&self) -> Result<Vec<String>, ReconcileError> { todo!() }
+            async fn list_resources(&self) -> Result<Vec<String>, ReconcileError> { Ok(Vec::new()) }
         };
         let out = super::standalone(reconciliation).to_string();
         assert!(out.contains("a method of a saga's reconciliation"), "{out}");

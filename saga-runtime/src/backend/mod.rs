@@ -64,6 +64,7 @@ mod queue;
 pub mod redis;
 mod tally;
 mod tasks;
+mod url;
 
 pub use breakers::{BreakerChange, BreakerDecision, Breakers};
 pub use dead_letters::{DeadLetter, DeadLetterQuery, DeadLetters};
@@ -82,6 +83,7 @@ pub use queue::{
     Delivery, Interest, LoadedInstance, QueueBacklog, QueueStats, Settle, TakenLease, WorkQueue,
 };
 pub use tally::Tallies;
+pub use url::{redacted, url_secrets};
 
 use std::sync::Arc;
 pub use tasks::{
@@ -204,47 +206,6 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, BackendError> {
             ),
         })),
     }
-}
-
-/// `url` with its password (if any) replaced by `***`: what an error or a
-/// log line may show of a store's URL. The user info runs to the last `@`
-/// (a password may hold an unencoded `/` or `?`), and a `password=` query
-/// parameter is hidden too; a URL whose query holds an `@` may lose more
-/// than its password, never less.
-///
-/// ```
-/// use saga_runtime::backend::redacted;
-/// assert_eq!(redacted("postgres://app:s3cret@db:5432/orders"), "postgres://app:***@db:5432/orders");
-/// assert_eq!(redacted("postgres://app:a/b?c@db/orders"), "postgres://app:***@db/orders");
-/// assert_eq!(redacted("postgres://db/orders?user=app&password=s3cret"), "postgres://db/orders?user=app&password=***");
-/// assert_eq!(redacted("redis://:pw@cache:6379/0"), "redis://:***@cache:6379/0");
-/// assert_eq!(redacted("redis://cache:6379"), "redis://cache:6379");
-/// ```
-pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let rest = match rest.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None => rest.to_owned(),
-        },
-        None => rest.to_owned(),
-    };
-    let rest = match rest.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => rest,
-    };
-    format!("{scheme}://{rest}")
 }
 
 /// The feature of the store `scheme` names, when this build leaves it out.

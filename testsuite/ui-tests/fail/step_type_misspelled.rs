@@ -17,7 +17,7 @@ impl CreateZip {
     #[saga_step(1)]
     async fn upload(&self, req: Request) -> Result<Uplaoded, StepError> {
         let _ = req;
-        todo!()
+        Err(StepError::permanent("the upload failed"))
     }
 
     #[saga_step(2)]
