@@ -170,3 +170,75 @@ async fn engines_run_as_a_role_that_cannot_migrate_and_start_failures_say_the_fi
         "{text}"
     );
 }
+
+/// The schema's history: each applied migration's checksum is recorded; a
+/// deployment whose recorded migrations differ from this build's is
+/// refused with what to do; one migrated before checksums were kept is
+/// adopted by the next migration and, until then, refused only by an
+/// engine that may not migrate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_whose_applied_migrations_differ_is_refused_and_an_old_one_is_adopted() {
+    let server = TestPostgres::start();
+    PostgresBackend::migrate(&server.url(), &config("history", true))
+        .await
+        .unwrap();
+    let recorded = server
+        .psql("SELECT count(*) FROM history.schema_version WHERE checksum ~ '^[0-9a-f]{64}$'");
+    assert_eq!(
+        recorded.trim(),
+        SCHEMA_VERSION.to_string(),
+        "every checksum recorded"
+    );
+
+    // Migration 2 as another build applied it: refused by an engine (even
+    // one that may migrate: it would not repair it), by the migrator, and
+    // by sagactl's attach; nothing is changed.
+    server.psql("UPDATE history.schema_version SET checksum = 'beef' WHERE version = 2");
+    let text = refusal(&server.url(), config("history", true)).await;
+    assert!(
+        text.contains("schema `history` applied migration 2 (process) with checksum `beef`")
+            && text.contains("a change is a new migration"),
+        "{text}"
+    );
+    let migrated = PostgresBackend::migrate(&server.url(), &config("history", true)).await;
+    assert!(
+        matches!(&migrated, Err(e) if e.to_string().contains("migration 2 (process)")),
+        "{:?}",
+        migrated.map(|_| ())
+    );
+    match PostgresBackend::attach(&server.url(), config("history", false)).await {
+        Ok(_) => panic!("sagactl attached to a diverged schema"),
+        Err(e) => assert!(e.to_string().contains("checksum `beef`"), "{e}"),
+    }
+    assert_eq!(
+        server
+            .psql("SELECT checksum FROM history.schema_version WHERE version = 2")
+            .trim(),
+        "beef"
+    );
+
+    // Migrated before checksums were kept (no column): an engine that may
+    // not migrate says to run the migration once; the migration records
+    // the checksums and applies nothing; then engines start.
+    server.psql("ALTER TABLE history.schema_version DROP COLUMN checksum");
+    let text = refusal(&server.url(), config("history", false)).await;
+    assert!(
+        text.contains("kept no checksums") && text.contains("sagactl migrate"),
+        "{text}"
+    );
+    let before = PostgresBackend::migrate(&server.url(), &config("history", true))
+        .await
+        .unwrap();
+    assert_eq!(before, Some(SCHEMA_VERSION));
+    let recorded = server
+        .psql("SELECT count(*) FROM history.schema_version WHERE checksum ~ '^[0-9a-f]{64}$'");
+    assert_eq!(recorded.trim(), SCHEMA_VERSION.to_string(), "adopted");
+    PostgresBackend::connect_url(&server.url(), config("history", false))
+        .await
+        .expect("an adopted schema is current");
+
+    // A gap in the history (a row deleted by hand) is refused.
+    server.psql("DELETE FROM history.schema_version WHERE version = 1");
+    let text = refusal(&server.url(), config("history", true)).await;
+    assert!(text.contains("records migration 2 where 1"), "{text}");
+}

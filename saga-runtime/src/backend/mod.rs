@@ -62,6 +62,8 @@ mod queue;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(feature = "postgres")]
+mod schema_history;
 mod tally;
 mod tasks;
 mod url;

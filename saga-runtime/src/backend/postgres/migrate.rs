@@ -9,26 +9,41 @@
 //! is a setting, so the migrations cannot be plain files for a generic
 //! migrator.
 
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgConnection, PgPool};
 
 use super::{failure, privileges};
+use crate::backend::schema_history::{self, Applied, Migration, Plan};
 use crate::backend::BackendError;
 
-/// The migrations: version, name, SQL.
-const MIGRATIONS: &[(i32, &str, &str)] = &[
-    (1, "core", include_str!("migrations/0001_core.sql")),
-    (2, "process", include_str!("migrations/0002_process.sql")),
-    (
-        3,
-        "coordination",
-        include_str!("migrations/0003_coordination.sql"),
-    ),
-    (4, "limits", include_str!("migrations/0004_limits.sql")),
-    (
-        5,
-        "early_messages",
-        include_str!("migrations/0005_early_messages.sql"),
-    ),
+/// The migrations. A released migration is history: never edited, a
+/// change is a new one (the test `released_migrations_are_never_edited`
+/// pins the checksum each was released with).
+pub(super) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "core",
+        sql: include_str!("migrations/0001_core.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "process",
+        sql: include_str!("migrations/0002_process.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "coordination",
+        sql: include_str!("migrations/0003_coordination.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "limits",
+        sql: include_str!("migrations/0004_limits.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "early_messages",
+        sql: include_str!("migrations/0005_early_messages.sql"),
+    },
 ];
 
 /// The schema version this library writes: the newest migration.
@@ -76,46 +91,117 @@ fn filled(sql: &str, schema: &str) -> Result<String, BackendError> {
         .replace("{endpoints}", &channel(schema, "endpoints")))
 }
 
-/// The version `schema` is at; `None` when it holds no deployment.
-pub(super) async fn version_of(pool: &PgPool, schema: &str) -> Result<Option<i32>, BackendError> {
+/// What `schema` has applied, in order; `None` when it holds no
+/// deployment. A deployment migrated before checksums were kept reads
+/// with none.
+async fn history(
+    conn: &mut PgConnection,
+    schema: &str,
+) -> Result<Option<Vec<Applied>>, BackendError> {
     let q = quoted_schema(schema)?;
-    let table: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
-        .bind(format!("{q}.schema_version"))
-        .fetch_one(pool)
-        .await
-        .map_err(failure)?;
-    if table.is_none() {
+    let Some(checksums) = recorded_checksums(conn, &q).await? else {
         return Ok(None);
-    }
-    sqlx::query_scalar(sql!("SELECT max(version) FROM {q}.schema_version"))
-        .fetch_one(pool)
-        .await
-        .map_err(failure)
+    };
+    let checksum = if checksums { "checksum" } else { "NULL::text" };
+    let rows: Vec<(i32, String, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT version, name, {checksum} FROM {q}.schema_version ORDER BY version"
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(failure)?;
+    Ok(Some(
+        rows.into_iter()
+            .map(|(version, name, checksum)| Applied {
+                version,
+                name,
+                checksum,
+            })
+            .collect(),
+    ))
 }
 
-/// Readies `schema` for an engine at start: nothing to do when it is at
-/// [`SCHEMA_VERSION`] (no DDL, no lock: a role with only `USAGE` and the
-/// table and function privileges runs an engine); created or upgraded
-/// when older and `migrate` allows it; refused when newer. Then the
-/// privileges the engine's statements need are checked, so that a missing
-/// one is named now rather than by the first statement that needs it,
-/// perhaps hours later.
+/// Whether the history table of `q` (quoted) records checksums; `None`
+/// when there is no history table.
+async fn recorded_checksums(
+    conn: &mut PgConnection,
+    q: &str,
+) -> Result<Option<bool>, BackendError> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute
+                         WHERE attrelid = to_regclass($1) AND attname = 'checksum'
+                           AND NOT attisdropped)
+           FROM (SELECT to_regclass($1) AS t) r WHERE r.t IS NOT NULL",
+    )
+    .bind(format!("{q}.schema_version"))
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(failure)
+}
+
+/// The version `schema` is at; `None` when it holds no deployment.
+pub(super) async fn version_of(pool: &PgPool, schema: &str) -> Result<Option<i32>, BackendError> {
+    let mut conn = pool.acquire().await.map_err(failure)?;
+    Ok(history(&mut conn, schema)
+        .await?
+        .map(|rows| rows.last().map_or(0, |row| row.version)))
+}
+
+/// `schema`'s history held against this build's migrations.
+async fn plan(pool: &PgPool, schema: &str) -> Result<(Option<i32>, Plan), BackendError> {
+    let mut conn = pool.acquire().await.map_err(failure)?;
+    let applied = history(&mut conn, schema).await?;
+    let found = applied
+        .as_ref()
+        .map(|rows| rows.last().map_or(0, |row| row.version));
+    let store = format!("schema `{schema}`");
+    let plan = schema_history::plan(MIGRATIONS, applied.as_deref().unwrap_or_default(), &store);
+    Ok((found, plan))
+}
+
+/// Checks that `schema` holds this build's history, for a tool that must
+/// not migrate (sagactl): a deployment migrated before checksums were kept
+/// passes (its versions match; recording them is the next migration's).
+pub(super) async fn check(pool: &PgPool, schema: &str) -> Result<(), BackendError> {
+    match plan(pool, schema).await?.1 {
+        Plan::Diverged(text) => Err(BackendError::Misconfigured(text)),
+        _ => Ok(()),
+    }
+}
+
+/// Readies `schema` for an engine at start: nothing to do when it holds
+/// every migration of this build, as this build ships them (no DDL, no
+/// lock: a role with only `USAGE` and the table and function privileges
+/// runs an engine); created or upgraded when older and `migrate` allows
+/// it; refused when newer, or when its history differs from this build's.
+/// Then the privileges the engine's statements need are checked, so that a
+/// missing one is named now rather than by the first statement that needs
+/// it, perhaps hours later.
 pub(super) async fn prepare(
     pool: &PgPool,
     schema: &str,
     migrate: bool,
 ) -> Result<(), BackendError> {
-    match version_of(pool, schema).await? {
-        Some(v) if v == SCHEMA_VERSION => {}
-        Some(v) if v > SCHEMA_VERSION => return Err(newer(schema, v)),
-        found if migrate => run(pool, schema).await.map_err(|e| {
+    match plan(pool, schema).await? {
+        (_, Plan::Current) => {}
+        (_, Plan::Newer { newest }) => return Err(newer(schema, newest)),
+        (_, Plan::Diverged(text)) => return Err(BackendError::Misconfigured(text)),
+        (found, Plan::Migrate { .. }) if migrate => run(pool, schema).await.map_err(|e| {
             BackendError::Misconfigured(format!(
                 "schema `{schema}` {} and this engine could not bring it to version \
                  {SCHEMA_VERSION}: {e}",
                 at(found)
             ))
         })?,
-        found => {
+        (Some(SCHEMA_VERSION), Plan::Migrate { .. }) => {
+            return Err(BackendError::Misconfigured(format!(
+                "schema `{schema}` is at version {SCHEMA_VERSION}, migrated by a version of this \
+                 library that kept no checksums of its migrations, and this engine does not \
+                 migrate (`PostgresConfig::migrate` is off): run the migration once as the \
+                 schema's owner (`PostgresBackend::migrate`, `sagactl migrate`) to record them; \
+                 it changes nothing else"
+            )))
+        }
+        (found, Plan::Migrate { .. }) => {
             return Err(BackendError::Misconfigured(format!(
                 "schema `{schema}` {}, and this engine needs version {SCHEMA_VERSION} and does not \
                  migrate (`PostgresConfig::migrate` is off): run the migration first, as the \
@@ -144,7 +230,9 @@ fn newer(schema: &str, current: i32) -> BackendError {
     ))
 }
 
-/// Creates or upgrades `schema` to [`SCHEMA_VERSION`].
+/// Creates or upgrades `schema` to [`SCHEMA_VERSION`], recording each
+/// migration's checksum; under an advisory lock, so that of several
+/// migrators one applies and the others find it done.
 pub(super) async fn run(pool: &PgPool, schema: &str) -> Result<(), BackendError> {
     let q = quoted_schema(schema)?;
     let mut tx = pool.begin().await.map_err(failure)?;
@@ -153,6 +241,53 @@ pub(super) async fn run(pool: &PgPool, schema: &str) -> Result<(), BackendError>
         .execute(&mut *tx)
         .await
         .map_err(failure)?;
+    history_table(&mut tx, schema, &q).await?;
+    let applied = history(&mut tx, schema).await?.unwrap_or_default();
+    let store = format!("schema `{schema}`");
+    let (from, adopt) = match schema_history::plan(MIGRATIONS, &applied, &store) {
+        Plan::Current => return tx.commit().await.map_err(failure),
+        Plan::Newer { newest } => return Err(newer(schema, newest)),
+        Plan::Diverged(text) => return Err(BackendError::Misconfigured(text)),
+        Plan::Migrate { from, adopt } => (from, adopt),
+    };
+    // Applied before checksums were kept: recorded as this build's (their
+    // versions match; the migrations were not released before).
+    for migration in MIGRATIONS.iter().filter(|m| adopt.contains(&m.version)) {
+        sqlx::query(sql!(
+            "UPDATE {q}.schema_version SET checksum = $2 WHERE version = $1"
+        ))
+        .bind(migration.version)
+        .bind(migration.checksum())
+        .execute(&mut *tx)
+        .await
+        .map_err(failure)?;
+    }
+    for migration in MIGRATIONS.iter().filter(|m| m.version > from) {
+        let Migration { version, name, .. } = migration;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(filled(migration.sql, schema)?))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| {
+                BackendError::Misconfigured(format!(
+                    "migration {version} ({name}) of schema `{schema}` failed: {e}"
+                ))
+            })?;
+        sqlx::query(sql!(
+            "INSERT INTO {q}.schema_version (version, name, checksum) VALUES ($1, $2, $3)"
+        ))
+        .bind(version)
+        .bind(name)
+        .bind(migration.checksum())
+        .execute(&mut *tx)
+        .await
+        .map_err(failure)?;
+    }
+    tx.commit().await.map_err(failure)
+}
+
+/// The schema and its history table, created when missing, and the
+/// history's checksum column added to a table made before it existed.
+async fn history_table(tx: &mut PgConnection, schema: &str, q: &str) -> Result<(), BackendError> {
     // `CREATE SCHEMA IF NOT EXISTS` needs `CREATE` on the database even
     // when the schema exists: an upgrade by the schema's owner, who need
     // not have it, creates nothing it finds.
@@ -168,44 +303,28 @@ pub(super) async fn run(pool: &PgPool, schema: &str) -> Result<(), BackendError>
             .await
             .map_err(failure)?;
     }
-    sqlx::raw_sql(sql!(
-        "CREATE TABLE IF NOT EXISTS {q}.schema_version (
-             version integer PRIMARY KEY,
-             name text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         );"
-    ))
-    .execute(&mut *tx)
-    .await
-    .map_err(failure)?;
-    let current: Option<i32> =
-        sqlx::query_scalar(sql!("SELECT max(version) FROM {q}.schema_version"))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(failure)?;
-    let current = current.unwrap_or(0);
-    if current > SCHEMA_VERSION {
-        return Err(newer(schema, current));
-    }
-    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(filled(sql, schema)?))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| {
-                BackendError::Misconfigured(format!(
-                    "migration {version} ({name}) of schema `{schema}` failed: {e}"
-                ))
-            })?;
-        sqlx::query(sql!(
-            "INSERT INTO {q}.schema_version (version, name) VALUES ($1, $2)"
+    match recorded_checksums(tx, q).await? {
+        Some(true) => Ok(()),
+        Some(false) => sqlx::raw_sql(sql!(
+            "ALTER TABLE {q}.schema_version ADD COLUMN checksum text"
         ))
-        .bind(version)
-        .bind(name)
         .execute(&mut *tx)
         .await
-        .map_err(failure)?;
+        .map(drop)
+        .map_err(failure),
+        None => sqlx::raw_sql(sql!(
+            "CREATE TABLE {q}.schema_version (
+                 version integer PRIMARY KEY,
+                 name text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now(),
+                 checksum text
+             );"
+        ))
+        .execute(&mut *tx)
+        .await
+        .map(drop)
+        .map_err(failure),
     }
-    tx.commit().await.map_err(failure)
 }
 
 #[cfg(test)]
@@ -234,8 +353,8 @@ mod tests {
 
     #[test]
     fn the_newest_migration_is_the_schema_version() {
-        assert_eq!(MIGRATIONS.last().map(|m| m.0), Some(SCHEMA_VERSION));
-        for (n, (version, _, _)) in MIGRATIONS.iter().enumerate() {
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
+        for (n, Migration { version, .. }) in MIGRATIONS.iter().enumerate() {
             assert_eq!(
                 *version as usize,
                 n + 1,
@@ -246,7 +365,7 @@ mod tests {
 
     #[test]
     fn placeholders_are_all_filled() {
-        for (_, name, sql) in MIGRATIONS {
+        for Migration { name, sql, .. } in MIGRATIONS {
             let sql = filled(sql, "saga").unwrap();
             for placeholder in [
                 "{schema}",
@@ -258,6 +377,53 @@ mod tests {
             ] {
                 assert!(!sql.contains(placeholder), "{name}: {placeholder} left");
             }
+        }
+    }
+
+    /// A released migration is history: a deployment recorded its
+    /// checksum, and an engine refuses a schema whose recorded migrations
+    /// differ from its own. Editing one fails here, before it fails a
+    /// deployment.
+    #[test]
+    fn released_migrations_are_never_edited() {
+        // A new migration adds its line; no line changes.
+        const RELEASED: &[(i32, &str)] = &[
+            (
+                1,
+                "b7d5c6eece4d4312ed86b7ff2c36f67962a8ce4e352025893c15b37518e9791a",
+            ),
+            (
+                2,
+                "3bc5d73be87a5450874fb88128bdd1623b29f77ee3735f5fba96010d3397625d",
+            ),
+            (
+                3,
+                "a91e0f117fdbd345720e70020162a50c4290ed306166977ac80190b83b20591a",
+            ),
+            (
+                4,
+                "53af454f0a6c7600048e066a88b3fad2e3e76ac012b17c7a05a37c60163364a4",
+            ),
+            (
+                5,
+                "ddc0c8819d56a311cab34704d2e9dae5365c6747f952539c99bff0a58ec57a4b",
+            ),
+        ];
+        assert_eq!(
+            RELEASED.len(),
+            MIGRATIONS.len(),
+            "a migration without its line"
+        );
+        for (migration, (version, released)) in MIGRATIONS.iter().zip(RELEASED) {
+            assert_eq!(migration.version, *version);
+            assert_eq!(
+                migration.checksum(),
+                *released,
+                "migration {} ({}) was edited after its release: restore it (deployments \
+                 applied it as released) and put the change in a new migration",
+                migration.version,
+                migration.name
+            );
         }
     }
 }

@@ -306,7 +306,7 @@ impl PostgresBackend {
             .connect_lazy_with(options);
         let found = migrate::version_of(&pool, &config.schema).await?;
         match found {
-            Some(v) if v == SCHEMA_VERSION => {}
+            Some(v) if v == SCHEMA_VERSION => migrate::check(&pool, &config.schema).await?,
             Some(v) => {
                 return Err(BackendError::Misconfigured(format!(
                     "schema `{}` is at version {v}, this tool knows version {SCHEMA_VERSION}: \
