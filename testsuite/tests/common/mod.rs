@@ -11,6 +11,7 @@ pub mod rabbitmq_server;
 pub mod redis_cluster;
 pub mod redis_sentinel;
 pub mod redis_server;
+pub mod stores;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,17 +1,13 @@
-//! Invariants 1-3, 6 and 10 under fire on PostgreSQL, as `tests/chaos.rs`
-//! proves them on Redis: 500 tasks run on worker processes that are
-//! SIGKILLed at random, while the engines' connections are terminated
-//! (`pg_terminate_backend`, the analogue of `CLIENT KILL`) and the server
-//! itself crashes (`pg_ctl stop -m immediate`) and restarts once. Every
-//! task ends, no step whose completion was recorded runs again, no two
-//! executions of a task overlap, and no error reaches a caller that used
-//! the retrying client API.
+//! Invariants 1-3, 6 and 10 under fire, once for every store: 500 tasks
+//! run on worker processes that are SIGKILLed at random, while the
+//! engines' connections are cut (`CLIENT KILL`, `pg_terminate_backend`)
+//! and the server itself crashes and restarts once, keeping what it
+//! acknowledged. Every task ends, no step whose completion was recorded
+//! runs again, no two executions of a task overlap, no worker gives up by
+//! itself, and no error reaches a caller that used the retrying client API.
 //!
 //! Executions are recorded on a private Redis out of the faults' way. The
-//! run prints its seed; `CHAOS_SEED=<seed> cargo test --test
-//! chaos_postgres -- --nocapture` replays the same schedule of faults.
-
-mod common;
+//! run prints its seed and takes it back from `CHAOS_SEED`.
 
 use std::collections::HashMap;
 use std::process::{Child, Command};
@@ -19,21 +15,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::postgres_server::TestPostgres;
-use common::redis_server::TestRedis;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::{Engine, TaskId, TaskStatus};
 use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
 
+use crate::common::redis_server::TestRedis;
+use crate::common::stores::ScenarioStore;
+
 const TASKS: u64 = 500;
-/// Faults of each kind (SIGKILLs, connection kills) injected before the
+/// Faults of each kind (SIGKILLs, connection cuts) injected before the
 /// last task is started: starts are paced by them, so that the faults are
 /// spread over the run however fast the tasks go.
 const PACED_FAULTS: u64 = 6;
 const WORKER_PROCESSES: usize = 3;
 const VISIBILITY_MS: u64 = 800;
+
+/// One chaos run at a time in a test binary: each loads both cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Worker process `slot`: the first works on 4 messages at once per worker
 /// (with a poison cap raised to match), the others on one.
@@ -52,14 +51,6 @@ fn spawn_worker(url: &str, record: &str, slot: usize) -> Child {
         .env("RUST_LOG", "off")
         .spawn()
         .expect("spawn chaos-worker")
-}
-
-/// Terminates every connection of the engines (theirs are named
-/// `saga-runtime`); how many, or `None` when the server did not answer.
-fn terminate_connections(pg: &TestPostgres) -> Option<usize> {
-    let sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-               WHERE application_name = 'saga-runtime' AND pid <> pg_backend_pid()";
-    pg.try_psql(sql).ok()?.parse().ok()
 }
 
 fn seed() -> u64 {
@@ -113,25 +104,101 @@ fn spawn_callers(
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_task_ends_under_kills_terminated_connections_and_a_postgres_crash() {
+/// What the fault loop did.
+#[derive(Default)]
+struct Injected {
+    sigkills: usize,
+    cuts: usize,
+    cut: usize,
+    crashed: bool,
+    exited: Vec<String>,
+}
+
+/// Injects faults at random (`rng`) until every caller is done: SIGKILLs
+/// of workers, cuts of the engines' connections, and one crash of the
+/// server once a third of the tasks are started.
+async fn inject<S: ScenarioStore>(
+    store: &mut S,
+    record: &str,
+    rng: &mut StdRng,
+    callers: &[tokio::task::JoinHandle<()>],
+    ids: &Arc<Mutex<Vec<TaskId>>>,
+    faults: &Arc<AtomicU64>,
+    seed: u64,
+) -> Injected {
+    let url = store.url();
+    let mut workers: Vec<Child> = (0..WORKER_PROCESSES)
+        .map(|slot| spawn_worker(&url, record, slot))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut done = Injected::default();
+    while !callers.iter().all(|c| c.is_finished()) {
+        assert!(
+            Instant::now() < deadline,
+            "tasks still unfinished after {} SIGKILLs, {} cuts (seed {seed})",
+            done.sigkills,
+            done.cuts
+        );
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(100..400))).await;
+        // A worker ends only when killed: one that gave up by itself (on a
+        // store it could not reach) is a failure, replaced to go on.
+        for (slot, worker) in workers.iter_mut().enumerate() {
+            if let Some(status) = worker.try_wait().unwrap() {
+                done.exited
+                    .push(format!("worker {slot} exited by itself: {status}"));
+                *worker = spawn_worker(&url, record, slot);
+            }
+        }
+        if !done.crashed && ids.lock().unwrap().len() as u64 > TASKS / 3 {
+            // The server crashes and is down for a moment: what it
+            // acknowledged survives the restart.
+            let down = Duration::from_millis(rng.gen_range(200..1500));
+            tokio::task::block_in_place(|| {
+                store.crash();
+                std::thread::sleep(down);
+                store.restart();
+            });
+            eprintln!("the server crashed, was down {down:?}, restarted");
+            done.crashed = true;
+            continue;
+        }
+        match rng.gen_range(0..100) {
+            0..=54 if done.sigkills < 40 => {
+                let victim = rng.gen_range(0..workers.len());
+                workers[victim].kill().unwrap(); // SIGKILL
+                workers[victim].wait().unwrap();
+                workers[victim] = spawn_worker(&url, record, victim);
+                done.sigkills += 1;
+            }
+            55..=89 => {
+                let cut = tokio::task::block_in_place(|| store.kill_connections());
+                done.cuts += 1;
+                done.cut += cut;
+            }
+            _ => {}
+        }
+        faults.store(done.sigkills.min(done.cuts) as u64, Ordering::SeqCst);
+    }
+    for w in &mut workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    done
+}
+
+pub async fn every_task_ends_under_sigkills_cut_connections_and_a_server_crash<S: ScenarioStore>() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let began = Instant::now();
 
-    let mut pg = TestPostgres::start();
-    let url = pg.url();
+    let mut store = S::start();
     let record = TestRedis::start_with_aof(false);
     let mut recorder = redis::Client::open(record.url())
         .unwrap()
         .get_connection_manager()
         .await
         .unwrap();
-    let config = PostgresConfig {
-        visibility_timeout: Duration::from_millis(VISIBILITY_MS),
-        poll_interval: Duration::from_millis(100),
-        ..PostgresConfig::default()
-    };
     let chaos = ChaosConfig {
         max_work: Duration::ZERO,
         failure_rate: 0.0,
@@ -139,98 +206,47 @@ async fn every_task_ends_under_kills_terminated_connections_and_a_postgres_crash
         poison: None,
     };
     let client = Engine::builder()
-        .backend(PostgresBackend::connect_url(&url, config).await.unwrap())
+        .backend_arc(store.backend(Duration::from_millis(VISIBILITY_MS)).await)
         .saga(Chaos::new(recorder.clone(), "driver", chaos))
         .workers(0)
         .build()
         .await
         .unwrap();
-
-    let mut workers: Vec<Child> = (0..WORKER_PROCESSES)
-        .map(|slot| spawn_worker(&url, &record.url(), slot))
-        .collect();
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let ids = Arc::new(Mutex::new(Vec::<TaskId>::new()));
     let faults = Arc::new(AtomicU64::new(0));
     let callers = spawn_callers(&client, &faults, &ids, &errors);
-
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let (mut sigkills, mut terminations, mut terminated, mut crashed) = (0, 0, 0, false);
-    let mut exited = Vec::new();
-    loop {
-        if callers.iter().all(|c| c.is_finished()) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tasks still unfinished after {sigkills} SIGKILLs, {terminations} terminations (seed {seed})"
-        );
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(100..400))).await;
-        // A worker ends only when killed: one that gave up by itself (on a
-        // store it could not reach) is a failure, replaced to go on.
-        for (slot, worker) in workers.iter_mut().enumerate() {
-            if let Some(status) = worker.try_wait().unwrap() {
-                exited.push(format!("worker {slot} exited by itself: {status}"));
-                *worker = spawn_worker(&url, &record.url(), slot);
-            }
-        }
-        let started = ids.lock().unwrap().len() as u64;
-        if !crashed && started > TASKS / 3 {
-            // The server crashes (no checkpoint, every connection cut) and
-            // is down for a moment: what it committed survives the restart.
-            let down = Duration::from_millis(rng.gen_range(200..1500));
-            tokio::task::block_in_place(|| {
-                pg.crash();
-                std::thread::sleep(down);
-                pg.restart();
-            });
-            eprintln!(
-                "postgres crashed at {} us, down {down:?}, restarted",
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_micros()
-                    - down.as_micros()
-            );
-            crashed = true;
-            continue;
-        }
-        match rng.gen_range(0..100) {
-            0..=54 if sigkills < 40 => {
-                let victim = rng.gen_range(0..workers.len());
-                workers[victim].kill().unwrap(); // SIGKILL
-                workers[victim].wait().unwrap();
-                workers[victim] = spawn_worker(&url, &record.url(), victim);
-                sigkills += 1;
-            }
-            55..=89 => {
-                if let Some(n) = tokio::task::block_in_place(|| terminate_connections(&pg)) {
-                    terminations += 1;
-                    terminated += n;
-                }
-            }
-            _ => {}
-        }
-        faults.store(sigkills.min(terminations), Ordering::SeqCst);
-    }
+    let record_url = record.url();
+    let done = inject(
+        &mut store,
+        &record_url,
+        &mut rng,
+        &callers,
+        &ids,
+        &faults,
+        seed,
+    )
+    .await;
     for caller in callers {
         caller.await.unwrap();
-    }
-    for w in &mut workers {
-        let _ = w.kill();
-        let _ = w.wait();
     }
     let errors = errors.lock().unwrap().clone();
     assert!(
         errors.is_empty(),
         "callers saw errors (seed {seed}): {errors:#?}"
     );
-    assert!(exited.is_empty(), "seed {seed}: {exited:#?}");
-    assert!(crashed, "PostgreSQL crashed and restarted once");
-    assert!(sigkills >= 5, "workers were killed ({sigkills})");
+    assert!(done.exited.is_empty(), "seed {seed}: {:#?}", done.exited);
+    assert!(done.crashed, "the server crashed and restarted once");
     assert!(
-        terminations >= 5 && terminated >= 5 * WORKER_PROCESSES,
-        "connections were terminated ({terminations} times, {terminated} connections)"
+        done.sigkills >= 5,
+        "workers were killed ({})",
+        done.sigkills
+    );
+    assert!(
+        done.cuts >= 5 && done.cut >= 5 * WORKER_PROCESSES,
+        "connections were cut ({} times, {} connections)",
+        done.cuts,
+        done.cut
     );
 
     let ids = ids.lock().unwrap().clone();
@@ -250,9 +266,12 @@ async fn every_task_ends_under_kills_terminated_connections_and_a_postgres_crash
         );
     }
     eprintln!(
-        "seed {seed}: {} tasks, {sigkills} SIGKILLs, {terminations} terminations \
-         ({terminated} connections), 1 PostgreSQL crash; statuses {by_status:?}; took {:?}",
+        "seed {seed}: {} tasks, {} SIGKILLs, {} cuts ({} connections), 1 crash; statuses \
+         {by_status:?}; took {:?}",
         ids.len(),
+        done.sigkills,
+        done.cuts,
+        done.cut,
         began.elapsed()
     );
 }

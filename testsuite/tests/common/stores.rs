@@ -1,0 +1,224 @@
+//! The private servers seen the same way by the engine scenarios
+//! (`tests/scenarios/`): a scenario is written once against
+//! [`ScenarioStore`] and runs on every store (`engine_scenarios!`), so a
+//! team on PostgreSQL gets the same proof as a team on Redis.
+//!
+//! What differs per store is only how a fault is injected or a result
+//! inspected: how connections are cut, how a record is damaged, what the
+//! store holds. What the engine must do about it is the scenario's, and is
+//! the same for every store.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
+use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::backend::Backend;
+use saga_runtime::TaskId;
+
+use super::postgres_server::TestPostgres;
+use super::redis_server::TestRedis;
+
+/// A store's private server, for scenarios that kill, cut and restart it.
+pub trait ScenarioStore: Sized + Send + Sync + 'static {
+    /// Starts a private server that keeps every acknowledged write across
+    /// [`crash`](Self::crash) and [`restart`](Self::restart).
+    fn start() -> Self;
+
+    /// The URL a worker process connects to (`BACKEND_URL`).
+    fn url(&self) -> String;
+
+    /// A backend with the scenarios' settings: `visibility`, and idle
+    /// waits short enough that a worker notices work within 100 ms.
+    fn backend(&self, visibility: Duration) -> impl Future<Output = Arc<dyn Backend>> + Send;
+
+    /// Cuts every connection of the engines (not the server); how many.
+    fn kill_connections(&self) -> usize;
+
+    /// Stops the server at once, as a crash would.
+    fn crash(&mut self);
+
+    /// Starts the server again, on the same port and data.
+    fn restart(&mut self);
+
+    /// Writes `status` (one this version does not know) into the stored
+    /// record of task `id`, as a newer version might.
+    fn corrupt_status(&self, id: TaskId, status: &str);
+
+    /// What the store holds, by what a retention must remove (a Redis key,
+    /// a PostgreSQL table) and how many of it; leases, which expire on
+    /// their own, left out.
+    fn stored(&self) -> BTreeMap<String, usize>;
+
+    /// Messages taken and not settled yet (on PostgreSQL, every message
+    /// on the queue).
+    fn unsettled(&self) -> usize;
+
+    /// Registrations dead workers left behind (Redis stream consumers);
+    /// none on a store without them.
+    fn stale_consumers(&self) -> usize {
+        0
+    }
+}
+
+impl ScenarioStore for TestRedis {
+    fn start() -> Self {
+        TestRedis::start()
+    }
+
+    fn url(&self) -> String {
+        TestRedis::url(self)
+    }
+
+    fn backend(&self, visibility: Duration) -> impl Future<Output = Arc<dyn Backend>> + Send {
+        let url = self.url();
+        async move {
+            let config = RedisConfig {
+                visibility_timeout: visibility,
+                block: Duration::from_millis(100),
+                ..RedisConfig::default()
+            };
+            let backend = RedisBackend::connect_with(&url, config).await.unwrap();
+            Arc::new(backend) as Arc<dyn Backend>
+        }
+    }
+
+    fn kill_connections(&self) -> usize {
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .query::<usize>(&mut self.conn())
+            .unwrap_or(0)
+    }
+
+    fn crash(&mut self) {
+        self.kill();
+    }
+
+    fn restart(&mut self) {
+        TestRedis::restart(self);
+    }
+
+    fn corrupt_status(&self, id: TaskId, status: &str) {
+        let key = format!("saga:{{saga:0}}:task:{id}");
+        let mut conn = self.conn();
+        let doc: String = redis::cmd("HGET")
+            .arg(&key)
+            .arg("doc")
+            .query(&mut conn)
+            .unwrap();
+        let known = doc
+            .split(r#""status":""#)
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("no status in {doc}"))
+            .to_owned();
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg("doc")
+            .arg(doc.replace(
+                &format!(r#""status":"{known}""#),
+                &format!(r#""status":"{status}""#),
+            ))
+            .query(&mut conn)
+            .unwrap();
+    }
+
+    fn stored(&self) -> BTreeMap<String, usize> {
+        self.keys()
+            .into_iter()
+            .filter(|k| !k.contains(":lease:"))
+            .map(|k| (k, 1))
+            .collect()
+    }
+
+    fn unsettled(&self) -> usize {
+        let summary: (usize, redis::Value, redis::Value, redis::Value) = redis::cmd("XPENDING")
+            .arg("saga:{saga:0}:queue")
+            .arg("workers")
+            .query(&mut self.conn())
+            .unwrap();
+        summary.0
+    }
+
+    fn stale_consumers(&self) -> usize {
+        let info: Vec<redis::Value> = redis::cmd("XINFO")
+            .arg("CONSUMERS")
+            .arg("saga:{saga:0}:queue")
+            .arg("workers")
+            .query(&mut self.conn())
+            .unwrap();
+        info.len().saturating_sub(1)
+    }
+}
+
+impl ScenarioStore for TestPostgres {
+    fn start() -> Self {
+        TestPostgres::start()
+    }
+
+    fn url(&self) -> String {
+        TestPostgres::url(self)
+    }
+
+    fn backend(&self, visibility: Duration) -> impl Future<Output = Arc<dyn Backend>> + Send {
+        let url = self.url();
+        async move {
+            let config = PostgresConfig {
+                visibility_timeout: visibility,
+                poll_interval: Duration::from_millis(50),
+                ..PostgresConfig::default()
+            };
+            let backend = PostgresBackend::connect_url(&url, config).await.unwrap();
+            Arc::new(backend) as Arc<dyn Backend>
+        }
+    }
+
+    fn kill_connections(&self) -> usize {
+        self.try_psql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = 'saga-runtime' AND pid <> pg_backend_pid()",
+        )
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+    }
+
+    fn crash(&mut self) {
+        TestPostgres::crash(self);
+    }
+
+    fn restart(&mut self) {
+        TestPostgres::restart(self);
+    }
+
+    fn corrupt_status(&self, id: TaskId, status: &str) {
+        self.psql(&format!(
+            "UPDATE saga.tasks SET head = jsonb_set(head, '{{status}}', '\"{status}\"') \
+             WHERE id = '{id}'"
+        ));
+    }
+
+    fn stored(&self) -> BTreeMap<String, usize> {
+        let tables = self.psql(
+            "SELECT string_agg(format('SELECT %L, count(*) FROM saga.%I', tablename, tablename), \
+             ' UNION ALL ') FROM pg_tables WHERE schemaname = 'saga' \
+             AND tablename NOT IN ('schema_version', 'named_leases')",
+        );
+        self.psql(&tables)
+            .lines()
+            .filter_map(|line| line.split_once('|'))
+            .map(|(table, n)| (table.to_owned(), n.parse().unwrap()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    fn unsettled(&self) -> usize {
+        self.psql("SELECT count(*) FROM saga.queue")
+            .parse()
+            .unwrap()
+    }
+}

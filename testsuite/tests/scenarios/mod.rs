@@ -1,0 +1,59 @@
+//! The engine scenarios every store must pass: production faults (a worker
+//! SIGKILLed mid-step, a server crash, cut connections, a poison message,
+//! hung steps, an unreadable record) and the regressions they once caused,
+//! each written once against [`ScenarioStore`] and generated for every
+//! store by [`engine_scenarios!`], next to `backend_conformance!` (which
+//! tests the backend's operations one by one; these test an engine on it).
+//!
+//! A scenario that only one store can have (Redis consumer groups, a
+//! PostgreSQL row lock) stays in that store's file.
+//!
+//! [`ScenarioStore`]: crate::common::stores::ScenarioStore
+
+#![allow(dead_code)]
+
+pub mod chaos;
+pub mod faults;
+
+/// One `#[tokio::test]` per scenario of a suite, in a module per store:
+/// `engine_scenarios!(faults; redis: TestRedis, postgres: TestPostgres)`.
+/// The suites are separate test binaries (`tests/engine_*.rs`) so that a
+/// heavy one (chaos) does not share the machine with the timing-sensitive
+/// ones.
+macro_rules! engine_scenarios {
+    (faults; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores [$($store: $ty),+] [
+            faults::a_worker_killed_mid_step_hands_its_task_over_after_the_visibility_timeout,
+            faults::an_engine_rides_out_a_server_crash_and_restart,
+            faults::an_unreadable_task_record_is_dead_lettered_alone_and_holds_nothing_up,
+            faults::callers_ride_out_cut_connections_and_keyed_starts_are_idempotent,
+            faults::a_message_that_kills_its_worker_is_dead_lettered_after_the_cap,
+            faults::hung_steps_time_out_and_every_task_still_finishes,
+            faults::a_retry_backoff_holds_neither_a_worker_nor_the_lock,
+            faults::a_handed_back_message_comes_back_promptly,
+            faults::finished_tasks_leave_nothing_behind_once_retention_passes,
+        ]);
+    };
+    (chaos; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores [$($store: $ty),+] [
+            chaos::every_task_ends_under_sigkills_cut_connections_and_a_server_crash,
+        ]);
+    };
+    (@stores [$($store:ident: $ty:ty),+] $cases:tt) => {
+        $(
+            mod $store {
+                #[allow(unused_imports)]
+                use super::*;
+                engine_scenarios!(@cases $ty; $cases);
+            }
+        )+
+    };
+    (@cases $ty:ty; [$($module:ident :: $case:ident),+ $(,)?]) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                crate::scenarios::$module::$case::<$ty>().await;
+            }
+        )+
+    };
+}
