@@ -6,7 +6,6 @@
 //! of the way of the faults injected into the store.
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,7 +14,7 @@ use saga_runtime::prelude::*;
 use saga_runtime::{Error, TaskFilter};
 use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
 
-use crate::common::redis_server::TestRedis;
+use super::rig::{finish, Rig};
 use crate::common::stores::ScenarioStore;
 
 struct Double;
@@ -28,88 +27,12 @@ impl Double {
     }
 }
 
-/// A store's server, and a Redis on which the `chaos` saga records what
-/// its steps did.
-struct Rig<S> {
-    store: S,
-    record: TestRedis,
-}
-
-impl<S: ScenarioStore> Rig<S> {
-    fn start() -> Self {
-        Rig {
-            store: S::start(),
-            record: TestRedis::start_with_aof(false),
-        }
-    }
-
-    async fn recorder(&self) -> redis::aio::ConnectionManager {
-        redis::Client::open(self.record.url())
-            .unwrap()
-            .get_connection_manager()
-            .await
-            .unwrap()
-    }
-
-    /// An engine running the `chaos` saga with `workers` workers in this
-    /// process.
-    async fn chaos_engine(&self, chaos: ChaosConfig, workers: usize) -> Engine {
-        Engine::builder()
-            .backend_arc(self.store.backend(Duration::from_secs(1)).await)
-            .saga(Chaos::new(self.recorder().await, "in-process", chaos))
-            .lock_retry_delay(Duration::from_millis(50))
-            .workers(workers)
-            .build()
-            .await
-            .unwrap()
-    }
-
-    /// A `chaos-worker` process on the store.
-    fn spawn_worker(&self, envs: &[(&str, &str)]) -> Child {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_chaos-worker"));
-        cmd.env("BACKEND_URL", self.store.url())
-            .env("RECORD_URL", self.record.url())
-            .env("POLL_MS", "50")
-            .env("RUST_LOG", "off");
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        cmd.spawn().expect("spawn chaos-worker")
-    }
-
-    /// Every task completed with its output, and its executions as its
-    /// record says: no step whose completion was recorded ran again, none
-    /// overlapped.
-    async fn all_completed(&self, engine: &Engine, ids: &[(u64, TaskId)]) {
-        let mut recorder = self.recorder().await;
-        for (n, id) in ids {
-            let task = finish(engine, *id, Duration::from_secs(30)).await;
-            assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
-            assert_eq!(task.output_as::<u64>().unwrap().unwrap(), n + 3);
-            let executions = Chaos::executions(&mut recorder, *id).await.unwrap();
-            check_task(&task, &executions).unwrap();
-        }
-    }
-}
-
 fn quick() -> ChaosConfig {
     ChaosConfig {
         max_work: Duration::ZERO,
         failure_rate: 0.0,
         record: true,
         poison: None,
-    }
-}
-
-/// Waits for a task with a deadline, so a stalled engine fails the test
-/// instead of hanging it.
-async fn finish(engine: &Engine, id: TaskId, within: Duration) -> TaskInstance {
-    match tokio::time::timeout(within, engine.wait(id)).await {
-        Ok(task) => task.unwrap(),
-        Err(_) => panic!(
-            "task {id} did not finish within {within:?}: {:#?}",
-            engine.task(id).await
-        ),
     }
 }
 
@@ -777,13 +700,20 @@ pub async fn finished_tasks_leave_nothing_behind_once_retention_passes<S: Scenar
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let baseline = store.stored();
+    // Each wait begins as its task starts: a task that ended early may be
+    // gone (its retention passed) by the time a later one ends.
     let mut ids = Vec::new();
+    let mut waits = Vec::new();
     for n in 0..30 {
-        ids.push(engine.start::<Mixed>(n).await.unwrap());
+        let id = engine.start::<Mixed>(n).await.unwrap();
+        let engine = engine.clone();
+        waits.push(tokio::spawn(async move {
+            finish(&engine, id, Duration::from_secs(10)).await
+        }));
+        ids.push(id);
     }
-    for id in &ids {
-        let task = finish(&engine, *id, Duration::from_secs(10)).await;
-        assert!(task.status.is_terminal());
+    for wait in waits {
+        assert!(wait.await.unwrap().status.is_terminal());
     }
     engine.backend().enqueue_raw(b"garbage").await.unwrap();
     let stored: usize = store

@@ -13,7 +13,9 @@
 #![allow(dead_code)]
 
 pub mod chaos;
+pub mod crash_isolation;
 pub mod faults;
+pub mod rig;
 
 /// One `#[tokio::test]` per scenario of a suite, in a module per store:
 /// `engine_scenarios!(faults; redis: TestRedis, postgres: TestPostgres)`.
@@ -37,6 +39,13 @@ macro_rules! engine_scenarios {
     (chaos; $($store:ident: $ty:ty),+ $(,)?) => {
         engine_scenarios!(@stores [$($store: $ty),+] [
             chaos::every_task_ends_under_sigkills_cut_connections_and_a_server_crash,
+        ]);
+    };
+    (crash_isolation; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores [$($store: $ty),+] [
+            crash_isolation::a_crash_loop_costs_the_tasks_beside_it_nothing,
+            crash_isolation::a_crash_loop_exhausts_no_innocent_with_two_retries,
+            crash_isolation::a_crashing_handler_costs_the_messages_beside_it_nothing,
         ]);
     };
     (@stores [$($store:ident: $ty:ty),+] $cases:tt) => {

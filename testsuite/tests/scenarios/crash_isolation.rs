@@ -1,70 +1,29 @@
-//! A message that aborts its worker process, against a real redis-server
-//! and a worker process that dies each time: the messages in flight beside
-//! it are cut short too, but once recovered each runs alone, so the culprit
+//! A message that aborts its worker process, with a worker process that
+//! dies each time, once for every store: the messages in flight beside it
+//! are cut short too, but once recovered each runs alone, so the culprit
 //! crashes alone and is parked at the delivery cap while the innocent ones
 //! lose nothing (no delivery toward their cap, no attempt of their retry
 //! budget).
 
-mod common;
-
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::redis_server::TestRedis;
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
 use sagas_tests::chaos::{Brittle, Chaos, ChaosConfig};
 
-/// A chaos-worker process, killed when dropped (a failed assertion must
-/// not leave it running).
-struct Worker(Child);
-
-impl Worker {
-    fn exited(&mut self) -> bool {
-        self.0.try_wait().unwrap().is_some()
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_worker(url: &str, envs: &[(&str, &str)]) -> Worker {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_chaos-worker"));
-    cmd.env("REDIS_URL", url).env("RUST_LOG", "off");
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    Worker(cmd.spawn().expect("spawn chaos-worker"))
-}
+use super::rig::{Rig, Worker};
+use crate::common::stores::ScenarioStore;
 
 /// An engine that starts and reads tasks, running no workers.
-async fn client(redis: &TestRedis) -> Engine {
-    let recorder = redis::Client::open(redis.url().as_str())
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .unwrap();
+async fn client<S: ScenarioStore>(rig: &Rig<S>) -> Engine {
+    let recorder = rig.recorder().await;
     let chaos = ChaosConfig {
         max_work: Duration::ZERO,
         failure_rate: 0.0,
         record: false,
         poison: None,
     };
-    let config = RedisConfig {
-        visibility_timeout: Duration::from_millis(500),
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    };
     Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config)
-                .await
-                .unwrap(),
-        )
+        .backend_arc(rig.store.backend(Duration::from_millis(500)).await)
         .saga(Chaos::new(recorder.clone(), "client", chaos))
         .saga(Brittle(Chaos::new(recorder, "client", chaos)))
         .workers(0)
@@ -82,15 +41,15 @@ struct Loop {
 }
 
 /// What came of a crash loop.
-struct Looped {
+struct Looped<S> {
     crashes: usize,
     poison: TaskId,
     good: Vec<TaskInstance>,
     client: Engine,
-    _redis: TestRedis,
+    _rig: Rig<S>,
 }
 
-impl Looped {
+impl<S> Looped<S> {
     /// The steps of good tasks that counted other than one attempt (no
     /// step fails: each counts exactly one, whatever crashes cut short),
     /// with what their audit says of them.
@@ -155,10 +114,9 @@ impl Looped {
 /// 40 good tasks and one whose step aborts the process, on a worker that
 /// runs 8 messages at once, restarted each time it dies, until every task
 /// has ended.
-async fn crash_loop(how: Loop) -> Looped {
-    let redis = TestRedis::start();
-    let url = redis.url();
-    let client = client(&redis).await;
+async fn crash_loop<S: ScenarioStore>(how: Loop) -> Looped<S> {
+    let rig = Rig::<S>::start();
+    let client = client(&rig).await;
     let start = |n: u64| {
         let client = &client;
         async move {
@@ -194,7 +152,7 @@ async fn crash_loop(how: Loop) -> Looped {
     if let Some(lease) = &lease {
         envs.push(("LOCK_TTL_MS", lease));
     }
-    let mut worker = spawn_worker(&url, &envs);
+    let mut worker = Worker(rig.spawn_worker(&envs));
     let mut crashes = 0;
     let started = Instant::now();
     let deadline = started + Duration::from_secs(90);
@@ -208,15 +166,6 @@ async fn crash_loop(how: Loop) -> Looped {
             break;
         }
         if Instant::now() >= deadline {
-            let mut conn = redis::Client::open(url.as_str())
-                .unwrap()
-                .get_connection()
-                .unwrap();
-            let keys: Vec<String> = redis::cmd("KEYS").arg("*lock*").query(&mut conn).unwrap();
-            for k in keys {
-                let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut conn).unwrap();
-                eprintln!("{k}: {ttl} ms");
-            }
             for id in good.iter().chain([&poison]) {
                 let task = client.task(*id).await.unwrap().unwrap();
                 if !task.status.is_terminal() {
@@ -245,7 +194,7 @@ async fn crash_loop(how: Loop) -> Looped {
                 "crash {crashes} at {:.1} s",
                 started.elapsed().as_secs_f64()
             );
-            worker = spawn_worker(&url, &envs);
+            worker = Worker(rig.spawn_worker(&envs));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -264,16 +213,15 @@ async fn crash_loop(how: Loop) -> Looped {
         poison,
         good: tasks,
         client,
-        _redis: redis,
+        _rig: rig,
     }
 }
 
 /// Before recovered messages ran alone, each crash cost the tasks in
 /// flight beside the culprit an attempt and a delivery, and some ended
 /// `Compensated` or parked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_loop_costs_the_tasks_beside_it_nothing() {
-    let looped = crash_loop(Loop {
+pub async fn a_crash_loop_costs_the_tasks_beside_it_nothing<S: ScenarioStore>() {
+    let looped = crash_loop::<S>(Loop {
         visibility_ms: 500,
         lease_ms: None,
         brittle: false,
@@ -294,9 +242,8 @@ async fn a_crash_loop_costs_the_tasks_beside_it_nothing() {
 /// The settings (visibility 1 s, a task lease of 2 s, longer than
 /// it) with two retries a step: a charge for a neighbour's crashes would
 /// soon exhaust an innocent task and compensate it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_loop_exhausts_no_innocent_with_two_retries() {
-    let looped = crash_loop(Loop {
+pub async fn a_crash_loop_exhausts_no_innocent_with_two_retries<S: ScenarioStore>() {
+    let looped = crash_loop::<S>(Loop {
         visibility_ms: 1000,
         lease_ms: Some(2000),
         brittle: true,
@@ -325,18 +272,11 @@ async fn a_crash_loop_exhausts_no_innocent_with_two_retries() {
 /// in flight beside the culprit. Before recovered messages ran alone, a
 /// good message was dead-lettered beside the poison one in about half the
 /// runs (its deliveries spent by the culprit's crashes).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashing_handler_costs_the_messages_beside_it_nothing() {
+pub async fn a_crashing_handler_costs_the_messages_beside_it_nothing<S: ScenarioStore>() {
     use sagas_tests::crashy::{Crashy, Job};
-    let redis = TestRedis::start();
-    let url = redis.url();
-    let config = RedisConfig {
-        visibility_timeout: Duration::from_millis(500),
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    };
+    let rig = Rig::<S>::start();
     let client = Engine::builder()
-        .backend(RedisBackend::connect_with(&url, config).await.unwrap())
+        .backend_arc(rig.store.backend(Duration::from_millis(500)).await)
         .process_manager(Crashy { poison: None })
         .workers(0)
         .build()
@@ -365,7 +305,7 @@ async fn a_crashing_handler_costs_the_messages_beside_it_nothing() {
         ("HOUSEKEEPING_MS", "200"),
         ("IDLE_CONSUMER_MS", "1000"),
     ];
-    let mut worker = spawn_worker(&url, &envs);
+    let mut worker = Worker(rig.spawn_worker(&envs));
     let mut crashes = 0;
     let deadline = Instant::now() + Duration::from_secs(90);
     let applied = loop {
@@ -397,7 +337,7 @@ async fn a_crashing_handler_costs_the_messages_beside_it_nothing() {
         );
         if worker.exited() {
             crashes += 1;
-            worker = spawn_worker(&url, &envs);
+            worker = Worker(rig.spawn_worker(&envs));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
