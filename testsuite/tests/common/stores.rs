@@ -47,6 +47,10 @@ pub trait ScenarioStore: Sized + Send + Sync + 'static {
     /// record of task `id`, as a newer version might.
     fn corrupt_status(&self, id: TaskId, status: &str);
 
+    /// Writes `status` (one this version does not know) into the stored
+    /// record of instance `id` of process manager `process`.
+    fn corrupt_instance_status(&self, process: &str, id: &str, status: &str);
+
     /// What the store holds, by what a retention must remove (a Redis key,
     /// a PostgreSQL table) and how many of it; leases, which expire on
     /// their own, left out.
@@ -127,6 +131,28 @@ impl ScenarioStore for TestRedis {
             .unwrap();
     }
 
+    fn corrupt_instance_status(&self, process: &str, id: &str, status: &str) {
+        let suffix = format!(":inst:{process}:{id}");
+        let key = self
+            .keys()
+            .into_iter()
+            .find(|k| k.ends_with(&suffix))
+            .unwrap_or_else(|| panic!("no key of instance {id} of {process}"));
+        let mut conn = self.conn();
+        let doc: String = redis::cmd("HGET")
+            .arg(&key)
+            .arg("doc")
+            .query(&mut conn)
+            .unwrap();
+        assert!(doc.contains(r#""status":"Active""#), "{doc}");
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg("doc")
+            .arg(doc.replace(r#""status":"Active""#, &format!(r#""status":"{status}""#)))
+            .query(&mut conn)
+            .unwrap();
+    }
+
     fn stored(&self) -> BTreeMap<String, usize> {
         self.keys()
             .into_iter()
@@ -200,6 +226,19 @@ impl ScenarioStore for TestPostgres {
             "UPDATE saga.tasks SET head = jsonb_set(head, '{{status}}', '\"{status}\"') \
              WHERE id = '{id}'"
         ));
+    }
+
+    fn corrupt_instance_status(&self, process: &str, id: &str, status: &str) {
+        let updated = self.psql(&format!(
+            "UPDATE saga.process_instances \
+             SET record = jsonb_set(record, '{{status}}', '\"{status}\"') \
+             WHERE process = '{process}' AND id = '{id}' RETURNING id"
+        ));
+        assert_eq!(
+            updated.lines().next(),
+            Some(id),
+            "instance {id} of {process}"
+        );
     }
 
     fn stored(&self) -> BTreeMap<String, usize> {

@@ -15,6 +15,7 @@
 pub mod chaos;
 pub mod crash_isolation;
 pub mod faults;
+pub mod process;
 pub mod rig;
 
 /// One `#[tokio::test]` per scenario of a suite, in a module per store:
@@ -46,6 +47,18 @@ macro_rules! engine_scenarios {
             crash_isolation::a_crash_loop_costs_the_tasks_beside_it_nothing,
             crash_isolation::a_crash_loop_exhausts_no_innocent_with_two_retries,
             crash_isolation::a_crashing_handler_costs_the_messages_beside_it_nothing,
+        ]);
+    };
+    (process; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores [$($store: $ty),+] [
+            process::a_thousand_messages_to_one_instance_from_four_workers_count_exactly_a_thousand,
+            process::a_thousand_messages_to_one_pessimistic_instance_from_four_workers_count_exactly_a_thousand,
+            process::racing_starting_messages_create_one_instance,
+            process::state_and_timeouts_survive_a_worker_restart_and_a_server_crash,
+            process::mixed_saga_and_process_traffic_flows_without_waiting_for_redelivery,
+            process::an_unreadable_instance_is_left_out_of_listings,
+            process::a_recreated_instance_gets_no_old_timeouts_and_late_duplicates_start_nothing,
+            process::an_instance_records_when_it_was_last_written,
         ]);
     };
     (@stores [$($store:ident: $ty:ty),+] $cases:tt) => {
