@@ -1,10 +1,11 @@
 //! Coordination between engines on one PostgreSQL database (a private
-//! server per test, never the machine's own): a `scope = shared` circuit
-//! breaker counted and probed across two engines (as `shared_breaker.rs`
-//! does on Redis), one timer poller among two engines and the other taking
+//! server per test, never the machine's own): one timer poller among two
+//! engines and the other taking
 //! over once the holder leaves or dies, races between engines for a lease
 //! and a probe, process-manager runner announcements, and how many lease
-//! statements idle engines send (counted by `pg_stat_statements`).
+//! statements idle engines send (counted by `pg_stat_statements`). The
+//! shared circuit breaker across engines is an engine scenario of every
+//! store (`tests/engine_scenarios.rs`, `breakers::`).
 
 mod common;
 
@@ -16,7 +17,6 @@ use common::postgres_server::TestPostgres;
 use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::backend::{BreakerChange, BreakerDecision, Breakers, Leases, Partitions};
 use saga_runtime::prelude::*;
-use saga_runtime::AuditAction;
 use sqlx::postgres::PgPool;
 
 /// The engine tests watch timing; they run one at a time so that two
@@ -70,89 +70,6 @@ impl Notify {
     async fn unsend(&self, _n: u32) -> Result<(), StepError> {
         Ok(())
     }
-}
-
-async fn engine(pg: &TestPostgres, service: &Arc<Service>, name: &'static str) -> Engine {
-    Engine::builder()
-        .backend(backend(pg).await)
-        .saga(Notify {
-            service: service.clone(),
-            engine: name,
-        })
-        .timeout_poll_interval(Duration::from_millis(20))
-        .worker_concurrency(4)
-        .workers(1)
-        .build()
-        .await
-        .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finish() {
-    let _serial = SERIAL.lock().await;
-    let pg = TestPostgres::start();
-    let service = Arc::new(Service::default());
-    let a = engine(&pg, &service, "a").await;
-    let b = engine(&pg, &service, "b").await;
-    let mut ids = Vec::new();
-    for n in 0..8 {
-        let engine = if n % 2 == 0 { &a } else { &b };
-        ids.push(engine.start::<Notify>(n).await.unwrap());
-    }
-    // Down for 2.5 s: the three failures that open the breaker (counted
-    // across both engines), then one failed probe per one-second break.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    service.up.store(true, Ordering::SeqCst);
-    for id in &ids {
-        let Ok(task) = tokio::time::timeout(Duration::from_secs(20), a.wait(*id)).await else {
-            let task = a.task(*id).await.unwrap();
-            panic!(
-                "every parked task finishes once the breaker closes: {task:#?}\n{:?}",
-                service.calls.lock().unwrap()
-            );
-        };
-        let task = task.unwrap();
-        assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
-        assert!(
-            task.steps[0].attempt_count <= 4,
-            "waiting spent no retries: {task:#?}"
-        );
-        assert!(
-            task.audit_log
-                .iter()
-                .any(|e| e.action == AuditAction::CircuitOpen),
-            "it met the open breaker and waited: {task:#?}"
-        );
-    }
-
-    let calls = service.calls.lock().unwrap().clone();
-    let down: Vec<_> = calls.iter().filter(|(_, _, up)| !up).collect();
-    let engines: std::collections::HashSet<_> = calls.iter().map(|(_, e, _)| *e).collect();
-    assert_eq!(engines.len(), 2, "both engines ran tasks: {calls:?}");
-    // The first failures come together: those that opened the breaker
-    // (3, counted across both engines) and the calls already admitted
-    // beside them (at most one per task).
-    let first = down[0].0;
-    let burst = down
-        .iter()
-        .take_while(|(at, _, _)| *at - first < Duration::from_millis(500))
-        .count();
-    assert!((3..=8).contains(&burst), "{down:?}");
-    // After that, every call while down was a lone probe, a break (1 s)
-    // after the one before, whichever engine made it.
-    assert!(
-        down.len() - burst >= 1,
-        "a probe while still down: {down:?}"
-    );
-    for pair in down[burst - 1..].windows(2) {
-        let gap = pair[1].0 - pair[0].0;
-        assert!(
-            gap >= Duration::from_millis(900),
-            "a call {gap:?} after the previous one while the breaker was open: {down:?}"
-        );
-    }
-    a.shutdown().await;
-    b.shutdown().await;
 }
 
 /// The `timers` lease as the database has it: its holder, if unexpired.

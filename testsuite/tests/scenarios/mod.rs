@@ -12,20 +12,21 @@
 
 #![allow(dead_code)]
 
+pub mod breakers;
 pub mod chaos;
 pub mod crash_isolation;
 pub mod faults;
 pub mod process;
 pub mod rig;
 
-/// One `#[tokio::test]` per scenario of a suite, in a module per store:
+/// One `#[tokio::test]` per scenario of a suite, in a module per suite
+/// and store (`faults::postgres::hung_steps_time_out_...`):
 /// `engine_scenarios!(faults; redis: TestRedis, postgres: TestPostgres)`.
-/// The suites are separate test binaries (`tests/engine_*.rs`) so that a
-/// heavy one (chaos) does not share the machine with the timing-sensitive
-/// ones.
+/// Chaos has a test binary of its own (`tests/engine_chaos.rs`), so that
+/// it does not share the machine with the timing-sensitive scenarios.
 macro_rules! engine_scenarios {
     (faults; $($store:ident: $ty:ty),+ $(,)?) => {
-        engine_scenarios!(@stores [$($store: $ty),+] [
+        engine_scenarios!(@stores faults [$($store: $ty),+] [
             faults::a_worker_killed_mid_step_hands_its_task_over_after_the_visibility_timeout,
             faults::an_engine_rides_out_a_server_crash_and_restart,
             faults::an_unreadable_task_record_is_dead_lettered_alone_and_holds_nothing_up,
@@ -38,19 +39,25 @@ macro_rules! engine_scenarios {
         ]);
     };
     (chaos; $($store:ident: $ty:ty),+ $(,)?) => {
-        engine_scenarios!(@stores [$($store: $ty),+] [
+        engine_scenarios!(@stores chaos [$($store: $ty),+] [
             chaos::every_task_ends_under_sigkills_cut_connections_and_a_server_crash,
         ]);
     };
     (crash_isolation; $($store:ident: $ty:ty),+ $(,)?) => {
-        engine_scenarios!(@stores [$($store: $ty),+] [
+        engine_scenarios!(@stores crash_isolation [$($store: $ty),+] [
             crash_isolation::a_crash_loop_costs_the_tasks_beside_it_nothing,
             crash_isolation::a_crash_loop_exhausts_no_innocent_with_two_retries,
             crash_isolation::a_crashing_handler_costs_the_messages_beside_it_nothing,
         ]);
     };
+    (breakers; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores breakers [$($store: $ty),+] [
+            breakers::a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finish,
+            breakers::a_long_outage_behind_a_shared_waiting_breaker_compensates_nothing,
+        ]);
+    };
     (process; $($store:ident: $ty:ty),+ $(,)?) => {
-        engine_scenarios!(@stores [$($store: $ty),+] [
+        engine_scenarios!(@stores process [$($store: $ty),+] [
             process::a_thousand_messages_to_one_instance_from_four_workers_count_exactly_a_thousand,
             process::a_thousand_messages_to_one_pessimistic_instance_from_four_workers_count_exactly_a_thousand,
             process::racing_starting_messages_create_one_instance,
@@ -61,14 +68,18 @@ macro_rules! engine_scenarios {
             process::an_instance_records_when_it_was_last_written,
         ]);
     };
-    (@stores [$($store:ident: $ty:ty),+] $cases:tt) => {
-        $(
-            mod $store {
-                #[allow(unused_imports)]
-                use super::*;
-                engine_scenarios!(@cases $ty; $cases);
-            }
-        )+
+    (@stores $suite:ident [$($store:ident: $ty:ty),+] $cases:tt) => {
+        mod $suite {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                mod $store {
+                    #[allow(unused_imports)]
+                    use super::*;
+                    engine_scenarios!(@cases $ty; $cases);
+                }
+            )+
+        }
     };
     (@cases $ty:ty; [$($module:ident :: $case:ident),+ $(,)?]) => {
         $(

@@ -1,20 +1,17 @@
-//! `#[circuit_breaker(scope = shared, when_open = wait)]` on a real
-//! redis-server, with two engines standing in for two machines: the
-//! breaker opens for both after the threshold counted across both, lets
-//! one probe through per break across both, and the tasks that met it
-//! are parked (no retry spent, nothing compensated) and finish once it
-//! closes.
-
-mod common;
+//! `#[circuit_breaker(scope = shared, when_open = wait)]` on every store,
+//! with two engines standing in for two machines: the breaker opens for
+//! both after the threshold counted across both, lets one probe through
+//! per break across both, and the tasks that met it are parked (no retry
+//! spent, nothing compensated) and finish once it closes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::redis_server::TestRedis;
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
 use saga_runtime::AuditAction;
+
+use crate::common::stores::ScenarioStore;
 
 /// The dependency both engines call: up or down, and every call it got.
 #[derive(Default)]
@@ -53,17 +50,9 @@ impl Notify {
     }
 }
 
-async fn engine(redis: &TestRedis, service: &Arc<Service>, name: &'static str) -> Engine {
-    let config = RedisConfig {
-        block: Duration::from_millis(50),
-        ..RedisConfig::default()
-    };
+async fn engine<S: ScenarioStore>(store: &S, service: &Arc<Service>, name: &'static str) -> Engine {
     Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config)
-                .await
-                .unwrap(),
-        )
+        .backend_arc(store.backend(Duration::from_secs(30)).await)
         .saga(Notify {
             service: service.clone(),
             engine: name,
@@ -76,12 +65,13 @@ async fn engine(redis: &TestRedis, service: &Arc<Service>, name: &'static str) -
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finish() {
-    let redis = TestRedis::start();
+pub async fn a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finish<
+    S: ScenarioStore,
+>() {
+    let store = S::start();
     let service = Arc::new(Service::default());
-    let a = engine(&redis, &service, "a").await;
-    let b = engine(&redis, &service, "b").await;
+    let a = engine(&store, &service, "a").await;
+    let b = engine(&store, &service, "b").await;
     let mut ids = Vec::new();
     for n in 0..8 {
         let engine = if n % 2 == 0 { &a } else { &b };
@@ -182,22 +172,14 @@ impl Hold {
     }
 }
 
-async fn hold_engine(
-    redis: &TestRedis,
+async fn hold_engine<S: ScenarioStore>(
+    store: &S,
     service: &Arc<Service>,
     undone: &Arc<std::sync::atomic::AtomicUsize>,
     name: &'static str,
 ) -> Engine {
-    let config = RedisConfig {
-        block: Duration::from_millis(50),
-        ..RedisConfig::default()
-    };
     Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config)
-                .await
-                .unwrap(),
-        )
+        .backend_arc(store.backend(Duration::from_secs(30)).await)
         .saga(Hold {
             service: service.clone(),
             undone: undone.clone(),
@@ -211,20 +193,19 @@ async fn hold_engine(
         .unwrap()
 }
 
-/// Issue 23's outage on a real redis-server, across two engines sharing
+/// Issue 23's outage, across two engines sharing
 /// the breaker: 1 s breaks, `max_retries = 3`, 10 tasks, the dependency
 /// down for 6 s (six breaks, each probed). A failed probe costs its task
 /// nothing, so nothing is compensated and every task completes once the
 /// dependency is back, having spent only the attempts it made while the
 /// breaker was closed. Before, each probe spent a retry of the task that
 /// made it and the tasks that probed most were compensated.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_long_outage_behind_a_shared_waiting_breaker_compensates_nothing() {
-    let redis = TestRedis::start();
+pub async fn a_long_outage_behind_a_shared_waiting_breaker_compensates_nothing<S: ScenarioStore>() {
+    let store = S::start();
     let service = Arc::new(Service::default());
     let undone = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let a = hold_engine(&redis, &service, &undone, "a").await;
-    let b = hold_engine(&redis, &service, &undone, "b").await;
+    let a = hold_engine(&store, &service, &undone, "a").await;
+    let b = hold_engine(&store, &service, &undone, "b").await;
     let mut ids = Vec::new();
     for n in 0..10 {
         let engine = if n % 2 == 0 { &a } else { &b };
