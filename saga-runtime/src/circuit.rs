@@ -23,6 +23,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::util::Unpoisoned;
 use tokio::time::Instant;
 
 /// `#[circuit_breaker(failure_threshold, duration_secs, scope, when_open)]`.
@@ -220,7 +221,7 @@ impl CircuitBreaker {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // The state is a plain enum: a panic while holding the lock cannot
         // leave it half-written, so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     fn record(&self, success: bool) -> Option<Transition> {

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use axum::http::StatusCode;
 
 use super::reply::ApiError;
+use crate::util::Unpoisoned;
 
 /// Event streams one peer address may hold open at once, by default
 /// ([`Api::max_watchers_per_client`](super::Api::max_watchers_per_client)).
@@ -74,7 +75,7 @@ impl Watchers {
     /// peer that holds its share, 503 when the places it may take are all
     /// taken.
     pub(crate) fn open(self: &Arc<Self>, watcher: Watcher) -> Result<Place, ApiError> {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.open.locked();
         let full = || {
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -115,7 +116,7 @@ impl Watchers {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        let mut open = self.watchers.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.watchers.open.locked();
         open.all -= 1;
         if !self.watcher.operator {
             open.anonymous -= 1;

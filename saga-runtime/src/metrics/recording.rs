@@ -21,6 +21,7 @@ use crate::backend::Backend;
 use crate::backend::LimitCause;
 use crate::model::task::TaskStatus;
 use crate::saga::state_machine::{Outcome, Phase};
+use crate::util::{Unpoisoned, UnpoisonedRw};
 
 /// When a step attempt began, for `saga_step_duration_seconds`.
 #[derive(Debug, Clone, Copy)]
@@ -109,7 +110,7 @@ pub(crate) const OTHER_SAGA: &str = "other";
 /// Remembers the saga names an engine registered (every engine of the
 /// process shares the global recorder, so they share the names).
 pub(crate) fn register_sagas(names: impl IntoIterator<Item = &'static str>) {
-    let mut sagas = SAGAS.write().unwrap_or_else(|p| p.into_inner());
+    let mut sagas = SAGAS.write_locked();
     sagas.extend(names);
 }
 
@@ -117,7 +118,7 @@ pub(crate) fn register_sagas(names: impl IntoIterator<Item = &'static str>) {
 /// record's saga name is whatever was written into the store, and each
 /// new label value is a new time series in every scraper, kept for good.
 fn saga_label(saga: &str) -> &'static str {
-    let sagas = SAGAS.read().unwrap_or_else(|p| p.into_inner());
+    let sagas = SAGAS.read_locked();
     sagas.get(saga).copied().unwrap_or(OTHER_SAGA)
 }
 
@@ -399,7 +400,7 @@ static INSTALLED: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
 /// scrapes.
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn install() -> Result<PrometheusHandle, crate::Error> {
-    let mut installed = INSTALLED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut installed = INSTALLED.locked();
     if let Some(handle) = installed.as_ref() {
         return Ok(handle.clone());
     }

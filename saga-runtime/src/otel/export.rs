@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::util::Unpoisoned;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter};
@@ -133,7 +134,7 @@ impl Report {
         let spans = u64::try_from(spans).unwrap_or(u64::MAX);
         let dropped = self.dropped.fetch_add(spans, Ordering::Relaxed) + spans;
         let batches = self.batches.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error.to_string();
+        *self.last_error.locked() = error.to_string();
         // Logged at the 1st, 2nd, 4th, 8th, ... failure: an outage of the
         // collector is seen at once without one line per batch.
         if batches.is_power_of_two() {
@@ -156,11 +157,7 @@ impl Report {
             endpoint: self.endpoint.clone(),
             dropped,
             batches: self.batches.load(Ordering::Relaxed),
-            last_error: self
-                .last_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            last_error: self.last_error.locked().clone(),
         })
     }
 }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Delivery, Lease, TaskRefusal};
 use crate::model::task::Timestamp;
+use crate::util::Unpoisoned;
 use crate::worker::limits::HeldLimits;
 use crate::worker::runtime::Runtime;
 
@@ -130,17 +131,14 @@ impl Heartbeat<'_> {
     }
 
     pub fn cancelled(&self, at: Timestamp) {
-        self.cancelled_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert(at);
+        self.cancelled_at.locked().get_or_insert(at);
         self.cancel.cancel();
     }
 
     /// When cancellation was requested: as the heartbeat saw it, else as
     /// the store says, else now (the in-process signal came first).
     pub async fn cancelled_at(&self) -> Timestamp {
-        let seen = *self.cancelled_at.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = *self.cancelled_at.locked();
         if let Some(at) = seen {
             return at;
         }

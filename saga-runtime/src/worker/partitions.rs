@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
+use crate::util::Unpoisoned;
 use crate::worker::runtime::Runtime;
 
 /// What this engine owns, as last granted.
@@ -148,7 +149,7 @@ impl Default for Grant {
 
 impl Ownership {
     fn now(&self) -> u64 {
-        match *self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+        match *self.state.locked() {
             Grant::Everything => u64::MAX,
             Grant::Owned(bits, until) if Instant::now() < until => bits,
             Grant::Owned(..) => 0,
@@ -156,7 +157,7 @@ impl Ownership {
     }
 
     fn set(&self, grant: Grant) {
-        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = grant;
+        *self.state.locked() = grant;
     }
 
     /// The partitions with a message in flight here, a bit each.
@@ -175,12 +176,12 @@ impl Ownership {
     /// The partitions to keep though balanced away (see the module
     /// documentation): but those kept for `longest` already.
     fn keep(&self, longest: Duration) -> u64 {
-        let granted = match *self.state.lock().unwrap_or_else(|p| p.into_inner()) {
+        let granted = match *self.state.locked() {
             Grant::Owned(bits, _) => bits,
             Grant::Everything => 0,
         };
         let wanted = granted | self.in_use();
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = self.kept.locked();
         let expired = kept
             .iter()
             .enumerate()
@@ -194,7 +195,7 @@ impl Ownership {
     /// Notes which of `keep` the backend left this engine without
     /// granting them (kept since now, if not before).
     fn note_kept(&self, keep: u64, granted: u64) {
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept = self.kept.locked();
         for (k, since) in kept.iter_mut().enumerate() {
             match (keep & !granted) & (1 << k) != 0 {
                 true => *since = since.or(Some(Instant::now())),
@@ -328,7 +329,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
 /// shutdown grace, or give them back), or after [`KEEP_LEASES`] TTLs.
 async fn leave(rt: &Runtime) {
     let state = &rt.partitions.state;
-    let grant = std::mem::take(&mut *state.lock().unwrap_or_else(|p| p.into_inner()));
+    let grant = std::mem::take(&mut *state.locked());
     if let Grant::Everything = grant {
         // The backend does not partition: nothing to leave.
         return;

@@ -27,6 +27,7 @@ use crate::model::task::{TaskId, TaskStatus};
 use crate::policy::{BackoffKind, RetryPolicy};
 use crate::process::ErasedProcess;
 use crate::saga::{SagaRegistry, StepDefinition};
+use crate::util::Unpoisoned;
 
 /// Tunables shared by every worker of an engine; see the builder methods of
 /// [`EngineBuilder`](crate::engine::EngineBuilder) for what each one means.
@@ -287,7 +288,7 @@ impl Runtime {
         step: &StepDefinition,
     ) -> Option<Arc<CircuitBreaker>> {
         let config = step.circuit_breaker?;
-        let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut breakers = self.breakers.locked();
         Some(
             breakers
                 .entry((saga, step.name))
@@ -339,10 +340,7 @@ impl Runtime {
     /// forgotten when the returned guard drops.
     pub fn register_running(self: &Arc<Self>, id: TaskId) -> Running {
         let token = CancellationToken::new();
-        self.running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, token.clone());
+        self.running.locked().insert(id, token.clone());
         Running {
             runtime: self.clone(),
             id,
@@ -352,12 +350,7 @@ impl Runtime {
 
     /// Fires the token of a task running here, if it is.
     pub fn signal_cancel(&self, id: TaskId) {
-        if let Some(token) = self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-        {
+        if let Some(token) = self.running.locked().get(&id) {
             token.cancel();
         }
     }
@@ -379,10 +372,6 @@ pub(crate) struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.runtime
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
+        self.runtime.running.locked().remove(&self.id);
     }
 }

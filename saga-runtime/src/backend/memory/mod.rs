@@ -33,6 +33,7 @@ use crate::model::envelope::Envelope;
 use crate::model::tally::TallyRef;
 use crate::model::task::{TaskId, TaskInstance, Timestamp};
 
+use crate::util::Unpoisoned;
 use breakers::SharedBreaker;
 use endpoint::MemEndpoint;
 use process::Tombstone;
@@ -199,7 +200,7 @@ impl MemoryBackend {
     fn state(&self) -> MutexGuard<'_, State> {
         // Every critical section below leaves the state consistent before it
         // can panic, so a poisoned lock is still usable.
-        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.state.locked()
     }
 
     fn queue_changed(&self) {

@@ -18,6 +18,7 @@ use std::sync::Mutex;
 use super::corrupt;
 use crate::backend::BackendError;
 use crate::model::task::{TaskId, TaskInstance};
+use crate::util::Unpoisoned;
 
 /// Tasks remembered at most: a task in flight is written every step, and
 /// 65,536 in flight in one process is far beyond a worker's concurrency.
@@ -73,7 +74,7 @@ impl StepCache {
 
     /// Remembers the steps of `id` as stored under `version`.
     pub fn remember(&self, id: TaskId, version: u64, hashes: Vec<u64>) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.locked();
         if inner.tasks.insert(id, (version, hashes)).is_none() {
             inner.order.push_back(id);
             while inner.order.len() > CAPACITY {
@@ -97,12 +98,12 @@ impl StepCache {
 
     /// Forgets a task (it ended, or was removed).
     pub fn forget(&self, id: TaskId) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.locked();
         inner.tasks.remove(&id);
     }
 
     fn stored(&self, id: TaskId, version: u64) -> Option<Vec<u64>> {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = self.inner.locked();
         inner
             .tasks
             .get(&id)

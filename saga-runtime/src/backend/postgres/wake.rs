@@ -21,7 +21,7 @@
 //! ends first) costs the other engines' idle readers at most their
 //! receive wait, after which they look anyway.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -31,6 +31,7 @@ use uuid::Uuid;
 use super::listen::{Channels, Signals};
 use super::session::Statements;
 use crate::model::task::TaskId;
+use crate::util::Unpoisoned;
 
 /// Task ids one notification carries: a payload must stay under
 /// PostgreSQL's 8000 bytes (37 bytes an id with its separator).
@@ -174,12 +175,12 @@ impl Waker {
     }
 
     fn add(&self, change: impl FnOnce(&mut Pending)) {
-        change(&mut self.pending.lock().unwrap_or_else(PoisonError::into_inner));
+        change(&mut self.pending.locked());
         self.ready.notify_one();
     }
 
     fn take(&self) -> Pending {
-        std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner))
+        std::mem::take(&mut *self.pending.locked())
     }
 }
 

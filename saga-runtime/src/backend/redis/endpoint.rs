@@ -12,6 +12,7 @@ use super::entry::{self, entries};
 use super::{corrupt, ms, scripts as s, unavailable, RedisBackend};
 use crate::backend::{truncate_payload, BackendError, DeadLetter, EndpointDelivery, Endpoints};
 use crate::model::task::Timestamp;
+use crate::util::Unpoisoned;
 
 /// The envelope of an entry: the `envelope` field (the `payload` field of
 /// entries written before it had that name).
@@ -172,8 +173,7 @@ impl Endpoints for RedisBackend {
         .await?;
         self.shared
             .readers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .remove(&Self::reader_name(endpoint, group, consumer));
         Ok(())
     }

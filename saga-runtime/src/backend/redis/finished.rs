@@ -20,6 +20,7 @@ use futures::StreamExt;
 use tokio::sync::broadcast;
 
 use crate::model::task::TaskId;
+use crate::util::Unpoisoned;
 
 /// How many recently finished ids are remembered.
 const RECENT: usize = 4096;
@@ -50,7 +51,7 @@ impl Finished {
     }
 
     fn seen(&self, id: TaskId) {
-        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut recent = self.recent.locked();
         if recent.ids.insert(id) {
             recent.order.push_back(id);
         }
@@ -69,7 +70,7 @@ impl Finished {
     /// requeued after it finished is waited for afresh, not found
     /// "finished" again and again while it runs (a waiter would spin).
     fn take_finished(&self, id: TaskId) -> bool {
-        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut recent = self.recent.locked();
         recent.ids.remove(&id)
     }
 

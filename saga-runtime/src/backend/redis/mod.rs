@@ -88,6 +88,7 @@ use redis::{Client, FromRedisValue, RedisError, Value};
 use tokio::time::Instant;
 
 use super::{BackendError, Delivery};
+use crate::util::Unpoisoned;
 use keys::Keys;
 
 pub use config::{Durability, KeyLayout, RedisConfig, CLUSTER_PARTITIONS};
@@ -613,11 +614,7 @@ impl RedisBackend {
     }
 
     fn reader<T>(&self, consumer: &str, f: impl FnOnce(&mut Reader) -> T) -> T {
-        let mut readers = self
-            .shared
-            .readers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut readers = self.shared.readers.locked();
         f(readers.entry(consumer.to_owned()).or_default())
     }
 

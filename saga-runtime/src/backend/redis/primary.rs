@@ -12,6 +12,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use crate::util::{Unpoisoned, UnpoisonedRw};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -111,7 +112,7 @@ impl Primary {
     }
 
     fn read<T>(&self, f: impl FnOnce(&Endpoint) -> T) -> T {
-        f(&self.current.read().unwrap_or_else(|p| p.into_inner()))
+        f(&self.current.read_locked())
     }
 
     /// A client for the current primary, for connections of their own
@@ -147,7 +148,7 @@ impl Primary {
             return;
         }
         {
-            let mut asked = sentinel.asked.lock().unwrap_or_else(|p| p.into_inner());
+            let mut asked = sentinel.asked.locked();
             if asked.is_some_and(|at| at.elapsed() < ASK_EVERY) {
                 return;
             }
@@ -202,7 +203,7 @@ impl Primary {
             .get_connection_manager_with_config(self.manager_config.clone())
             .await?;
         tracing::warn!(primary = %address, "the primary moved (failover); following it");
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Endpoint { client, conn };
+        *self.current.write_locked() = Endpoint { client, conn };
         Ok(())
     }
 }

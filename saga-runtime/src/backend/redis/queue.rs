@@ -16,6 +16,7 @@ use crate::backend::{
     WorkQueue,
 };
 use crate::model::task::TaskId;
+use crate::util::Unpoisoned;
 
 /// A stream entry id as `(ms, seq)`, for ordering across streams.
 pub(super) fn entry_order(id: &str) -> (u64, u64) {
@@ -225,11 +226,7 @@ impl WorkQueue for RedisBackend {
     async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
         // Nothing is buffered (a read hands out what it takes); the
         // consumer's reading state (its blocking connection) goes.
-        self.shared
-            .readers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(consumer);
+        self.shared.readers.locked().remove(consumer);
         // The last saga reader of this backend gives up its place among the
         // readers, so that the others watch its partitions at once.
         if self.shared.watch.left(consumer) {

@@ -43,6 +43,7 @@ use super::entry::{items, text};
 use super::{corrupt, unavailable, RedisBackend};
 use crate::backend::BackendError;
 use crate::model::task::{StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp};
+use crate::util::Unpoisoned;
 
 /// How often an engine looks again at which layout its deployment writes.
 pub(super) const REFRESH: Duration = Duration::from_secs(10);
@@ -276,13 +277,13 @@ pub(super) struct Mode {
 impl Mode {
     pub fn set(&self, apart: bool) {
         self.apart.store(apart, Ordering::Relaxed);
-        *self.read_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *self.read_at.locked() = Some(Instant::now());
     }
 
     /// Whether it is time to read it again (and, if so, marks it read: one
     /// caller refreshes it).
     fn due(&self) -> bool {
-        let mut at = self.read_at.lock().unwrap_or_else(|p| p.into_inner());
+        let mut at = self.read_at.locked();
         match *at {
             Some(t) if t.elapsed() < REFRESH => false,
             _ => {

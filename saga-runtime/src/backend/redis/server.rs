@@ -24,6 +24,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionInfo, IntoConnectionIn
 use redis::{Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use super::primary::{self, Primary};
+use crate::util::Unpoisoned;
 
 /// A single server or a cluster. Cheap to clone.
 #[derive(Clone)]
@@ -92,7 +93,7 @@ impl Cluster {
                 .map(|(_, _, node)| node.clone())
         };
         if !refresh {
-            let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let slots = self.slots.locked();
             if let Some(node) = known(&slots) {
                 return Ok(node);
             }
@@ -135,7 +136,7 @@ impl Cluster {
             map.push((start, end, template.clone().set_addr(addr)));
         }
         let node = known(&map);
-        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = map;
+        *self.slots.locked() = map;
         node.ok_or_else(|| {
             RedisError::from((redis::ErrorKind::Client, "no primary serves the slot"))
         })

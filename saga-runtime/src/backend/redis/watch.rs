@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use super::entry;
 use super::server::{Conn, Server};
+use crate::util::Unpoisoned;
 
 /// A watcher nobody waited on for this long stops (its stream is no
 /// longer a home of this backend, or its workers stopped).
@@ -122,7 +123,7 @@ impl Drop for Waiting<'_> {
 impl Watch {
     /// This backend's place, and whether it is due for renewal.
     pub fn place(&self) -> (Place, bool) {
-        let place = *self.place.lock().unwrap_or_else(|p| p.into_inner());
+        let place = *self.place.locked();
         let due = place
             .renewed
             .is_none_or(|at| at.elapsed() >= MEMBERSHIP_RENEW);
@@ -131,7 +132,7 @@ impl Watch {
 
     /// Records `consumer` as one of this backend's saga readers.
     pub fn joined(&self, consumer: &str) {
-        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut readers = self.readers.locked();
         if !readers.contains(consumer) {
             readers.insert(consumer.to_owned());
         }
@@ -140,16 +141,16 @@ impl Watch {
     /// Forgets `consumer`; `true` if it was the last saga reader (the
     /// backend's place is then given up).
     pub fn left(&self, consumer: &str) -> bool {
-        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut readers = self.readers.locked();
         let last = readers.remove(consumer) && readers.is_empty();
         if last {
-            self.place.lock().unwrap_or_else(|p| p.into_inner()).renewed = None;
+            self.place.locked().renewed = None;
         }
         last
     }
 
     pub fn set_place(&self, rank: u16, size: u16) {
-        *self.place.lock().unwrap_or_else(|p| p.into_inner()) = Place {
+        *self.place.locked() = Place {
             rank,
             size: size.max(1),
             renewed: Some(Instant::now()),
@@ -160,7 +161,7 @@ impl Watch {
     /// runs. Taken before a round of reads, so that a message that arrives
     /// during the round is not missed by the wait after it.
     pub fn marks(&self, server: &Server, group: &str, block: Duration, queues: &[String]) -> Marks {
-        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let mut streams = self.streams.locked();
         Marks(
             queues
                 .iter()
@@ -177,7 +178,7 @@ impl Watch {
                             })
                         })
                         .clone();
-                    *stream.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                    *stream.wanted.locked() = Instant::now();
                     if !stream.running.swap(true, Ordering::AcqRel) {
                         tokio::spawn(run(
                             Arc::downgrade(&stream),
@@ -233,11 +234,7 @@ async fn run(stream: Weak<Stream>, server: Server, queue: String, group: String,
             let Some(stream) = stream.upgrade() else {
                 return;
             };
-            let idle = stream
-                .wanted
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .elapsed();
+            let idle = stream.wanted.locked().elapsed();
             if idle > IDLE_WATCHER {
                 stream.running.store(false, Ordering::Release);
                 return;

@@ -28,6 +28,7 @@ use crate::backend::{
     TaskWrite, WorkItem, WorkQueue,
 };
 use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp};
+use crate::util::Unpoisoned;
 
 pub(super) struct FaultyBackend {
     inner: MemoryBackend,
@@ -47,7 +48,7 @@ impl FaultyBackend {
     }
 
     fn dead(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.dead.lock().unwrap_or_else(|p| p.into_inner())
+        self.dead.locked()
     }
 
     fn is_dead(&self, key: &str) -> bool {

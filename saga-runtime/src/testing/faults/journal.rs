@@ -17,6 +17,7 @@ use super::report::{CancelPoint, Fault};
 use super::Faults;
 use crate::model::task::{TaskId, TaskStatus};
 use crate::saga::SagaDefinition;
+use crate::util::Unpoisoned;
 
 /// Which kind of body ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +106,7 @@ impl Journal {
     }
 
     pub(super) fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// A number in [0, 1) fixed by the seed, the task and the point.

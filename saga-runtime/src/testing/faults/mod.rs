@@ -69,6 +69,7 @@ use std::time::Duration;
 use crate::backend::memory::MemoryBackend;
 use crate::engine::Engine;
 use crate::saga::Saga;
+use crate::util::Unpoisoned;
 use backend::FaultyBackend;
 use journal::Journal;
 use observed::Observed;
@@ -239,7 +240,7 @@ where
             .build()
             .await
             .unwrap_or_else(|e| panic!("fault kit: the engine did not build: {e}"));
-        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine.clone());
+        *slot.locked() = Some(engine.clone());
         let mut ids = Vec::new();
         for (i, input) in self.inputs.iter().enumerate() {
             let id = engine
@@ -270,7 +271,7 @@ where
         let records = settle(&engine, &ids, self.faults.deadline).await;
         engine.shutdown().await;
         let _ = workers.await;
-        slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        slot.locked().take();
         let state = journal.state();
         let (report, violations) = report::check(seed, def, &state, &records);
         match violations.is_empty() {

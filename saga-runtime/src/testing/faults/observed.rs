@@ -14,6 +14,7 @@ use crate::context::StepContext;
 use crate::engine::Engine;
 use crate::error::StepError;
 use crate::saga::{BoxFuture, Saga, SagaDefinition};
+use crate::util::Unpoisoned;
 
 /// Where the wrapper finds the engine it runs in (to cancel a task from
 /// inside a step); emptied at the end of a run, which breaks the cycle
@@ -28,11 +29,7 @@ pub(super) struct Observed<S> {
 
 impl<S: Saga> Observed<S> {
     async fn cancel(&self, ctx: &StepContext, index: usize, at: CancelPoint) {
-        let engine = self
-            .engine
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let engine = self.engine.locked().clone();
         if let Some(engine) = engine {
             let cancelled = engine.cancel_by_id(ctx.task_id()).await;
             if matches!(cancelled, Ok(crate::engine::CancelResult::Cancelled)) {

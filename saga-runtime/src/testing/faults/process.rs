@@ -23,6 +23,7 @@ use crate::process::{
 };
 use crate::saga::BoxFuture;
 use crate::testing::ProcessTest;
+use crate::util::Unpoisoned;
 
 /// Handler runs per message type.
 type Runs = Arc<Mutex<BTreeMap<String, u32>>>;
@@ -62,8 +63,7 @@ impl<P: ProcessManager> ProcessManager for Counted<P> {
     ) -> BoxFuture<'a, Result<(), ProcessError>> {
         *self
             .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .entry(message_type.to_owned())
             .or_insert(0) += 1;
         self.pm.handle(message_type, message, state, ctx)
@@ -230,7 +230,7 @@ impl<P: ProcessManager> ProcessFaultKit<P> {
             .map(|i| format!("{:?} {:?} {}", i.keys, i.status, i.state))
             .collect();
         instances.sort();
-        let runs = runs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let runs = runs.locked().clone();
         (instances, runs)
     }
 }

@@ -26,6 +26,7 @@ use crate::process::tally;
 use crate::process::{
     Dispatched, Envelope, EnvelopeKind, ErasedProcess, ErrorAction, ProcessContext,
 };
+use crate::util::Unpoisoned;
 
 /// How many times a handler is re-run after losing a concurrent write,
 /// before the message is handed back for redelivery.
@@ -432,8 +433,7 @@ async fn commit(
             let outcome = save.outcome();
             if let Some(instance) = save.commit.instance {
                 if let Some(saved) = env.saved {
-                    *saved.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(saved_as(instance.clone(), version, delete));
+                    *saved.locked() = Some(saved_as(instance.clone(), version, delete));
                 }
                 for joined in batch {
                     joined.handled(&instance.id);

@@ -17,6 +17,7 @@ use tokio::sync::{oneshot, OwnedMutexGuard};
 use super::batch::{Joined, Joiners};
 use crate::backend::LoadedInstance;
 use crate::process::Dispatched;
+use crate::util::Unpoisoned;
 
 /// What a lock holder leaves the next one: the instance as it saved it,
 /// and (pessimistic mode) the instance's lease, still held, so the next
@@ -84,11 +85,11 @@ pub(crate) struct InstanceGuard<'a> {
 
 impl InstanceLocks {
     fn slot(&self, key: &str) -> Arc<Slot> {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slots = self.slots.locked();
         slots
             .entry(key.to_owned())
             .or_insert_with(|| {
-                let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+                let mut recent = self.recent.locked();
                 let instance = recent.remove(key);
                 Arc::new(Slot {
                     cached: Arc::new(tokio::sync::Mutex::new(Cached {
@@ -107,7 +108,7 @@ impl InstanceLocks {
     /// stays as small as the set of instances being handled.
     fn forget(&self, key: &str, slot: Arc<Slot>) {
         drop(slot);
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slots = self.slots.locked();
         let Some(slot) = slots.get(key).filter(|s| Arc::strong_count(s) == 1) else {
             return;
         };
@@ -124,7 +125,7 @@ impl InstanceLocks {
         drop(cached);
         slots.remove(key);
         if let Some(instance) = kept {
-            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            let mut recent = self.recent.locked();
             if recent.len() >= RECENT {
                 if let Some(any) = recent.keys().next().cloned() {
                     recent.remove(&any);
@@ -189,10 +190,7 @@ impl InstanceLocks {
         }
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
         let (joined, mut outcome) = offer();
-        slot.waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back((ticket, joined));
+        slot.waiting.locked().push_back((ticket, joined));
         let mut wait = Wait::new(self, &key, slot, Some(ticket));
         // Declared after `wait`, so dropped before it (a cancelled wait
         // that was granted the lock lets go before the slot may be
@@ -290,7 +288,7 @@ impl<'a> Wait<'a> {
         };
         let queued = match self.ticket.take() {
             Some(ticket) => {
-                let mut waiting = slot.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                let mut waiting = slot.waiting.locked();
                 let before = waiting.len();
                 waiting.retain(|(t, _)| *t != ticket);
                 waiting.len() != before
@@ -339,7 +337,7 @@ impl InstanceGuard<'_> {
 impl Joiners for InstanceGuard<'_> {
     fn next(&self) -> Option<Joined> {
         let slot = self.slot.as_ref()?;
-        let mut waiting = slot.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let mut waiting = slot.waiting.locked();
         let (_, joined) = waiting.pop_front()?;
         // Its waiter counts itself again should it be left out.
         slot.waiters.fetch_sub(1, Ordering::SeqCst);

@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::util::Unpoisoned;
 use tokio::sync::Notify;
 
 /// Every lane with a message on its way to its lock, in this engine.
@@ -52,9 +53,9 @@ pub(crate) struct Ticket {
 impl Lanes {
     /// A ticket at the back of `lane`.
     pub(crate) fn enter(self: &Arc<Self>, lane: String) -> Ticket {
-        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lanes = self.lanes.locked();
         let entry = lanes.entry(lane.clone()).or_default();
-        let mut turns = entry.turns.lock().unwrap_or_else(|p| p.into_inner());
+        let mut turns = entry.turns.locked();
         let number = turns.next;
         turns.next += 1;
         drop(turns);
@@ -67,18 +68,14 @@ impl Lanes {
     }
 
     fn lane(&self, lane: &str) -> Option<Arc<Lane>> {
-        self.lanes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(lane)
-            .cloned()
+        self.lanes.locked().get(lane).cloned()
     }
 
     /// How many lanes have a message on its way: bounded by the messages
     /// in flight (a lane goes once its last ticket passed).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.lanes.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.lanes.locked().len()
     }
 }
 
@@ -92,7 +89,7 @@ impl Ticket {
             let passed = lane.passed.notified();
             tokio::pin!(passed);
             passed.as_mut().enable();
-            if lane.turns.lock().unwrap_or_else(|p| p.into_inner()).serving >= self.number {
+            if lane.turns.locked().serving >= self.number {
                 return;
             }
             passed.await;
@@ -108,11 +105,11 @@ impl Ticket {
             return;
         }
         self.passed = true;
-        let mut lanes = self.lanes.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lanes = self.lanes.lanes.locked();
         let Some(lane) = lanes.get(&self.lane).cloned() else {
             return;
         };
-        let mut turns = lane.turns.lock().unwrap_or_else(|p| p.into_inner());
+        let mut turns = lane.turns.locked();
         turns.early.insert(self.number);
         loop {
             let serving = turns.serving;

@@ -10,6 +10,7 @@ use crate::model::task::{
 };
 use crate::saga::state_machine as sm;
 use crate::saga::state_machine::{Call, Effects, NextMove, Outcome, Phase, Plan};
+use crate::util::Unpoisoned;
 
 impl Run<'_> {
     /// Advances the task as far as this delivery may: an attempt whose
@@ -148,7 +149,7 @@ impl Run<'_> {
         let sent = tokio::time::Instant::now();
         // Renewed with the write when a heartbeat would have renewed it by
         // now; a chain of quick steps renews nothing.
-        let leased_at = *self.leased_at.lock().unwrap_or_else(|p| p.into_inner());
+        let leased_at = *self.leased_at.locked();
         let renew = (continuing && sent - leased_at >= self.rt.heartbeat_every())
             .then(|| self.rt.lease_ttl());
         let written = self
@@ -185,7 +186,7 @@ impl Run<'_> {
             Landed::ReplyLost(version) => (version, false),
         };
         if renew.is_some() {
-            *self.leased_at.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+            *self.leased_at.locked() = sent;
         }
         task.version = version;
         task.audit_saved();

@@ -7,6 +7,7 @@ use crate::context::StepContext;
 use crate::error::StepError;
 use crate::model::task::TaskInstance;
 use crate::saga::state_machine::{Call, Outcome, Phase};
+use crate::util::Unpoisoned;
 use crate::worker::lease::Heartbeat;
 use crate::worker::limits::HeldLimits;
 use futures::FutureExt;
@@ -84,7 +85,7 @@ impl Run<'_> {
             rt: self.rt,
             lease: self.lease,
             delivery: self.delivery,
-            leased_at: *self.leased_at.lock().unwrap_or_else(|p| p.into_inner()),
+            leased_at: *self.leased_at.locked(),
             cancel: &running.token,
             cancelled_at: Mutex::new(None),
             limits,
