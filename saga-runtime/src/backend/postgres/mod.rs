@@ -55,6 +55,7 @@ mod partitions;
 mod privileges;
 mod process;
 mod queue;
+mod settling;
 mod steps;
 mod tally;
 mod tasks;

@@ -26,11 +26,12 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::tasks::{located, ms};
+use super::settling::{located, Settling};
+use super::tasks::ms;
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Hold, Page, ProcessCommit, ProcessInstance, ProcessRefusal,
-    ProcessStore, ProcessWrite, Settle, WorkItem,
+    BackendError, Hold, Page, ProcessCommit, ProcessInstance, ProcessRefusal, ProcessStore,
+    ProcessWrite, Settle, WorkItem,
 };
 use crate::model::envelope::Envelope;
 use crate::model::tally::TallyOpen;
@@ -82,59 +83,6 @@ fn int(n: usize) -> i32 {
 /// A wall-clock time in ms as the tables keep it.
 fn millis(t: u64) -> i64 {
     i64::try_from(t).unwrap_or(i64::MAX)
-}
-
-/// How a commit settles its message, as the core's `settle` takes it.
-#[derive(Default)]
-struct Settling<'a> {
-    how: &'static str,
-    row: Option<i64>,
-    claim: Option<Uuid>,
-    payload: Option<&'a str>,
-    reason: Option<&'a str>,
-    size: Option<i64>,
-    dead_letter: Option<i64>,
-}
-
-impl<'a> Settling<'a> {
-    fn of(settle: Settle<'a>, limit: usize) -> Result<Self, BackendError> {
-        Ok(match settle {
-            Settle::Nothing => Settling {
-                how: "none",
-                ..Settling::default()
-            },
-            Settle::Ack(d) => {
-                let (row, claim) = located(d)?;
-                Settling {
-                    how: "ack",
-                    row: Some(row),
-                    claim: Some(claim),
-                    ..Settling::default()
-                }
-            }
-            Settle::DeadLetter(d, reason) => {
-                let (row, claim) = located(d)?;
-                let (payload, size) = truncate_payload(&d.raw, limit);
-                Settling {
-                    how: "dead",
-                    row: Some(row),
-                    claim: Some(claim),
-                    payload: Some(payload),
-                    reason: Some(reason),
-                    size: size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)),
-                    ..Settling::default()
-                }
-            }
-            Settle::ResolveDeadLetter(id) => Settling {
-                how: "resolve",
-                dead_letter: Some(
-                    id.parse()
-                        .map_err(|_| corrupt(format!("bad dead letter id {id}")))?,
-                ),
-                ..Settling::default()
-            },
-        })
-    }
 }
 
 /// The tallies a commit opens, as `tally_open` takes them.

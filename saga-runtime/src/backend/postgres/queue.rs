@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::tasks::{located, ms, parse_task};
+use super::settling::located;
+use super::tasks::{ms, parse_task};
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
     truncate_payload, BackendError, Delivery, Interest, Lease, Locked, QueueBacklog, QueueMessage,

@@ -9,10 +9,11 @@ use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::settling::{located, Settling};
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
-    QueueMessage, Settle, TaskCommit, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
+    BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
+    TaskCommit, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
 };
 use crate::model::task::{
     AuditEntry, StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
@@ -70,79 +71,7 @@ fn refused(
     })
 }
 
-/// A delivery's queue row and claim, from its id (`<row>:<claim>`).
-pub(super) fn located(delivery: &Delivery) -> Result<(i64, Uuid), BackendError> {
-    let bad = || {
-        corrupt(format!(
-            "`{}` is not a delivery of this backend",
-            delivery.id
-        ))
-    };
-    let (row, claim) = delivery.id.split_once(':').ok_or_else(bad)?;
-    Ok((
-        row.parse().map_err(|_| bad())?,
-        claim.parse().map_err(|_| bad())?,
-    ))
-}
-
-/// How a commit settles its message, as the `settle` function takes it.
-struct Settling<'a> {
-    how: &'static str,
-    row: Option<i64>,
-    claim: Option<Uuid>,
-    payload: Option<&'a str>,
-    reason: Option<&'a str>,
-    size: Option<i64>,
-    dead_letter: Option<i64>,
-}
-
 impl PostgresBackend {
-    fn settling<'a>(&self, settle: Settle<'a>) -> Result<Settling<'a>, BackendError> {
-        let none = Settling {
-            how: "none",
-            row: None,
-            claim: None,
-            payload: None,
-            reason: None,
-            size: None,
-            dead_letter: None,
-        };
-        Ok(match settle {
-            Settle::Nothing => none,
-            Settle::Ack(d) => {
-                let (row, claim) = located(d)?;
-                Settling {
-                    how: "ack",
-                    row: Some(row),
-                    claim: Some(claim),
-                    ..none
-                }
-            }
-            Settle::DeadLetter(d, reason) => {
-                let (row, claim) = located(d)?;
-                let limit = self.shared.config.dead_letter_payload_limit;
-                let (payload, size) = truncate_payload(&d.raw, limit);
-                Settling {
-                    how: "dead",
-                    row: Some(row),
-                    claim: Some(claim),
-                    payload: Some(payload),
-                    reason: Some(reason),
-                    size: size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)),
-                    ..none
-                }
-            }
-            Settle::ResolveDeadLetter(id) => Settling {
-                how: "resolve",
-                dead_letter: Some(
-                    id.parse()
-                        .map_err(|_| corrupt(format!("bad dead letter id {id}")))?,
-                ),
-                ..none
-            },
-        })
-    }
-
     /// Loads the tasks `ids` (those that exist and have not expired), each
     /// read on its own: a record this version cannot parse is an error of
     /// its own, not of its neighbours.
@@ -423,7 +352,7 @@ impl TaskStore for PostgresBackend {
     async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
         let task = commit.task;
         let changed = self.shared.steps.changed(task)?;
-        let settling = self.settling(commit.settle)?;
+        let settling = Settling::of(commit.settle, self.shared.config.dead_letter_payload_limit)?;
         let next = commit
             .next
             .as_ref()
