@@ -82,7 +82,10 @@
 //! `circuit`; `limit`; `backend` (storage); `error`; the state machines `saga` and
 //! `process`; `transport` (brokers); `metrics`; `worker` (what runs them); `engine`; then
 //! `endpoint`, `reconcile`, `http` and `testing` on top. Data flows down the
-//! same way: engine -> worker -> state machines -> backend -> model.
+//! same way: the engine hands work to a worker; the worker drives a pure
+//! state machine, which decides what to write and calls nothing; the worker
+//! hands that write to the backend, which checks and applies it; the
+//! backend stores plain `model` records.
 //!
 //! Users depend on this crate (it re-exports the macros), on `serde` (step
 //! types derive `Serialize`/`Deserialize`) and on `tokio`;

@@ -16,6 +16,8 @@
 //! - `process/`: deliver one message to a process manager, driving the
 //!   pure `process::machine` (dispatch, the handler's run, batching,
 //!   instance locks, counters);
+//! - `limits`: flow control (`#[limit]`) around a step or a handler: ask
+//!   for a grant, wait in line, release the slot;
 //! - `partitions`: this engine's share of the process-manager partitions;
 //! - `endpoint`: an endpoint consumer's loop;
 //! - `timers`: move due retries and timeouts onto the queue;

@@ -47,7 +47,11 @@
 //!   Sentinel, a cluster) and `primary` (Sentinel's primary), `keys`
 //!   (the layout), `entry` (decoding stream entries), `watch` (idle
 //!   readers' wake-ups on a cluster), `finished` (end-of-task
-//!   notifications);
+//!   notifications), `record` (the task record's layouts and which one a
+//!   deployment writes), `cancel` (cancellation requests and their
+//!   announcements), `durability` (what the server is asked at connect,
+//!   and the wait after a write), `names` (which sagas have tasks, for an
+//!   operator's misspelt name);
 //! - `lua/` (the scripts, one file each, with a KEYS/ARGV header; shared
 //!   fragments in `lua/lib/` as local functions) and `scripts/` (one typed
 //!   call per script, the refusal codes in one table, and tests of every
