@@ -18,3 +18,4 @@ engine_scenarios!(faults; redis: TestRedis, postgres: TestPostgres);
 engine_scenarios!(crash_isolation; redis: TestRedis, postgres: TestPostgres);
 engine_scenarios!(process; redis: TestRedis, postgres: TestPostgres);
 engine_scenarios!(breakers; redis: TestRedis, postgres: TestPostgres);
+engine_scenarios!(runners; redis: TestRedis, postgres: TestPostgres);

@@ -1,6 +1,6 @@
-//! Regressions in the Sentinel support, process-manager announcements and the
-//! HTTP watcher cap: each test was written to fail against the change it
-//! names.
+//! Regressions in the Sentinel support and the HTTP watcher cap (the
+//! process-manager announcements are an engine scenario: `runners::`):
+//! each test was written to fail against the change it names.
 
 mod common;
 
@@ -143,34 +143,4 @@ async fn an_idle_sentinel_backend_does_not_churn_connections_to_the_primary() {
         "an idle backend opened {opened} connections to the primary in 3 s"
     );
     drop(backend);
-}
-
-/// An engine's announcement that it runs a process manager holds for its
-/// TTL whatever others announce: an engine with a shorter lease TTL (a
-/// rolling deploy that changes it) set the whole runner set to expire
-/// after *its* TTL, so once it left, the set vanished while an engine
-/// announced for much longer was still alive, and messages for that
-/// process manager went the slow, counted way until its next heartbeat.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_short_lived_announcement_does_not_cut_a_longer_one() {
-    use saga_runtime::backend::Partitions;
-    let redis = common::redis_server::TestRedis::start();
-    let backend = redis.backend().await;
-    backend
-        .announce_processes("long", &["pinger"], Some(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    backend
-        .announce_processes("short", &["pinger"], Some(Duration::from_millis(200)))
-        .await
-        .unwrap();
-    backend
-        .announce_processes("short", &["pinger"], None)
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(
-        backend.process_runner_alive("pinger").await.unwrap(),
-        "`long` announced itself for 30 s a moment ago"
-    );
 }

@@ -62,6 +62,7 @@ mod queue;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+mod runners;
 #[cfg(feature = "postgres")]
 mod schema_history;
 mod tally;
@@ -78,12 +79,13 @@ pub use limits::{
     Acquired, LimitCause, LimitDecision, LimitRequest, LimitUsage, Limits, Released, BOOKING_GRACE,
     LATE,
 };
-pub(crate) use partitions::{saga_runs, saga_steps_run, saga_version_run};
 pub use partitions::{ForwardTo, Partitions};
 pub use process::{Batched, Hold, ProcessCommit, ProcessRefusal, ProcessStore, ProcessWrite};
 pub use queue::{
     Delivery, Interest, LoadedInstance, QueueBacklog, QueueStats, Settle, TakenLease, WorkQueue,
 };
+pub use runners::Runners;
+pub(crate) use runners::{saga_runs, saga_steps_run, saga_version_run};
 pub use tally::Tallies;
 pub use url::{redacted, url_secrets};
 
@@ -164,6 +166,13 @@ pub trait Backend: TaskStore + WorkQueue + DeadLetters + Housekeeping + std::any
     /// `None`: everything is together (every reader reads every message,
     /// and versions alone settle races).
     fn partitions(self: Arc<Self>) -> Option<Arc<dyn Partitions>> {
+        None
+    }
+
+    /// Announcements of which engines run which process managers and saga
+    /// versions; `None`: the backend serves one process, which knows what
+    /// it runs.
+    fn runners(self: Arc<Self>) -> Option<Arc<dyn Runners>> {
         None
     }
 }

@@ -55,14 +55,14 @@ impl Engine {
         if task.status.is_terminal() {
             return Ok(None);
         }
-        let Some(placement) = self.rt.backend.clone().partitions() else {
+        let Some(runners) = self.rt.backend.clone().runners() else {
             return Ok(None);
         };
         let run = match &task.fingerprint {
             Some(steps) => saga_steps_run(&task.saga, task.saga_version, steps),
             None => saga_version_run(&task.saga, task.saga_version),
         };
-        if placement.saga_runner_alive(&run).await? {
+        if runners.saga_runner_alive(&run).await? {
             return Ok(None);
         }
         Ok(Some(format!(

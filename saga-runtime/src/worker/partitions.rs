@@ -244,7 +244,7 @@ async fn renew(rt: &Runtime) {
     }
     let names = process_names(rt);
     if let Err(error) = rt
-        .placement()
+        .runners()
         .announce_processes(&rt.instance, &names, Some(ttl(rt)))
         .await
     {
@@ -284,7 +284,7 @@ async fn announce_sagas(rt: &Runtime, runs: &[String], ttl: Option<Duration>) {
     if runs.is_empty() {
         return;
     }
-    if let Err(error) = rt.placement().announce_sagas(&rt.instance, runs, ttl).await {
+    if let Err(error) = rt.runners().announce_sagas(&rt.instance, runs, ttl).await {
         tracing::warn!(%error, "announcing the saga versions this engine runs failed; will retry");
     }
 }
@@ -319,7 +319,7 @@ pub(crate) async fn run(rt: Arc<Runtime>) {
     leave(&rt).await;
     let names = process_names(&rt);
     let _ = rt
-        .placement()
+        .runners()
         .announce_processes(&rt.instance, &names, None)
         .await;
 }

@@ -21,7 +21,9 @@ use tokio_util::task::TaskTracker;
 
 use super::process::ProcessMetrics;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Backend, Breakers, Leases, Limits, Partitions, ProcessBackend, Retention};
+use crate::backend::{
+    Backend, Breakers, Leases, Limits, Partitions, ProcessBackend, Retention, Runners,
+};
 use crate::circuit::CircuitBreaker;
 use crate::model::task::{TaskId, TaskStatus};
 use crate::policy::{BackoffKind, RetryPolicy};
@@ -171,6 +173,7 @@ pub(crate) struct Runtime {
     /// Placement of process-manager work: the backend's, or none (this
     /// process's own, which keeps everything together).
     partitions_placement: Arc<dyn Partitions>,
+    runners: Arc<dyn Runners>,
     /// Flow-control limits: the backend's, shared by the deployment, or
     /// this process's own.
     limits: Arc<dyn Limits>,
@@ -215,6 +218,10 @@ impl Runtime {
                 .clone()
                 .partitions()
                 .unwrap_or_else(|| Arc::new(MemoryBackend::new())),
+            runners: backend
+                .clone()
+                .runners()
+                .unwrap_or_else(|| Arc::new(MemoryBackend::new())),
             limits: backend
                 .clone()
                 .limits()
@@ -244,6 +251,12 @@ impl Runtime {
     /// or everything together).
     pub fn placement(&self) -> &dyn Partitions {
         &*self.partitions_placement
+    }
+
+    /// Which engines run what (the backend's, or none known beside this
+    /// one).
+    pub fn runners(&self) -> &dyn Runners {
+        &*self.runners
     }
 
     /// Flow-control limits (the backend's, or this process's own).

@@ -18,6 +18,7 @@ pub mod crash_isolation;
 pub mod faults;
 pub mod process;
 pub mod rig;
+pub mod runners;
 
 /// One `#[tokio::test]` per scenario of a suite, in a module per suite
 /// and store (`faults::postgres::hung_steps_time_out_...`):
@@ -54,6 +55,11 @@ macro_rules! engine_scenarios {
         engine_scenarios!(@stores breakers [$($store: $ty),+] [
             breakers::a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finish,
             breakers::a_long_outage_behind_a_shared_waiting_breaker_compensates_nothing,
+        ]);
+    };
+    (runners; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores runners [$($store: $ty),+] [
+            runners::announcements_are_per_engine_and_expire,
         ]);
     };
     (process; $($store:ident: $ty:ty),+ $(,)?) => {

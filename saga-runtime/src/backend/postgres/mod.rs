@@ -51,10 +51,10 @@ mod leases;
 mod limits;
 mod listen;
 mod migrate;
-mod partitions;
 mod privileges;
 mod process;
 mod queue;
+mod runners;
 mod settling;
 mod steps;
 mod tally;
@@ -67,7 +67,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::{Backend, BackendError, Breakers, Leases, Limits, Partitions, ProcessBackend};
+use super::{Backend, BackendError, Breakers, Leases, Limits, ProcessBackend, Runners};
 pub(crate) use failure::{corrupt, failure};
 use listen::Signals;
 use session::{Session, Statements};
@@ -381,7 +381,7 @@ impl Backend for PostgresBackend {
         Some(self)
     }
 
-    fn partitions(self: Arc<Self>) -> Option<Arc<dyn Partitions>> {
+    fn runners(self: Arc<Self>) -> Option<Arc<dyn Runners>> {
         Some(self)
     }
 

@@ -42,7 +42,7 @@
 //! - one per trait of the seam, as in `backend/`: `tasks`, `queue` (with
 //!   `read`, how workers read), `dead_letters`, `housekeeping`, `process`
 //!   (with `process_commit`), `tally`, `endpoint`, `leases`, `breakers`,
-//!   `limits`, `partitions`;
+//!   `limits`, `partitions`, `runners`;
 //! - `config` ([`RedisConfig`]), `server` (where commands go: a server,
 //!   Sentinel, a cluster) and `primary` (Sentinel's primary), `keys`
 //!   (the layout), `entry` (decoding stream entries), `watch` (idle
@@ -77,6 +77,7 @@ mod process_commit;
 mod queue;
 mod read;
 mod record;
+mod runners;
 mod scripts;
 mod server;
 mod tally;
@@ -672,6 +673,10 @@ impl crate::backend::Backend for RedisBackend {
     }
 
     fn partitions(self: Arc<Self>) -> Option<Arc<dyn crate::backend::Partitions>> {
+        Some(self)
+    }
+
+    fn runners(self: Arc<Self>) -> Option<Arc<dyn crate::backend::Runners>> {
         Some(self)
     }
 }

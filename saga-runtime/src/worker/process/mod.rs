@@ -545,7 +545,7 @@ async fn unknown(rt: &Runtime, delivery: &Delivery, envelope: &Envelope) {
     // counted toward the cap), for that engine to take. Only with none
     // alive (a rolling deploy that adds it) does it wait with growing
     // delays.
-    match rt.placement().process_runner_alive(&envelope.process).await {
+    match rt.runners().process_runner_alive(&envelope.process).await {
         Ok(true) => {
             tracing::debug!(process = %envelope.process, "run by another engine; handed back");
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;

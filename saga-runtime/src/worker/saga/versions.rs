@@ -69,7 +69,7 @@ fn is_hex_of(text: &str, fingerprint: u64) -> bool {
 /// other steps, a record it cannot parse.
 ///
 /// When another live engine announced that it runs what the task needs
-/// (`runner`, one of the forms `Partitions::announce_sagas` records), the
+/// (`runner`, one of the forms `Runners::announce_sagas` records), the
 /// message goes back at once as an *answered* delivery: during a rolling
 /// deploy an engine that lacks a version is handed its tasks' messages as
 /// often as the one that has it, and counting those hand-backs would park
@@ -89,7 +89,7 @@ pub(super) async fn another_version(
     runner: Option<String>,
 ) {
     let announced = match &runner {
-        Some(run) => match rt.placement().saga_runner_alive(run).await {
+        Some(run) => match rt.runners().saga_runner_alive(run).await {
             Ok(alive) => Some(alive),
             Err(error) => {
                 tracing::debug!(%error, "could not tell whether another engine runs it");

@@ -1,6 +1,6 @@
-//! Placement: one database holds everything together (row locks settle
-//! races), so nothing is partitioned and every reader reads every message.
-//! What an engine does need to know, to hand a message for a process
+//! Which engines run what. One database holds everything together (row
+//! locks settle races), so nothing is partitioned and every reader reads
+//! every message; what an engine does need to know, to hand a message for a process
 //! manager it does not run straight back during a rolling deploy, is
 //! whether another engine runs it: a row per (process manager, engine)
 //! with its expiry (`announce_processes` in
@@ -12,10 +12,10 @@ use async_trait::async_trait;
 
 use super::tasks::ms;
 use super::{failure, PostgresBackend};
-use crate::backend::{BackendError, Partitions};
+use crate::backend::{BackendError, Runners};
 
 #[async_trait]
-impl Partitions for PostgresBackend {
+impl Runners for PostgresBackend {
     /// One statement: the member's rows renewed (or removed when it
     /// leaves), and the rows of engines whose announcements expired
     /// removed with them, so the table holds about one row per live engine
