@@ -1,16 +1,14 @@
 //! Coordination between engines on one PostgreSQL database (a private
 //! server per test, never the machine's own): one timer poller among two
-//! engines and the other taking
-//! over once the holder leaves or dies, races between engines for a lease
-//! and a probe, process-manager runner announcements, and how many lease
+//! engines and the other taking over once the holder leaves or dies, races
+//! between engines for a lease and a probe, the rows of expired runner
+//! announcements, and how many lease
 //! statements idle engines send (counted by `pg_stat_statements`). The
 //! shared circuit breaker across engines is an engine scenario of every
 //! store (`tests/engine_scenarios.rs`, `breakers::`).
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::postgres_server::TestPostgres;
@@ -35,40 +33,14 @@ async fn backend(pg: &TestPostgres) -> PostgresBackend {
         .expect("connect to the test server")
 }
 
-/// The dependency both engines call: up or down, and every call it got.
-#[derive(Default)]
-struct Service {
-    up: AtomicBool,
-    calls: Mutex<Vec<(Instant, &'static str, bool)>>,
-}
+/// A saga for engines that only need one registered.
+struct Idle;
 
-struct Notify {
-    service: Arc<Service>,
-    engine: &'static str,
-}
-
-#[saga(name = "notify")]
-impl Notify {
+#[saga(name = "idle")]
+impl Idle {
     #[saga_step(1)]
-    #[retry_policy(max_retries = 20, backoff = constant, base_delay_ms = 20)]
-    #[circuit_breaker(failure_threshold = 3, duration_secs = 1, scope = shared, when_open = wait)]
-    async fn send(&self, n: u32) -> Result<u32, StepError> {
-        let up = self.service.up.load(Ordering::SeqCst);
-        self.service
-            .calls
-            .lock()
-            .unwrap()
-            .push((Instant::now(), self.engine, up));
-        if up {
-            Ok(n)
-        } else {
-            Err(StepError::transient("connection refused"))
-        }
-    }
-
-    #[compensate(send)]
-    async fn unsend(&self, _n: u32) -> Result<(), StepError> {
-        Ok(())
+    async fn one(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
     }
 }
 
@@ -101,10 +73,7 @@ async fn next_holder(pool: &PgPool, not: Option<&str>, within: Duration) -> (Dur
 async fn idle_engine(pg: &TestPostgres) -> Engine {
     Engine::builder()
         .backend(backend(pg).await)
-        .saga(Notify {
-            service: Arc::default(),
-            engine: "idle",
-        })
+        .saga(Idle)
         .build()
         .await
         .unwrap()
@@ -299,10 +268,7 @@ async fn idle_engines_renew_the_timer_lease_a_few_times_a_second() {
         let backend = PostgresBackend::connect(&pg.url()).await.unwrap();
         Engine::builder()
             .backend(backend)
-            .saga(Notify {
-                service: Arc::default(),
-                engine: "idle",
-            })
+            .saga(Idle)
             .build()
             .await
             .unwrap()

@@ -108,27 +108,7 @@ impl ScenarioStore for TestRedis {
 
     fn corrupt_status(&self, id: TaskId, status: &str) {
         let key = format!("saga:{{saga:0}}:task:{id}");
-        let mut conn = self.conn();
-        let doc: String = redis::cmd("HGET")
-            .arg(&key)
-            .arg("doc")
-            .query(&mut conn)
-            .unwrap();
-        let known = doc
-            .split(r#""status":""#)
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-            .unwrap_or_else(|| panic!("no status in {doc}"))
-            .to_owned();
-        let _: () = redis::cmd("HSET")
-            .arg(&key)
-            .arg("doc")
-            .arg(doc.replace(
-                &format!(r#""status":"{known}""#),
-                &format!(r#""status":"{status}""#),
-            ))
-            .query(&mut conn)
-            .unwrap();
+        rewrite_status(self, &key, status);
     }
 
     fn corrupt_instance_status(&self, process: &str, id: &str, status: &str) {
@@ -138,19 +118,7 @@ impl ScenarioStore for TestRedis {
             .into_iter()
             .find(|k| k.ends_with(&suffix))
             .unwrap_or_else(|| panic!("no key of instance {id} of {process}"));
-        let mut conn = self.conn();
-        let doc: String = redis::cmd("HGET")
-            .arg(&key)
-            .arg("doc")
-            .query(&mut conn)
-            .unwrap();
-        assert!(doc.contains(r#""status":"Active""#), "{doc}");
-        let _: () = redis::cmd("HSET")
-            .arg(&key)
-            .arg("doc")
-            .arg(doc.replace(r#""status":"Active""#, &format!(r#""status":"{status}""#)))
-            .query(&mut conn)
-            .unwrap();
+        rewrite_status(self, &key, status);
     }
 
     fn stored(&self) -> BTreeMap<String, usize> {
@@ -179,6 +147,32 @@ impl ScenarioStore for TestRedis {
             .unwrap();
         info.len().saturating_sub(1)
     }
+}
+
+/// Replaces the status in the `doc` field of the record at `key` with
+/// `status`.
+fn rewrite_status(redis: &TestRedis, key: &str, status: &str) {
+    let mut conn = redis.conn();
+    let doc: String = redis::cmd("HGET")
+        .arg(key)
+        .arg("doc")
+        .query(&mut conn)
+        .unwrap();
+    let known = doc
+        .split(r#""status":""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no status in {doc}"))
+        .to_owned();
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg("doc")
+        .arg(doc.replace(
+            &format!(r#""status":"{known}""#),
+            &format!(r#""status":"{status}""#),
+        ))
+        .query(&mut conn)
+        .unwrap();
 }
 
 impl ScenarioStore for TestPostgres {

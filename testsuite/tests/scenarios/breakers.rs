@@ -20,6 +20,21 @@ struct Service {
     calls: Mutex<Vec<(Instant, &'static str, bool)>>,
 }
 
+impl Service {
+    /// A call from `engine`, recorded: refused while down.
+    fn call(&self, engine: &'static str) -> Result<(), StepError> {
+        let up = self.up.load(Ordering::SeqCst);
+        self.calls
+            .lock()
+            .unwrap()
+            .push((Instant::now(), engine, up));
+        match up {
+            true => Ok(()),
+            false => Err(StepError::transient("connection refused")),
+        }
+    }
+}
+
 struct Notify {
     service: Arc<Service>,
     engine: &'static str,
@@ -31,17 +46,7 @@ impl Notify {
     #[retry_policy(max_retries = 20, backoff = constant, base_delay_ms = 20)]
     #[circuit_breaker(failure_threshold = 3, duration_secs = 1, scope = shared, when_open = wait)]
     async fn send(&self, n: u32) -> Result<u32, StepError> {
-        let up = self.service.up.load(Ordering::SeqCst);
-        self.service
-            .calls
-            .lock()
-            .unwrap()
-            .push((Instant::now(), self.engine, up));
-        if up {
-            Ok(n)
-        } else {
-            Err(StepError::transient("connection refused"))
-        }
+        self.service.call(self.engine).map(|()| n)
     }
 
     #[compensate(send)]
@@ -158,17 +163,7 @@ impl Hold {
     #[retry_policy(max_retries = 3, backoff = constant, base_delay_ms = 50)]
     #[circuit_breaker(failure_threshold = 3, duration_secs = 1, scope = shared, when_open = wait)]
     async fn send(&self, n: u32) -> Result<u32, StepError> {
-        let up = self.service.up.load(Ordering::SeqCst);
-        self.service
-            .calls
-            .lock()
-            .unwrap()
-            .push((Instant::now(), self.engine, up));
-        if up {
-            Ok(n)
-        } else {
-            Err(StepError::transient("connection refused"))
-        }
+        self.service.call(self.engine).map(|()| n)
     }
 }
 
