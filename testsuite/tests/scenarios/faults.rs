@@ -36,6 +36,17 @@ fn quick() -> ChaosConfig {
     }
 }
 
+/// An engine that starts and reads `double` tasks, running no workers.
+async fn double_client<S: ScenarioStore>(store: &S, visibility: Duration) -> Engine {
+    Engine::builder()
+        .backend_arc(store.backend(visibility).await)
+        .saga(Double)
+        .workers(0)
+        .build()
+        .await
+        .unwrap()
+}
+
 async fn start_doubles(engine: &Engine, inputs: std::ops::Range<u32>) -> Vec<(u32, TaskId)> {
     let mut ids = Vec::new();
     for n in inputs {
@@ -301,13 +312,7 @@ pub async fn an_unreadable_task_record_is_dead_lettered_alone_and_holds_nothing_
 >() {
     let store = S::start();
     let visibility = Duration::from_secs(8);
-    let client = Engine::builder()
-        .backend_arc(store.backend(visibility).await)
-        .saga(Double)
-        .workers(0)
-        .build()
-        .await
-        .unwrap();
+    let client = double_client(&store, visibility).await;
     let mut good = start_doubles(&client, 1..4).await;
     let bad = client.start::<Double>(99).await.unwrap();
     good.extend(start_doubles(&client, 4..7).await);
@@ -612,13 +617,7 @@ pub async fn a_retry_backoff_holds_neither_a_worker_nor_the_lock<S: ScenarioStor
 pub async fn a_handed_back_message_comes_back_promptly<S: ScenarioStore>() {
     let store = S::start();
     let visibility = Duration::from_secs(30);
-    let client = Engine::builder()
-        .backend_arc(store.backend(visibility).await)
-        .saga(Double)
-        .workers(0)
-        .build()
-        .await
-        .unwrap();
+    let client = double_client(&store, visibility).await;
     let id = client.start::<Double>(4).await.unwrap();
     // Another worker holds the task for a moment.
     let held = client
