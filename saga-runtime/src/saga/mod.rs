@@ -15,6 +15,7 @@ use crate::context::StepContext;
 use crate::error::StepError;
 use crate::policy::RetryPolicy;
 
+pub(crate) mod admission;
 mod outcome;
 mod registry;
 pub(crate) mod state_machine;

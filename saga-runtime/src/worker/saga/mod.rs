@@ -21,24 +21,24 @@ mod limits;
 mod versions;
 
 use breaker::BreakerPermit;
+use versions::another_version;
 pub(in crate::worker) use versions::park;
-use versions::{another_version, incompatible, known_sagas};
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::lease::LeaseGuard;
 use crate::backend::{
-    saga_steps_run, saga_version_run, BackendError, Delivery, Lease, Locked, QueueMessage,
-    TakenLease, TaskRefusal,
+    BackendError, Delivery, Lease, Locked, QueueMessage, TakenLease, TaskRefusal,
 };
-use crate::model::task::TaskStatus;
+use crate::saga::admission::{self, Admission, Read};
 use crate::saga::state_machine::Effects;
 use crate::saga::{ErasedSaga, SagaDefinition};
 use crate::worker::runtime::Runtime;
 
 /// Handles one saga message; `lease` is the one taken with the delivery,
-/// with its task (the delivery keeps the lease alone).
+/// with its task (the delivery keeps the lease alone). Whether the task is
+/// advanced is [`admission`]'s decision; this carries it out.
 pub(super) async fn handle(
     rt: &Arc<Runtime>,
     delivery: &Delivery,
@@ -48,115 +48,111 @@ pub(super) async fn handle(
     // A lease the backend took with the delivery is guarded from here on:
     // every way out of this function releases it.
     let taken = Taken::from_delivery(rt, lease, message).await;
-    if !rt.sagas.contains(&message.saga) {
+    if let Some(turned_away) = admission::of_message(&rt.sagas, message) {
         if let Some(Taken::Held { guard, .. }) = taken {
             guard.release().await;
         }
-        let why = format!(
-            "unknown saga `{}` (this worker runs [{}])",
-            message.saga,
-            known_sagas(rt)
-        );
-        let runner = Some(message.saga.clone());
-        return another_version(rt, delivery, message, why, runner).await;
+        return settle(rt, delivery, message, turned_away).await;
     }
     let taken = match taken {
         Some(taken) => Ok(taken),
         None => Taken::lock(rt, message).await,
     };
-    let (locked, leased_at, guard) = match taken {
+    let (read, held) = match taken {
         Ok(Taken::Held {
             locked,
             leased_at,
             guard,
-        }) => (*locked, leased_at, guard),
-        Ok(Taken::Busy) => {
-            tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
-            return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
+        }) => {
+            let Locked {
+                lease,
+                task,
+                cancel_requested,
+            } = *locked;
+            let read = Read::Loaded {
+                task: task.map(Box::new),
+                cancel_requested,
+            };
+            (read, Some((lease, leased_at, guard)))
         }
-        // A record this worker cannot parse: written by a newer version
-        // (during a rolling deploy), or damaged. Handing it back as
-        // answered would loop for ever.
-        Err(BackendError::Corrupt(error)) => {
-            let why = format!(
-                "this worker cannot read the record of task {} ({error}); a newer version may have written it",
-                message.task_id
-            );
-            return another_version(rt, delivery, message, why, None).await;
-        }
+        Ok(Taken::Busy) => (Read::Busy, None),
+        Err(BackendError::Corrupt(error)) => (Read::Unreadable(error.to_string()), None),
         Err(error) => {
             tracing::warn!(%error, "locking failed; message handed back");
             return super::release(rt, delivery, rt.settings.lock_retry_delay).await;
         }
     };
-    let lease = locked.lease;
-    let Some(task) = locked.task else {
-        let reason = format!("task {} does not exist", message.task_id);
-        super::dead_letter(rt, delivery, reason, Some(message.task_id)).await;
-        return guard.release().await;
+    let admitted = admission::of_task(&rt.sagas, message, read);
+    // Only a loaded task comes with a lease; every other answer has none.
+    let Some((lease, leased_at, guard)) = held else {
+        return settle(rt, delivery, message, admitted).await;
     };
-    if task.saga != message.saga {
-        let reason = format!(
-            "message names saga `{}` but task {} belongs to `{}`",
-            message.saga, task.id, task.saga
-        );
-        super::dead_letter(rt, delivery, reason, Some(task.id)).await;
-        return guard.release().await;
-    }
-    // A cancellation not applied yet makes any message of the task current:
-    // the wake-up `cancel` enqueues carries the sequence number it read
-    // before its request landed, and a failed attempt may have committed
-    // its delayed retry in between. Under the lease, nobody else is
-    // advancing the task.
-    let cancel_pending = locked.cancel_requested.is_some()
-        && task.cancelled_at.is_none()
-        && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
-    if (task.seq != message.seq && !cancel_pending) || task.status.is_terminal() {
-        tracing::debug!(task_id = %task.id, "stale duplicate message acknowledged");
-        if let Err(error) = rt.backend.ack(delivery).await {
-            tracing::debug!(%error, "acknowledging a stale message failed; it comes back and is dropped again");
+    match admitted {
+        Admission::Advance {
+            saga,
+            task,
+            cancel_requested,
+        } => {
+            let run = Run {
+                rt,
+                saga: saga.as_ref(),
+                def: saga.definition(),
+                lease: &lease,
+                leased_at: Mutex::new(leased_at),
+                delivery,
+                worker: &delivery.consumer,
+            };
+            let result = run.advance(*task, cancel_requested).await;
+            ended(rt, delivery, message, result, guard).await
         }
-        return guard.release().await;
-    }
-    let saga = match rt.sagas.get(&task.saga, task.saga_version) {
-        Some(saga) => saga.clone(),
-        None => {
-            let why = format!(
-                "task {} runs on version {} of saga `{}`, which this worker does not have (it runs [{}])",
-                task.id,
-                task.saga_version,
-                task.saga,
-                known_sagas(rt)
-            );
+        turned_away => {
             guard.release().await;
-            let runner = saga_version_run(&task.saga, task.saga_version);
-            return another_version(rt, delivery, message, why, Some(runner)).await;
+            settle(rt, delivery, message, turned_away).await
         }
-    };
-    if let Some(why) = incompatible(&task, saga.definition()) {
-        guard.release().await;
-        let runner = task
-            .fingerprint
-            .as_deref()
-            .map(|steps| saga_steps_run(&task.saga, task.saga_version, steps));
-        return another_version(rt, delivery, message, why, runner).await;
     }
-    let run = Run {
-        rt,
-        saga: saga.as_ref(),
-        def: saga.definition(),
-        lease: &lease,
-        leased_at: Mutex::new(leased_at),
-        delivery,
-        worker: &delivery.consumer,
-    };
-    let id = task.id;
-    let result = run.advance(task, locked.cancel_requested).await;
-    match result {
-        Ok(()) => {
-            let mut guard = guard;
-            guard.disarm();
+}
+
+/// Settles a delivery that [`admission`] turned away.
+async fn settle(
+    rt: &Arc<Runtime>,
+    delivery: &Delivery,
+    message: &QueueMessage,
+    turned_away: Admission,
+) {
+    match turned_away {
+        Admission::Advance { .. } => unreachable!("an admitted task is advanced, not settled"),
+        Admission::HandBack => {
+            tracing::debug!(task_id = %message.task_id, "task is locked by another worker; message handed back");
+            super::release(rt, delivery, rt.settings.lock_retry_delay).await
         }
+        Admission::Acknowledge => {
+            tracing::debug!(task_id = %message.task_id, "stale duplicate message acknowledged");
+            if let Err(error) = rt.backend.ack(delivery).await {
+                tracing::debug!(%error, "acknowledging a stale message failed; it comes back and is dropped again");
+            }
+        }
+        Admission::DeadLetter(reason) => {
+            super::dead_letter(rt, delivery, reason, Some(message.task_id)).await
+        }
+        Admission::AnotherVersion { why, runner } => {
+            another_version(rt, delivery, message, why, runner).await
+        }
+    }
+}
+
+/// What becomes of the delivery and the lease once a run on the task
+/// stopped: the run settled both, or the message goes back (or, for a
+/// write the store refused itself, is parked).
+async fn ended(
+    rt: &Arc<Runtime>,
+    delivery: &Delivery,
+    message: &QueueMessage,
+    result: Result<(), Stopped>,
+    mut guard: LeaseGuard,
+) {
+    let id = message.task_id;
+    match result {
+        Ok(()) => guard.disarm(),
         // The store refused the write itself (not a lost connection, not
         // a lost lease): handing the message back would loop. Park it with
         // the reason, on its own.

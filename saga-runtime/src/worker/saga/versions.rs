@@ -5,64 +5,10 @@ use super::Stopped;
 use crate::backend::{BackendError, Delivery, QueueMessage, Settle, TaskCommit};
 use crate::metrics;
 use crate::metrics::DeadLetterKind;
-use crate::model::task::TaskInstance;
 use crate::saga::state_machine as sm;
-use crate::saga::SagaDefinition;
 use crate::worker::lease::LeaseGuard;
 use crate::worker::runtime::Runtime;
 use std::sync::Arc;
-
-pub(super) fn known_sagas(rt: &Runtime) -> String {
-    rt.sagas.describe()
-}
-
-/// Why a task cannot be advanced by this worker's definition of its saga
-/// version: it was started on a definition with other steps (a deploy
-/// changed the saga without bumping its version while the task was in
-/// flight). Advancing it would run the wrong steps, or index past the ones
-/// this definition has.
-pub(super) fn incompatible(task: &TaskInstance, def: &SagaDefinition) -> Option<String> {
-    // Records from before fingerprints can only be compared by step names.
-    let same = match &task.fingerprint {
-        Some(recorded) => is_hex_of(recorded, def.fingerprint),
-        None => task
-            .steps
-            .iter()
-            .map(|s| s.name.as_str())
-            .eq(def.steps.iter().map(|s| s.name)),
-    };
-    (!same).then(|| {
-        let recorded: Vec<&str> = task.steps.iter().map(|s| s.name.as_str()).collect();
-        let defined: Vec<&str> = def.steps.iter().map(|s| s.name).collect();
-        let fingerprint = def.fingerprint_hex();
-        format!(
-            "task {} was started with steps [{}] (version {} of saga `{}`, fingerprint {}); this \
-             worker's version {} has [{}] (fingerprint {fingerprint}): the steps changed without \
-             a version bump (give the new definition `#[saga(version = {})]` and keep the old \
-             one registered until its tasks have finished)",
-            task.id,
-            recorded.join(", "),
-            task.saga_version,
-            def.name,
-            task.fingerprint.as_deref().unwrap_or("not recorded"),
-            def.version,
-            defined.join(", "),
-            def.version + 1
-        )
-    })
-}
-
-/// Whether `text` is `fingerprint` as [`SagaDefinition::fingerprint_hex`]
-/// spells it (16 lowercase hex digits), compared without formatting it:
-/// every delivery of a saga message asks.
-fn is_hex_of(text: &str, fingerprint: u64) -> bool {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    text.len() == 16
-        && text.bytes().enumerate().all(|(i, c)| {
-            let nibble = (fingerprint >> (60 - 4 * i)) & 0xf;
-            c == DIGITS[nibble as usize]
-        })
-}
 
 /// A message this worker cannot handle but another version may: a saga
 /// it does not run (a rolling deploy that adds one), a task started with
@@ -177,24 +123,4 @@ pub(in crate::worker) async fn park(
     metrics::dead_lettered(DeadLetterKind::Saga);
     metrics::task_parked(&task.saga);
     Ok(true)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_hex_of;
-
-    #[test]
-    fn a_fingerprint_matches_only_its_own_spelling() {
-        for fingerprint in [0, 1, 0xabc, u64::MAX, 0x0123_4567_89ab_cdef] {
-            let spelled = format!("{fingerprint:016x}");
-            assert!(is_hex_of(&spelled, fingerprint), "{spelled}");
-            assert!(!is_hex_of(&spelled, fingerprint ^ 1), "{spelled}");
-            assert!(
-                !is_hex_of(&spelled.to_uppercase(), fingerprint)
-                    || !spelled.contains(|c: char| c.is_ascii_alphabetic())
-            );
-            assert!(!is_hex_of(&spelled[1..], fingerprint));
-            assert!(!is_hex_of(&format!("{spelled}0"), fingerprint));
-        }
-    }
 }
