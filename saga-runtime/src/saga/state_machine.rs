@@ -624,6 +624,8 @@ fn failed(
         .error(error)
 }
 
+mod attempt;
+pub(crate) use attempt::{forgive_crash, start_attempt};
 mod breaker;
 pub(crate) use breaker::on_probe_outcome;
 mod compensation;

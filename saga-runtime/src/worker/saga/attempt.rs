@@ -5,9 +5,7 @@ use super::{Attempted, BreakerPermit, Run, Stopped};
 use crate::backend::{NextAttempt, TaskRefusal};
 use crate::error::StepErrorKind;
 use crate::metrics;
-use crate::model::task::{
-    AuditAction, AuditEntry, StepRecord, StepStatus, TaskInstance, TaskStatus, Timestamp,
-};
+use crate::model::task::{TaskInstance, TaskStatus};
 use crate::saga::state_machine as sm;
 use crate::saga::state_machine::{Call, Effects, NextMove, Outcome, Phase, Plan};
 use crate::util::Unpoisoned;
@@ -30,7 +28,7 @@ impl Run<'_> {
             let effects = sm::poisoned(&mut task, self.def, self.delivery.deliveries - 1);
             return self.commit(task, stored, effects).await;
         }
-        forgive_crash(&mut task, self.worker);
+        sm::forgive_crash(&mut task, self.worker);
         let mut plan = sm::plan(&mut task, self.def, cancel, self.worker);
         let mut continuing = false;
         loop {
@@ -137,15 +135,8 @@ impl Run<'_> {
         let unless_cancelled = continuing
             && task.cancelled_at.is_none()
             && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
-        let before = unless_cancelled.then(|| Undo::take(task, call.idx));
-        let attempt = sm::record_attempt(task, self.def, call);
-        if self.alone() {
-            let rec = &mut task.steps[call.idx];
-            match call.phase {
-                Phase::Step => rec.alone_attempt = Some(attempt.number),
-                Phase::Compensation => rec.alone_compensation = Some(attempt.number),
-            }
-        }
+        let (attempt, before) =
+            sm::start_attempt(task, self.def, call, self.alone(), unless_cancelled);
         let sent = tokio::time::Instant::now();
         // Renewed with the write when a heartbeat would have renewed it by
         // now; a chain of quick steps renews nothing.
@@ -274,50 +265,6 @@ impl Run<'_> {
     }
 }
 
-/// What an attempt's start changes in the task (`sm::record_attempt`: the
-/// step's record, the task's status and end, one audit entry), kept to put
-/// the task back when going on is refused for a cancellation: a copy of
-/// the whole task (its audit log, every step and their stored copies) for
-/// every attempt that goes on cost more than the rest of the attempt's
-/// bookkeeping. Debug builds also keep the whole copy and check that the
-/// task is put back exactly, so that a change to `record_attempt` that
-/// touches more fails the tests.
-struct Undo {
-    idx: usize,
-    step: StepRecord,
-    status: TaskStatus,
-    finished_at: Option<Timestamp>,
-    audit_len: usize,
-    #[cfg(debug_assertions)]
-    whole: Box<TaskInstance>,
-}
-
-impl Undo {
-    fn take(task: &TaskInstance, idx: usize) -> Self {
-        Undo {
-            idx,
-            step: task.steps[idx].clone(),
-            status: task.status,
-            finished_at: task.finished_at,
-            audit_len: task.audit_log.len(),
-            #[cfg(debug_assertions)]
-            whole: Box::new(task.clone()),
-        }
-    }
-
-    fn apply(self, task: &mut TaskInstance) {
-        task.steps[self.idx] = self.step;
-        task.status = self.status;
-        task.finished_at = self.finished_at;
-        task.audit_log.truncate(self.audit_len);
-        #[cfg(debug_assertions)]
-        assert!(
-            *task == *self.whole,
-            "an attempt's start changed more of the task than `Undo` puts back"
-        );
-    }
-}
-
 /// What a call's outcome tells its circuit breaker: `Some(failed)`, or
 /// `None` when it proves nothing (it did not run, or was cut short).
 fn breaker_verdict(outcome: &Outcome) -> Option<bool> {
@@ -330,114 +277,5 @@ fn breaker_verdict(outcome: &Outcome) -> Option<bool> {
         } => Some(false),
         Outcome::Failed { .. } | Outcome::TimedOut { .. } => Some(true),
         _ => None,
-    }
-}
-
-/// An attempt cut short (its worker stopped) that was made beside other
-/// messages is not counted against the retry budget: the crash that cut it
-/// short may have been another message's, and an innocent task must not
-/// pay for its neighbour. The message now runs alone (see
-/// `worker::isolation`), so a crash from here on is the task's own: it is
-/// counted, and the delivery cap still ends a message that crashes its
-/// worker every time.
-fn forgive_crash(task: &mut TaskInstance, worker: &str) {
-    let mut forgiven = Vec::new();
-    for rec in &mut task.steps {
-        let attempt = match rec.status {
-            StepStatus::Running if rec.alone_attempt != Some(rec.attempt_count) => {
-                rec.retry_base += 1;
-                rec.attempt_count
-            }
-            StepStatus::Compensating
-                if rec.compensation_attempts > 0
-                    && rec.next_attempt_at.is_none()
-                    && rec.alone_compensation != Some(rec.compensation_attempts) =>
-            {
-                rec.compensation_retry_base += 1;
-                rec.compensation_attempts
-            }
-            _ => continue,
-        };
-        forgiven.push((rec.name.clone(), attempt));
-    }
-    for (step, attempt) in forgiven {
-        task.audit(
-            AuditEntry::new(AuditAction::AttemptAbandoned)
-                .step(&step)
-                .attempt(attempt)
-                .error(format!(
-                    "attempt {attempt} was cut short when its worker stopped with other \
-                     messages in flight beside it; made again alone, not counted against \
-                     the retry budget"
-                ))
-                .worker(worker),
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Undo;
-    use crate::model::task::{AuditAction, AuditEntry, StepStatus, TaskInstance, TaskStatus};
-    use crate::policy::RetryPolicy;
-    use crate::saga::state_machine as sm;
-    use crate::saga::state_machine::{Call, Phase};
-    use crate::saga::{CompensationDefinition, SagaDefinition, StepDefinition};
-
-    const fn step(name: &'static str, order: u32) -> StepDefinition {
-        StepDefinition {
-            name,
-            order,
-            retry: RetryPolicy::NO_RETRY,
-            compensation: Some(CompensationDefinition {
-                name: "undo",
-                retry: RetryPolicy::NO_RETRY,
-                handles_unknown: false,
-            }),
-            circuit_breaker: None,
-            timeout: None,
-            input_type: "serde_json::Value",
-            limits: &[],
-            output_type: "serde_json::Value",
-        }
-    }
-
-    static TWO: SagaDefinition = SagaDefinition {
-        name: "two",
-        version: 1,
-        fingerprint: 0,
-        type_name: "Two",
-        cancellable: true,
-        steps: &[step("first", 1), step("second", 2)],
-    };
-
-    #[test]
-    fn an_attempts_start_is_put_back_exactly() {
-        let cases = [
-            (TaskStatus::Pending, StepStatus::Pending, Phase::Step, 0),
-            (TaskStatus::Running, StepStatus::Pending, Phase::Step, 1),
-            (TaskStatus::Running, StepStatus::Failed, Phase::Step, 1),
-            (
-                TaskStatus::Compensating,
-                StepStatus::Completed,
-                Phase::Compensation,
-                0,
-            ),
-        ];
-        for (status, step_status, phase, idx) in cases {
-            let steps = [("first".to_owned(), 1), ("second".to_owned(), 2)];
-            let mut task = TaskInstance::new("two", serde_json::json!({"a": 1}), steps);
-            task.status = status;
-            task.steps[idx].status = step_status;
-            task.steps[idx].error = Some("earlier".into());
-            task.audit(AuditEntry::new(AuditAction::StepCompleted));
-            let before = task.clone();
-            let undo = Undo::take(&task, idx);
-            sm::record_attempt(&mut task, &TWO, Call { phase, idx });
-            task.steps[idx].alone_attempt = Some(7);
-            assert_ne!(task, before);
-            undo.apply(&mut task);
-            assert_eq!(task, before, "{status:?} {phase:?} {idx}");
-        }
     }
 }
