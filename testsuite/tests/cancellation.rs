@@ -261,3 +261,76 @@ async fn an_accepted_cancellation_is_never_overtaken_by_completion() {
         CancelResult::AlreadyCancelled
     );
 }
+
+/// Its first step's compensation fails twice, then succeeds, under a
+/// policy that waits a second between attempts; its second step waits to
+/// be cancelled.
+struct Undoable {
+    undo_calls: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+    waiting: Arc<Notify>,
+}
+
+#[cancellable]
+#[saga(name = "undoable")]
+impl Undoable {
+    #[saga_step(1)]
+    #[compensation_retry_policy(max_retries = 3, backoff = constant, base_delay_ms = 1000)]
+    async fn hold(&self, n: u32) -> Result<u32, StepError> {
+        Ok(n)
+    }
+
+    #[compensate(hold)]
+    async fn unhold(&self, _n: u32) -> Result<(), StepError> {
+        let mut calls = self.undo_calls.lock().unwrap();
+        calls.push(tokio::time::Instant::now());
+        match calls.len() {
+            1 | 2 => Err(StepError::transient("the provider is busy")),
+            _ => Ok(()),
+        }
+    }
+
+    #[saga_step(2)]
+    async fn wait(&self, n: u32, ctx: &StepContext) -> Result<u32, StepError> {
+        self.waiting.notify_one();
+        ctx.cancelled().await;
+        Err(StepError::permanent(format!("cancelled at {n}")))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_tasks_compensation_retries_wait_out_their_backoff() {
+    let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let waiting = Arc::new(Notify::new());
+    let engine = Engine::builder()
+        .saga(Undoable {
+            undo_calls: calls.clone(),
+            waiting: waiting.clone(),
+        })
+        .build()
+        .await
+        .unwrap();
+    let id = engine.start::<Undoable>(1).await.unwrap();
+    waiting.notified().await;
+    assert_eq!(
+        engine.cancel::<Undoable>(id).await.unwrap(),
+        CancelResult::Cancelled
+    );
+    let task = engine.wait(id).await.unwrap();
+    assert_eq!(task.status, TaskStatus::Cancelled);
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(
+        calls.len(),
+        3,
+        "two failed compensation attempts, then one that succeeded"
+    );
+    // The cancellation is applied at once; the compensation's own policy
+    // (a second between attempts) still governs its retries.
+    for pair in calls.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= Duration::from_secs(1) && gap < Duration::from_millis(1100),
+            "compensation retried {gap:?} after the last attempt, not after its 1 s backoff"
+        );
+    }
+    assert_eq!(task.steps[0].compensation_attempts, 3);
+}

@@ -121,7 +121,11 @@ pub(crate) struct Effects {
     /// dead-lettered, compensating after a failure): the task as it was just
     /// before that decision. The commit is then refused if cancellation was
     /// requested meanwhile, and the worker applies [`begin_cancel`] to this
-    /// copy instead, so an accepted cancellation is never overtaken.
+    /// copy instead, so an accepted cancellation is never overtaken. Also
+    /// set, to the task as the transition leaves it, when a running task
+    /// waits for a later message (a retry's backoff, an open breaker, a
+    /// limit; see [`Effects::wait`]): a requested cancellation does not
+    /// wait that out.
     pub guard: Option<Box<TaskInstance>>,
 }
 
@@ -136,6 +140,22 @@ impl Effects {
             next,
             dead_letter: None,
             guard: None,
+        }
+    }
+
+    /// Effects for a task that waits for its next message. A running task
+    /// whose cancellation was requested meanwhile must not wait out a
+    /// backoff (the wake-up its cancellation enqueued may have been
+    /// handled already, as stale): the commit is guarded by the task as it
+    /// now stands, so that the worker begins the cancellation from there
+    /// instead. A task already cancelled or compensating waits: its
+    /// compensation's retry policy governs.
+    pub(crate) fn wait(task: &TaskInstance, next: NextMove) -> Self {
+        let running = task.cancelled_at.is_none()
+            && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
+        Effects {
+            guard: (running && matches!(next, NextMove::After(_))).then(|| Box::new(task.clone())),
+            ..Effects::next(next)
         }
     }
 
@@ -459,7 +479,7 @@ fn step_outcome(
                     let rec = &mut task.steps[idx];
                     rec.status = StepStatus::Pending;
                     rec.next_attempt_at = Some(after(delay));
-                    Effects::next(retry(delay))
+                    Effects::wait(task, retry(delay))
                 }
                 None => exhausted(task, def, idx, error, false),
             }

@@ -742,3 +742,73 @@ pub async fn finished_tasks_leave_nothing_behind_once_retention_passes<S: Scenar
     let letters = engine.dead_letters(Default::default()).await.unwrap();
     assert!(letters.letters.is_empty());
 }
+
+/// Whether a cancellation cuts a wait short used to be decided by each
+/// store, which enqueued any delayed message at once while the task's
+/// cancellation flag was set. The flag stays set once the cancellation is
+/// applied, so a cancelled task's compensations were retried with no
+/// backoff at all. The engine decides now: a running task that waits out
+/// a retry is cancelled at once; a compensation waits out its own policy.
+pub async fn a_cancellation_cuts_a_retrys_wait_short_but_not_a_compensations<S: ScenarioStore>() {
+    struct Refund {
+        client: Arc<Mutex<Option<Engine>>>,
+        undo_calls: Arc<Mutex<Vec<Instant>>>,
+    }
+    #[cancellable]
+    #[saga(name = "refund")]
+    impl Refund {
+        #[saga_step(1)]
+        #[compensation_retry_policy(max_retries = 3, backoff = constant, base_delay_ms = 600)]
+        async fn hold(&self, n: u32) -> Result<u32, StepError> {
+            Ok(n)
+        }
+
+        #[compensate(hold)]
+        async fn unhold(&self, _n: u32) -> Result<(), StepError> {
+            let mut calls = self.undo_calls.lock().unwrap();
+            calls.push(Instant::now());
+            match calls.len() {
+                1 | 2 => Err(StepError::transient("the provider is busy")),
+                _ => Ok(()),
+            }
+        }
+
+        // Asks for its own cancellation (as another process would), then
+        // fails for a retry an hour away: the task must not wait it out.
+        #[saga_step(2)]
+        #[retry_policy(max_retries = 3, backoff = constant, base_delay_ms = 3_600_000)]
+        async fn pay(&self, n: u32, ctx: &StepContext) -> Result<u32, StepError> {
+            let client = self.client.lock().unwrap().clone().expect("set");
+            let cancelled = client.cancel::<Refund>(ctx.task_id()).await.unwrap();
+            assert_eq!(cancelled, CancelResult::Cancelled);
+            Err(StepError::transient(format!("declined {n}")))
+        }
+    }
+    let store = S::start();
+    let client = Arc::new(Mutex::new(None));
+    let undo_calls = Arc::new(Mutex::new(Vec::new()));
+    let engine = Engine::builder()
+        .backend_arc(store.backend(Duration::from_secs(5)).await)
+        .saga(Refund {
+            client: client.clone(),
+            undo_calls: undo_calls.clone(),
+        })
+        .workers(1)
+        .build()
+        .await
+        .unwrap();
+    *client.lock().unwrap() = Some(engine.clone());
+    let id = engine.start::<Refund>(7).await.unwrap();
+    let task = finish(&engine, id, Duration::from_secs(20)).await;
+    assert_eq!(task.status, TaskStatus::Cancelled, "{task:#?}");
+    assert_eq!(task.steps[1].attempt_count, 1, "the retry never ran");
+    let calls = undo_calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 3, "two failed compensation attempts, then one");
+    for pair in calls.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= Duration::from_millis(550),
+            "the compensation was retried {gap:?} after its last attempt, not after its 600 ms backoff"
+        );
+    }
+}

@@ -37,6 +37,7 @@ macro_rules! engine_scenarios {
             faults::a_retry_backoff_holds_neither_a_worker_nor_the_lock,
             faults::a_handed_back_message_comes_back_promptly,
             faults::finished_tasks_leave_nothing_behind_once_retention_passes,
+            faults::a_cancellation_cuts_a_retrys_wait_short_but_not_a_compensations,
         ]);
     };
     (chaos; $($store:ident: $ty:ty),+ $(,)?) => {

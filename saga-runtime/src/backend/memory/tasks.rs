@@ -286,12 +286,7 @@ impl TaskStore for MemoryBackend {
             }
             let version = state.write(task);
             if let Some(next) = &commit.next {
-                // A cancelled task does not wait out a backoff.
-                let delay = match state.cancels.contains_key(&task.id) {
-                    true => Duration::ZERO,
-                    false => next.delay,
-                };
-                state.push_item(&WorkItem::Saga(next.message.clone()), delay);
+                state.push_item(&WorkItem::Saga(next.message.clone()), next.delay);
             }
             state.settle(commit.settle, Some(task.id), self.shared.payload_limit);
             if state.lock_held_by(commit.lease, Instant::now()) {

@@ -44,10 +44,15 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         name: "early_messages",
         sql: include_str!("migrations/0005_early_messages.sql"),
     },
+    Migration {
+        version: 6,
+        name: "commit_waits",
+        sql: include_str!("migrations/0006_commit_waits.sql"),
+    },
 ];
 
 /// The schema version this library writes: the newest migration.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// `schema` checked and quoted for SQL. Lower-case letters, digits and
 /// `_` only: the name is also part of the notification channels'.
@@ -407,6 +412,10 @@ mod tests {
             (
                 5,
                 "ddc0c8819d56a311cab34704d2e9dae5365c6747f952539c99bff0a58ec57a4b",
+            ),
+            (
+                6,
+                "95193b1c6776d30f00fa2f8a326a33a258893832c2944e5d24fc1c69e923c316",
             ),
         ];
         assert_eq!(

@@ -93,7 +93,7 @@ fn probe_failed(
             ))
             .worker(worker),
     );
-    Effects::next(NextMove::After(delay))
+    Effects::wait(task, NextMove::After(delay))
 }
 
 /// A task that met the open breaker of a step that waits: parked until the
@@ -117,7 +117,7 @@ pub(super) fn parked(
             )),
     );
     task.steps[idx].status = StepStatus::Pending;
-    Effects::next(NextMove::After(delay))
+    Effects::wait(task, NextMove::After(delay))
 }
 
 /// How much later than the end of the break a parked task comes back: a

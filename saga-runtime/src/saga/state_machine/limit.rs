@@ -98,7 +98,7 @@ pub(super) fn parked(
             )),
         );
     }
-    Effects::next(NextMove::After(delay))
+    Effects::wait(task, NextMove::After(delay))
 }
 
 /// When step `idx` began waiting for `limit`, if that is what it waits

@@ -386,6 +386,7 @@ fn book_compensating() -> TaskInstance {
     t
 }
 
+#[track_caller]
 fn assert_effects(e: &Effects, next: NextMove, dead_letter: Option<&str>, guard: bool) {
     assert_eq!(e.next, next, "next move");
     assert_eq!(e.dead_letter.as_deref(), dead_letter, "dead letter");
@@ -648,7 +649,7 @@ fn exponential_backoff_retries_after_200_400_800_then_exhausts() {
                 claim: format!("reserve:{n}")
             }
         );
-        assert_effects(&ran.effects, after_ms(delay as u64), None, false);
+        assert_effects(&ran.effects, after_ms(delay as u64), None, true);
         let rec = &t.steps[0];
         assert_eq!(rec.status, S::Pending);
         assert_eq!((rec.attempt_count, rec.retry_base), (n, 0));
@@ -702,7 +703,7 @@ fn linear_backoff_retries_after_100_200_then_compensates() {
     for (k, delay) in [(1, 100), (2, 200)] {
         let ran = run(&mut t, &BOOK, transient("busy"));
         assert_eq!(ran.attempt.claim, format!("charge:{k}"));
-        assert_effects(&ran.effects, after_ms(delay), None, false);
+        assert_effects(&ran.effects, after_ms(delay), None, true);
         assert_eq!(t.steps[1].status, S::Pending);
         assert_due(&t.steps[1], &ran, delay);
     }
@@ -733,7 +734,7 @@ fn constant_backoff_repeats_its_delay() {
     for k in 1..=3 {
         let ran = run(&mut t, &STEADY, transient("x"));
         assert_eq!(ran.attempt.number, k);
-        assert_effects(&ran.effects, after_ms(250), None, false);
+        assert_effects(&ran.effects, after_ms(250), None, true);
         assert_due(&t.steps[0], &ran, 250);
     }
     let ran = run(&mut t, &STEADY, transient("x"));
@@ -786,7 +787,7 @@ fn exponential_backoff_follows_the_documented_schedule_up_to_3200_ms() {
                 claim: format!("expo:{n}")
             }
         );
-        assert_effects(&ran.effects, after_ms(delay), None, false);
+        assert_effects(&ran.effects, after_ms(delay), None, true);
         let rec = &t.steps[0];
         assert_eq!(rec.status, S::Pending);
         assert_eq!((rec.attempt_count, rec.retry_base), (n, 0));
@@ -814,7 +815,7 @@ fn linear_backoff_grows_by_its_base_each_retry() {
     for (n, delay) in [(1, 200), (2, 400), (3, 600), (4, 800)] {
         let ran = run(&mut t, &LIN4, transient("x"));
         assert_eq!(ran.attempt.claim, format!("linear:{n}"));
-        assert_effects(&ran.effects, after_ms(delay), None, false);
+        assert_effects(&ran.effects, after_ms(delay), None, true);
         assert_eq!(t.steps[0].status, S::Pending);
         assert_eq!(t.steps[0].attempt_count, n);
         assert_due(&t.steps[0], &ran, delay);
@@ -838,7 +839,7 @@ fn jittered_delays_stay_between_half_and_full_and_agree_with_audit_and_due_time(
             panic!("expected a delayed retry, got {:?}", ran.effects.next)
         };
         assert!(d >= ms(500) && d <= ms(1000), "jittered delay {d:?}");
-        assert!(ran.effects.guard.is_none());
+        assert!(ran.effects.guard.is_some());
         assert_eq!(ran.effects.dead_letter, None);
         let d_ms = d.as_millis() as u64;
         assert_eq!(
@@ -920,7 +921,7 @@ fn exhausted_compensate_moves_to_compensating_when_a_completed_step_has_a_compen
     let mut t = completed(&BOOK, 3);
     let n = t.audit_log.len();
     let ran = run(&mut t, &BOOK, transient("timeout"));
-    assert_effects(&ran.effects, after_ms(500), None, false);
+    assert_effects(&ran.effects, after_ms(500), None, true);
     let ran = run(&mut t, &BOOK, transient("timeout again"));
     assert_effects(&ran.effects, NextMove::Now, None, true);
     assert_eq!(t.status, T::Compensating);
@@ -977,7 +978,7 @@ fn exhausted_fail_ends_failed_without_compensating() {
     let mut t = completed(&FAIL2, 1);
     let n = t.audit_log.len();
     let ran = run(&mut t, &FAIL2, transient("x"));
-    assert_effects(&ran.effects, after_ms(100), None, false);
+    assert_effects(&ran.effects, after_ms(100), None, true);
     assert_due(&t.steps[1], &ran, 100);
     let ran = run(&mut t, &FAIL2, transient("y"));
     assert_effects(&ran.effects, NextMove::Stop, None, true);
@@ -1012,7 +1013,7 @@ fn exhausted_dead_letter_parks_the_task_with_its_reason() {
     let n = t.audit_log.len();
     for _ in 0..2 {
         let ran = run(&mut t, &PARK2, transient("down"));
-        assert_effects(&ran.effects, after_ms(100), None, false);
+        assert_effects(&ran.effects, after_ms(100), None, true);
     }
     let ran = run(&mut t, &PARK2, transient("down"));
     let reason = "saga `park-two` step `second`: down";
@@ -1183,7 +1184,7 @@ fn a_timeout_is_a_transient_failure_that_names_the_timeout() {
         },
     );
     let error = "attempt timed out after 30s and was cancelled";
-    assert_effects(&ran.effects, after_ms(200), None, false);
+    assert_effects(&ran.effects, after_ms(200), None, true);
     let rec = &t.steps[0];
     assert_eq!(rec.status, S::Pending);
     assert_eq!(rec.error.as_deref(), Some(error));
@@ -1205,7 +1206,7 @@ fn a_timeout_is_a_transient_failure_that_names_the_timeout() {
             dropped: false,
         },
     );
-    assert_effects(&ran.effects, after_ms(400), None, false);
+    assert_effects(&ran.effects, after_ms(400), None, true);
     assert_eq!(
         t.steps[0].error.as_deref(),
         Some("attempt timed out after 1s 500ms and was cancelled")
@@ -1853,7 +1854,7 @@ fn a_step_found_running_is_abandoned_and_counts_against_its_budget() {
     // The abandoned attempt used the first retry: this failure waits the
     // second delay.
     let e = on_outcome(&mut t, &BOOK, call, transient("x"), W);
-    assert_effects(&e, after_ms(400), None, false);
+    assert_effects(&e, after_ms(400), None, true);
 }
 
 #[test]
@@ -2927,7 +2928,7 @@ fn a_task_meeting_a_breaker_that_waits_is_parked_until_the_break_ends() {
     // Back after the break plus a share of half the break (5 s), fixed by
     // the task's id: tasks parked together come back spread out.
     let spread = Duration::from_secs(5) * (t.id.0.as_u128() % 1000) as u32 / 1000;
-    assert_effects(&e, NextMove::After(retry_after + spread), None, false);
+    assert_effects(&e, NextMove::After(retry_after + spread), None, true);
     assert!(!t.status.is_terminal(), "{:?}", t.status);
     assert_eq!(t.steps[0].status, StepStatus::Pending);
     assert_eq!(t.steps[0].attempt_count, 0, "no retry is spent");
@@ -2978,7 +2979,7 @@ fn failed_probes_of_a_breaker_that_waits_spend_no_retry_however_many() {
         assert_eq!(ran.attempt.claim, format!("notify:{n}"), "numbers go on");
         // Past the new break and the whole release window after it: every
         // task parked in that break comes back first, and probes next.
-        assert_effects(&ran.effects, NextMove::After(delay), None, false);
+        assert_effects(&ran.effects, NextMove::After(delay), None, true);
         let rec = &t.steps[0];
         assert_due(rec, &ran, delay.as_millis() as u64);
         assert_eq!((rec.attempt_count, rec.retry_base), (n, n - 1));
@@ -3047,7 +3048,7 @@ fn a_probe_that_answers_for_good_or_of_a_breaker_that_fails_is_an_ordinary_outco
     };
     let mut t = fresh(&FAILS);
     let ran = probe(&mut t, &FAILS, transient("refused"));
-    assert_effects(&ran.effects, after_ms(100), None, false);
+    assert_effects(&ran.effects, after_ms(100), None, true);
     assert_eq!((t.steps[0].attempt_count, t.steps[0].retry_base), (1, 0));
 }
 
@@ -3070,7 +3071,7 @@ fn a_limit_wait_parks_the_step_without_an_attempt_and_records_the_wait_once() {
     assert_eq!(call, step_call(0));
     // Refused before the attempt is recorded: nothing counted.
     let effects = on_outcome(&mut task, &BOOK, call, limit_wait("psp", 700, 3), W);
-    assert_effects(&effects, after_ms(700), None, false);
+    assert_effects(&effects, after_ms(700), None, true);
     let rec = &task.steps[0];
     assert_eq!(rec.status, StepStatus::Pending);
     assert_eq!((rec.attempt_count, rec.retry_base), (0, 0));
@@ -3101,7 +3102,7 @@ fn a_limit_wait_parks_the_step_without_an_attempt_and_records_the_wait_once() {
     // Back, and still waiting: the same wait, not recorded again.
     let call = expect_call(plan(&mut task, &BOOK, None, W));
     let effects = on_outcome(&mut task, &BOOK, call, limit_wait("psp", 0, 0), W);
-    assert_effects(&effects, after_ms(1), None, false);
+    assert_effects(&effects, after_ms(1), None, true);
     assert!(
         task.audit_log.is_empty(),
         "not recorded again: {:#?}",
@@ -3136,3 +3137,24 @@ fn a_wait_for_another_limit_is_a_new_wait() {
 
 #[path = "tests_unknown.rs"]
 mod unknown;
+
+/// A running task that waits for a retry is guarded by the task as the
+/// outcome left it (the failure recorded, the retry due): a cancellation
+/// requested meanwhile begins from there, at once, and keeps the failure.
+/// The store decides nothing about it.
+#[test]
+fn a_running_task_that_waits_is_guarded_by_itself_as_the_outcome_left_it() {
+    let mut t = fresh(&BOOK);
+    let ran = run(&mut t, &BOOK, transient("busy"));
+    let guard = ran
+        .effects
+        .guard
+        .expect("a waiting running task is guarded");
+    assert_eq!(*guard, t, "the guard is the task as the outcome left it");
+    let mut cancelled = *guard;
+    begin_cancel(&mut cancelled, &BOOK, Timestamp(9));
+    assert_eq!(cancelled.status, TaskStatus::Cancelled, "nothing to undo");
+    assert_eq!(cancelled.steps[0].status, StepStatus::Failed);
+    assert_eq!(cancelled.steps[0].error.as_deref(), Some("busy"));
+    assert_eq!(cancelled.steps[0].next_attempt_at, None, "the retry is off");
+}

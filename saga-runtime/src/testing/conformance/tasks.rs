@@ -557,6 +557,48 @@ pub async fn an_accepted_cancellation_refuses_guarded_commits(b: Arc<dyn Backend
     assert_eq!((stored.status, stored.version), (TaskStatus::Pending, 1));
 }
 
+/// A commit not guarded by cancellation enqueues its next message after
+/// the delay it gives, cancellation requested or not: whether a
+/// cancellation cuts a wait short is the engine's decision (it guards the
+/// commit and is refused), never the store's. A store that enqueued it at
+/// once retried the compensations of a cancelled task back to back.
+pub async fn a_commit_keeps_its_delay_whatever_the_cancellation_flag(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let lease = lock(&*b, t.id).await;
+    assert!(b
+        .request_cancel(t.id, "tok", &message(&t))
+        .await
+        .unwrap()
+        .is_none());
+    // The wake-up the request enqueued.
+    let wake = receive(&*b, "a").await;
+    b.ack(&wake).await.unwrap();
+    let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+    cur.status = TaskStatus::Compensating;
+    cur.cancelled_at = Some(Timestamp::now());
+    cur.seq += 1;
+    let delay = Duration::from_millis(400);
+    let mut c = commit(&cur, &lease, Settle::Ack(&d));
+    c.stored_status = TaskStatus::Pending;
+    c.next = Some(Next {
+        message: message(&cur),
+        delay,
+    });
+    let start = tokio::time::Instant::now();
+    b.commit(c).await.unwrap().unwrap();
+    nothing_for(&*b, "a", delay / 2).await;
+    let late = receive(&*b, "a").await;
+    assert!(
+        start.elapsed() >= delay,
+        "delivered {:?} after a commit that asked for {delay:?}",
+        start.elapsed()
+    );
+    assert_eq!(late.item, Ok(item(&cur)));
+    b.ack(&late).await.unwrap();
+}
+
 /// Cancellation: a flag, a notification, a wake-up message; the same
 /// request retried is recognised.
 pub async fn cancellation_flags_and_notifications(b: Arc<dyn Backend>) {

@@ -2,10 +2,10 @@
 -- delayed), the settling of the message handled (acknowledged, parked as
 -- a dead letter, or a dead letter resolved), the retention of a task that
 -- ends, and the release of the lease; all after the fence and version
--- checks (check.lua). A next message due later is enqueued at once
--- instead when the task's cancellation was requested: the cancellation
--- must not wait out a backoff (its own wake-up message may be stale by
--- now). The commit that ends a task publishes its id, for waiters.
+-- checks (check.lua). The next message is enqueued when the writer says:
+-- whether a cancellation cuts a wait short is the engine's decision (it
+-- asks for the refusal below). The commit that ends a task publishes its
+-- id, for waiters.
 --
 -- KEYS[1]: the task's fence counter
 -- KEYS[2]: the task's record
@@ -88,10 +88,12 @@ local RECORD_FROM = 23
 local AUDIT_FROM = after_record(ARGV, RECORD_FROM)
 
 local now = server_time()
-local refused, nv, flag = check_record(apart, fence_key, task_key, cancel_key, fence, version, '')
+-- The flag is read only for a write that asks to be refused by it.
+local flag_key = nil
+if unless_cancelled == '1' then flag_key = cancel_key end
+local refused, nv, flag = check_record(apart, fence_key, task_key, flag_key, fence, version, '')
 if refused then return refused end
-local cancelled = flag ~= false
-if unless_cancelled == '1' and cancelled then
+if unless_cancelled == '1' and flag then
   return {CANCEL_REQUESTED, flag}
 end
 local expire = tonumber(expire_after)
@@ -102,7 +104,6 @@ local delay = tonumber(next_delay)
 if not delay or delay < 0 or delay > 1e13 then
   return redis.error_reply('delay out of range: ' .. next_delay)
 end
-if cancelled then delay = 0 end
 audit(audit_key, audit_cap, ARGV, AUDIT_FROM)
 write_record(task_key, doc, nv, status, ARGV, RECORD_FROM)
 if index_from ~= index_to then
