@@ -6,7 +6,7 @@
 //! compensation) or a change to commit without calling anything (begin a
 //! cancellation, give up on a step whose last attempt never reported back,
 //! finish). After a call, [`on_outcome`] turns its result into the task's
-//! next state and the [`Effects`] the commit must carry: the next message,
+//! next state and the [`Transition`] the commit must carry: the next message,
 //! now or after a backoff delay, or none for a terminal status.
 //!
 //! A retry is a delayed message, not a sleep: no worker and no lease is
@@ -94,8 +94,8 @@ pub(crate) enum Plan {
     /// Make this attempt: [`record_attempt`], persist, call, then
     /// [`on_outcome`].
     Call(Call),
-    /// Commit the task as [`plan`] left it, with these effects.
-    Commit(Effects),
+    /// Commit the task as [`plan`] left it, with this transition.
+    Commit(Transition),
     /// Nothing to do: the task has ended.
     Nothing,
 }
@@ -113,7 +113,7 @@ pub(crate) enum NextMove {
 
 /// What the commit of a transition must carry besides the task.
 #[derive(Debug)]
-pub(crate) struct Effects {
+pub(crate) struct Transition {
     pub next: NextMove,
     /// Park the message on the dead-letter queue with this reason.
     pub dead_letter: Option<String>,
@@ -124,26 +124,26 @@ pub(crate) struct Effects {
     /// copy instead, so an accepted cancellation is never overtaken. Also
     /// set, to the task as the transition leaves it, when a running task
     /// waits for a later message (a retry's backoff, an open breaker, a
-    /// limit; see [`Effects::wait`]): a requested cancellation does not
+    /// limit; see [`Transition::wait`]): a requested cancellation does not
     /// wait that out.
     pub guard: Option<Box<TaskInstance>>,
 }
 
-impl Effects {
+impl Transition {
     /// No message: the task has ended.
     pub fn stop() -> Self {
-        Effects::next(NextMove::Stop)
+        Transition::next(NextMove::Stop)
     }
 
     fn next(next: NextMove) -> Self {
-        Effects {
+        Transition {
             next,
             dead_letter: None,
             guard: None,
         }
     }
 
-    /// Effects for a task that waits for its next message. A running task
+    /// The transition of a task that waits for its next message. A running task
     /// whose cancellation was requested meanwhile must not wait out a
     /// backoff (the wake-up its cancellation enqueued may have been
     /// handled already, as stale): the commit is guarded by the task as it
@@ -153,15 +153,15 @@ impl Effects {
     pub(crate) fn wait(task: &TaskInstance, next: NextMove) -> Self {
         let running = task.cancelled_at.is_none()
             && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);
-        Effects {
+        Transition {
             guard: (running && matches!(next, NextMove::After(_))).then(|| Box::new(task.clone())),
-            ..Effects::next(next)
+            ..Transition::next(next)
         }
     }
 
-    /// Effects for the task's status as it now stands.
+    /// The transition for the task's status as it now stands.
     fn continue_or_stop(task: &TaskInstance) -> Self {
-        Effects::next(if task.status.is_terminal() {
+        Transition::next(if task.status.is_terminal() {
             NextMove::Stop
         } else {
             NextMove::Now
@@ -242,7 +242,7 @@ pub(crate) fn plan(
             && matches!(task.status, TaskStatus::Pending | TaskStatus::Running)
         {
             begin_cancel(task, def, at);
-            return Plan::Commit(Effects::continue_or_stop(task));
+            return Plan::Commit(Transition::continue_or_stop(task));
         }
     }
     match task.status {
@@ -265,7 +265,7 @@ fn plan_step(task: &mut TaskInstance, def: &SagaDefinition, worker: &str) -> Pla
         let before = Box::new(task.clone());
         task.output = task.steps.last().and_then(|s| s.output.clone());
         task.set_status(TaskStatus::Completed);
-        return Plan::Commit(Effects {
+        return Plan::Commit(Transition {
             next: NextMove::Stop,
             dead_letter: None,
             guard: Some(before),
@@ -365,7 +365,7 @@ pub(crate) fn on_outcome(
     call: Call,
     outcome: Outcome,
     worker: &str,
-) -> Effects {
+) -> Transition {
     match call.phase {
         Phase::Step => step_outcome(task, def, call, outcome, worker),
         Phase::Compensation => compensation_outcome(task, def, call, outcome, worker),
@@ -378,7 +378,7 @@ fn step_outcome(
     call: Call,
     outcome: Outcome,
     worker: &str,
-) -> Effects {
+) -> Transition {
     let idx = call.idx;
     let name = def.steps[idx].name;
     let attempt = task.steps[idx].attempt_count;
@@ -396,12 +396,12 @@ fn step_outcome(
             );
             if idx + 1 < task.steps.len() {
                 task.set_status(TaskStatus::Running);
-                return Effects::next(NextMove::Now);
+                return Transition::next(NextMove::Now);
             }
             let before = Box::new(task.clone());
             task.output = Some(output);
             task.set_status(TaskStatus::Completed);
-            return Effects {
+            return Transition {
                 next: NextMove::Stop,
                 dead_letter: None,
                 guard: Some(before),
@@ -415,7 +415,7 @@ fn step_outcome(
             rec.error = Some(error.clone());
             task.audit(failed(Phase::Step, name, attempt, &error, None, true).worker(worker));
             begin_cancel(task, def, at);
-            return Effects::continue_or_stop(task);
+            return Transition::continue_or_stop(task);
         }
         Outcome::CircuitOpen(error) => {
             task.audit(
@@ -443,7 +443,7 @@ fn step_outcome(
             let rec = &mut task.steps[idx];
             rec.retry_base += 1;
             rec.status = StepStatus::Pending;
-            return Effects::next(NextMove::Now);
+            return Transition::next(NextMove::Now);
         }
         Outcome::Interrupted { dropped } => {
             task.audit(interrupted(name, attempt, worker));
@@ -451,7 +451,7 @@ fn step_outcome(
             rec.retry_base += 1;
             rec.lost_outcomes += u32::from(dropped);
             rec.status = StepStatus::Pending;
-            return Effects::next(NextMove::Now);
+            return Transition::next(NextMove::Now);
         }
         Outcome::Failed { error, kind } => (error, kind),
         Outcome::TimedOut { after, dropped } => {
@@ -479,7 +479,7 @@ fn step_outcome(
                     let rec = &mut task.steps[idx];
                     rec.status = StepStatus::Pending;
                     rec.next_attempt_at = Some(after(delay));
-                    Effects::wait(task, retry(delay))
+                    Transition::wait(task, retry(delay))
                 }
                 None => exhausted(task, def, idx, error, false),
             }
@@ -489,7 +489,11 @@ fn step_outcome(
 
 /// A poison message: its deliveries kept killing their workers. The task is
 /// parked on the dead-letter queue; an operator requeues it once fixed.
-pub(crate) fn poisoned(task: &mut TaskInstance, def: &SagaDefinition, deliveries: u32) -> Effects {
+pub(crate) fn poisoned(
+    task: &mut TaskInstance,
+    def: &SagaDefinition,
+    deliveries: u32,
+) -> Transition {
     let reason = poison_reason(deliveries);
     // Parking a task that is still running its steps ends the running
     // phase: guarded, so an accepted cancellation is not overtaken.
@@ -513,7 +517,7 @@ pub(crate) fn poisoned(task: &mut TaskInstance, def: &SagaDefinition, deliveries
     task.error = Some(format!("saga `{}`: {reason}", def.name));
     task.audit(entry);
     task.set_status(TaskStatus::DeadLettered);
-    Effects {
+    Transition {
         next: NextMove::Stop,
         dead_letter: Some(format!("saga `{}` task {}: {reason}", def.name, task.id)),
         guard: before,
@@ -562,7 +566,7 @@ fn exhausted(
     idx: usize,
     error: String,
     invalid_payload: bool,
-) -> Effects {
+) -> Transition {
     let name = def.steps[idx].name;
     let trace_id = task.trace_id.clone();
     let rec = &mut task.steps[idx];
@@ -592,10 +596,10 @@ fn exhausted(
             dead_letter = Some(reason);
         }
     }
-    Effects {
+    Transition {
         dead_letter,
         guard: before,
-        ..Effects::continue_or_stop(task)
+        ..Transition::continue_or_stop(task)
     }
 }
 

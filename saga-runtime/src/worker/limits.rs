@@ -40,7 +40,7 @@ pub(crate) struct HeldLimits {
 
 /// A limit that said "not now".
 #[derive(Debug, Clone)]
-pub(crate) struct Refusal {
+pub(crate) struct NotNow {
     pub limit: &'static str,
     pub key: Option<String>,
     pub retry_after: Duration,
@@ -74,7 +74,7 @@ impl HeldLimits {
         specs: &'static [LimitSpec],
         input: &Value,
         asker: Asker<'_>,
-    ) -> Result<Result<HeldLimits, Refusal>, BackendError> {
+    ) -> Result<Result<HeldLimits, NotNow>, BackendError> {
         let mut held = HeldLimits::none(rt);
         let hold_for = rt.lease_ttl();
         for spec in ordered(specs) {
@@ -130,7 +130,7 @@ impl HeldLimits {
                     cause,
                 } => {
                     metrics::limit_waited(spec.name, cause);
-                    return Ok(Err(Refusal {
+                    return Ok(Err(NotNow {
                         limit: spec.name,
                         key,
                         retry_after,

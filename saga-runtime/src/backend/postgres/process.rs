@@ -26,7 +26,7 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::settling::{located, Settling};
+use super::settling::{located, SettleArgs};
 use super::tasks::ms;
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
@@ -122,7 +122,7 @@ struct CommitArgs<'a> {
     endpoints: Vec<String>,
     envelopes: Vec<String>,
     tallies: String,
-    settling: Settling<'a>,
+    settling: SettleArgs<'a>,
     batched_rows: Vec<i64>,
     batched_claims: Vec<Uuid>,
 }
@@ -181,7 +181,7 @@ impl<'a> CommitArgs<'a> {
             endpoints,
             envelopes,
             tallies: opened(&commit.tallies),
-            settling: Settling::of(commit.settle, dead_letter_limit)?,
+            settling: SettleArgs::of(commit.settle, dead_letter_limit)?,
             batched_rows,
             batched_claims,
         })
@@ -284,7 +284,7 @@ impl PostgresBackend {
         hold: Hold<'_>,
         settle: Settle<'_>,
     ) -> Result<ProcessWrite, BackendError> {
-        let s = Settling::of(settle, 0)?;
+        let s = SettleArgs::of(settle, 0)?;
         if !matches!(s.how, "ack" | "none") {
             return Err(corrupt("a hold settles its delivery by acknowledging it"));
         }

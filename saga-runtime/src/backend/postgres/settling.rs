@@ -25,7 +25,7 @@ pub(super) fn located(delivery: &Delivery) -> Result<(i64, Uuid), BackendError> 
 /// How a write settles its message, as the schema's `settle` function
 /// takes it (task commits and process commits alike).
 #[derive(Default)]
-pub(super) struct Settling<'a> {
+pub(super) struct SettleArgs<'a> {
     pub(super) how: &'static str,
     pub(super) row: Option<i64>,
     pub(super) claim: Option<Uuid>,
@@ -35,42 +35,42 @@ pub(super) struct Settling<'a> {
     pub(super) dead_letter: Option<i64>,
 }
 
-impl<'a> Settling<'a> {
+impl<'a> SettleArgs<'a> {
     pub(super) fn of(settle: Settle<'a>, limit: usize) -> Result<Self, BackendError> {
         Ok(match settle {
-            Settle::Nothing => Settling {
+            Settle::Nothing => SettleArgs {
                 how: "none",
-                ..Settling::default()
+                ..SettleArgs::default()
             },
             Settle::Ack(d) => {
                 let (row, claim) = located(d)?;
-                Settling {
+                SettleArgs {
                     how: "ack",
                     row: Some(row),
                     claim: Some(claim),
-                    ..Settling::default()
+                    ..SettleArgs::default()
                 }
             }
             Settle::DeadLetter(d, reason) => {
                 let (row, claim) = located(d)?;
                 let (payload, size) = truncate_payload(&d.raw, limit);
-                Settling {
+                SettleArgs {
                     how: "dead",
                     row: Some(row),
                     claim: Some(claim),
                     payload: Some(payload),
                     reason: Some(reason),
                     size: size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)),
-                    ..Settling::default()
+                    ..SettleArgs::default()
                 }
             }
-            Settle::ResolveDeadLetter(id) => Settling {
+            Settle::ResolveDeadLetter(id) => SettleArgs {
                 how: "resolve",
                 dead_letter: Some(
                     id.parse()
                         .map_err(|_| corrupt(format!("bad dead letter id {id}")))?,
                 ),
-                ..Settling::default()
+                ..SettleArgs::default()
             },
         })
     }

@@ -9,7 +9,7 @@ use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::settling::{located, Settling};
+use super::settling::{located, SettleArgs};
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
     BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
@@ -352,7 +352,7 @@ impl TaskStore for PostgresBackend {
     async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
         let task = commit.task;
         let changed = self.shared.steps.changed(task)?;
-        let settling = Settling::of(commit.settle, self.shared.config.dead_letter_payload_limit)?;
+        let settling = SettleArgs::of(commit.settle, self.shared.config.dead_letter_payload_limit)?;
         let next = commit
             .next
             .as_ref()

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::keys::slot;
-use super::scripts::{self as s, EntryClaim, HeldKeys, Holding, Refusal, Refused, Settling};
+use super::scripts::{self as s, EntryClaim, HeldKeys, Holding, RefusalCode, Refused, SettleArgv};
 use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, Hold, ProcessCommit, ProcessRefusal, ProcessStore,
@@ -42,7 +42,7 @@ fn commit_refused(
     endpoints: &[(String, String)],
 ) -> Result<ProcessRefusal, BackendError> {
     Ok(match refused.refusal {
-        Refusal::EndpointFull => {
+        RefusalCode::EndpointFull => {
             let n = refused.detail.and_then(|n| n.parse::<usize>().ok());
             match endpoints.get(n.unwrap_or(1).saturating_sub(1)) {
                 Some((endpoint, _)) => ProcessRefusal::EndpointFull {
@@ -51,14 +51,14 @@ fn commit_refused(
                 None => return Err(corrupt("the process commit script named no endpoint")),
             }
         }
-        Refusal::TallyExists => {
+        RefusalCode::TallyExists => {
             let n = refused.detail.and_then(|n| n.parse::<usize>().ok());
             match tallies.get(n.unwrap_or(1).saturating_sub(1)) {
                 Some(open) => ProcessRefusal::TallyExists(open.tally.clone()),
                 None => return Err(corrupt("the process commit script named no tally")),
             }
         }
-        Refusal::Tombstoned => ProcessRefusal::Tombstoned {
+        RefusalCode::Tombstoned => ProcessRefusal::Tombstoned {
             instance: instance.to_owned(),
         },
         _ => ProcessRefusal::Conflict,
@@ -131,10 +131,10 @@ impl RedisBackend {
         Ok(match self.call(&call).await? {
             Ok(Holding::Held | Holding::Already) => Ok(0),
             Err(refused) => Err(match refused.refusal {
-                Refusal::Tombstoned => ProcessRefusal::Tombstoned {
+                RefusalCode::Tombstoned => ProcessRefusal::Tombstoned {
                     instance: hold.value.to_owned(),
                 },
-                Refusal::HoldFull => ProcessRefusal::HoldFull {
+                RefusalCode::HoldFull => ProcessRefusal::HoldFull {
                     held: refused
                         .detail
                         .and_then(|n| n.parse().ok())
@@ -142,7 +142,7 @@ impl RedisBackend {
                 },
                 // An entry whose owner no longer holds it (spread layout:
                 // a release lost) is cleared, and the hold judged again.
-                Refusal::Taken => {
+                RefusalCode::Taken => {
                     if let (Some(f), Some(owner)) = (hold.field, refused.detail) {
                         self.clear_stale_entry(process, f, hold.value, &owner)
                             .await?;
@@ -293,7 +293,7 @@ impl RedisBackend {
                             claimed = true;
                             break;
                         }
-                        Err(refused) if refused.refusal == Refusal::Tombstoned => {
+                        Err(refused) if refused.refusal == RefusalCode::Tombstoned => {
                             self.unclaim(process, commit, &newly).await;
                             return Ok(Err(ProcessRefusal::Tombstoned {
                                 instance: id.to_owned(),
@@ -512,15 +512,15 @@ impl RedisBackend {
         let home = placement.home;
         let limit = self.shared.config.dead_letter_payload_limit;
         let (pm, settle) = match commit.settle {
-            Settle::Nothing => (k.process_partition(home), Settling::Keep),
+            Settle::Nothing => (k.process_partition(home), SettleArgv::Keep),
             Settle::Ack(d) => {
                 let (pm, entry) = self.process_entry_of(d)?;
-                (pm, Settling::Ack { entry })
+                (pm, SettleArgv::Ack { entry })
             }
             Settle::DeadLetter(d, reason) => {
                 let (payload, size) = truncate_payload(&d.raw, limit);
                 let (pm, entry) = self.process_entry_of(d)?;
-                let dead = Settling::Dead {
+                let dead = SettleArgv::Dead {
                     entry,
                     payload,
                     reason,

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::keys::Keys;
 use super::record::{write_fields, RawRecord};
-use super::scripts::{self as s, Locking, Refusal, Refused, Settling};
+use super::scripts::{self as s, Locking, RefusalCode, Refused, SettleArgv};
 use super::{corrupt, ms, unavailable, RedisBackend};
 use crate::backend::{
     truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
@@ -71,13 +71,13 @@ fn write_refused(
     lease: &Lease,
 ) -> Result<TaskRefusal, BackendError> {
     Ok(match refused.refusal {
-        Refusal::LockLost => TaskRefusal::LockLost { fence: lease.fence },
-        Refusal::Conflict => TaskRefusal::Conflict {
+        RefusalCode::LockLost => TaskRefusal::LockLost { fence: lease.fence },
+        RefusalCode::Conflict => TaskRefusal::Conflict {
             expected: task.version,
             actual: refused.detail.and_then(|s| s.parse().ok()).unwrap_or(0),
         },
-        Refusal::Missing => TaskRefusal::Missing,
-        Refusal::CancelRequested => TaskRefusal::CancelRequested {
+        RefusalCode::Missing => TaskRefusal::Missing,
+        RefusalCode::CancelRequested => TaskRefusal::CancelRequested {
             at: cancel_time(refused.detail).unwrap_or_else(Timestamp::now),
         },
         _ => return Err(corrupt("unexpected reply from a write script")),
@@ -504,13 +504,13 @@ impl TaskStore for RedisBackend {
         let p = k.partition_of(task.id);
         let limit = self.shared.config.dead_letter_payload_limit;
         let settle = match commit.settle {
-            Settle::Nothing => Settling::Keep,
-            Settle::Ack(d) => Settling::Ack {
+            Settle::Nothing => SettleArgv::Keep,
+            Settle::Ack(d) => SettleArgv::Ack {
                 entry: self.entry_of(d, p)?,
             },
             Settle::DeadLetter(d, reason) => {
                 let (payload, size) = truncate_payload(&d.raw, limit);
-                Settling::Dead {
+                SettleArgv::Dead {
                     entry: self.entry_of(d, p)?,
                     payload,
                     reason,
@@ -527,7 +527,7 @@ impl TaskStore for RedisBackend {
                         task.id
                     )));
                 }
-                Settling::Resolve {
+                SettleArgv::Resolve {
                     entry: entry.to_owned(),
                 }
             }

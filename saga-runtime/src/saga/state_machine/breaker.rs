@@ -24,7 +24,7 @@
 
 use std::time::Duration;
 
-use super::{after, failed, on_outcome, Call, Effects, NextMove, Outcome, Phase};
+use super::{after, failed, on_outcome, Call, NextMove, Outcome, Phase, Transition};
 use crate::circuit::{CircuitBreakerConfig, WhenOpen};
 use crate::error::StepErrorKind;
 use crate::model::task::{AuditAction, AuditEntry, StepStatus, TaskInstance};
@@ -44,7 +44,7 @@ pub(crate) fn on_probe_outcome(
     call: Call,
     outcome: Outcome,
     worker: &str,
-) -> Effects {
+) -> Transition {
     let config = def.steps[call.idx]
         .circuit_breaker
         .filter(|c| call.phase == Phase::Step && c.when_open == WhenOpen::Wait);
@@ -74,7 +74,7 @@ fn probe_failed(
     config: CircuitBreakerConfig,
     error: String,
     worker: &str,
-) -> Effects {
+) -> Transition {
     let name = def.steps[idx].name;
     let window = config.duration / 2;
     let delay = (config.duration + window).max(MIN_PARK) + release_spread(task, Some(config));
@@ -93,7 +93,7 @@ fn probe_failed(
             ))
             .worker(worker),
     );
-    Effects::wait(task, NextMove::After(delay))
+    Transition::wait(task, NextMove::After(delay))
 }
 
 /// A task that met the open breaker of a step that waits: parked until the
@@ -104,7 +104,7 @@ pub(super) fn parked(
     idx: usize,
     error: String,
     retry_after: Duration,
-) -> Effects {
+) -> Transition {
     let name = def.steps[idx].name;
     let delay = retry_after.max(MIN_PARK) + release_spread(task, def.steps[idx].circuit_breaker);
     task.audit(
@@ -117,7 +117,7 @@ pub(super) fn parked(
             )),
     );
     task.steps[idx].status = StepStatus::Pending;
-    Effects::wait(task, NextMove::After(delay))
+    Transition::wait(task, NextMove::After(delay))
 }
 
 /// How much later than the end of the break a parked task comes back: a

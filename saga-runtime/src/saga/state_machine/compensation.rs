@@ -10,8 +10,8 @@
 use serde_json::json;
 
 use super::{
-    abandoned, after, failed, interrupted, retry, timed_out, Call, Effects, NextMove, Outcome,
-    Phase, Plan,
+    abandoned, after, failed, interrupted, retry, timed_out, Call, NextMove, Outcome, Phase, Plan,
+    Transition,
 };
 use crate::error::StepErrorKind;
 use crate::model::task::{
@@ -30,7 +30,7 @@ pub(super) fn plan_compensation(
 ) -> Plan {
     let Some(idx) = next_compensable(task, def) else {
         finish_or_compensate(task, def);
-        return Plan::Commit(Effects::continue_or_stop(task));
+        return Plan::Commit(Transition::continue_or_stop(task));
     };
     let call = Call {
         phase: Phase::Compensation,
@@ -47,7 +47,7 @@ pub(super) fn plan_compensation(
     if rec.compensation_attempts - rec.compensation_retry_base > call.policy(def).max_retries {
         let error = rec.compensation_error.clone().unwrap_or_default();
         compensation_failed(task, def, idx, error);
-        return Plan::Commit(Effects::next(NextMove::Stop));
+        return Plan::Commit(Transition::next(NextMove::Stop));
     }
     Plan::Call(call)
 }
@@ -61,7 +61,7 @@ pub(super) fn compensation_outcome(
     call: Call,
     outcome: Outcome,
     worker: &str,
-) -> Effects {
+) -> Transition {
     let idx = call.idx;
     let method = call.method(def);
     let attempt = task.steps[idx].compensation_attempts;
@@ -83,7 +83,7 @@ pub(super) fn compensation_outcome(
             if next_compensable(task, def).is_none() {
                 finish_or_compensate(task, def);
             }
-            return Effects::continue_or_stop(task);
+            return Transition::continue_or_stop(task);
         }
         Outcome::Interrupted { .. } => {
             task.audit(interrupted(method, attempt, worker));
@@ -92,7 +92,7 @@ pub(super) fn compensation_outcome(
             // Due now: a compensation with no next attempt due is one that
             // never reported back.
             rec.next_attempt_at = Some(Timestamp::now());
-            return Effects::next(NextMove::Now);
+            return Transition::next(NextMove::Now);
         }
         Outcome::Failed { error, kind } => (error, kind == StepErrorKind::Transient),
         Outcome::TimedOut { after, .. } => (timed_out(after), true),
@@ -133,11 +133,11 @@ pub(super) fn compensation_outcome(
     match delay {
         Some(delay) => {
             task.steps[idx].next_attempt_at = Some(after(delay));
-            Effects::next(retry(delay))
+            Transition::next(retry(delay))
         }
         None => {
             compensation_failed(task, def, idx, error);
-            Effects::next(NextMove::Stop)
+            Transition::next(NextMove::Stop)
         }
     }
 }

@@ -15,7 +15,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{Effects, NextMove};
+use super::{NextMove, Transition};
 use crate::model::task::{
     AuditAction, AuditEntry, StepStatus, TaskInstance, Timestamp, WaitingForLimit,
 };
@@ -56,7 +56,7 @@ pub(super) fn parked(
     def: &SagaDefinition,
     idx: usize,
     waiting: Waiting,
-) -> Effects {
+) -> Transition {
     let name = def.steps[idx].name;
     // Whole milliseconds, rounded up (scheduled messages are timed in
     // milliseconds): a task back a moment before its token is due would
@@ -98,7 +98,7 @@ pub(super) fn parked(
             )),
         );
     }
-    Effects::wait(task, NextMove::After(delay))
+    Transition::wait(task, NextMove::After(delay))
 }
 
 /// When step `idx` began waiting for `limit`, if that is what it waits

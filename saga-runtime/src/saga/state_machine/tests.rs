@@ -4,7 +4,7 @@
 //! the attempt, apply the outcome; or plan and commit) and asserts the whole
 //! resulting state: task and step statuses, attempt counts and budgets, due
 //! times, errors, the audit lines added (kind, step, attempt, order) and the
-//! effects the commit must carry.
+//! transition the commit must carry.
 
 use serde_json::json;
 
@@ -292,9 +292,9 @@ fn expect_call(plan: Plan) -> Call {
     }
 }
 
-fn expect_commit(plan: Plan) -> Effects {
+fn expect_commit(plan: Plan) -> Transition {
     match plan {
-        Plan::Commit(effects) => effects,
+        Plan::Commit(transition) => transition,
         other => panic!("expected a commit, got {other:?}"),
     }
 }
@@ -339,7 +339,7 @@ fn after_ms(n: u64) -> NextMove {
 struct Ran {
     call: Call,
     attempt: Attempt,
-    effects: Effects,
+    transition: Transition,
     t0: u64,
     t1: u64,
 }
@@ -348,12 +348,12 @@ fn run(task: &mut TaskInstance, def: &SagaDefinition, outcome: Outcome) -> Ran {
     let call = expect_call(plan(task, def, None, W));
     let attempt = record_attempt(task, def, call);
     let t0 = Timestamp::now().0;
-    let effects = on_outcome(task, def, call, outcome, W);
+    let transition = on_outcome(task, def, call, outcome, W);
     let t1 = Timestamp::now().0;
     Ran {
         call,
         attempt,
-        effects,
+        transition,
         t0,
         t1,
     }
@@ -387,7 +387,7 @@ fn book_compensating() -> TaskInstance {
 }
 
 #[track_caller]
-fn assert_effects(e: &Effects, next: NextMove, dead_letter: Option<&str>, guard: bool) {
+fn assert_effects(e: &Transition, next: NextMove, dead_letter: Option<&str>, guard: bool) {
     assert_eq!(e.next, next, "next move");
     assert_eq!(e.dead_letter.as_deref(), dead_letter, "dead letter");
     assert_eq!(e.guard.is_some(), guard, "guard presence");
@@ -568,7 +568,7 @@ fn calls_name_their_method_policy_and_input_for_steps_and_compensations() {
 fn a_middle_step_succeeding_records_its_output_and_moves_on_now() {
     let mut t = fresh(&BOOK);
     let ran = run(&mut t, &BOOK, succeeded(0));
-    assert_effects(&ran.effects, NextMove::Now, None, false);
+    assert_effects(&ran.transition, NextMove::Now, None, false);
     assert_eq!(t.status, T::Running);
     assert_eq!(
         statuses(&t),
@@ -601,7 +601,7 @@ fn the_last_step_succeeding_completes_the_task_behind_a_guard() {
     let mut t = completed(&BOOK, 3);
     let n = t.audit_log.len();
     let ran = run(&mut t, &BOOK, succeeded(3));
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Completed);
     assert_eq!(t.output, Some(out(3)));
     assert!(t.finished_at.is_some());
@@ -615,7 +615,7 @@ fn the_last_step_succeeding_completes_the_task_behind_a_guard() {
             sc(T::Running, T::Completed),
         ]
     );
-    let guard = ran.effects.guard.unwrap();
+    let guard = ran.transition.guard.unwrap();
     assert_eq!(
         guard.status,
         T::Running,
@@ -649,7 +649,7 @@ fn exponential_backoff_retries_after_200_400_800_then_exhausts() {
                 claim: format!("reserve:{n}")
             }
         );
-        assert_effects(&ran.effects, after_ms(delay as u64), None, true);
+        assert_effects(&ran.transition, after_ms(delay as u64), None, true);
         let rec = &t.steps[0];
         assert_eq!(rec.status, S::Pending);
         assert_eq!((rec.attempt_count, rec.retry_base), (n, 0));
@@ -664,7 +664,7 @@ fn exponential_backoff_retries_after_200_400_800_then_exhausts() {
     }
     let ran = run(&mut t, &BOOK, transient("503 #4"));
     assert_eq!(ran.attempt.number, 4, "max_retries = 3: four calls");
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(
         t.status,
         T::Compensated,
@@ -689,7 +689,7 @@ fn exponential_backoff_retries_after_200_400_800_then_exhausts() {
             sc(T::Running, T::Compensated),
         ]
     );
-    let guard = ran.effects.guard.unwrap();
+    let guard = ran.transition.guard.unwrap();
     assert_eq!(guard.status, T::Running);
     assert_eq!(guard.steps[0].status, S::Failed);
     assert_eq!(guard.error, t.error);
@@ -703,12 +703,12 @@ fn linear_backoff_retries_after_100_200_then_compensates() {
     for (k, delay) in [(1, 100), (2, 200)] {
         let ran = run(&mut t, &BOOK, transient("busy"));
         assert_eq!(ran.attempt.claim, format!("charge:{k}"));
-        assert_effects(&ran.effects, after_ms(delay), None, true);
+        assert_effects(&ran.transition, after_ms(delay), None, true);
         assert_eq!(t.steps[1].status, S::Pending);
         assert_due(&t.steps[1], &ran, delay);
     }
     let ran = run(&mut t, &BOOK, transient("busy"));
-    assert_effects(&ran.effects, NextMove::Now, None, true);
+    assert_effects(&ran.transition, NextMove::Now, None, true);
     assert_eq!(t.status, T::Compensating);
     assert_eq!(t.finished_at, None);
     assert_eq!(
@@ -725,7 +725,7 @@ fn linear_backoff_retries_after_100_200_then_compensates() {
             sc(T::Running, T::Compensating),
         ]
     );
-    assert_eq!(ran.effects.guard.unwrap().status, T::Running);
+    assert_eq!(ran.transition.guard.unwrap().status, T::Running);
 }
 
 #[test]
@@ -734,11 +734,11 @@ fn constant_backoff_repeats_its_delay() {
     for k in 1..=3 {
         let ran = run(&mut t, &STEADY, transient("x"));
         assert_eq!(ran.attempt.number, k);
-        assert_effects(&ran.effects, after_ms(250), None, true);
+        assert_effects(&ran.transition, after_ms(250), None, true);
         assert_due(&t.steps[0], &ran, 250);
     }
     let ran = run(&mut t, &STEADY, transient("x"));
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Compensated);
     assert_eq!(
         lines(&t, 0),
@@ -758,7 +758,7 @@ fn max_delay_caps_the_exponential_backoff() {
     let mut t = fresh(&CAPPED);
     let mut nexts = Vec::new();
     for _ in 0..5 {
-        nexts.push(run(&mut t, &CAPPED, transient("x")).effects.next);
+        nexts.push(run(&mut t, &CAPPED, transient("x")).transition.next);
     }
     assert_eq!(
         nexts,
@@ -787,7 +787,7 @@ fn exponential_backoff_follows_the_documented_schedule_up_to_3200_ms() {
                 claim: format!("expo:{n}")
             }
         );
-        assert_effects(&ran.effects, after_ms(delay), None, true);
+        assert_effects(&ran.transition, after_ms(delay), None, true);
         let rec = &t.steps[0];
         assert_eq!(rec.status, S::Pending);
         assert_eq!((rec.attempt_count, rec.retry_base), (n, 0));
@@ -797,7 +797,7 @@ fn exponential_backoff_follows_the_documented_schedule_up_to_3200_ms() {
     }
     let ran = run(&mut t, &EXP5, transient("x"));
     assert_eq!(ran.attempt.number, 6, "max_retries = 5: six calls");
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     want.push(af("expo", 6, None, false));
     want.push(sc(T::Running, T::Compensated));
     assert_eq!(lines(&t, 0), want);
@@ -815,7 +815,7 @@ fn linear_backoff_grows_by_its_base_each_retry() {
     for (n, delay) in [(1, 200), (2, 400), (3, 600), (4, 800)] {
         let ran = run(&mut t, &LIN4, transient("x"));
         assert_eq!(ran.attempt.claim, format!("linear:{n}"));
-        assert_effects(&ran.effects, after_ms(delay), None, true);
+        assert_effects(&ran.transition, after_ms(delay), None, true);
         assert_eq!(t.steps[0].status, S::Pending);
         assert_eq!(t.steps[0].attempt_count, n);
         assert_due(&t.steps[0], &ran, delay);
@@ -823,7 +823,7 @@ fn linear_backoff_grows_by_its_base_each_retry() {
     }
     let ran = run(&mut t, &LIN4, transient("x"));
     assert_eq!(ran.attempt.number, 5, "max_retries = 4: five calls");
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     want.push(af("linear", 5, None, false));
     want.push(sc(T::Running, T::Compensated));
     assert_eq!(lines(&t, 0), want);
@@ -835,12 +835,12 @@ fn jittered_delays_stay_between_half_and_full_and_agree_with_audit_and_due_time(
     let mut t = fresh(&JITTER);
     for n in 1..=3 {
         let ran = run(&mut t, &JITTER, transient("x"));
-        let NextMove::After(d) = ran.effects.next else {
-            panic!("expected a delayed retry, got {:?}", ran.effects.next)
+        let NextMove::After(d) = ran.transition.next else {
+            panic!("expected a delayed retry, got {:?}", ran.transition.next)
         };
         assert!(d >= ms(500) && d <= ms(1000), "jittered delay {d:?}");
-        assert!(ran.effects.guard.is_some());
-        assert_eq!(ran.effects.dead_letter, None);
+        assert!(ran.transition.guard.is_some());
+        assert_eq!(ran.transition.dead_letter, None);
         let d_ms = d.as_millis() as u64;
         assert_eq!(
             lines(&t, t.audit_log.len() - 1),
@@ -850,7 +850,7 @@ fn jittered_delays_stay_between_half_and_full_and_agree_with_audit_and_due_time(
         assert_due(&t.steps[0], &ran, d_ms);
     }
     let ran = run(&mut t, &JITTER, transient("x"));
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Compensated);
     assert_eq!(t.steps[0].attempt_count, 4);
 }
@@ -860,7 +860,7 @@ fn a_zero_delay_retry_is_due_now() {
     let mut t = completed(&BOOK, 2);
     let n = t.audit_log.len();
     let ran = run(&mut t, &BOOK, transient("flap"));
-    assert_effects(&ran.effects, NextMove::Now, None, false);
+    assert_effects(&ran.transition, NextMove::Now, None, false);
     let rec = &t.steps[2];
     assert_eq!(rec.status, S::Pending);
     assert_due(rec, &ran, 0);
@@ -868,7 +868,7 @@ fn a_zero_delay_retry_is_due_now() {
     // The one retry fails too: ship is not undone (it never completed), so
     // compensation starts with reserve, skipping charge.
     let ran = run(&mut t, &BOOK, transient("flap"));
-    assert_effects(&ran.effects, NextMove::Now, None, true);
+    assert_effects(&ran.transition, NextMove::Now, None, true);
     assert_eq!(t.status, T::Compensating);
     assert_eq!(
         statuses(&t),
@@ -921,9 +921,9 @@ fn exhausted_compensate_moves_to_compensating_when_a_completed_step_has_a_compen
     let mut t = completed(&BOOK, 3);
     let n = t.audit_log.len();
     let ran = run(&mut t, &BOOK, transient("timeout"));
-    assert_effects(&ran.effects, after_ms(500), None, true);
+    assert_effects(&ran.transition, after_ms(500), None, true);
     let ran = run(&mut t, &BOOK, transient("timeout again"));
-    assert_effects(&ran.effects, NextMove::Now, None, true);
+    assert_effects(&ran.transition, NextMove::Now, None, true);
     assert_eq!(t.status, T::Compensating);
     assert_eq!(
         statuses(&t),
@@ -942,7 +942,7 @@ fn exhausted_compensate_moves_to_compensating_when_a_completed_step_has_a_compen
             sc(T::Running, T::Compensating),
         ]
     );
-    let guard = ran.effects.guard.unwrap();
+    let guard = ran.transition.guard.unwrap();
     assert_eq!(guard.status, T::Running);
     assert_eq!(guard.steps[3].status, S::Failed);
     assert_eq!(guard.cancelled_at, None);
@@ -955,9 +955,9 @@ fn exhausted_compensate_with_nothing_compensable_ends_compensated_at_once() {
     let mut t = completed(&BARE, 1);
     let n = t.audit_log.len();
     let ran = run(&mut t, &BARE, transient("x"));
-    assert_effects(&ran.effects, NextMove::Now, None, false);
+    assert_effects(&ran.transition, NextMove::Now, None, false);
     let ran = run(&mut t, &BARE, transient("y"));
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Compensated);
     assert!(t.finished_at.is_some());
     assert_eq!(statuses(&t), [S::Completed, S::Failed]);
@@ -978,10 +978,10 @@ fn exhausted_fail_ends_failed_without_compensating() {
     let mut t = completed(&FAIL2, 1);
     let n = t.audit_log.len();
     let ran = run(&mut t, &FAIL2, transient("x"));
-    assert_effects(&ran.effects, after_ms(100), None, true);
+    assert_effects(&ran.transition, after_ms(100), None, true);
     assert_due(&t.steps[1], &ran, 100);
     let ran = run(&mut t, &FAIL2, transient("y"));
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Failed);
     assert!(t.finished_at.is_some());
     assert_eq!(
@@ -1001,7 +1001,7 @@ fn exhausted_fail_ends_failed_without_compensating() {
             sc(T::Running, T::Failed),
         ]
     );
-    let guard = ran.effects.guard.unwrap();
+    let guard = ran.transition.guard.unwrap();
     assert_eq!(guard.status, T::Running);
     assert_eq!(guard.steps[1].status, S::Failed);
     assert!(matches!(plan(&mut t, &FAIL2, None, W), Plan::Nothing));
@@ -1013,11 +1013,11 @@ fn exhausted_dead_letter_parks_the_task_with_its_reason() {
     let n = t.audit_log.len();
     for _ in 0..2 {
         let ran = run(&mut t, &PARK2, transient("down"));
-        assert_effects(&ran.effects, after_ms(100), None, true);
+        assert_effects(&ran.transition, after_ms(100), None, true);
     }
     let ran = run(&mut t, &PARK2, transient("down"));
     let reason = "saga `park-two` step `second`: down";
-    assert_effects(&ran.effects, NextMove::Stop, Some(reason), true);
+    assert_effects(&ran.transition, NextMove::Stop, Some(reason), true);
     assert_eq!(t.status, T::DeadLettered);
     assert!(t.finished_at.is_some());
     assert_eq!(statuses(&t), [S::Completed, S::Failed]);
@@ -1035,7 +1035,7 @@ fn exhausted_dead_letter_parks_the_task_with_its_reason() {
     );
     let parked = &t.audit_log[t.audit_log.len() - 2];
     assert_eq!(parked.error.as_deref(), Some(reason));
-    let guard = ran.effects.guard.unwrap();
+    let guard = ran.transition.guard.unwrap();
     assert_eq!(guard.status, T::Running);
     assert!(
         guard
@@ -1054,7 +1054,7 @@ fn a_permanent_error_skips_the_remaining_retries() {
     let mut t = completed(&BOOK, 1);
     let n = t.audit_log.len();
     let ran = run(&mut t, &BOOK, permanent("card declined"));
-    assert_effects(&ran.effects, NextMove::Now, None, true);
+    assert_effects(&ran.transition, NextMove::Now, None, true);
     assert_eq!(t.status, T::Compensating);
     let rec = &t.steps[1];
     assert_eq!(rec.status, S::Failed);
@@ -1074,7 +1074,7 @@ fn a_permanent_error_skips_the_remaining_retries() {
     let mut t = completed(&FAIL2, 1);
     let n = t.audit_log.len();
     let ran = run(&mut t, &FAIL2, permanent("no"));
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Failed);
     assert_eq!(t.steps[1].attempt_count, 1);
     assert_eq!(
@@ -1090,7 +1090,7 @@ fn an_invalid_payload_dead_letters_whatever_on_exhausted_says() {
     let n = t.audit_log.len();
     let ran = run(&mut t, &BOOK, invalid("bad json"));
     let reason = "saga `book` step `charge`: bad json";
-    assert_effects(&ran.effects, NextMove::Stop, Some(reason), true);
+    assert_effects(&ran.transition, NextMove::Stop, Some(reason), true);
     assert_eq!(t.status, T::DeadLettered);
     assert_eq!(
         statuses(&t)[..2],
@@ -1107,13 +1107,13 @@ fn an_invalid_payload_dead_letters_whatever_on_exhausted_says() {
             sc(T::Running, T::DeadLettered),
         ]
     );
-    assert_eq!(ran.effects.guard.unwrap().status, T::Running);
+    assert_eq!(ran.transition.guard.unwrap().status, T::Running);
 
     // on_exhausted = fail.
     let mut t = completed(&FAIL2, 1);
     let ran = run(&mut t, &FAIL2, invalid("bad"));
     assert_effects(
-        &ran.effects,
+        &ran.transition,
         NextMove::Stop,
         Some("saga `fail-two` step `second`: bad"),
         true,
@@ -1124,7 +1124,7 @@ fn an_invalid_payload_dead_letters_whatever_on_exhausted_says() {
     let mut t = fresh(&BOOK);
     let ran = run(&mut t, &BOOK, invalid("bad input"));
     assert_effects(
-        &ran.effects,
+        &ran.transition,
         NextMove::Stop,
         Some("saga `book` step `reserve`: bad input"),
         true,
@@ -1146,7 +1146,7 @@ fn a_permanent_error_under_dead_letter_parks_the_task() {
     let n = t.audit_log.len();
     let ran = run(&mut t, &PARK2, permanent("gone"));
     let reason = "saga `park-two` step `second`: gone";
-    assert_effects(&ran.effects, NextMove::Stop, Some(reason), true);
+    assert_effects(&ran.transition, NextMove::Stop, Some(reason), true);
     assert_eq!(t.status, T::DeadLettered);
     assert!(t.finished_at.is_some());
     assert_eq!(statuses(&t), [S::Completed, S::Failed]);
@@ -1165,7 +1165,7 @@ fn a_permanent_error_under_dead_letter_parks_the_task() {
         ]
     );
     assert_eq!(t.audit_log[n + 1].error.as_deref(), Some(reason));
-    let guard = ran.effects.guard.unwrap();
+    let guard = ran.transition.guard.unwrap();
     assert_eq!(guard.status, T::Running);
     assert_eq!(guard.steps[1].status, S::Failed);
 }
@@ -1184,7 +1184,7 @@ fn a_timeout_is_a_transient_failure_that_names_the_timeout() {
         },
     );
     let error = "attempt timed out after 30s and was cancelled";
-    assert_effects(&ran.effects, after_ms(200), None, true);
+    assert_effects(&ran.transition, after_ms(200), None, true);
     let rec = &t.steps[0];
     assert_eq!(rec.status, S::Pending);
     assert_eq!(rec.error.as_deref(), Some(error));
@@ -1206,7 +1206,7 @@ fn a_timeout_is_a_transient_failure_that_names_the_timeout() {
             dropped: false,
         },
     );
-    assert_effects(&ran.effects, after_ms(400), None, true);
+    assert_effects(&ran.transition, after_ms(400), None, true);
     assert_eq!(
         t.steps[0].error.as_deref(),
         Some("attempt timed out after 1s 500ms and was cancelled")
@@ -1224,7 +1224,7 @@ fn a_timeout_on_the_last_allowed_attempt_exhausts() {
             dropped: false,
         },
     );
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Compensated);
     assert_eq!(t.steps[0].status, S::Failed);
     assert_eq!(
@@ -1376,7 +1376,7 @@ fn an_already_claimed_step_attempt_skips_to_the_next_number_without_spending_the
     let mut t = fresh(&ONCE); // max_retries = 0: one real call
     let ran = run(&mut t, &ONCE, Outcome::AlreadyClaimed);
     assert_eq!(ran.attempt.claim, "only:1");
-    assert_effects(&ran.effects, NextMove::Now, None, false);
+    assert_effects(&ran.transition, NextMove::Now, None, false);
     let rec = &t.steps[0];
     assert_eq!(rec.status, S::Pending);
     assert_eq!((rec.attempt_count, rec.retry_base), (1, 1));
@@ -1395,14 +1395,14 @@ fn an_already_claimed_step_attempt_skips_to_the_next_number_without_spending_the
     let mut ok = t.clone();
     let ran = run(&mut ok, &ONCE, succeeded(0));
     assert_eq!(ran.attempt.claim, "only:2");
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(ok.status, T::Completed);
 
     // ...or fail, and only then is the budget spent.
     let n = t.audit_log.len();
     let ran = run(&mut t, &ONCE, transient("x"));
     assert_eq!(ran.attempt.claim, "only:2");
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Compensated);
     assert_eq!((t.steps[0].attempt_count, t.steps[0].retry_base), (2, 1));
     assert_eq!(
@@ -1418,7 +1418,7 @@ fn an_already_claimed_attempt_keeps_the_backoff_schedule() {
     let mut got = Vec::new();
     for _ in 0..4 {
         let ran = run(&mut t, &BOOK, transient("x"));
-        got.push((ran.attempt.number, ran.effects.next));
+        got.push((ran.attempt.number, ran.transition.next));
     }
     assert_eq!(
         got,
@@ -1452,7 +1452,7 @@ fn an_already_claimed_compensation_attempt_counts_as_a_failed_attempt() {
     let ran = run(&mut t, &BOOK, Outcome::AlreadyClaimed);
     assert_eq!(ran.call, comp_call(2));
     assert_eq!(ran.attempt.claim, "unship:1");
-    assert_effects(&ran.effects, after_ms(50), None, false);
+    assert_effects(&ran.transition, after_ms(50), None, false);
     let error =
         "attempt 1 of `unship` was already claimed; counted as failed instead of running twice";
     let rec = &t.steps[2];
@@ -1469,7 +1469,7 @@ fn an_already_claimed_compensation_attempt_counts_as_a_failed_attempt() {
     // It spent the budget: the next failure waits the second delay.
     let ran = run(&mut t, &BOOK, transient("x"));
     assert_eq!(ran.attempt.claim, "unship:2");
-    assert_effects(&ran.effects, after_ms(100), None, false);
+    assert_effects(&ran.transition, after_ms(100), None, false);
 }
 
 #[test]
@@ -1479,7 +1479,7 @@ fn an_already_claimed_compensation_without_retries_fails_it() {
     let n = t.audit_log.len();
     let ran = run(&mut t, &FAIL2, Outcome::AlreadyClaimed);
     assert_eq!(ran.call, comp_call(0));
-    assert_effects(&ran.effects, NextMove::Stop, None, false);
+    assert_effects(&ran.transition, NextMove::Stop, None, false);
     assert_eq!(t.status, T::CompensationFailed);
     assert_eq!(t.steps[0].status, S::CompensationFailed);
     assert_eq!(
@@ -1739,7 +1739,7 @@ fn a_cancelled_outcome_fails_the_step_and_begins_cancellation() {
         },
     );
     assert_eq!(ran.call, step_call(1));
-    assert_effects(&ran.effects, NextMove::Now, None, false);
+    assert_effects(&ran.transition, NextMove::Now, None, false);
     assert_eq!(t.status, T::Compensating);
     assert_eq!(t.cancelled_at, Some(at));
     let rec = &t.steps[1];
@@ -1763,7 +1763,7 @@ fn a_cancelled_outcome_fails_the_step_and_begins_cancellation() {
     // Compensation then ends the task Cancelled.
     let ran = run(&mut t, &BOOK, undone());
     assert_eq!(ran.call, comp_call(0));
-    assert_effects(&ran.effects, NextMove::Stop, None, false);
+    assert_effects(&ran.transition, NextMove::Stop, None, false);
     assert_eq!(t.status, T::Cancelled);
 }
 
@@ -1779,7 +1779,7 @@ fn a_cancelled_outcome_on_the_first_step_ends_cancelled() {
             dropped: false,
         },
     );
-    assert_effects(&ran.effects, NextMove::Stop, None, false);
+    assert_effects(&ran.transition, NextMove::Stop, None, false);
     assert_eq!(t.status, T::Cancelled);
     assert_eq!(t.cancelled_at, Some(Timestamp(9)));
     assert_eq!(
@@ -2103,7 +2103,7 @@ fn compensations_retry_on_their_own_policy() {
     for (k, delay) in [(1, 50), (2, 100)] {
         let ran = run(&mut t, &BOOK, transient(&format!("locked #{k}")));
         assert_eq!(ran.attempt.claim, format!("unship:{k}"));
-        assert_effects(&ran.effects, after_ms(delay), None, false);
+        assert_effects(&ran.transition, after_ms(delay), None, false);
         let rec = &t.steps[2];
         assert_eq!(rec.status, S::Compensating);
         assert_eq!(rec.compensation_attempts, k);
@@ -2113,17 +2113,17 @@ fn compensations_retry_on_their_own_policy() {
     }
     let ran = run(&mut t, &BOOK, undone());
     assert_eq!(ran.attempt.claim, "unship:3");
-    assert_effects(&ran.effects, NextMove::Now, None, false);
+    assert_effects(&ran.transition, NextMove::Now, None, false);
     assert_eq!(t.steps[2].status, S::Compensated);
     // release: constant 1000 ms.
     for k in 1..=2 {
         let ran = run(&mut t, &BOOK, transient("x"));
         assert_eq!(ran.attempt.claim, format!("release:{k}"));
-        assert_effects(&ran.effects, after_ms(1000), None, false);
+        assert_effects(&ran.transition, after_ms(1000), None, false);
         assert_due(&t.steps[0], &ran, 1000);
     }
     let ran = run(&mut t, &BOOK, undone());
-    assert_effects(&ran.effects, NextMove::Stop, None, false);
+    assert_effects(&ran.transition, NextMove::Stop, None, false);
     assert_eq!(t.status, T::Compensated);
     assert_eq!(
         lines(&t, n),
@@ -2146,9 +2146,9 @@ fn an_exhausted_compensation_fails_the_task_with_everything_recorded() {
     let mut nexts = Vec::new();
     for k in 1..=3 {
         let ran = run(&mut t, &BOOK, transient(&format!("bucket locked #{k}")));
-        nexts.push(ran.effects.next);
+        nexts.push(ran.transition.next);
         if k == 3 {
-            assert_effects(&ran.effects, NextMove::Stop, None, false);
+            assert_effects(&ran.transition, NextMove::Stop, None, false);
         }
     }
     assert_eq!(nexts, [after_ms(50), after_ms(100), NextMove::Stop]);
@@ -2206,7 +2206,7 @@ fn a_permanent_or_invalid_compensation_error_fails_at_once() {
         let mut t = book_compensating();
         let n = t.audit_log.len();
         let ran = run(&mut t, &BOOK, outcome);
-        assert_effects(&ran.effects, NextMove::Stop, None, false);
+        assert_effects(&ran.transition, NextMove::Stop, None, false);
         assert_eq!(t.status, T::CompensationFailed);
         let rec = &t.steps[2];
         assert_eq!(rec.status, S::CompensationFailed);
@@ -2240,7 +2240,7 @@ fn a_compensation_timing_out_on_its_last_attempt_fails_it() {
     assert_eq!(ran.call, comp_call(0));
     assert_eq!(ran.attempt.claim, "undo_first:1");
     let error = "attempt timed out after 250ms and was cancelled";
-    assert_effects(&ran.effects, NextMove::Stop, None, false);
+    assert_effects(&ran.transition, NextMove::Stop, None, false);
     assert_eq!(t.status, T::CompensationFailed);
     assert!(t.finished_at.is_some());
     let rec = &t.steps[0];
@@ -2279,13 +2279,13 @@ fn a_compensation_timing_out_on_its_last_attempt_fails_it() {
 fn a_zero_delay_compensation_retry_is_due_now_and_not_taken_for_abandoned() {
     let mut t = completed(&ZERO_UNDO, 1);
     let ran = run(&mut t, &ZERO_UNDO, permanent("no"));
-    assert_effects(&ran.effects, NextMove::Now, None, true);
+    assert_effects(&ran.transition, NextMove::Now, None, true);
     assert_eq!(t.status, T::Compensating);
     let n = t.audit_log.len();
     let ran = run(&mut t, &ZERO_UNDO, transient("busy"));
     assert_eq!(ran.call, comp_call(0));
     assert_eq!(ran.attempt.claim, "unmake:1");
-    assert_effects(&ran.effects, NextMove::Now, None, false);
+    assert_effects(&ran.transition, NextMove::Now, None, false);
     let rec = &t.steps[0];
     assert_eq!(rec.status, S::Compensating);
     assert_eq!(rec.compensation_attempts, 1);
@@ -2324,7 +2324,7 @@ fn a_timed_out_compensation_is_retried() {
             dropped: false,
         },
     );
-    assert_effects(&ran.effects, after_ms(50), None, false);
+    assert_effects(&ran.transition, after_ms(50), None, false);
     let error = "attempt timed out after 2s and was cancelled";
     assert_eq!(t.steps[2].compensation_error.as_deref(), Some(error));
     assert_eq!(lines(&t, n), [caf("unship", 1, Some(50))]);
@@ -2344,14 +2344,14 @@ fn cancelled_and_circuit_open_compensation_outcomes_count_as_transient_failures(
             dropped: false,
         },
     );
-    assert_effects(&ran.effects, after_ms(50), None, false);
+    assert_effects(&ran.transition, after_ms(50), None, false);
     assert_eq!(t.steps[2].compensation_error.as_deref(), Some("stopped"));
     assert_eq!(
         t.cancelled_at, None,
         "a compensation does not begin a cancellation"
     );
     let ran = run(&mut t, &BOOK, Outcome::CircuitOpen("open".into()));
-    assert_effects(&ran.effects, after_ms(100), None, false);
+    assert_effects(&ran.transition, after_ms(100), None, false);
     assert_eq!(t.steps[2].compensation_error.as_deref(), Some("open"));
     assert_eq!(
         lines(&t, n),
@@ -2384,7 +2384,7 @@ fn a_compensation_retry_base_gives_a_fresh_budget() {
     let mut got = Vec::new();
     for _ in 0..2 {
         let ran = run(&mut t, &BOOK, transient("x"));
-        got.push((ran.attempt.claim, ran.effects.next));
+        got.push((ran.attempt.claim, ran.transition.next));
     }
     assert_eq!(
         got,
@@ -2418,7 +2418,7 @@ fn a_step_retry_base_gives_a_fresh_budget() {
     let mut got = Vec::new();
     for _ in 0..3 {
         let ran = run(&mut t, &PARK2, transient("down"));
-        got.push((ran.attempt.claim, ran.effects.next));
+        got.push((ran.attempt.claim, ran.transition.next));
     }
     assert_eq!(
         got,
@@ -2684,7 +2684,7 @@ fn plan_when_every_step_is_completed_but_running_completes_the_task() {
 fn a_refused_completion_cancelled_on_its_guard_compensates_every_step_including_the_last() {
     let mut t = completed(&BOOK, 3);
     let ran = run(&mut t, &BOOK, succeeded(3));
-    let mut g = *ran.effects.guard.unwrap();
+    let mut g = *ran.transition.guard.unwrap();
     let n = g.audit_log.len();
     let at = Timestamp(3);
     begin_cancel(&mut g, &BOOK, at);
@@ -2726,7 +2726,7 @@ fn a_refused_failure_cancelled_on_its_guard_compensates_instead() {
     let mut t = completed(&FAIL2, 1);
     let ran = run(&mut t, &FAIL2, permanent("no"));
     assert_eq!(t.status, T::Failed);
-    let mut g = *ran.effects.guard.unwrap();
+    let mut g = *ran.transition.guard.unwrap();
     let n = g.audit_log.len();
     begin_cancel(&mut g, &FAIL2, Timestamp(8));
     assert_eq!(g.status, T::Compensating);
@@ -2740,13 +2740,13 @@ fn a_refused_failure_cancelled_on_its_guard_compensates_instead() {
     );
     let ran = run(&mut g, &FAIL2, undone());
     assert_eq!(ran.call, comp_call(0));
-    assert_effects(&ran.effects, NextMove::Stop, None, false);
+    assert_effects(&ran.transition, NextMove::Stop, None, false);
     assert_eq!(g.status, T::Cancelled);
 
     // A dead-lettering, likewise.
     let mut t = completed(&PARK2, 1);
     let ran = run(&mut t, &PARK2, invalid("bad"));
-    let mut g = *ran.effects.guard.unwrap();
+    let mut g = *ran.transition.guard.unwrap();
     begin_cancel(&mut g, &PARK2, Timestamp(8));
     assert_eq!(g.status, T::Compensating);
     assert!(find(&g, &AuditAction::DeadLettered).is_empty());
@@ -2776,7 +2776,7 @@ fn a_refused_compensation_decision_cancelled_on_its_guard_ends_cancelled() {
     let mut t = completed(&BOOK, 3);
     let ran = run(&mut t, &BOOK, permanent("webhook gone"));
     assert_eq!(t.status, T::Compensating);
-    let mut g = *ran.effects.guard.unwrap();
+    let mut g = *ran.transition.guard.unwrap();
     assert_eq!(g.status, T::Running);
     assert_eq!(g.cancelled_at, None);
     let n = g.audit_log.len();
@@ -2842,7 +2842,7 @@ fn an_interrupted_step_attempt_is_made_again_now_without_spending_the_budget() {
     let mut t = fresh(&ONCE); // max_retries = 0: one real call
     let ran = run(&mut t, &ONCE, Outcome::Interrupted { dropped: false });
     assert_eq!(ran.attempt.claim, "only:1");
-    assert_effects(&ran.effects, NextMove::Now, None, false);
+    assert_effects(&ran.transition, NextMove::Now, None, false);
     let rec = &t.steps[0];
     assert_eq!(rec.status, S::Pending);
     assert_eq!((rec.attempt_count, rec.retry_base), (1, 1));
@@ -2873,7 +2873,7 @@ fn an_interrupted_compensation_is_made_again_now_without_spending_the_budget() {
     begin_cancel(&mut t, &FAIL2, Timestamp(10)); // compensation: no retries
     let ran = run(&mut t, &FAIL2, Outcome::Interrupted { dropped: false });
     assert_eq!(ran.call, comp_call(0));
-    assert_effects(&ran.effects, NextMove::Now, None, false);
+    assert_effects(&ran.transition, NextMove::Now, None, false);
     let rec = &t.steps[0];
     assert_eq!(
         (rec.compensation_attempts, rec.compensation_retry_base),
@@ -2953,12 +2953,12 @@ fn probe(task: &mut TaskInstance, def: &SagaDefinition, outcome: Outcome) -> Ran
     let call = expect_call(plan(task, def, None, W));
     let attempt = record_attempt(task, def, call);
     let t0 = Timestamp::now().0;
-    let effects = on_probe_outcome(task, def, call, outcome, W);
+    let transition = on_probe_outcome(task, def, call, outcome, W);
     let t1 = Timestamp::now().0;
     Ran {
         call,
         attempt,
-        effects,
+        transition,
         t0,
         t1,
     }
@@ -2979,7 +2979,7 @@ fn failed_probes_of_a_breaker_that_waits_spend_no_retry_however_many() {
         assert_eq!(ran.attempt.claim, format!("notify:{n}"), "numbers go on");
         // Past the new break and the whole release window after it: every
         // task parked in that break comes back first, and probes next.
-        assert_effects(&ran.effects, NextMove::After(delay), None, true);
+        assert_effects(&ran.transition, NextMove::After(delay), None, true);
         let rec = &t.steps[0];
         assert_due(rec, &ran, delay.as_millis() as u64);
         assert_eq!((rec.attempt_count, rec.retry_base), (n, n - 1));
@@ -3008,7 +3008,7 @@ fn failed_probes_of_a_breaker_that_waits_spend_no_retry_however_many() {
     assert_eq!(t.steps[0].attempt_count - t.steps[0].retry_base, 1);
     // The dependency is back: the next probe completes the task.
     let ran = probe(&mut t, &WAITS, succeeded(0));
-    assert_effects(&ran.effects, NextMove::Stop, None, true);
+    assert_effects(&ran.transition, NextMove::Stop, None, true);
     assert_eq!(t.status, T::Completed);
 }
 
@@ -3030,7 +3030,7 @@ fn a_probe_that_answers_for_good_or_of_a_breaker_that_fails_is_an_ordinary_outco
     // A permanent error proves the dependency answered.
     let mut t = fresh(&WAITS);
     let ran = probe(&mut t, &WAITS, permanent("no such hook"));
-    assert!(ran.effects.guard.is_some(), "the running phase ends");
+    assert!(ran.transition.guard.is_some(), "the running phase ends");
     assert_eq!(t.status, T::Compensated);
     // `when_open = fail`: a failed probe counts like any failure.
     static FAILS: SagaDefinition = SagaDefinition {
@@ -3048,7 +3048,7 @@ fn a_probe_that_answers_for_good_or_of_a_breaker_that_fails_is_an_ordinary_outco
     };
     let mut t = fresh(&FAILS);
     let ran = probe(&mut t, &FAILS, transient("refused"));
-    assert_effects(&ran.effects, after_ms(100), None, true);
+    assert_effects(&ran.transition, after_ms(100), None, true);
     assert_eq!((t.steps[0].attempt_count, t.steps[0].retry_base), (1, 0));
 }
 
@@ -3070,8 +3070,8 @@ fn a_limit_wait_parks_the_step_without_an_attempt_and_records_the_wait_once() {
     let call = expect_call(plan(&mut task, &BOOK, None, W));
     assert_eq!(call, step_call(0));
     // Refused before the attempt is recorded: nothing counted.
-    let effects = on_outcome(&mut task, &BOOK, call, limit_wait("psp", 700, 3), W);
-    assert_effects(&effects, after_ms(700), None, true);
+    let transition = on_outcome(&mut task, &BOOK, call, limit_wait("psp", 700, 3), W);
+    assert_effects(&transition, after_ms(700), None, true);
     let rec = &task.steps[0];
     assert_eq!(rec.status, StepStatus::Pending);
     assert_eq!((rec.attempt_count, rec.retry_base), (0, 0));
@@ -3101,8 +3101,8 @@ fn a_limit_wait_parks_the_step_without_an_attempt_and_records_the_wait_once() {
 
     // Back, and still waiting: the same wait, not recorded again.
     let call = expect_call(plan(&mut task, &BOOK, None, W));
-    let effects = on_outcome(&mut task, &BOOK, call, limit_wait("psp", 0, 0), W);
-    assert_effects(&effects, after_ms(1), None, true);
+    let transition = on_outcome(&mut task, &BOOK, call, limit_wait("psp", 0, 0), W);
+    assert_effects(&transition, after_ms(1), None, true);
     assert!(
         task.audit_log.is_empty(),
         "not recorded again: {:#?}",
@@ -3147,7 +3147,7 @@ fn a_running_task_that_waits_is_guarded_by_itself_as_the_outcome_left_it() {
     let mut t = fresh(&BOOK);
     let ran = run(&mut t, &BOOK, transient("busy"));
     let guard = ran
-        .effects
+        .transition
         .guard
         .expect("a waiting running task is guarded");
     assert_eq!(*guard, t, "the guard is the task as the outcome left it");

@@ -21,7 +21,7 @@ use instance_lock::{Cached, HeldLease, InstanceGuard, Locked};
 pub(crate) use lanes::Ticket;
 pub use metrics::ProcessMetrics;
 
-use super::limits::{Asker, HeldLimits, Refusal};
+use super::limits::{Asker, HeldLimits, NotNow};
 use super::runtime::Runtime;
 use crate::backend::{
     BackendError, Delivery, ForwardTo, LimitCause, LoadedInstance, ProcessBackend, ProcessRefusal,
@@ -239,7 +239,7 @@ fn handler_limits(
 /// token (a rate), or a share of a second (a slot: nothing wakes a
 /// process-manager message, so it looks again soon, spread so that the
 /// messages held back together do not all come back at once).
-fn handed_back_for(refused: &Refusal, delivery: &Delivery) -> std::time::Duration {
+fn handed_back_for(refused: &NotNow, delivery: &Delivery) -> std::time::Duration {
     use std::hash::{Hash, Hasher};
     match refused.cause {
         LimitCause::Rate => refused.retry_after,

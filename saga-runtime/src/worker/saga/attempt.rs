@@ -7,7 +7,7 @@ use crate::error::StepErrorKind;
 use crate::metrics;
 use crate::model::task::{TaskInstance, TaskStatus};
 use crate::saga::state_machine as sm;
-use crate::saga::state_machine::{Call, Effects, NextMove, Outcome, Phase, Plan};
+use crate::saga::state_machine::{Call, NextMove, Outcome, Phase, Plan, Transition};
 use crate::util::Unpoisoned;
 
 impl Run<'_> {
@@ -25,33 +25,33 @@ impl Run<'_> {
         // The status stored under the task's current version.
         let mut stored = task.status;
         if self.delivery.deliveries > self.rt.settings.max_deliveries {
-            let effects = sm::poisoned(&mut task, self.def, self.delivery.deliveries - 1);
-            return self.commit(task, stored, effects).await;
+            let transition = sm::poisoned(&mut task, self.def, self.delivery.deliveries - 1);
+            return self.commit(task, stored, transition).await;
         }
         sm::forgive_crash(&mut task, self.worker);
         let mut plan = sm::plan(&mut task, self.def, cancel, self.worker);
         let mut continuing = false;
         loop {
-            let effects = match plan {
-                Plan::Nothing if continuing => Effects::stop(),
+            let transition = match plan {
+                Plan::Nothing if continuing => Transition::stop(),
                 Plan::Nothing => {
                     self.rt.backend.ack(self.delivery).await?;
                     return Ok(());
                 }
-                Plan::Commit(effects) => effects,
+                Plan::Commit(transition) => transition,
                 Plan::Call(call) => {
                     match self
                         .attempt(&mut task, &mut stored, call, continuing)
                         .await?
                     {
-                        Attempted::Effects { effects, wrote }
-                            if wrote && self.goes_on(&task, &effects) =>
+                        Attempted::Ended { transition, wrote }
+                            if wrote && self.goes_on(&task, &transition) =>
                         {
                             continuing = true;
                             plan = sm::plan(&mut task, self.def, None, self.worker);
                             continue;
                         }
-                        Attempted::Effects { effects, .. } => effects,
+                        Attempted::Ended { transition, .. } => transition,
                         Attempted::Cancelled { at } => {
                             plan = sm::plan(&mut task, self.def, Some(at), self.worker);
                             continue;
@@ -59,7 +59,7 @@ impl Run<'_> {
                     }
                 }
             };
-            return self.commit(task, stored, effects).await;
+            return self.commit(task, stored, transition).await;
         }
     }
 
@@ -77,11 +77,11 @@ impl Run<'_> {
     /// that the next step starts on a fresh message: a message's count of
     /// unanswered deliveries is its poison cap, and it must not add up the
     /// crashes of several steps that each went on to complete.
-    pub(super) fn goes_on(&self, task: &TaskInstance, effects: &Effects) -> bool {
+    pub(super) fn goes_on(&self, task: &TaskInstance, transition: &Transition) -> bool {
         self.delivery.deliveries <= 1
-            && effects.next == NextMove::Now
-            && effects.dead_letter.is_none()
-            && effects.guard.is_none()
+            && transition.next == NextMove::Now
+            && transition.dead_letter.is_none()
+            && transition.guard.is_none()
             && !task.status.is_terminal()
             && !self.rt.shutdown.is_cancelled()
     }
@@ -103,9 +103,9 @@ impl Run<'_> {
             Phase::Step if !step.limits.is_empty() => match self.limit_permit(task, call).await? {
                 Ok(held) => Some(held),
                 Err(outcome) => {
-                    let effects = self.parked(task, call, outcome);
-                    return Ok(Attempted::Effects {
-                        effects,
+                    let transition = self.parked(task, call, outcome);
+                    return Ok(Attempted::Ended {
+                        transition,
                         wrote: false,
                     });
                 }
@@ -122,9 +122,9 @@ impl Run<'_> {
         {
             Ok(permit) => permit,
             Err(outcome) => {
-                let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
-                return Ok(Attempted::Effects {
-                    effects,
+                let transition = sm::on_outcome(task, self.def, call, outcome, self.worker);
+                return Ok(Attempted::Ended {
+                    transition,
                     wrote: false,
                 });
             }
@@ -186,9 +186,9 @@ impl Run<'_> {
         if !claimed {
             BreakerPermit::abandon(permit, self.rt).await;
             let outcome = Outcome::AlreadyClaimed;
-            let effects = sm::on_outcome(task, self.def, call, outcome, self.worker);
-            return Ok(Attempted::Effects {
-                effects,
+            let transition = sm::on_outcome(task, self.def, call, outcome, self.worker);
+            return Ok(Attempted::Ended {
+                transition,
                 wrote: true,
             });
         }
@@ -214,12 +214,12 @@ impl Run<'_> {
         if let Some(permit) = permit {
             permit.report(self.rt, breaker_verdict(&outcome)).await;
         }
-        let effects = match probe {
+        let transition = match probe {
             true => sm::on_probe_outcome(task, self.def, call, outcome, self.worker),
             false => sm::on_outcome(task, self.def, call, outcome, self.worker),
         };
-        Ok(Attempted::Effects {
-            effects,
+        Ok(Attempted::Ended {
+            transition,
             wrote: true,
         })
     }

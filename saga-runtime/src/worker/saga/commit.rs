@@ -9,7 +9,7 @@ use crate::metrics;
 use crate::metrics::DeadLetterKind;
 use crate::model::task::{TaskInstance, TaskStatus};
 use crate::saga::state_machine as sm;
-use crate::saga::state_machine::{Effects, NextMove};
+use crate::saga::state_machine::{NextMove, Transition};
 use std::time::Duration;
 
 /// A write made under the run's lease, as [`Run::persist`] saw it land.
@@ -29,13 +29,13 @@ impl Run<'_> {
         &self,
         mut task: TaskInstance,
         stored: TaskStatus,
-        effects: Effects,
+        transition: Transition,
     ) -> Result<(), Stopped> {
-        let Effects {
+        let Transition {
             next,
             dead_letter,
             guard,
-        } = effects;
+        } = transition;
         let guarded = guard.is_some();
         let written = self
             .write(&mut task, stored, next, dead_letter.as_deref(), guarded)

@@ -7,7 +7,7 @@ use crate::backend::{LimitCause, QueueMessage};
 use crate::metrics;
 use crate::model::task::{TaskInstance, TaskStatus, Timestamp};
 use crate::saga::state_machine as sm;
-use crate::saga::state_machine::{waiting_since, Call, Effects, Outcome, Waiting};
+use crate::saga::state_machine::{waiting_since, Call, Outcome, Transition, Waiting};
 use crate::worker::limits::{leave, wake_of, Asker, HeldLimits};
 
 /// How long a step waits when its limits could not be asked.
@@ -105,11 +105,16 @@ impl Run<'_> {
 }
 
 impl Run<'_> {
-    /// The effects of a step parked by its limits. A message recovered
+    /// The transition of a step parked by its limits. A message recovered
     /// from a dead worker (it runs alone) parked here comes back as a
     /// fresh one: the step's next attempt stays the suspect, so that a
     /// crash in it is counted, not forgiven.
-    pub(super) fn parked(&self, task: &mut TaskInstance, call: Call, outcome: Outcome) -> Effects {
+    pub(super) fn parked(
+        &self,
+        task: &mut TaskInstance,
+        call: Call,
+        outcome: Outcome,
+    ) -> Transition {
         if self.alone() {
             let rec = &mut task.steps[call.idx];
             rec.alone_attempt = Some(rec.attempt_count + 1);

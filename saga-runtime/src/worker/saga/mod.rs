@@ -32,7 +32,7 @@ use crate::backend::{
     BackendError, Delivery, Lease, Locked, QueueMessage, TakenLease, TaskRefusal,
 };
 use crate::saga::admission::{self, Admission, Read};
-use crate::saga::state_machine::Effects;
+use crate::saga::state_machine::Transition;
 use crate::saga::{ErasedSaga, SagaDefinition};
 use crate::worker::runtime::Runtime;
 
@@ -263,9 +263,9 @@ struct Run<'a> {
 
 /// What [`Run::attempt`] came to.
 enum Attempted {
-    /// The attempt's effects on the task; `wrote` when its start was
+    /// The transition the attempt's outcome makes; `wrote` when its start was
     /// recorded (the task made progress in the store).
-    Effects { effects: Effects, wrote: bool },
+    Ended { transition: Transition, wrote: bool },
     /// Going on with the task was refused: its cancellation was requested
     /// at `at`. The task is back as it was before the refused attempt.
     Cancelled { at: crate::model::task::Timestamp },

@@ -20,7 +20,7 @@
 //! returns its results (no fragment leaves globals for its includer); a
 //! script is its libraries' text followed by its own, concatenated at
 //! compile time. Refusals have named codes (`lua/lib/refusals.lua`), the
-//! same table as [`Refusal`].
+//! same table as [`RefusalCode`].
 //!
 //! On the Rust side each script has one typed call (a struct per script,
 //! see [`Call`]): callers fill named fields, the order of the keys and
@@ -50,7 +50,7 @@ pub(super) use invocation::{Invocation, ScriptCmd};
 pub(super) use limits::*;
 pub(super) use process::*;
 pub(super) use queue::*;
-pub(super) use refusal::Refusal;
+pub(super) use refusal::RefusalCode;
 pub(super) use task::*;
 
 /// One call of a script: its keys and arguments as named fields, and its
@@ -127,7 +127,7 @@ fn durable(script: &Script) -> bool {
 /// as text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Refused {
-    pub refusal: Refusal,
+    pub refusal: RefusalCode,
     pub detail: Option<String>,
 }
 

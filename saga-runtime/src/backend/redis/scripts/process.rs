@@ -4,7 +4,7 @@
 
 use redis::{Script, Value};
 
-use super::{flag, or_empty, typed, Call, Invocation, Refusal, Refused, Settling};
+use super::{flag, or_empty, typed, Call, Invocation, RefusalCode, Refused, SettleArgv};
 use super::{
     CLAIM_ENTRY, ENDPOINT_APPEND, PROCESS_COMMIT, PROCESS_HOLD, RELEASE_DUE, RELEASE_HELD,
     REMEMBER, SWAP_ENTRY, TALLY_FINISH, TALLY_PROGRESS,
@@ -89,7 +89,7 @@ pub(crate) struct ProcessCommit<'a> {
     pub id: String,
     pub delete: bool,
     pub generation: &'a str,
-    pub settle: Settling<'a>,
+    pub settle: SettleArgv<'a>,
     pub group: &'a str,
     pub dead_cap: u64,
     pub endpoint_cap: u64,
@@ -195,15 +195,15 @@ impl Call for ProcessCommit<'_> {
     fn fill(&self, call: &mut Invocation) {
         self.fill_keys(call);
         let (kind, entry, payload, reason, size) = match &self.settle {
-            Settling::Keep => ("none", "", "", "", None),
-            Settling::Ack { entry } => ("ack", entry.as_str(), "", "", None),
-            Settling::Dead {
+            SettleArgv::Keep => ("none", "", "", "", None),
+            SettleArgv::Ack { entry } => ("ack", entry.as_str(), "", "", None),
+            SettleArgv::Dead {
                 entry,
                 payload,
                 reason,
                 size,
             } => ("dead", entry.as_str(), *payload, *reason, *size),
-            Settling::Resolve { entry } => ("resolve", entry.as_str(), "", "", None),
+            SettleArgv::Resolve { entry } => ("resolve", entry.as_str(), "", "", None),
         };
         // The endpoint streams relayed to, of the messages that are: the
         // script reads this list by endpoint index, so the two agree when
@@ -264,8 +264,8 @@ impl Call for ProcessCommit<'_> {
             })),
             Some(Value::Int(code)) => Ok(Err(Refused {
                 // Any other code reads as a conflict, as it always has.
-                refusal: Refusal::from_code(*code, Refusal::PROCESS_COMMIT)
-                    .unwrap_or(Refusal::Conflict),
+                refusal: RefusalCode::from_code(*code, RefusalCode::PROCESS_COMMIT)
+                    .unwrap_or(RefusalCode::Conflict),
                 detail: text_at(&reply, 1),
             })),
             _ => Err(corrupt("unexpected reply from the process commit script")),
@@ -298,8 +298,8 @@ pub(crate) enum Holding {
 }
 
 impl Call for ProcessHold<'_> {
-    /// Or refused: [`Refusal::Conflict`], [`Refusal::Taken`] (with the
-    /// entry's owner), [`Refusal::Tombstoned`], [`Refusal::HoldFull`].
+    /// Or refused: [`RefusalCode::Conflict`], [`RefusalCode::Taken`] (with the
+    /// entry's owner), [`RefusalCode::Tombstoned`], [`RefusalCode::HoldFull`].
     type Reply = Result<Holding, Refused>;
 
     fn script() -> &'static Script {
@@ -331,13 +331,15 @@ impl Call for ProcessHold<'_> {
         Ok(match reply.first() {
             Some(Value::Int(0)) => Ok(Holding::Held),
             Some(Value::Int(1)) => Ok(Holding::Already),
-            Some(Value::Int(code)) => match Refusal::from_code(*code, Refusal::PROCESS_HOLD) {
-                Some(refusal) => Err(Refused {
-                    refusal,
-                    detail: text_at(&reply, 1),
-                }),
-                None => return Err(corrupt("unexpected refusal from the hold script")),
-            },
+            Some(Value::Int(code)) => {
+                match RefusalCode::from_code(*code, RefusalCode::PROCESS_HOLD) {
+                    Some(refusal) => Err(Refused {
+                        refusal,
+                        detail: text_at(&reply, 1),
+                    }),
+                    None => return Err(corrupt("unexpected refusal from the hold script")),
+                }
+            }
             _ => return Err(corrupt("unexpected reply from the hold script")),
         })
     }
@@ -367,7 +369,7 @@ impl Call for EndpointAppend<'_> {
         match reply {
             Value::Array(items) => match items.first() {
                 Some(Value::Int(code))
-                    if Refusal::from_code(*code, Refusal::ENDPOINT_APPEND).is_some() =>
+                    if RefusalCode::from_code(*code, RefusalCode::ENDPOINT_APPEND).is_some() =>
                 {
                     Ok(None)
                 }
@@ -464,8 +466,8 @@ pub(crate) enum EntryClaim {
 }
 
 impl Call for ClaimEntry<'_> {
-    /// Or refused: [`Refusal::Taken`] (with the owner), or
-    /// [`Refusal::Tombstoned`].
+    /// Or refused: [`RefusalCode::Taken`] (with the owner), or
+    /// [`RefusalCode::Tombstoned`].
     type Reply = Result<EntryClaim, Refused>;
 
     fn script() -> &'static Script {
@@ -483,17 +485,17 @@ impl Call for ClaimEntry<'_> {
 
     fn decode(reply: Value) -> Result<Self::Reply, BackendError> {
         let reply: Vec<Value> = typed(reply)?;
-        let refusal = |code: &i64| Refusal::from_code(*code, Refusal::CLAIM_ENTRY);
+        let refusal = |code: &i64| RefusalCode::from_code(*code, RefusalCode::CLAIM_ENTRY);
         Ok(match reply.as_slice() {
             [Value::Int(1)] => Ok(EntryClaim::Claimed),
             [Value::Int(2)] => Ok(EntryClaim::Held),
-            [Value::Int(code)] if refusal(code) == Some(Refusal::Tombstoned) => Err(Refused {
-                refusal: Refusal::Tombstoned,
+            [Value::Int(code)] if refusal(code) == Some(RefusalCode::Tombstoned) => Err(Refused {
+                refusal: RefusalCode::Tombstoned,
                 detail: None,
             }),
-            [Value::Int(code), owner, ..] if refusal(code) == Some(Refusal::Taken) => {
+            [Value::Int(code), owner, ..] if refusal(code) == Some(RefusalCode::Taken) => {
                 Err(Refused {
-                    refusal: Refusal::Taken,
+                    refusal: RefusalCode::Taken,
                     detail: Some(text(owner)),
                 })
             }

@@ -3,13 +3,13 @@
 //! A refused write answers `{code, detail}` (a negative code) and has
 //! written nothing. The Lua side names the codes in
 //! `lua/lib/refusals.lua`; a test checks that file against
-//! [`Refusal::TABLE`], so a code cannot change on one side only (the codes
+//! [`RefusalCode::TABLE`], so a code cannot change on one side only (the codes
 //! are on the wire: a script and the Rust reading it must agree, and an
 //! upgrade in place runs old and new side by side).
 
 /// Why a script refused a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub(crate) enum RefusalCode {
     /// The write's fence is not the task's latest: its lease was lost.
     LockLost,
     /// The stored version (or generation) is not the one the writer read.
@@ -32,54 +32,54 @@ pub(crate) enum Refusal {
     EndpointFull,
 }
 
-impl Refusal {
+impl RefusalCode {
     /// Every refusal, with its name in `lua/lib/refusals.lua` and its code
     /// on the wire. Codes repeat across families (a task write's `-5` is a
     /// cancellation, a process-manager write's a tombstone), never within
     /// the set one script answers (see [`from_code`](Self::from_code)).
-    pub const TABLE: [(Refusal, &'static str, i64); 9] = [
-        (Refusal::LockLost, "LOCK_LOST", -1),
-        (Refusal::Conflict, "CONFLICT", -2),
-        (Refusal::Missing, "MISSING", -3),
-        (Refusal::Taken, "TAKEN", -4),
-        (Refusal::CancelRequested, "CANCEL_REQUESTED", -5),
-        (Refusal::Tombstoned, "TOMBSTONED", -5),
-        (Refusal::TallyExists, "TALLY_EXISTS", -6),
-        (Refusal::HoldFull, "HOLD_FULL", -7),
-        (Refusal::EndpointFull, "ENDPOINT_FULL", -8),
+    pub const TABLE: [(RefusalCode, &'static str, i64); 9] = [
+        (RefusalCode::LockLost, "LOCK_LOST", -1),
+        (RefusalCode::Conflict, "CONFLICT", -2),
+        (RefusalCode::Missing, "MISSING", -3),
+        (RefusalCode::Taken, "TAKEN", -4),
+        (RefusalCode::CancelRequested, "CANCEL_REQUESTED", -5),
+        (RefusalCode::Tombstoned, "TOMBSTONED", -5),
+        (RefusalCode::TallyExists, "TALLY_EXISTS", -6),
+        (RefusalCode::HoldFull, "HOLD_FULL", -7),
+        (RefusalCode::EndpointFull, "ENDPOINT_FULL", -8),
     ];
 
     /// What the task writes answer (`record_attempt.lua`,
     /// `record_next.lua`, `commit.lua`).
-    pub const TASK_WRITE: &'static [Refusal] = &[
-        Refusal::LockLost,
-        Refusal::Conflict,
-        Refusal::Missing,
-        Refusal::CancelRequested,
+    pub const TASK_WRITE: &'static [RefusalCode] = &[
+        RefusalCode::LockLost,
+        RefusalCode::Conflict,
+        RefusalCode::Missing,
+        RefusalCode::CancelRequested,
     ];
 
     /// What `process_commit.lua` answers.
-    pub const PROCESS_COMMIT: &'static [Refusal] = &[
-        Refusal::Conflict,
-        Refusal::Taken,
-        Refusal::Tombstoned,
-        Refusal::TallyExists,
-        Refusal::EndpointFull,
+    pub const PROCESS_COMMIT: &'static [RefusalCode] = &[
+        RefusalCode::Conflict,
+        RefusalCode::Taken,
+        RefusalCode::Tombstoned,
+        RefusalCode::TallyExists,
+        RefusalCode::EndpointFull,
     ];
 
     /// What `endpoint_append.lua` answers.
-    pub const ENDPOINT_APPEND: &'static [Refusal] = &[Refusal::EndpointFull];
+    pub const ENDPOINT_APPEND: &'static [RefusalCode] = &[RefusalCode::EndpointFull];
 
     /// What `process_hold.lua` answers.
-    pub const PROCESS_HOLD: &'static [Refusal] = &[
-        Refusal::Conflict,
-        Refusal::Taken,
-        Refusal::Tombstoned,
-        Refusal::HoldFull,
+    pub const PROCESS_HOLD: &'static [RefusalCode] = &[
+        RefusalCode::Conflict,
+        RefusalCode::Taken,
+        RefusalCode::Tombstoned,
+        RefusalCode::HoldFull,
     ];
 
     /// What `claim_entry.lua` answers.
-    pub const CLAIM_ENTRY: &'static [Refusal] = &[Refusal::Taken, Refusal::Tombstoned];
+    pub const CLAIM_ENTRY: &'static [RefusalCode] = &[RefusalCode::Taken, RefusalCode::Tombstoned];
 
     /// Its code on the wire.
     pub fn code(self) -> i64 {
@@ -90,7 +90,7 @@ impl Refusal {
     }
 
     /// The refusal of `among` (what one script answers) that `code` names.
-    pub fn from_code(code: i64, among: &[Refusal]) -> Option<Refusal> {
+    pub fn from_code(code: i64, among: &[RefusalCode]) -> Option<RefusalCode> {
         among.iter().copied().find(|r| r.code() == code)
     }
 }
@@ -116,7 +116,7 @@ mod tests {
 
     #[test]
     fn the_lua_constants_are_the_rust_table() {
-        let rust: Vec<(String, i64)> = Refusal::TABLE
+        let rust: Vec<(String, i64)> = RefusalCode::TABLE
             .iter()
             .map(|(_, name, code)| ((*name).to_owned(), *code))
             .collect();
@@ -126,20 +126,20 @@ mod tests {
     #[test]
     fn every_refusal_is_in_the_table_once_with_todays_code() {
         // A new variant must be added here, and so to the table.
-        let code = |r: Refusal| match r {
-            Refusal::LockLost => -1,
-            Refusal::Conflict => -2,
-            Refusal::Missing => -3,
-            Refusal::Taken => -4,
-            Refusal::CancelRequested | Refusal::Tombstoned => -5,
-            Refusal::TallyExists => -6,
-            Refusal::HoldFull => -7,
-            Refusal::EndpointFull => -8,
+        let code = |r: RefusalCode| match r {
+            RefusalCode::LockLost => -1,
+            RefusalCode::Conflict => -2,
+            RefusalCode::Missing => -3,
+            RefusalCode::Taken => -4,
+            RefusalCode::CancelRequested | RefusalCode::Tombstoned => -5,
+            RefusalCode::TallyExists => -6,
+            RefusalCode::HoldFull => -7,
+            RefusalCode::EndpointFull => -8,
         };
-        for (refusal, _, wire) in Refusal::TABLE {
+        for (refusal, _, wire) in RefusalCode::TABLE {
             assert_eq!(code(refusal), wire, "{refusal:?}");
             assert_eq!(refusal.code(), wire, "{refusal:?}");
-            let listed = Refusal::TABLE.iter().filter(|(r, _, _)| *r == refusal);
+            let listed = RefusalCode::TABLE.iter().filter(|(r, _, _)| *r == refusal);
             assert_eq!(listed.count(), 1, "{refusal:?}");
         }
     }
@@ -147,21 +147,21 @@ mod tests {
     #[test]
     fn no_code_repeats_among_what_one_script_answers() {
         for among in [
-            Refusal::TASK_WRITE,
-            Refusal::PROCESS_COMMIT,
-            Refusal::PROCESS_HOLD,
-            Refusal::CLAIM_ENTRY,
-            Refusal::ENDPOINT_APPEND,
+            RefusalCode::TASK_WRITE,
+            RefusalCode::PROCESS_COMMIT,
+            RefusalCode::PROCESS_HOLD,
+            RefusalCode::CLAIM_ENTRY,
+            RefusalCode::ENDPOINT_APPEND,
         ] {
             for refusal in among {
                 assert_eq!(
-                    Refusal::from_code(refusal.code(), among),
+                    RefusalCode::from_code(refusal.code(), among),
                     Some(*refusal),
                     "{among:?}"
                 );
             }
-            assert_eq!(Refusal::from_code(0, among), None);
-            assert_eq!(Refusal::from_code(7, among), None);
+            assert_eq!(RefusalCode::from_code(0, among), None);
+            assert_eq!(RefusalCode::from_code(7, among), None);
         }
     }
 }

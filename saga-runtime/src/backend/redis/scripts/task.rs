@@ -4,7 +4,7 @@
 
 use redis::{Script, Value};
 
-use super::{flag, or_empty, typed, Call, Invocation, Refusal, Refused};
+use super::{flag, or_empty, typed, Call, Invocation, RefusalCode, Refused};
 use super::{CANCEL, COMMIT, CREATE, HEARTBEAT, LOCK, RECORD_ATTEMPT, RECORD_NEXT, UNLOCK};
 use crate::backend::redis::corrupt;
 use crate::backend::redis::entry::{items, text_at};
@@ -131,7 +131,7 @@ pub(crate) struct Written {
 }
 
 /// Reads a task write's reply: `{version, claimed}` or a refusal of
-/// [`Refusal::TASK_WRITE`] with the stored value.
+/// [`RefusalCode::TASK_WRITE`] with the stored value.
 fn written(reply: Value) -> Result<Result<Written, Refused>, BackendError> {
     let reply: Vec<Value> = typed(reply)?;
     let unexpected = || corrupt("unexpected reply from a write script");
@@ -145,7 +145,7 @@ fn written(reply: Value) -> Result<Result<Written, Refused>, BackendError> {
             claimed: matches!(reply.get(1), Some(Value::Int(1))),
         }));
     }
-    let refusal = Refusal::from_code(code, Refusal::TASK_WRITE).ok_or_else(unexpected)?;
+    let refusal = RefusalCode::from_code(code, RefusalCode::TASK_WRITE).ok_or_else(unexpected)?;
     Ok(Err(Refused {
         refusal,
         detail: text_at(&reply, 1),
@@ -291,7 +291,7 @@ impl Call for RecordNext<'_> {
 /// What a commit (a task's or a process manager's) does with the message
 /// it handled.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Settling<'a> {
+pub(crate) enum SettleArgv<'a> {
     /// Nothing.
     Keep,
     /// Acknowledge entry `entry`.
@@ -327,7 +327,7 @@ pub(crate) struct Commit<'a> {
     pub doc: String,
     /// The next message's payload and delay (ms).
     pub next: Option<(String, u64)>,
-    pub settle: Settling<'a>,
+    pub settle: SettleArgv<'a>,
     pub group: &'a str,
     pub id: String,
     pub unless_cancelled: bool,
@@ -363,15 +363,15 @@ impl Call for Commit<'_> {
             None => ("", 0),
         };
         let (kind, entry, payload, reason, size) = match &self.settle {
-            Settling::Keep => ("none", "", "", "", None),
-            Settling::Ack { entry } => ("ack", entry.as_str(), "", "", None),
-            Settling::Dead {
+            SettleArgv::Keep => ("none", "", "", "", None),
+            SettleArgv::Ack { entry } => ("ack", entry.as_str(), "", "", None),
+            SettleArgv::Dead {
                 entry,
                 payload,
                 reason,
                 size,
             } => ("dead", entry.as_str(), *payload, *reason, *size),
-            Settling::Resolve { entry } => ("resolve", entry.as_str(), "", "", None),
+            SettleArgv::Resolve { entry } => ("resolve", entry.as_str(), "", "", None),
         };
         call.key(&self.fence)
             .key(&self.task)

@@ -1,6 +1,6 @@
 -- Refusal codes: how a script says no. A refused write answers
 -- {code, detail} and has written nothing (every check comes before the
--- first write). The table is `Refusal` in `scripts/refusal.rs`; a test
+-- first write). The table is `RefusalCode` in `scripts/refusal.rs`; a test
 -- checks that the two agree, name for name and code for code. Task writes
 -- and process-manager writes each answer a set of them in which no code
 -- repeats (-5 is a cancellation to the one, a tombstone to the other).

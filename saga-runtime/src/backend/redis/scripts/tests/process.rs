@@ -4,13 +4,14 @@
 
 use super::Fixture;
 use crate::backend::redis::scripts::{
-    self as s, EntryClaim, Holding, ProcessCommitted, Refusal, Refused, Settling, TallyFinished,
+    self as s, EntryClaim, Holding, ProcessCommitted, RefusalCode, Refused, SettleArgv,
+    TallyFinished,
 };
 use crate::model::tally::TallyProgress;
 
 const GROUP: &str = "workers";
 
-fn refused(refusal: Refusal, detail: Option<&str>) -> Refused {
+fn refused(refusal: RefusalCode, detail: Option<&str>) -> Refused {
     Refused {
         refusal,
         detail: detail.map(str::to_owned),
@@ -75,7 +76,7 @@ impl Fixture {
             id: id.to_owned(),
             delete: false,
             generation: "g1",
-            settle: Settling::Keep,
+            settle: SettleArgv::Keep,
             group: GROUP,
             dead_cap: 100,
             endpoint_cap: 100,
@@ -169,7 +170,7 @@ async fn process_commit_writes_the_instance_and_its_outbox() {
         payload: "far".to_owned(),
     };
     next.tallies = vec![f.open_tally("items", &["a", "b", "a"])];
-    next.settle = Settling::Ack { entry };
+    next.settle = SettleArgv::Ack { entry };
     next.handling = Some("m2");
     let reply = f.call(&next).await.unwrap().unwrap();
     let relays = f.entries(&k.relays(0)).await;
@@ -235,24 +236,32 @@ async fn process_commit_refuses_before_writing() {
         (
             "stale version",
             stale,
-            refused(Refusal::Conflict, Some("1")),
+            refused(RefusalCode::Conflict, Some("1")),
         ),
         (
             "another generation",
             reborn,
-            refused(Refusal::Conflict, Some("1")),
+            refused(RefusalCode::Conflict, Some("1")),
         ),
-        ("tombstoned", tombstoned, refused(Refusal::Tombstoned, None)),
+        (
+            "tombstoned",
+            tombstoned,
+            refused(RefusalCode::Tombstoned, None),
+        ),
         (
             "tombstoned batch",
             batched,
-            refused(Refusal::Tombstoned, None),
+            refused(RefusalCode::Tombstoned, None),
         ),
-        ("entry taken", taken, refused(Refusal::Taken, Some("i9"))),
+        (
+            "entry taken",
+            taken,
+            refused(RefusalCode::Taken, Some("i9")),
+        ),
         (
             "tally exists",
             tally,
-            refused(Refusal::TallyExists, Some("2")),
+            refused(RefusalCode::TallyExists, Some("2")),
         ),
     ];
     for (case, commit, expected) in cases {
@@ -296,7 +305,7 @@ async fn process_commit_deletes_and_remembers_what_was_handled() {
     late.tombstone = k.tombstone("orders", "i2");
     assert_eq!(
         f.call(&late).await.unwrap(),
-        Err(refused(Refusal::Tombstoned, None))
+        Err(refused(RefusalCode::Tombstoned, None))
     );
     // A settle-only write (no instance) still settles, as a dead letter.
     let queue = k.queue(k.process_partition(2));
@@ -307,7 +316,7 @@ async fn process_commit_deletes_and_remembers_what_was_handled() {
     settle_only.has_instance = false;
     settle_only.queue = queue.clone();
     settle_only.dead = k.dead(k.process_partition(2));
-    settle_only.settle = Settling::Dead {
+    settle_only.settle = SettleArgv::Dead {
         entry,
         payload: "bad",
         reason: "no handler",
@@ -348,7 +357,7 @@ async fn claim_entry_swap_entry_and_remember() {
     );
     assert_eq!(
         f.call(&claim("i2", &[])).await.unwrap(),
-        Err(refused(Refusal::Taken, Some("i1")))
+        Err(refused(RefusalCode::Taken, Some("i1")))
     );
 
     let swap = |expected: &'static str, owner| s::SwapEntry {
@@ -375,7 +384,7 @@ async fn claim_entry_swap_entry_and_remember() {
     assert!(f.call(&remember(&handled)).await.unwrap());
     assert_eq!(
         f.call(&claim("i4", &["m0", "m7"])).await.unwrap(),
-        Err(refused(Refusal::Tombstoned, None))
+        Err(refused(RefusalCode::Tombstoned, None))
     );
 }
 
@@ -489,7 +498,7 @@ async fn holds_count_only_what_is_still_held_and_the_creating_commit_releases_th
     );
     assert_eq!(
         f.call(&f.hold("i9", "c", 2)).await.unwrap(),
-        Err(refused(Refusal::HoldFull, Some("2")))
+        Err(refused(RefusalCode::HoldFull, Some("2")))
     );
     // "a" is no longer scheduled (its hold ended and the poller moved it):
     // it counts no longer, and "c" is held.
@@ -525,6 +534,6 @@ async fn holds_count_only_what_is_still_held_and_the_creating_commit_releases_th
     // The instance exists now: a hold for it is refused.
     assert_eq!(
         f.call(&f.hold("i9", "d", 2)).await.unwrap(),
-        Err(refused(Refusal::Conflict, None))
+        Err(refused(RefusalCode::Conflict, None))
     );
 }

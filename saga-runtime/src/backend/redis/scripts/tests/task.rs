@@ -7,7 +7,7 @@ use redis::Value;
 use super::Fixture;
 use crate::backend::redis::record::RawRecord;
 use crate::backend::redis::scripts::{
-    self as s, Beat, Locking, Refusal, Refused, Settling, Written,
+    self as s, Beat, Locking, RefusalCode, Refused, SettleArgv, Written,
 };
 use crate::backend::BackendError;
 use crate::model::task::{TaskId, TaskStatus};
@@ -19,7 +19,7 @@ fn id() -> TaskId {
     "00000000-0000-0000-0000-0000000000aa".parse().unwrap()
 }
 
-fn refused(refusal: Refusal, detail: Option<&str>) -> Refused {
+fn refused(refusal: RefusalCode, detail: Option<&str>) -> Refused {
     Refused {
         refusal,
         detail: detail.map(str::to_owned),
@@ -134,7 +134,7 @@ impl Fixture {
             version,
             doc: format!(r#"{{"v":{version}}}"#),
             next: None,
-            settle: Settling::Keep,
+            settle: SettleArgv::Keep,
             group: GROUP,
             id: id().to_string(),
             unless_cancelled: false,
@@ -274,8 +274,18 @@ async fn record_attempt_checks_fence_and_version_first() {
     f.locked_task().await;
     let before = f.task_state().await;
     let cases = [
-        ("stale fence", 0, 1, refused(Refusal::LockLost, Some("1"))),
-        ("stale version", 1, 7, refused(Refusal::Conflict, Some("1"))),
+        (
+            "stale fence",
+            0,
+            1,
+            refused(RefusalCode::LockLost, Some("1")),
+        ),
+        (
+            "stale version",
+            1,
+            7,
+            refused(RefusalCode::Conflict, Some("1")),
+        ),
     ];
     for (case, fence, version, expected) in cases {
         let reply = f.call(&f.record(fence, version, "a1")).await.unwrap();
@@ -315,7 +325,7 @@ async fn record_attempt_checks_fence_and_version_first() {
     // The record gone (expired), the fence left: missing.
     let _: () = f.cmd(&["DEL", &k.task(id())]).await;
     let reply = f.call(&f.record(1, 4, "a3")).await.unwrap();
-    assert_eq!(reply, Err(refused(Refusal::Missing, None)));
+    assert_eq!(reply, Err(refused(RefusalCode::Missing, None)));
 }
 
 #[tokio::test]
@@ -326,13 +336,23 @@ async fn record_next_refuses_a_recorded_cancellation_when_asked() {
     let _: () = f.cmd(&["SET", &k.cancel(id()), "9|x"]).await;
     let before = f.task_state().await;
     let cases = [
-        ("stale fence", 2, 1, refused(Refusal::LockLost, Some("1"))),
-        ("stale version", 1, 2, refused(Refusal::Conflict, Some("1"))),
+        (
+            "stale fence",
+            2,
+            1,
+            refused(RefusalCode::LockLost, Some("1")),
+        ),
+        (
+            "stale version",
+            1,
+            2,
+            refused(RefusalCode::Conflict, Some("1")),
+        ),
         (
             "cancelled",
             1,
             1,
-            refused(Refusal::CancelRequested, Some("9|x")),
+            refused(RefusalCode::CancelRequested, Some("9|x")),
         ),
     ];
     for (case, fence, version, expected) in cases {
@@ -380,28 +400,28 @@ async fn commit_refuses_before_writing() {
             3,
             1,
             false,
-            refused(Refusal::LockLost, Some("1")),
+            refused(RefusalCode::LockLost, Some("1")),
         ),
         (
             "stale version",
             1,
             9,
             false,
-            refused(Refusal::Conflict, Some("1")),
+            refused(RefusalCode::Conflict, Some("1")),
         ),
         (
             "cancelled",
             1,
             1,
             true,
-            refused(Refusal::CancelRequested, Some("9|x")),
+            refused(RefusalCode::CancelRequested, Some("9|x")),
         ),
     ];
     for (case, fence, version, unless_cancelled, expected) in cases {
         let mut commit = f.commit(fence, version);
         commit.unless_cancelled = unless_cancelled;
         commit.next = Some(("next".to_owned(), 0));
-        commit.settle = Settling::Ack {
+        commit.settle = SettleArgv::Ack {
             entry: entry.clone(),
         };
         assert_eq!(f.call(&commit).await.unwrap(), Err(expected), "{case}");
@@ -416,7 +436,7 @@ async fn commit_refuses_before_writing() {
     }
     let _: () = f.cmd(&["DEL", &k.task(id())]).await;
     let reply = f.call(&f.commit(1, 1)).await.unwrap();
-    assert_eq!(reply, Err(refused(Refusal::Missing, None)));
+    assert_eq!(reply, Err(refused(RefusalCode::Missing, None)));
     // An argument out of range is an error, before any write.
     f.call(&f.create(DOC)).await.unwrap();
     let mut commit = f.commit(1, 1);
@@ -437,7 +457,7 @@ async fn commit_writes_settles_and_releases() {
     let entry = f.delivered("m").await;
     let mut commit = f.commit(1, 1);
     commit.next = Some(("next".to_owned(), 0));
-    commit.settle = Settling::Ack { entry };
+    commit.settle = SettleArgv::Ack { entry };
     assert_eq!(f.call(&commit).await.unwrap(), Ok(written(2, false)));
     let holder: Option<String> = f.cmd(&["GET", &k.lock(id())]).await;
     assert_eq!(holder, None, "the lease released");
@@ -472,7 +492,7 @@ async fn commit_writes_settles_and_releases() {
     commit.new_member = format!("{}|DeadLettered|orders", id());
     commit.expire_after_ms = Some(60_000);
     commit.publish = Some(k.finished_channel());
-    commit.settle = Settling::Dead {
+    commit.settle = SettleArgv::Dead {
         entry,
         payload: "pois",
         reason: "bad",
@@ -643,7 +663,7 @@ async fn records_with_their_steps_apart_are_written_by_field_and_read_whole() {
     stale.apart = true;
     assert_eq!(
         f.call(&stale).await.unwrap(),
-        Err(refused(Refusal::LockLost, Some("1")))
+        Err(refused(RefusalCode::LockLost, Some("1")))
     );
     let mut again = f.record(1, 2, "one");
     again.apart = true;
