@@ -43,27 +43,7 @@ use postgres_server::TestPostgres;
 use saga_runtime::backend::postgres::sqlx::{self, PgPool};
 use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::prelude::*;
-
-struct NoOp {
-    done: Arc<AtomicU64>,
-}
-
-#[saga(name = "noop")]
-impl NoOp {
-    #[saga_step(1)]
-    async fn one(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n)
-    }
-    #[saga_step(2)]
-    async fn two(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n)
-    }
-    #[saga_step(3)]
-    async fn three(&self, n: u64) -> Result<u64, StepError> {
-        self.done.fetch_add(1, Ordering::Relaxed);
-        Ok(n)
-    }
-}
+use sagas::NoOp;
 
 /// The engines' pool size (`--pool N`); the library's default otherwise.
 static POOL: OnceLock<u32> = OnceLock::new();

@@ -76,27 +76,7 @@ use std::time::{Duration, Instant};
 use saga_runtime::backend::redis::{Durability, RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
 use saga_runtime::{StepStatus, TaskInstance};
-
-struct NoOp {
-    done: Arc<AtomicU64>,
-}
-
-#[saga(name = "noop")]
-impl NoOp {
-    #[saga_step(1)]
-    async fn one(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n)
-    }
-    #[saga_step(2)]
-    async fn two(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n)
-    }
-    #[saga_step(3)]
-    async fn three(&self, n: u64) -> Result<u64, StepError> {
-        self.done.fetch_add(1, Ordering::Relaxed);
-        Ok(n)
-    }
-}
+use sagas::NoOp;
 
 async fn engine(url: &str, done: &Arc<AtomicU64>, workers: usize) -> Engine {
     engine_batched(url, done, workers, 1).await

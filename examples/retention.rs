@@ -19,27 +19,7 @@ use std::time::{Duration, Instant};
 
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
-
-struct Steps {
-    done: Arc<AtomicU64>,
-}
-
-#[saga(name = "steps")]
-impl Steps {
-    #[saga_step(1)]
-    async fn one(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n + 1)
-    }
-    #[saga_step(2)]
-    async fn two(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n + 1)
-    }
-    #[saga_step(3)]
-    async fn three(&self, n: u64) -> Result<u64, StepError> {
-        self.done.fetch_add(1, Ordering::Relaxed);
-        Ok(n + 1)
-    }
-}
+use sagas::NoOp;
 
 fn dbsize(redis: &redis_server::TestRedis) -> u64 {
     redis::cmd("DBSIZE").query(&mut redis.conn()).unwrap()
@@ -64,7 +44,7 @@ async fn main() {
                 .await
                 .unwrap(),
         )
-        .saga(Steps { done: done.clone() })
+        .saga(NoOp { done: done.clone() })
         .retention(Some(retention))
         .housekeeping_interval(Duration::from_millis(500))
         .workers(4)
@@ -81,7 +61,7 @@ async fn main() {
         let started = Instant::now();
         let before = done.load(Ordering::Relaxed);
         for n in 0..tasks {
-            engine.start::<Steps>(n).await.unwrap();
+            engine.start::<NoOp>(n).await.unwrap();
         }
         while done.load(Ordering::Relaxed) < before + tasks {
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -3,3 +3,6 @@
 //! broker names its feature (`cargo run --features redis --example
 //! bench_redis`). The library is `saga-runtime`; the tests are in
 //! `testsuite/`.
+
+mod noop;
+pub use noop::NoOp;

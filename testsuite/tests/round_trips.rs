@@ -18,27 +18,7 @@ use std::time::{Duration, Instant};
 use common::redis_server::TestRedis;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
-
-struct Chain {
-    done: Arc<AtomicU64>,
-}
-
-#[saga(name = "chain")]
-impl Chain {
-    #[saga_step(1)]
-    async fn one(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n)
-    }
-    #[saga_step(2)]
-    async fn two(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n)
-    }
-    #[saga_step(3)]
-    async fn three(&self, n: u64) -> Result<u64, StepError> {
-        self.done.fetch_add(1, Ordering::Relaxed);
-        Ok(n)
-    }
-}
+use sagas::NoOp;
 
 async fn engine(redis: &TestRedis, done: &Arc<AtomicU64>, workers: usize) -> Engine {
     let config = RedisConfig {
@@ -51,7 +31,7 @@ async fn engine(redis: &TestRedis, done: &Arc<AtomicU64>, workers: usize) -> Eng
                 .await
                 .unwrap(),
         )
-        .saga(Chain { done: done.clone() })
+        .saga(NoOp { done: done.clone() })
         // The timer poller and the janitor run on their own clocks, not
         // per step: out of the way of the count, however slow the machine.
         .timeout_poll_interval(Duration::from_secs(600))
@@ -85,7 +65,7 @@ async fn monitor_during<F: std::future::Future<Output = ()>>(
     monitor.stop()
 }
 
-/// `Chain` tasks started by one engine, for another engine's one worker to
+/// `NoOp` tasks started by one engine, for another engine's one worker to
 /// run: that engine connects (and loads its scripts) in `start`, so what a
 /// test counts around [`Chains::run`] is the steady state of one worker.
 struct Chains {
@@ -101,7 +81,7 @@ impl Chains {
         let client = engine(redis, &done, 0).await;
         let mut ids = Vec::new();
         for n in 0..tasks {
-            ids.push(client.start::<Chain>(n).await.unwrap());
+            ids.push(client.start::<NoOp>(n).await.unwrap());
         }
         let workers = engine(redis, &done, 0).await;
         Chains {
@@ -227,7 +207,7 @@ async fn a_chain_of_steps_runs_at_most_nine_and_a_half_commands_per_step_inside_
     );
 }
 
-/// `Chain` with a concurrency limit on every step, never saturated.
+/// `NoOp` with a concurrency limit on every step, never saturated.
 struct ChainSlots {
     done: Arc<AtomicU64>,
 }
@@ -252,7 +232,7 @@ impl ChainSlots {
     }
 }
 
-/// `Chain` with a start rate on every step, never saturated.
+/// `NoOp` with a start rate on every step, never saturated.
 struct ChainRate {
     done: Arc<AtomicU64>,
 }
@@ -350,7 +330,7 @@ async fn per_step<S: Saga<Input = u64>>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_step_costs_one_round_trip_more_per_grant_and_one_per_slot_release() {
     let tasks = 200;
-    let (plain, plain_total) = per_step(|done| Chain { done }, tasks).await;
+    let (plain, plain_total) = per_step(|done| NoOp { done }, tasks).await;
     let (slots, slots_total) = per_step(|done| ChainSlots { done }, tasks).await;
     let (rate, rate_total) = per_step(|done| ChainRate { done }, tasks).await;
     let evalsha = |c: &BTreeMap<String, f64>| c.get("EVALSHA").copied().unwrap_or(0.0);

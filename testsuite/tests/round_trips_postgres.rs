@@ -36,28 +36,8 @@ use std::time::{Duration, Instant};
 use common::postgres_server::TestPostgres;
 use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::prelude::*;
+use sagas::NoOp;
 use sqlx::Connection;
-
-struct Chain {
-    done: Arc<AtomicU64>,
-}
-
-#[saga(name = "chain")]
-impl Chain {
-    #[saga_step(1)]
-    async fn one(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n)
-    }
-    #[saga_step(2)]
-    async fn two(&self, n: u64) -> Result<u64, StepError> {
-        Ok(n)
-    }
-    #[saga_step(3)]
-    async fn three(&self, n: u64) -> Result<u64, StepError> {
-        self.done.fetch_add(1, Ordering::Relaxed);
-        Ok(n)
-    }
-}
 
 /// A backend whose idle reader looks for work only every 10 s: once the
 /// queue is empty the count is over, and its polls are not the steps'.
@@ -74,7 +54,7 @@ async fn backend(pg: &TestPostgres) -> PostgresBackend {
 async fn engine(backend: PostgresBackend, done: &Arc<AtomicU64>) -> Engine {
     Engine::builder()
         .backend(backend)
-        .saga(Chain { done: done.clone() })
+        .saga(NoOp { done: done.clone() })
         // The timer poller and the janitor run on their own clocks, not
         // per step: out of the way of the count.
         .timeout_poll_interval(Duration::from_secs(600))
@@ -208,7 +188,7 @@ async fn a_chain_of_steps_costs_at_most_two_transactions_per_step() {
     let client = backend(&pg).await;
     let starter = engine(client.clone(), &done).await;
     for n in 0..tasks {
-        starter.start::<Chain>(n).await.unwrap();
+        starter.start::<NoOp>(n).await.unwrap();
     }
     starter.shutdown().await;
     drop(starter);
@@ -406,7 +386,7 @@ async fn other_engines_hear_of_every_end_after_the_commit() {
     listener.listen("saga_finished").await.unwrap();
     let mut ids = std::collections::BTreeSet::new();
     for n in 0..5u64 {
-        ids.insert(worker.start::<Chain>(n).await.unwrap().0.to_string());
+        ids.insert(worker.start::<NoOp>(n).await.unwrap().0.to_string());
     }
     let run = {
         let worker = worker.clone();
