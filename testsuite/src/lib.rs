@@ -9,6 +9,8 @@ pub mod chaos;
 #[doc(hidden)]
 pub mod crashy;
 #[doc(hidden)]
+pub mod double;
+#[doc(hidden)]
 pub mod shop;
 
 #[cfg(doctest)]

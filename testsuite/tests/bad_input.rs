@@ -9,16 +9,7 @@ use std::time::Duration;
 
 use saga_runtime::backend::{QueueMessage, WorkItem};
 use saga_runtime::prelude::*;
-
-struct Double;
-
-#[saga]
-impl Double {
-    #[saga_step(1)]
-    async fn double(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n * 2)
-    }
-}
+use sagas_tests::double::Double;
 
 #[tokio::test(start_paused = true)]
 async fn malformed_unknown_and_undeserializable_messages_are_dead_lettered() {

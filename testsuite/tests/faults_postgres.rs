@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use common::postgres_server::TestPostgres;
 use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::prelude::*;
+use sagas_tests::double::{finish, Double};
 use sqlx::Connection;
 
 fn config(visibility: Duration) -> PostgresConfig {
@@ -36,18 +37,6 @@ async fn backend(pg: &TestPostgres, config: PostgresConfig) -> PostgresBackend {
         .unwrap()
 }
 
-/// Waits for a task with a deadline, so a stalled engine fails the test
-/// instead of hanging it.
-async fn finish(engine: &Engine, id: TaskId, within: Duration) -> TaskInstance {
-    match tokio::time::timeout(within, engine.wait(id)).await {
-        Ok(task) => task.unwrap(),
-        Err(_) => panic!(
-            "task {id} did not finish within {within:?}: {:#?}",
-            engine.task(id).await
-        ),
-    }
-}
-
 /// A saga whose one step waits at a gate the test opens, counting calls.
 struct Gated {
     calls: Arc<AtomicUsize>,
@@ -62,16 +51,6 @@ impl Gated {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let _ = self.gate.acquire().await;
         Ok(n)
-    }
-}
-
-struct Double;
-
-#[saga(name = "double")]
-impl Double {
-    #[saga_step(1)]
-    async fn double(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n * 2)
     }
 }
 

@@ -12,16 +12,7 @@ use common::redis_server::TestRedis;
 use redis::Value;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
-
-struct Double;
-
-#[saga(name = "double")]
-impl Double {
-    #[saga_step(1)]
-    async fn double(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n * 2)
-    }
-}
+use sagas_tests::double::{all_doubled, start_doubles, Double};
 
 async fn backend(redis: &TestRedis, visibility: Duration) -> RedisBackend {
     let config = RedisConfig {
@@ -32,34 +23,6 @@ async fn backend(redis: &TestRedis, visibility: Duration) -> RedisBackend {
     RedisBackend::connect_with(&redis.url(), config)
         .await
         .unwrap()
-}
-
-/// Waits for a task with a deadline, so a stalled engine fails the test
-/// instead of hanging it.
-async fn finish(engine: &Engine, id: TaskId, within: Duration) -> TaskInstance {
-    match tokio::time::timeout(within, engine.wait(id)).await {
-        Ok(task) => task.unwrap(),
-        Err(_) => panic!(
-            "task {id} did not finish within {within:?}: {:#?}",
-            engine.task(id).await
-        ),
-    }
-}
-
-async fn start_doubles(engine: &Engine, inputs: std::ops::Range<u32>) -> Vec<(u32, TaskId)> {
-    let mut ids = Vec::new();
-    for n in inputs {
-        ids.push((n, engine.start::<Double>(n).await.unwrap()));
-    }
-    ids
-}
-
-async fn all_doubled(engine: &Engine, ids: &[(u32, TaskId)], within: Duration) {
-    for (n, id) in ids {
-        let task = finish(engine, *id, within).await;
-        assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
-        assert_eq!(task.output_as::<u32>().unwrap().unwrap(), n * 2);
-    }
 }
 
 /// Defect 1: Redis loses its consumer groups (FLUSHALL, a restart without

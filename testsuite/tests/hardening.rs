@@ -13,6 +13,7 @@ use redis::Value;
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
 use saga_runtime::TaskFilter;
+use sagas_tests::double::Double;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -712,16 +713,6 @@ async fn a_message_arriving_just_after_shutdown_is_not_stranded() {
 // ---------------------------------------------------------------------------
 // 7. A saga unknown to the worker that gets its message: stuck Pending.
 // ---------------------------------------------------------------------------
-
-struct Double;
-
-#[saga(name = "double")]
-impl Double {
-    #[saga_step(1)]
-    async fn double(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n * 2)
-    }
-}
 
 /// Hypothesis: during a rolling deploy that adds a saga, an old worker
 /// dead-letters the new saga's message ("unknown saga") but leaves its task

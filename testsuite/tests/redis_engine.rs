@@ -12,6 +12,7 @@ use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::backend::{QueueMessage, WorkItem};
 use saga_runtime::prelude::*;
 use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
+use sagas_tests::double::Double;
 
 async fn backend(redis: &TestRedis) -> RedisBackend {
     let config = RedisConfig {
@@ -184,16 +185,6 @@ async fn cancellation_requested_in_one_process_reaches_a_step_running_in_another
         "cancellation arrived promptly"
     );
     drop(worker);
-}
-
-struct Double;
-
-#[saga]
-impl Double {
-    #[saga_step(1)]
-    async fn double(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n * 2)
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

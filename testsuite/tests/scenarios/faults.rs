@@ -13,19 +13,10 @@ use std::time::{Duration, Instant};
 use saga_runtime::prelude::*;
 use saga_runtime::{Error, TaskFilter};
 use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
+use sagas_tests::double::{all_doubled_once, start_doubles, Double};
 
 use super::rig::{finish, Rig};
 use crate::common::stores::ScenarioStore;
-
-struct Double;
-
-#[saga(name = "double")]
-impl Double {
-    #[saga_step(1)]
-    async fn double(&self, n: u32) -> Result<u32, StepError> {
-        Ok(n * 2)
-    }
-}
 
 fn quick() -> ChaosConfig {
     ChaosConfig {
@@ -45,23 +36,6 @@ async fn double_client<S: ScenarioStore>(store: &S, visibility: Duration) -> Eng
         .build()
         .await
         .unwrap()
-}
-
-async fn start_doubles(engine: &Engine, inputs: std::ops::Range<u32>) -> Vec<(u32, TaskId)> {
-    let mut ids = Vec::new();
-    for n in inputs {
-        ids.push((n, engine.start::<Double>(n).await.unwrap()));
-    }
-    ids
-}
-
-async fn all_doubled(engine: &Engine, ids: &[(u32, TaskId)], within: Duration) {
-    for (n, id) in ids {
-        let task = finish(engine, *id, within).await;
-        assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
-        assert_eq!(task.output_as::<u32>().unwrap().unwrap(), n * 2);
-        assert_eq!(task.steps[0].attempt_count, 1, "{task:#?}");
-    }
 }
 
 fn wall_us() -> u128 {
@@ -329,7 +303,7 @@ pub async fn an_unreadable_task_record_is_dead_lettered_alone_and_holds_nothing_
         .build()
         .await
         .unwrap();
-    all_doubled(&client, &good, Duration::from_secs(20)).await;
+    all_doubled_once(&client, &good, Duration::from_secs(20)).await;
     let took = started.elapsed();
     assert!(
         took < visibility / 2,

@@ -92,14 +92,4 @@ impl Drop for Worker {
     }
 }
 
-/// Waits for a task with a deadline, so a stalled engine fails the test
-/// instead of hanging it.
-pub async fn finish(engine: &Engine, id: TaskId, within: Duration) -> TaskInstance {
-    match tokio::time::timeout(within, engine.wait(id)).await {
-        Ok(task) => task.unwrap(),
-        Err(_) => panic!(
-            "task {id} did not finish within {within:?}: {:#?}",
-            engine.task(id).await
-        ),
-    }
-}
+pub use sagas_tests::double::finish;
