@@ -75,6 +75,45 @@ impl<'ast> Visit<'ast> for FindParam<'_> {
     }
 }
 
+/// Removes the helper attributes `is_helper` picks, returning them in
+/// source order.
+pub fn take_helpers(
+    attrs: &mut Vec<syn::Attribute>,
+    is_helper: fn(&syn::Attribute) -> bool,
+) -> Vec<syn::Attribute> {
+    let (helpers, kept) = std::mem::take(attrs).into_iter().partition(is_helper);
+    *attrs = kept;
+    helpers
+}
+
+/// The walk `#[saga]` and `#[process_manager]` make over their impl: each
+/// method with its helper attributes taken off, for `method` to parse
+/// (what it returns is kept); the helpers on a const, type or macro item
+/// taken off too and handed to `elsewhere` to report. Taking them off
+/// everywhere is what keeps the compiler from adding "cannot find
+/// attribute" to our own error.
+pub fn walk_methods<T>(
+    item: &mut syn::ItemImpl,
+    is_helper: fn(&syn::Attribute) -> bool,
+    mut method: impl FnMut(&mut syn::ImplItemFn, Vec<syn::Attribute>) -> Option<T>,
+    mut elsewhere: impl FnMut(Vec<syn::Attribute>),
+) -> Vec<T> {
+    let mut parsed = Vec::new();
+    for impl_item in &mut item.items {
+        match impl_item {
+            syn::ImplItem::Fn(m) => {
+                let helpers = take_helpers(&mut m.attrs, is_helper);
+                parsed.extend(method(m, helpers));
+            }
+            syn::ImplItem::Const(c) => elsewhere(take_helpers(&mut c.attrs, is_helper)),
+            syn::ImplItem::Type(t) => elsewhere(take_helpers(&mut t.attrs, is_helper)),
+            syn::ImplItem::Macro(m) => elsewhere(take_helpers(&mut m.attrs, is_helper)),
+            _ => {}
+        }
+    }
+    parsed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,5 @@
-//! `#[process_manager]`, in the same four stages as `#[saga]`, one file
-//! each: `parse.rs` (attributes and handler signatures -> typed structs,
+//! `#[process_manager]`, in the same four stages as `#[saga]`, one module
+//! each: `parse/` (attributes and handler signatures -> typed structs,
 //! the settings' words in `vocab.rs`), `lower.rs` (-> the IR of
 //! `model.rs`), `check.rs` (rules across handlers), `expand.rs` (IR ->
 //! tokens); and here, the standalone entry points of its helper

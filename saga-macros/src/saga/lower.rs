@@ -1,5 +1,5 @@
 //! Parsed attributes -> the IR: the one place that knows both, so that
-//! `parse.rs` and `model.rs` need not know each other.
+//! `parse/` and `model.rs` need not know each other.
 
 use heck::ToKebabCase;
 use proc_macro2::TokenStream;

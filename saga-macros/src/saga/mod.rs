@@ -1,6 +1,6 @@
 //! `#[saga]`, in four stages, one file each:
 //!
-//! 1. `parse.rs`: attributes and signatures -> typed structs (what one
+//! 1. `parse/`: attributes and signatures -> typed structs (what one
 //!    attribute or one method can tell), with the settings' words in
 //!    `vocab.rs`;
 //! 2. `lower.rs`: the parsed structs -> the IR of `model.rs` (`SagaDef`,
