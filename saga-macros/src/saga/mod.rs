@@ -1,4 +1,4 @@
-//! `#[saga]`, in four stages, one file each:
+//! `#[saga]`, in four stages, one module each:
 //!
 //! 1. `parse/`: attributes and signatures -> typed structs (what one
 //!    attribute or one method can tell), with the settings' words in

@@ -60,7 +60,11 @@ pub struct TaskCommit<'a> {
     /// Refuse the write ([`TaskRefusal::CancelRequested`]) if
     /// cancellation of the task was requested: a worker passes it when it
     /// ends a running task another way (completed, failed), so that an
-    /// accepted cancellation is never overtaken.
+    /// accepted cancellation is never overtaken, and when a running task
+    /// waits for a delayed message (a retry's backoff, a breaker, a
+    /// limit), so that a cancellation does not wait that out. A store
+    /// decides nothing else by the flag: `next` is enqueued after its
+    /// `delay`, as given.
     pub unless_cancelled: bool,
     /// Remove every key of the task this long after the write (set when the
     /// task reaches a terminal status and retention is configured). `None`

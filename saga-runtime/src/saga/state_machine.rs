@@ -143,13 +143,14 @@ impl Transition {
         }
     }
 
-    /// The transition of a task that waits for its next message. A running task
-    /// whose cancellation was requested meanwhile must not wait out a
-    /// backoff (the wake-up its cancellation enqueued may have been
-    /// handled already, as stale): the commit is guarded by the task as it
-    /// now stands, so that the worker begins the cancellation from there
-    /// instead. A task already cancelled or compensating waits: its
-    /// compensation's retry policy governs.
+    /// The transition of a task that waits for its next message. A running
+    /// task whose cancellation was requested meanwhile must not wait out a
+    /// backoff: the commit is guarded by the task as it now stands, so that
+    /// the worker that holds it begins the cancellation from there at once
+    /// (the wake-up the request enqueued would too, but only once handed
+    /// back and delivered again, after the lease is free). A task already
+    /// cancelled or compensating waits: its compensation's retry policy
+    /// governs.
     pub(crate) fn wait(task: &TaskInstance, next: NextMove) -> Self {
         let running = task.cancelled_at.is_none()
             && matches!(task.status, TaskStatus::Pending | TaskStatus::Running);

@@ -22,9 +22,10 @@ pub(super) enum Landed<T> {
 
 impl Run<'_> {
     /// Writes the outcome, the next message, the acknowledgement (or dead
-    /// letter) and the lease's release at once. A write that would end a
-    /// running task is refused while a cancellation is recorded; the
-    /// cancellation is then applied instead.
+    /// letter) and the lease's release at once. A guarded write (one that
+    /// would end a running task, or make it wait for a delayed message) is
+    /// refused while a cancellation is recorded; the cancellation is then
+    /// applied instead.
     pub(super) async fn commit(
         &self,
         mut task: TaskInstance,
