@@ -202,28 +202,8 @@ async fn housekeeping_relays_what_a_dead_process_left_for_an_endpoint() {
 /// chain of steps, and what an idle engine sends.
 mod costs {
     use super::*;
+    use sagas::NoOp;
     use std::sync::atomic::{AtomicU64, Ordering};
-
-    struct Count {
-        done: Arc<AtomicU64>,
-    }
-
-    #[saga(name = "count")]
-    impl Count {
-        #[saga_step(1)]
-        async fn one(&self, n: u64) -> Result<u64, StepError> {
-            Ok(n)
-        }
-        #[saga_step(2)]
-        async fn two(&self, n: u64) -> Result<u64, StepError> {
-            Ok(n)
-        }
-        #[saga_step(3)]
-        async fn three(&self, n: u64) -> Result<u64, StepError> {
-            self.done.fetch_add(1, Ordering::Relaxed);
-            Ok(n)
-        }
-    }
 
     fn tally(seen: &[String]) -> BTreeMap<String, usize> {
         let mut by = BTreeMap::new();
@@ -239,14 +219,14 @@ mod costs {
         let done = Arc::new(AtomicU64::new(0));
         let client = Engine::builder()
             .backend(backend(&cluster, config("saga")).await)
-            .saga(Count { done: done.clone() })
+            .saga(NoOp { done: done.clone() })
             .workers(0)
             .build()
             .await
             .unwrap();
         const TASKS: u64 = 600;
         for n in 0..TASKS {
-            client.start::<Count>(n).await.unwrap();
+            client.start::<NoOp>(n).await.unwrap();
         }
         let monitor = tokio::task::block_in_place(|| cluster.monitor());
         // The default blocking period (1 s): the watchers block for it.
@@ -261,7 +241,7 @@ mod costs {
                 )
                 .await,
             )
-            .saga(Count { done: done.clone() })
+            .saga(NoOp { done: done.clone() })
             .workers(2)
             .worker_concurrency(8)
             .build()

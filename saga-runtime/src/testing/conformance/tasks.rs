@@ -531,18 +531,26 @@ pub async fn commit_is_atomic_enqueue_ack_and_unlock(b: Arc<dyn Backend>) {
     nothing_for(&*b, "a", VISIBILITY * 2).await;
 }
 
-/// A commit with `unless_cancelled` is refused once cancellation was
-/// requested, and writes nothing.
-pub async fn an_accepted_cancellation_refuses_guarded_commits(b: Arc<dyn Backend>) {
+/// A task whose message is delivered and whose lease is held, when its
+/// cancellation is requested: what a worker meets when a cancellation
+/// lands mid-step.
+async fn cancelled_under_lease(b: &dyn Backend) -> (TaskInstance, Delivery, Lease) {
     let t = task("s");
-    create(&*b, &t).await;
-    let d = receive(&*b, "a").await;
-    let lease = lock(&*b, t.id).await;
+    create(b, &t).await;
+    let d = receive(b, "a").await;
+    let lease = lock(b, t.id).await;
     assert!(b
         .request_cancel(t.id, "tok", &message(&t))
         .await
         .unwrap()
         .is_none());
+    (t, d, lease)
+}
+
+/// A commit with `unless_cancelled` is refused once cancellation was
+/// requested, and writes nothing.
+pub async fn an_accepted_cancellation_refuses_guarded_commits(b: Arc<dyn Backend>) {
+    let (t, d, lease) = cancelled_under_lease(&*b).await;
     let mut cur = b.load_task(t.id).await.unwrap().unwrap();
     cur.status = TaskStatus::Completed;
     let mut c = commit(&cur, &lease, Settle::Ack(&d));
@@ -563,15 +571,7 @@ pub async fn an_accepted_cancellation_refuses_guarded_commits(b: Arc<dyn Backend
 /// commit and is refused), never the store's. A store that enqueued it at
 /// once retried the compensations of a cancelled task back to back.
 pub async fn a_commit_keeps_its_delay_whatever_the_cancellation_flag(b: Arc<dyn Backend>) {
-    let t = task("s");
-    create(&*b, &t).await;
-    let d = receive(&*b, "a").await;
-    let lease = lock(&*b, t.id).await;
-    assert!(b
-        .request_cancel(t.id, "tok", &message(&t))
-        .await
-        .unwrap()
-        .is_none());
+    let (t, d, lease) = cancelled_under_lease(&*b).await;
     // The wake-up the request enqueued.
     let wake = receive(&*b, "a").await;
     b.ack(&wake).await.unwrap();
