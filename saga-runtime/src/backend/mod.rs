@@ -24,6 +24,12 @@
 //!   `scope = shared` circuit breakers), [`Partitions`] (`partitions.rs`,
 //!   placement of process-manager work when partitions are kept apart).
 //!
+//! A task write is described once for every store ([`write`]: the guards
+//! a store checks before any effect, then the effects it applies, a closed
+//! vocabulary): [`TaskCommit`], [`NextAttempt`] and an attempt's record
+//! are lowered into it, and the memory store interprets it
+//! rather than restating the protocol per operation.
+//!
 //! A write answers what the protocol expects as a value ([`TaskWrite`],
 //! [`ProcessWrite`]: written, or refused with a [`TaskRefusal`] or a
 //! [`ProcessRefusal`]); [`BackendError`] is for failures only.
@@ -68,6 +74,7 @@ mod schema_history;
 mod tally;
 mod tasks;
 mod url;
+pub mod write;
 
 pub use breakers::{BreakerChange, BreakerDecision, Breakers};
 pub use dead_letters::{DeadLetter, DeadLetterQuery, DeadLetters};

@@ -18,6 +18,7 @@ mod process;
 mod queue;
 mod tally;
 mod tasks;
+mod write;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,4 +1,5 @@
-//! Task records, leases with fencing, attempt claims and commits.
+//! Task records, leases with fencing, attempt claims and commits (the
+//! writes through the interpreter, `write.rs`).
 
 use std::time::Duration;
 
@@ -8,55 +9,15 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{later, MemoryBackend, State};
+use super::{MemoryBackend, State};
+use crate::backend::write::Write;
 use crate::backend::{
     BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
-    TaskCommit, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
+    TaskCommit, TaskQuery, TaskStore, TaskWrite, WorkItem,
 };
 use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
 impl State {
-    /// Why a write of `task` under `lease` must be refused, if it must:
-    /// checked before anything is written.
-    pub(super) fn check_write(&self, task: &TaskInstance, lease: &Lease) -> TaskWrite<()> {
-        if lease.task_id != task.id || self.fences.get(&task.id).copied() != Some(lease.fence) {
-            return Err(TaskRefusal::LockLost { fence: lease.fence });
-        }
-        let actual = self
-            .tasks
-            .get(&task.id)
-            .map(|t| t.version)
-            .ok_or(TaskRefusal::Missing)?;
-        if actual != task.version {
-            return Err(TaskRefusal::Conflict {
-                expected: task.version,
-                actual,
-            });
-        }
-        Ok(())
-    }
-
-    /// The write refused because cancellation was requested, if `guarded`
-    /// and it was.
-    fn cancelled(&self, id: TaskId, guarded: bool) -> TaskWrite<()> {
-        match self.cancels.get(&id).filter(|_| guarded) {
-            Some((at, _)) => Err(TaskRefusal::CancelRequested { at: *at }),
-            None => Ok(()),
-        }
-    }
-
-    /// Writes an attempt's record and claims its name; the claim may be
-    /// lost (taken before), the write happens regardless.
-    pub(super) fn record(&mut self, task: &TaskInstance, claim: &str) -> (u64, bool) {
-        let version = self.write(task);
-        let claimed = self
-            .claims
-            .entry(task.id)
-            .or_default()
-            .insert(claim.to_owned());
-        (version, claimed)
-    }
-
     /// Stores `task`, appending its unstored audit entries to the stored
     /// log (capped) as a backend that keeps the log apart must.
     pub(super) fn write(&mut self, task: &TaskInstance) -> u64 {
@@ -229,78 +190,23 @@ impl TaskStore for MemoryBackend {
     async fn record_attempt(
         &self,
         task: &TaskInstance,
-        _stored_status: TaskStatus,
+        stored_status: TaskStatus,
         lease: &Lease,
         claim: &str,
     ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        let result = {
-            let mut state = self.state();
-            if let Err(refused) = state.check_write(task, lease) {
-                return Ok(Err(refused));
-            }
-            state.record(task, claim)
-        };
-        self.task_changed();
-        Ok(Ok(result))
+        let write = Write::attempt(task, stored_status, lease, claim);
+        Ok(self.apply(&write).map(|a| (a.version, a.claimed)))
     }
 
     async fn record_next_attempt(
         &self,
         next: NextAttempt<'_>,
     ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        let result = {
-            let mut state = self.state();
-            let task = next.task;
-            let refused = state
-                .check_write(task, next.lease)
-                .and_then(|()| state.cancelled(task.id, next.unless_cancelled));
-            if let Err(refused) = refused {
-                return Ok(Err(refused));
-            }
-            let recorded = state.record(task, next.claim);
-            if let Some(ttl) = next.renew {
-                let now = Instant::now();
-                state
-                    .locks
-                    .insert(task.id, (next.lease.token.clone(), now + ttl));
-                let visible_again = now + self.shared.visibility_timeout;
-                if let Some(entry) = state.in_flight.get_mut(&next.delivery.id) {
-                    entry.1 = visible_again;
-                }
-            }
-            recorded
-        };
-        self.task_changed();
-        Ok(Ok(result))
+        Ok(self.apply(&next.write()).map(|a| (a.version, a.claimed)))
     }
 
     async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
-        let task = commit.task;
-        let version = {
-            let mut state = self.state();
-            let refused = state
-                .check_write(task, commit.lease)
-                .and_then(|()| state.cancelled(task.id, commit.unless_cancelled));
-            if let Err(refused) = refused {
-                return Ok(Err(refused));
-            }
-            let version = state.write(task);
-            if let Some(next) = &commit.next {
-                state.push_item(&WorkItem::Saga(next.message.clone()), next.delay);
-            }
-            state.settle(commit.settle, Some(task.id), self.shared.payload_limit);
-            if state.lock_held_by(commit.lease, Instant::now()) {
-                state.locks.remove(&task.id);
-            }
-            match commit.expire_after {
-                Some(after) => state.expiry.insert(task.id, later(after)),
-                None => state.expiry.remove(&task.id),
-            };
-            version
-        };
-        self.queue_changed();
-        self.task_changed();
-        Ok(Ok(version))
+        Ok(self.apply(&commit.write()).map(|a| a.version))
     }
 
     async fn heartbeat(
