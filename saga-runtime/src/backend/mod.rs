@@ -24,7 +24,7 @@
 //!   `scope = shared` circuit breakers), [`Partitions`] (`partitions.rs`,
 //!   placement of process-manager work when partitions are kept apart).
 //!
-//! A task write is described once for every store ([`write`]: the guards
+//! A task write is described once for every store ([`write`](mod@write): the guards
 //! a store checks before any effect, then the effects it applies, a closed
 //! vocabulary): [`TaskCommit`], [`NextAttempt`] and an attempt's record
 //! are lowered into it, and the memory store interprets it
