@@ -131,6 +131,14 @@ impl<'a> Write<'a> {
         }
     }
 
+    /// The status stored before the write, when it puts the record.
+    pub fn stored_status(&self) -> Option<TaskStatus> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::Put { stored_status, .. } => Some(*stored_status),
+            _ => None,
+        })
+    }
+
     /// Whether the write checks `guard`.
     pub fn guarded_by(&self, guard: Guard) -> bool {
         self.guards.contains(&guard)

@@ -83,6 +83,7 @@ mod server;
 mod tally;
 mod tasks;
 mod watch;
+mod write;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

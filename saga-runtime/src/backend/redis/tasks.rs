@@ -7,14 +7,13 @@ use futures::stream::BoxStream;
 use redis::Value;
 use uuid::Uuid;
 
-use super::keys::Keys;
 use super::record::{write_fields, RawRecord};
-use super::scripts::{self as s, Locking, RefusalCode, Refused, SettleArgv};
+use super::scripts::{self as s, Locking, RefusalCode, Refused};
 use super::{corrupt, ms, unavailable, RedisBackend};
+use crate::backend::write::Write;
 use crate::backend::{
-    truncate_payload, BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt,
-    QueueMessage, Settle, TaskCommit, TaskCursor, TaskQuery, TaskRefusal, TaskStore, TaskWrite,
-    WorkItem,
+    BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
+    TaskCommit, TaskCursor, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
 };
 use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
@@ -48,14 +47,17 @@ impl RedisBackend {
     /// The record of a write (`doc` and the other fields, see
     /// `record::write_fields`): stamped with when it was written (the
     /// store's `updated_at`, as the in-memory backend keeps it).
-    fn written(&self, task: &TaskInstance) -> Result<(String, Vec<String>), BackendError> {
+    pub(super) fn written(
+        &self,
+        task: &TaskInstance,
+    ) -> Result<(String, Vec<String>), BackendError> {
         write_fields(task, Timestamp::now(), None)
     }
 }
 
 /// The audit entries a write appends: those the store does not hold yet,
 /// at most the last `AUDIT_LOG_CAP` (older ones would be trimmed anyway).
-fn audit_entries(task: &TaskInstance) -> Result<Vec<String>, BackendError> {
+pub(super) fn audit_entries(task: &TaskInstance) -> Result<Vec<String>, BackendError> {
     let unstored = task.unstored_audit();
     unstored[unstored.len().saturating_sub(AUDIT_LOG_CAP)..]
         .iter()
@@ -65,7 +67,7 @@ fn audit_entries(task: &TaskInstance) -> Result<Vec<String>, BackendError> {
 
 /// A task write script's refusal as the write's answer; a code no task
 /// write answers is a corrupt reply.
-fn write_refused(
+pub(super) fn write_refused(
     refused: Refused,
     task: &TaskInstance,
     lease: &Lease,
@@ -419,171 +421,22 @@ impl TaskStore for RedisBackend {
         lease: &Lease,
         claim: &str,
     ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        let k = self.keys();
-        let p = k.partition_of(task.id);
-        let (doc, fields) = self.written(task)?;
-        let tk = k.of_task(task.id);
-        let written = self
-            .call(&s::RecordAttempt {
-                fence: tk.fence,
-                task: tk.task,
-                claims: tk.claims,
-                index_from: k.index(p, &task.saga, Some(stored_status)),
-                index_to: k.index(p, &task.saga, Some(task.status)),
-                audit: tk.audit,
-                lease_fence: lease.fence,
-                version: task.version,
-                doc,
-                claim,
-                status: task.status,
-                id: tk.id,
-                created_ms: task.created_at.0,
-                audit_cap: AUDIT_LOG_CAP,
-                fields,
-                apart: task.steps_apart(),
-                audit_entries: audit_entries(task)?,
-            })
-            .await?;
-        Ok(match written {
-            Ok(written) => Ok((written.version, written.claimed)),
-            Err(refused) => Err(write_refused(refused, task, lease)?),
-        })
+        let write = Write::attempt(task, stored_status, lease, claim);
+        Ok(self.apply(&write).await?.map(|a| (a.version, a.claimed)))
     }
 
     async fn record_next_attempt(
         &self,
         next: NextAttempt<'_>,
     ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        let k = self.keys();
-        let task = next.task;
-        let p = k.partition_of(task.id);
-        let renew = match next.renew {
-            Some(ttl) => Some((ms(ttl), self.entry_of(next.delivery, p)?)),
-            None => None,
-        };
-        let (doc, fields) = self.written(task)?;
-        let tk = k.of_task(task.id);
-        let written = self
-            .call(&s::RecordNext {
-                fence: tk.fence,
-                task: tk.task,
-                claims: tk.claims,
-                index_from: k.index(p, &task.saga, Some(next.stored_status)),
-                index_to: k.index(p, &task.saga, Some(task.status)),
-                lock: tk.lock,
-                queue: k.queue(p),
-                cancel: tk.cancel,
-                audit: tk.audit,
-                lease_fence: next.lease.fence,
-                version: task.version,
-                doc,
-                claim: next.claim,
-                status: task.status,
-                id: tk.id,
-                created_ms: task.created_at.0,
-                token: &next.lease.token,
-                renew,
-                group: self.group(),
-                consumer: &next.delivery.consumer,
-                unless_cancelled: next.unless_cancelled,
-                audit_cap: AUDIT_LOG_CAP,
-                fields,
-                apart: task.steps_apart(),
-                audit_entries: audit_entries(task)?,
-            })
-            .await?;
-        Ok(match written {
-            Ok(written) => Ok((written.version, written.claimed)),
-            Err(refused) => Err(write_refused(refused, task, next.lease)?),
-        })
+        Ok(self
+            .apply(&next.write())
+            .await?
+            .map(|a| (a.version, a.claimed)))
     }
 
     async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
-        let k = self.keys();
-        let task = commit.task;
-        let p = k.partition_of(task.id);
-        let limit = self.shared.config.dead_letter_payload_limit;
-        let settle = match commit.settle {
-            Settle::Nothing => SettleArgv::Keep,
-            Settle::Ack(d) => SettleArgv::Ack {
-                entry: self.entry_of(d, p)?,
-            },
-            Settle::DeadLetter(d, reason) => {
-                let (payload, size) = truncate_payload(&d.raw, limit);
-                SettleArgv::Dead {
-                    entry: self.entry_of(d, p)?,
-                    payload,
-                    reason,
-                    size,
-                }
-            }
-            Settle::ResolveDeadLetter(id) => {
-                let (lp, entry) = k
-                    .split_id(id)
-                    .ok_or_else(|| corrupt(format!("bad dead letter id {id}")))?;
-                if lp != p {
-                    return Err(corrupt(format!(
-                        "dead letter {id} is not in task {}'s partition",
-                        task.id
-                    )));
-                }
-                SettleArgv::Resolve {
-                    entry: entry.to_owned(),
-                }
-            }
-        };
-        let next = commit.next.as_ref().map(|next| {
-            (
-                WorkItem::Saga(next.message.clone()).encode(),
-                next.delay.as_millis().min(1_000_000_000_000) as u64,
-            )
-        });
-        let (doc, fields) = self.written(task)?;
-        let tk = k.of_task(task.id);
-        let written = self
-            .call(&s::Commit {
-                fence: tk.fence,
-                task: tk.task,
-                lock: tk.lock,
-                queue: k.queue(p),
-                dead: k.dead(p),
-                cancel: tk.cancel,
-                delayed: k.delayed(p),
-                index_from: k.index(p, &task.saga, Some(commit.stored_status)),
-                index_to: k.index(p, &task.saga, Some(task.status)),
-                expiring: k.expiring(p),
-                claims: tk.claims,
-                audit: tk.audit,
-                lease_fence: commit.lease.fence,
-                version: task.version,
-                doc,
-                next,
-                settle,
-                group: self.group(),
-                id: tk.id,
-                unless_cancelled: commit.unless_cancelled,
-                status: task.status,
-                expire_after_ms: commit.expire_after.map(ms),
-                created_ms: task.created_at.0,
-                // A task leaving a terminal status (a requeue) leaves the
-                // expiry set.
-                stored_member: commit
-                    .stored_status
-                    .is_terminal()
-                    .then(|| Keys::expiring_member(task.id, commit.stored_status, &task.saga)),
-                new_member: Keys::expiring_member(task.id, task.status, &task.saga),
-                dead_cap: self.dead_letters_ceiling(),
-                publish: task.status.is_terminal().then(|| k.finished_channel()),
-                audit_cap: AUDIT_LOG_CAP,
-                fields,
-                apart: task.steps_apart(),
-                audit_entries: audit_entries(task)?,
-            })
-            .await?;
-        Ok(match written {
-            Ok(written) => Ok(written.version),
-            Err(refused) => Err(write_refused(refused, task, commit.lease)?),
-        })
+        Ok(self.apply(&commit.write()).await?.map(|a| a.version))
     }
 
     async fn heartbeat(

@@ -565,6 +565,100 @@ pub async fn an_accepted_cancellation_refuses_guarded_commits(b: Arc<dyn Backend
     assert_eq!((stored.status, stored.version), (TaskStatus::Pending, 1));
 }
 
+/// A write's guards are checked in one order on every store, before any
+/// effect: the fence, then the version, then the cancellation
+/// (`backend::write::Guard`). A write that fails several is refused by
+/// the first (a worker that lost its lease learns that, not that the
+/// record moved on under its successor), and each refusal writes nothing:
+/// not the record, not the next message, not the settling of the one
+/// handled.
+pub async fn a_writes_guards_are_checked_fence_version_cancellation(b: Arc<dyn Backend>) {
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let old = b
+        .lock_and_load(t.id, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .unwrap()
+        .lease;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let new = lock(&*b, t.id).await;
+    assert!(b
+        .request_cancel(t.id, "tok", &message(&t))
+        .await
+        .unwrap()
+        .is_none());
+    let wake = receive(&*b, "a").await;
+    b.ack(&wake).await.unwrap();
+    let mut stale = b.load_task(t.id).await.unwrap().unwrap();
+    stale.version += 7;
+    stale.status = TaskStatus::Running;
+    stale.seq += 1;
+    let fresh = {
+        let mut fresh = stale.clone();
+        fresh.version -= 7;
+        fresh
+    };
+    type Expected = fn(&TaskRefusal) -> bool;
+    let cases: [(&str, &TaskInstance, &Lease, Expected); 3] = [
+        ("a stale fence, version and flag", &stale, &old, |r| {
+            matches!(r, TaskRefusal::LockLost { .. })
+        }),
+        ("a stale version and flag", &stale, &new, |r| {
+            matches!(r, TaskRefusal::Conflict { .. })
+        }),
+        ("the flag alone", &fresh, &new, |r| {
+            matches!(r, TaskRefusal::CancelRequested { .. })
+        }),
+    ];
+    for (case, task, lease, expected) in cases {
+        let mut c = commit(task, lease, Settle::Ack(&d));
+        c.stored_status = TaskStatus::Pending;
+        c.unless_cancelled = true;
+        c.next = Some(Next {
+            message: message(task),
+            delay: Duration::ZERO,
+        });
+        let refused = b.commit(c).await.unwrap();
+        assert!(refused.as_ref().is_err_and(expected), "{case}: {refused:?}");
+        let next = NextAttempt {
+            task,
+            stored_status: TaskStatus::Pending,
+            lease,
+            claim: "one:1",
+            delivery: &d,
+            renew: Some(TTL),
+            unless_cancelled: true,
+        };
+        let refused = b.record_next_attempt(next).await.unwrap();
+        assert!(
+            refused.as_ref().is_err_and(expected),
+            "{case}, going on: {refused:?}"
+        );
+        let stored = b.load_task(t.id).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.status, stored.version, stored.seq),
+            (TaskStatus::Pending, 1, t.seq),
+            "{case}: the record was written"
+        );
+    }
+    // Nothing was enqueued, and the message handled is still unsettled:
+    // once its visibility timeout passes it comes back.
+    let again = receive(&*b, "a").await;
+    assert_eq!(again.item, d.item);
+    assert!(again.deliveries >= 2, "{again:?}");
+    b.ack(&again).await.unwrap();
+    nothing_for(&*b, "a", VISIBILITY * 2).await;
+    // The claim of the refused attempt was not taken either.
+    let (_, claimed) = b
+        .record_attempt(&fresh, TaskStatus::Pending, &new, "one:1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(claimed, "a refused write took the attempt's claim");
+}
+
 /// A commit not guarded by cancellation enqueues its next message after
 /// the delay it gives, cancellation requested or not: whether a
 /// cancellation cuts a wait short is the engine's decision (it guards the

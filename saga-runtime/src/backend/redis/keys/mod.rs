@@ -46,6 +46,7 @@ pub(crate) struct Keys {
 
 /// The keys of one task (see [`Keys::task`] and the others), and its id
 /// as text.
+#[derive(Debug, Clone)]
 pub(crate) struct TaskKeys {
     pub task: String,
     pub lock: String,

@@ -1,5 +1,5 @@
 -- Makes a parked saga message due now: the delayed entry the commit that
--- parked it left (`0:<payload>`, commit.lua) moves onto the queue, once
+-- parked it left (`0:<payload>`, lib/effect_enqueue.lua) moves onto the queue, once
 -- (ZREM, then XADD, as move_due.lua does). An entry already due but not
 -- yet moved by the timer poller moves too: the slot reserved for its
 -- waiter must not lapse while it waits for the poller.

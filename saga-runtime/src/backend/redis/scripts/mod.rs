@@ -104,9 +104,7 @@ fn durable(script: &Script) -> bool {
     [
         &LIMIT_ACQUIRE,
         &CREATE,
-        &RECORD_ATTEMPT,
-        &RECORD_NEXT,
-        &COMMIT,
+        &APPLY,
         &CANCEL,
         &DEAD_LETTER,
         &PARK,
@@ -184,9 +182,9 @@ macro_rules! scripts {
 scripts! {
     CREATE = "create" with "audit", "record";
     LOCK = "lock" with "record";
-    RECORD_ATTEMPT = "record_attempt" with "refusals", "audit", "check", "record";
-    RECORD_NEXT = "record_next" with "refusals", "audit", "check", "record";
-    COMMIT = "commit" with "refusals", "time", "settle", "audit", "check", "record";
+    APPLY = "apply" with "refusals", "time", "settle", "audit", "guard_task", "record",
+        "effect_put", "effect_claim", "effect_renew", "effect_enqueue", "effect_settle",
+        "effect_retain", "effect_lease";
     HEARTBEAT = "heartbeat";
     UNLOCK = "unlock";
     CANCEL = "cancel" with "audit";

@@ -49,8 +49,7 @@ impl RefusalCode {
         (RefusalCode::EndpointFull, "ENDPOINT_FULL", -8),
     ];
 
-    /// What the task writes answer (`record_attempt.lua`,
-    /// `record_next.lua`, `commit.lua`).
+    /// What a task write answers (`apply.lua`).
     pub const TASK_WRITE: &'static [RefusalCode] = &[
         RefusalCode::LockLost,
         RefusalCode::Conflict,

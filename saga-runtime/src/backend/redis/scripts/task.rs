@@ -1,13 +1,15 @@
-//! The calls of the task protocol: create, lock, record an attempt, record
-//! the next one, commit, heartbeat, unlock, request cancellation. Field
+//! The calls of the task protocol: create, lock, apply a task write (an
+//! attempt's record, the next attempt's, a commit), heartbeat, unlock,
+//! request cancellation. Field
 //! order follows each script's header.
 
 use redis::{Script, Value};
 
 use super::{flag, or_empty, typed, Call, Invocation, RefusalCode, Refused};
-use super::{CANCEL, COMMIT, CREATE, HEARTBEAT, LOCK, RECORD_ATTEMPT, RECORD_NEXT, UNLOCK};
+use super::{APPLY, CANCEL, CREATE, HEARTBEAT, LOCK, UNLOCK};
 use crate::backend::redis::corrupt;
 use crate::backend::redis::entry::{items, text_at};
+use crate::backend::redis::keys::TaskKeys;
 use crate::backend::redis::record::RawRecord;
 use crate::backend::BackendError;
 use crate::model::task::TaskStatus;
@@ -120,13 +122,12 @@ impl Call for Lock<'_> {
     }
 }
 
-/// What a task write (`record_attempt.lua`, `record_next.lua`,
-/// `commit.lua`) stored.
+/// What a task write (`apply.lua`) stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Written {
     /// The task's new version.
     pub version: u64,
-    /// Whether the attempt's claim is new (`commit.lua` claims none).
+    /// Whether the write's claim is new (`false` when it claimed none).
     pub claimed: bool,
 }
 
@@ -152,135 +153,210 @@ fn written(reply: Value) -> Result<Result<Written, Refused>, BackendError> {
     }))
 }
 
-/// `record_attempt.lua`: the record of an attempt that starts, and its
-/// claim.
-pub(crate) struct RecordAttempt<'a> {
-    pub fence: String,
-    pub task: String,
-    pub claims: String,
-    pub index_from: String,
-    pub index_to: String,
-    pub audit: String,
+/// `apply.lua`: one task write (`backend/write.rs`), its guards and its
+/// effects in their order.
+pub(crate) struct Apply<'a> {
+    /// The task's keys (the guards' and those its effects take).
+    pub tk: TaskKeys,
     pub lease_fence: u64,
     pub version: u64,
-    pub doc: String,
-    pub claim: &'a str,
-    pub status: TaskStatus,
-    pub id: String,
-    pub created_ms: u64,
-    pub audit_cap: usize,
-    /// The record's fields after `doc` (see `record::write_fields`).
-    pub fields: Vec<String>,
     /// The record is in layout 2 (see `record`).
     pub apart: bool,
-    pub audit_entries: Vec<String>,
-}
-
-impl Call for RecordAttempt<'_> {
-    type Reply = Result<Written, Refused>;
-
-    fn script() -> &'static Script {
-        &RECORD_ATTEMPT
-    }
-
-    fn fill(&self, call: &mut Invocation) {
-        call.key(&self.fence)
-            .key(&self.task)
-            .key(&self.claims)
-            .key(&self.index_from)
-            .key(&self.index_to)
-            .key(&self.audit)
-            .arg(self.lease_fence)
-            .arg(self.version)
-            .arg(&self.doc)
-            .arg(self.claim)
-            .arg(self.status.as_str())
-            .arg(&self.id)
-            .arg(self.created_ms)
-            .arg(self.audit_cap)
-            .arg(flag(self.apart))
-            .arg(self.fields.len() / 2)
-            .arg(&self.fields)
-            .arg(&self.audit_entries);
-    }
-
-    fn decode(reply: Value) -> Result<Self::Reply, BackendError> {
-        written(reply)
-    }
-}
-
-/// `record_next.lua`: the last attempt's outcome and the next attempt,
-/// under the lease and the message held.
-pub(crate) struct RecordNext<'a> {
-    pub fence: String,
-    pub task: String,
-    pub claims: String,
-    pub index_from: String,
-    pub index_to: String,
-    pub lock: String,
-    pub queue: String,
-    pub cancel: String,
-    pub audit: String,
-    pub lease_fence: u64,
-    pub version: u64,
-    pub doc: String,
-    pub claim: &'a str,
-    pub status: TaskStatus,
-    pub id: String,
-    pub created_ms: u64,
-    pub token: &'a str,
-    /// Renew the lease for this long (ms) and keep message `entry` alive.
-    pub renew: Option<(u64, String)>,
-    pub group: &'a str,
-    pub consumer: &'a str,
+    /// Refuse the write when cancellation was requested.
     pub unless_cancelled: bool,
-    pub audit_cap: usize,
-    /// The record's fields after `doc` (see `record::write_fields`).
-    pub fields: Vec<String>,
-    /// The record is in layout 2 (see `record`).
-    pub apart: bool,
-    pub audit_entries: Vec<String>,
+    pub effects: Vec<Op<'a>>,
 }
 
-impl Call for RecordNext<'_> {
+/// One effect of an [`Apply`], with the keys and arguments its library
+/// (`lua/lib/effect_*.lua`) takes; the task's own keys come from the
+/// call's [`TaskKeys`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Op<'a> {
+    /// The record, its new audit entries, its status index moved.
+    Put {
+        index_from: String,
+        index_to: String,
+        doc: String,
+        status: TaskStatus,
+        created_ms: u64,
+        audit_cap: usize,
+        /// The record's fields after `doc` (see `record::write_fields`).
+        fields: Vec<String>,
+        audit_entries: Vec<String>,
+    },
+    /// An attempt's claim.
+    Claim(&'a str),
+    /// The lease renewed for `ttl_ms` and message `entry` kept.
+    Renew {
+        queue: String,
+        token: &'a str,
+        ttl_ms: u64,
+        group: &'a str,
+        consumer: &'a str,
+        entry: String,
+    },
+    /// The next message's payload, after `delay_ms`.
+    Enqueue {
+        queue: String,
+        delayed: String,
+        payload: String,
+        delay_ms: u64,
+    },
+    /// The message handled settled (never [`SettleArgv::Keep`]: nothing
+    /// to settle is no effect).
+    Settle {
+        queue: String,
+        dead: String,
+        settle: SettleArgv<'a>,
+        group: &'a str,
+        dead_cap: u64,
+    },
+    /// The task's keys expire after `expire_after_ms`, or are kept.
+    Retain {
+        expiring: String,
+        expire_after_ms: Option<u64>,
+        /// The task's member of the expiring tasks under its stored
+        /// status, when that status is terminal.
+        stored_member: Option<String>,
+        new_member: String,
+    },
+    /// The lease released.
+    Unlock,
+    /// The task's id published on `channel`.
+    Announce { channel: String },
+}
+
+impl Op<'_> {
+    /// The effect's keys, in its library's order.
+    fn keys(&self, tk: &TaskKeys, call: &mut Invocation) {
+        match self {
+            Op::Put {
+                index_from,
+                index_to,
+                ..
+            } => call.key(index_from).key(index_to).key(&tk.audit),
+            Op::Claim(_) => call.key(&tk.claims),
+            Op::Renew { queue, .. } => call.key(&tk.lock).key(queue),
+            Op::Enqueue { queue, delayed, .. } => call.key(queue).key(delayed),
+            Op::Settle {
+                queue,
+                dead,
+                settle,
+                ..
+            } => match settle {
+                SettleArgv::Keep => call,
+                SettleArgv::Ack { .. } => call.key(queue),
+                SettleArgv::Dead { .. } => call.key(queue).key(dead),
+                SettleArgv::Resolve { .. } => call.key(dead),
+            },
+            Op::Retain { expiring, .. } => call.key(expiring).key(&tk.claims).key(&tk.audit),
+            Op::Unlock => call.key(&tk.lock),
+            Op::Announce { .. } => call,
+        };
+    }
+
+    /// The effect's name and arguments, in its library's order.
+    fn args(&self, call: &mut Invocation) {
+        match self {
+            Op::Put {
+                doc,
+                status,
+                created_ms,
+                audit_cap,
+                fields,
+                audit_entries,
+                ..
+            } => call
+                .arg("put")
+                .arg(doc)
+                .arg(status.as_str())
+                .arg(*created_ms)
+                .arg(*audit_cap)
+                .arg(fields.len() / 2)
+                .arg(fields)
+                .arg(audit_entries.len())
+                .arg(audit_entries),
+            Op::Claim(claim) => call.arg("claim").arg(*claim),
+            Op::Renew {
+                token,
+                ttl_ms,
+                group,
+                consumer,
+                entry,
+                ..
+            } => call
+                .arg("renew")
+                .arg(*token)
+                .arg(*ttl_ms)
+                .arg(*group)
+                .arg(*consumer)
+                .arg(entry),
+            Op::Enqueue {
+                payload, delay_ms, ..
+            } => call.arg("enqueue").arg(payload).arg(*delay_ms),
+            Op::Settle {
+                settle,
+                group,
+                dead_cap,
+                ..
+            } => match settle {
+                SettleArgv::Keep => call,
+                SettleArgv::Ack { entry } => call.arg("ack").arg(entry).arg(*group),
+                SettleArgv::Dead {
+                    entry,
+                    payload,
+                    reason,
+                    size,
+                } => call
+                    .arg("dead")
+                    .arg(entry)
+                    .arg(*group)
+                    .arg(*payload)
+                    .arg(*reason)
+                    .arg(or_empty(*size))
+                    .arg(*dead_cap),
+                SettleArgv::Resolve { entry } => call.arg("resolve").arg(entry),
+            },
+            Op::Retain {
+                expire_after_ms,
+                stored_member,
+                new_member,
+                ..
+            } => call
+                .arg("retain")
+                .arg(or_empty(*expire_after_ms))
+                .arg(stored_member.as_deref().unwrap_or_default())
+                .arg(new_member),
+            Op::Unlock => call.arg("unlock"),
+            Op::Announce { channel } => call.arg("announce").arg(channel),
+        };
+    }
+}
+
+impl Call for Apply<'_> {
     type Reply = Result<Written, Refused>;
 
     fn script() -> &'static Script {
-        &RECORD_NEXT
+        &APPLY
     }
 
     fn fill(&self, call: &mut Invocation) {
-        let (ttl, entry) = match &self.renew {
-            Some((ttl, entry)) => (ttl.to_string(), entry.as_str()),
-            None => (String::new(), ""),
-        };
-        call.key(&self.fence)
-            .key(&self.task)
-            .key(&self.claims)
-            .key(&self.index_from)
-            .key(&self.index_to)
-            .key(&self.lock)
-            .key(&self.queue)
-            .key(&self.cancel)
-            .key(&self.audit)
-            .arg(self.lease_fence)
+        let tk = &self.tk;
+        call.key(&tk.fence).key(&tk.task).key(&tk.cancel);
+        for op in &self.effects {
+            op.keys(tk, call);
+        }
+        call.arg(self.lease_fence)
             .arg(self.version)
-            .arg(&self.doc)
-            .arg(self.claim)
-            .arg(self.status.as_str())
-            .arg(&self.id)
-            .arg(self.created_ms)
-            .arg(self.token)
-            .arg(ttl)
-            .arg(self.group)
-            .arg(self.consumer)
-            .arg(entry)
-            .arg(flag(self.unless_cancelled))
-            .arg(self.audit_cap)
+            .arg(&tk.id)
             .arg(flag(self.apart))
-            .arg(self.fields.len() / 2)
-            .arg(&self.fields)
-            .arg(&self.audit_entries);
+            .arg(match self.unless_cancelled {
+                true => "FVC",
+                false => "FV",
+            });
+        for op in &self.effects {
+            op.args(call);
+        }
     }
 
     fn decode(reply: Value) -> Result<Self::Reply, BackendError> {
@@ -306,115 +382,6 @@ pub(crate) enum SettleArgv<'a> {
     },
     /// Delete dead letter `entry` (the task was requeued from it).
     Resolve { entry: String },
-}
-
-/// `commit.lua`: a task's step committed.
-pub(crate) struct Commit<'a> {
-    pub fence: String,
-    pub task: String,
-    pub lock: String,
-    pub queue: String,
-    pub dead: String,
-    pub cancel: String,
-    pub delayed: String,
-    pub index_from: String,
-    pub index_to: String,
-    pub expiring: String,
-    pub claims: String,
-    pub audit: String,
-    pub lease_fence: u64,
-    pub version: u64,
-    pub doc: String,
-    /// The next message's payload and delay (ms).
-    pub next: Option<(String, u64)>,
-    pub settle: SettleArgv<'a>,
-    pub group: &'a str,
-    pub id: String,
-    pub unless_cancelled: bool,
-    pub status: TaskStatus,
-    /// Expire the task's keys this long (ms) after the write.
-    pub expire_after_ms: Option<u64>,
-    pub created_ms: u64,
-    /// The task's member of the expiring tasks under its stored status,
-    /// when that status is terminal.
-    pub stored_member: Option<String>,
-    pub new_member: String,
-    pub dead_cap: u64,
-    /// The channel to publish the task id on (when it ends).
-    pub publish: Option<String>,
-    pub audit_cap: usize,
-    /// The record's fields after `doc` (see `record::write_fields`).
-    pub fields: Vec<String>,
-    /// The record is in layout 2 (see `record`).
-    pub apart: bool,
-    pub audit_entries: Vec<String>,
-}
-
-impl Call for Commit<'_> {
-    type Reply = Result<Written, Refused>;
-
-    fn script() -> &'static Script {
-        &COMMIT
-    }
-
-    fn fill(&self, call: &mut Invocation) {
-        let (next, delay) = match &self.next {
-            Some((payload, delay)) => (payload.as_str(), *delay),
-            None => ("", 0),
-        };
-        let (kind, entry, payload, reason, size) = match &self.settle {
-            SettleArgv::Keep => ("none", "", "", "", None),
-            SettleArgv::Ack { entry } => ("ack", entry.as_str(), "", "", None),
-            SettleArgv::Dead {
-                entry,
-                payload,
-                reason,
-                size,
-            } => ("dead", entry.as_str(), *payload, *reason, *size),
-            SettleArgv::Resolve { entry } => ("resolve", entry.as_str(), "", "", None),
-        };
-        call.key(&self.fence)
-            .key(&self.task)
-            .key(&self.lock)
-            .key(&self.queue)
-            .key(&self.dead)
-            .key(&self.cancel)
-            .key(&self.delayed)
-            .key(&self.index_from)
-            .key(&self.index_to)
-            .key(&self.expiring)
-            .key(&self.claims)
-            .key(&self.audit)
-            .arg(self.lease_fence)
-            .arg(self.version)
-            .arg(&self.doc)
-            .arg(next)
-            .arg(delay)
-            .arg(kind)
-            .arg(entry)
-            .arg(self.group)
-            .arg(payload)
-            .arg(reason)
-            .arg(&self.id)
-            .arg(flag(self.unless_cancelled))
-            .arg(self.status.as_str())
-            .arg(or_empty(self.expire_after_ms))
-            .arg(self.created_ms)
-            .arg(self.stored_member.as_deref().unwrap_or_default())
-            .arg(&self.new_member)
-            .arg(or_empty(size))
-            .arg(self.dead_cap)
-            .arg(self.publish.as_deref().unwrap_or_default())
-            .arg(self.audit_cap)
-            .arg(flag(self.apart))
-            .arg(self.fields.len() / 2)
-            .arg(&self.fields)
-            .arg(&self.audit_entries);
-    }
-
-    fn decode(reply: Value) -> Result<Self::Reply, BackendError> {
-        written(reply)
-    }
 }
 
 /// `heartbeat.lua`: a lease extended and its message kept alive, while

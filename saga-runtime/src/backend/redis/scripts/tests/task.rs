@@ -5,9 +5,10 @@
 use redis::Value;
 
 use super::Fixture;
+use crate::backend::redis::keys::TaskKeys;
 use crate::backend::redis::record::RawRecord;
 use crate::backend::redis::scripts::{
-    self as s, Beat, Locking, RefusalCode, Refused, SettleArgv, Written,
+    self as s, Beat, Call, Invocation, Locking, Op, RefusalCode, Refused, SettleArgv, Written,
 };
 use crate::backend::BackendError;
 use crate::model::task::{TaskId, TaskStatus};
@@ -28,6 +29,181 @@ fn refused(refusal: RefusalCode, detail: Option<&str>) -> Refused {
 
 fn written(version: u64, claimed: bool) -> Written {
     Written { version, claimed }
+}
+
+/// The three task writes as they were called before they became one
+/// script (`apply.lua`), field by field, so that each case below reads as
+/// the write it makes; each lowers into the effects the engine's writes
+/// lower into (`backend/write.rs`), in the same order.
+struct RecordAttempt {
+    tk: TaskKeys,
+    index_from: String,
+    index_to: String,
+    lease_fence: u64,
+    version: u64,
+    doc: String,
+    claim: &'static str,
+    status: TaskStatus,
+    created_ms: u64,
+    audit_cap: usize,
+    fields: Vec<String>,
+    apart: bool,
+    audit_entries: Vec<String>,
+}
+
+struct RecordNext {
+    attempt: RecordAttempt,
+    queue: String,
+    token: &'static str,
+    renew: Option<(u64, String)>,
+    group: &'static str,
+    consumer: &'static str,
+    unless_cancelled: bool,
+}
+
+struct Commit {
+    tk: TaskKeys,
+    queue: String,
+    dead: String,
+    delayed: String,
+    index_from: String,
+    index_to: String,
+    expiring: String,
+    lease_fence: u64,
+    version: u64,
+    doc: String,
+    next: Option<(String, u64)>,
+    settle: SettleArgv<'static>,
+    unless_cancelled: bool,
+    status: TaskStatus,
+    expire_after_ms: Option<u64>,
+    created_ms: u64,
+    stored_member: Option<String>,
+    new_member: String,
+    dead_cap: u64,
+    publish: Option<String>,
+    audit_cap: usize,
+    fields: Vec<String>,
+    apart: bool,
+    audit_entries: Vec<String>,
+}
+
+impl RecordAttempt {
+    fn put(&self) -> Op<'static> {
+        Op::Put {
+            index_from: self.index_from.clone(),
+            index_to: self.index_to.clone(),
+            doc: self.doc.clone(),
+            status: self.status,
+            created_ms: self.created_ms,
+            audit_cap: self.audit_cap,
+            fields: self.fields.clone(),
+            audit_entries: self.audit_entries.clone(),
+        }
+    }
+
+    fn apply(&self, unless_cancelled: bool, mut more: Vec<Op<'static>>) -> s::Apply<'static> {
+        let mut effects = vec![self.put(), Op::Claim(self.claim)];
+        effects.append(&mut more);
+        s::Apply {
+            tk: self.tk.clone(),
+            lease_fence: self.lease_fence,
+            version: self.version,
+            apart: self.apart,
+            unless_cancelled,
+            effects,
+        }
+    }
+}
+
+impl Commit {
+    fn apply(&self) -> s::Apply<'static> {
+        let mut effects = vec![Op::Put {
+            index_from: self.index_from.clone(),
+            index_to: self.index_to.clone(),
+            doc: self.doc.clone(),
+            status: self.status,
+            created_ms: self.created_ms,
+            audit_cap: self.audit_cap,
+            fields: self.fields.clone(),
+            audit_entries: self.audit_entries.clone(),
+        }];
+        if let Some((payload, delay_ms)) = &self.next {
+            effects.push(Op::Enqueue {
+                queue: self.queue.clone(),
+                delayed: self.delayed.clone(),
+                payload: payload.clone(),
+                delay_ms: *delay_ms,
+            });
+        }
+        if self.settle != SettleArgv::Keep {
+            effects.push(Op::Settle {
+                queue: self.queue.clone(),
+                dead: self.dead.clone(),
+                settle: self.settle.clone(),
+                group: GROUP,
+                dead_cap: self.dead_cap,
+            });
+        }
+        effects.push(Op::Retain {
+            expiring: self.expiring.clone(),
+            expire_after_ms: self.expire_after_ms,
+            stored_member: self.stored_member.clone(),
+            new_member: self.new_member.clone(),
+        });
+        effects.push(Op::Unlock);
+        if let Some(channel) = &self.publish {
+            effects.push(Op::Announce {
+                channel: channel.clone(),
+            });
+        }
+        s::Apply {
+            tk: self.tk.clone(),
+            lease_fence: self.lease_fence,
+            version: self.version,
+            apart: self.apart,
+            unless_cancelled: self.unless_cancelled,
+            effects,
+        }
+    }
+}
+
+/// Each shape is called as the one write it lowers into.
+macro_rules! called_as_apply {
+    ($($shape:ty => |$it:ident| $apply:expr;)*) => {$(
+        impl Call for $shape {
+            type Reply = Result<Written, Refused>;
+            fn script() -> &'static redis::Script {
+                <s::Apply<'static> as Call>::script()
+            }
+            fn fill(&self, call: &mut Invocation) {
+                let $it = self;
+                $apply.fill(call)
+            }
+            fn decode(reply: Value) -> Result<Self::Reply, BackendError> {
+                <s::Apply<'static> as Call>::decode(reply)
+            }
+        }
+    )*};
+}
+
+called_as_apply! {
+    RecordAttempt => |it| it.apply(false, Vec::new());
+    RecordNext => |it| it.attempt.apply(
+        it.unless_cancelled,
+        it.renew
+            .iter()
+            .map(|(ttl_ms, entry)| Op::Renew {
+                queue: it.queue.clone(),
+                token: it.token,
+                ttl_ms: *ttl_ms,
+                group: it.group,
+                consumer: it.consumer,
+                entry: entry.clone(),
+            })
+            .collect(),
+    );
+    Commit => |it| it.apply();
 }
 
 impl Fixture {
@@ -61,21 +237,17 @@ impl Fixture {
         }
     }
 
-    fn record(&self, fence: u64, version: u64, claim: &'static str) -> s::RecordAttempt<'static> {
+    fn record(&self, fence: u64, version: u64, claim: &'static str) -> RecordAttempt {
         let k = &self.keys;
-        s::RecordAttempt {
-            fence: k.fence(id()),
-            task: k.task(id()),
-            claims: k.claims(id()),
+        RecordAttempt {
+            tk: k.of_task(id()),
             index_from: k.index(0, "orders", Some(TaskStatus::Pending)),
             index_to: k.index(0, "orders", Some(TaskStatus::Running)),
-            audit: k.audit(id()),
             lease_fence: fence,
             version,
             doc: format!(r#"{{"v":{version}}}"#),
             claim,
             status: TaskStatus::Running,
-            id: id().to_string(),
             created_ms: 1000,
             audit_cap: 3,
             fields: Vec::new(),
@@ -84,59 +256,48 @@ impl Fixture {
         }
     }
 
-    fn next(&self, fence: u64, version: u64, unless_cancelled: bool) -> s::RecordNext<'static> {
+    fn next(&self, fence: u64, version: u64, unless_cancelled: bool) -> RecordNext {
         let k = &self.keys;
-        s::RecordNext {
-            fence: k.fence(id()),
-            task: k.task(id()),
-            claims: k.claims(id()),
-            index_from: k.index(0, "orders", Some(TaskStatus::Running)),
-            index_to: k.index(0, "orders", Some(TaskStatus::Running)),
-            lock: k.lock(id()),
+        RecordNext {
+            attempt: RecordAttempt {
+                tk: k.of_task(id()),
+                index_from: k.index(0, "orders", Some(TaskStatus::Running)),
+                index_to: k.index(0, "orders", Some(TaskStatus::Running)),
+                lease_fence: fence,
+                version,
+                doc: format!(r#"{{"v":{version}}}"#),
+                claim: "next",
+                status: TaskStatus::Running,
+                created_ms: 1000,
+                audit_cap: 3,
+                fields: Vec::new(),
+                apart: false,
+                audit_entries: vec!["next".to_owned()],
+            },
             queue: k.queue(0),
-            cancel: k.cancel(id()),
-            audit: k.audit(id()),
-            lease_fence: fence,
-            version,
-            doc: format!(r#"{{"v":{version}}}"#),
-            claim: "next",
-            status: TaskStatus::Running,
-            id: id().to_string(),
-            created_ms: 1000,
             token: "t1",
             renew: None,
             group: GROUP,
             consumer: "c1",
             unless_cancelled,
-            audit_cap: 3,
-            fields: Vec::new(),
-            apart: false,
-            audit_entries: vec!["next".to_owned()],
         }
     }
 
-    fn commit(&self, fence: u64, version: u64) -> s::Commit<'static> {
+    fn commit(&self, fence: u64, version: u64) -> Commit {
         let k = &self.keys;
-        s::Commit {
-            fence: k.fence(id()),
-            task: k.task(id()),
-            lock: k.lock(id()),
+        Commit {
+            tk: k.of_task(id()),
             queue: k.queue(0),
             dead: k.dead(0),
-            cancel: k.cancel(id()),
             delayed: k.delayed(0),
             index_from: k.index(0, "orders", Some(TaskStatus::Pending)),
             index_to: k.index(0, "orders", Some(TaskStatus::Running)),
             expiring: k.expiring(0),
-            claims: k.claims(id()),
-            audit: k.audit(id()),
             lease_fence: fence,
             version,
             doc: format!(r#"{{"v":{version}}}"#),
             next: None,
             settle: SettleArgv::Keep,
-            group: GROUP,
-            id: id().to_string(),
             unless_cancelled: false,
             status: TaskStatus::Running,
             expire_after_ms: None,
