@@ -20,7 +20,7 @@
 //! that talk to a server cannot follow tokio's paused clock.
 //!
 //! The cases are grouped by the trait they hold to, one file each: the
-//! core a saga-only backend implements (`tasks`, `queue`, `dead_letters`,
+//! core a saga-only backend implements (`tasks`, `writes`, `queue`, `dead_letters`,
 //! `housekeeping`), then the parts a full backend offers (`process`,
 //! `tally`, `endpoint`, `leases`, `breakers`, `limits`).
 
@@ -34,6 +34,7 @@ mod process;
 mod queue;
 mod tally;
 mod tasks;
+mod writes;
 
 pub use breakers::*;
 pub use dead_letters::*;
@@ -45,6 +46,7 @@ pub use process::*;
 pub use queue::*;
 pub use tally::*;
 pub use tasks::*;
+pub use writes::*;
 
 use std::sync::Arc;
 use std::time::Duration;
