@@ -9,6 +9,7 @@ mod common;
 
 use common::postgres_server::TestPostgres;
 use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig, SCHEMA_VERSION};
+use saga_runtime::backend::Lease;
 use saga_runtime::prelude::*;
 
 struct Ship;
@@ -241,4 +242,114 @@ async fn a_schema_whose_applied_migrations_differ_is_refused_and_an_old_one_is_a
     server.psql("DELETE FROM history.schema_version WHERE version = 1");
     let text = refusal(&server.url(), config("history", true)).await;
     assert!(text.contains("records migration 2 where 1"), "{text}");
+}
+
+/// A task write as an engine of the previous revision (schema 6) made it:
+/// one of the functions it called, by the arguments it passed, with the
+/// task's stored head (it would send its own), no step rows and no audit
+/// entries; `code|version|claimed`.
+fn old_write(server: &TestPostgres, call: &str, id: TaskId, lease: &Lease) -> String {
+    let head = format!("(SELECT head FROM side.tasks WHERE id = '{id}')");
+    let version = format!("(SELECT version FROM side.tasks WHERE id = '{id}')");
+    let common = format!(
+        "'{id}', {}, {version}, 'pending', {head}, '[]', '[]', 100",
+        lease.fence
+    );
+    server.psql(&match call {
+        "record_attempt" => format!(
+            "SELECT code, version, claimed FROM side.record_attempt({common}, 'one:1', false, \
+             NULL, '{}', NULL, NULL, 1000)",
+            lease.token
+        ),
+        _ => format!(
+            "SELECT code, version, true FROM side.commit_task({common}, false, '{}', NULL, 0, \
+             'ack', (SELECT id FROM side.queue WHERE task_id = '{id}'), \
+             (SELECT claim FROM side.queue WHERE task_id = '{id}'), NULL, NULL, NULL, NULL, NULL)",
+            lease.token
+        ),
+    })
+}
+
+/// During a rolling deploy, engines of the previous revision write tasks
+/// with `record_attempt` and `commit_task`, and this one with
+/// `apply_task_write` (migration 7), which stores the same: each accepts
+/// what the other wrote (versions, fences, claims, the lease, the
+/// message). Without migration 7's promise (the old functions kept, the
+/// same rows written) one of these writes would be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_previous_revisions_writes_and_this_ones_go_together() {
+    use saga_runtime::backend::{Settle, TaskCommit, TaskStore};
+    use saga_runtime::testing::conformance::{message, receive, task};
+
+    let server = TestPostgres::start();
+    let b = PostgresBackend::connect_url(&server.url(), config("side", true))
+        .await
+        .unwrap();
+    let ttl = std::time::Duration::from_secs(30);
+
+    // Recorded by this revision, committed by the previous one.
+    let t = task("ship");
+    b.create_task(&t, &message(&t)).await.unwrap();
+    let _delivery = receive(&b, "w").await;
+    let locked = b.lock_and_load(t.id, ttl).await.unwrap().unwrap();
+    let (lease, cur) = (locked.lease, locked.task.unwrap());
+    let (v, claimed) = b
+        .record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(claimed);
+    assert_eq!(
+        old_write(&server, "commit_task", t.id, &lease),
+        format!("0|{}|t", v + 1),
+        "the previous revision commits on this one's attempt"
+    );
+    let again = b.lock_and_load(t.id, ttl).await.unwrap().unwrap();
+    assert_eq!(again.task.map(|t| t.version), Some(v + 1));
+    assert!(
+        again.lease.fence > lease.fence,
+        "the commit released the lease"
+    );
+    assert_eq!(
+        server.psql(&format!(
+            "SELECT count(*) FROM side.queue WHERE task_id = '{}'",
+            t.id
+        )),
+        "0",
+        "and acknowledged the message"
+    );
+
+    // Recorded by the previous revision, committed by this one.
+    let t = task("ship");
+    b.create_task(&t, &message(&t)).await.unwrap();
+    let delivery = receive(&b, "w").await;
+    let lease = b.lock_and_load(t.id, ttl).await.unwrap().unwrap().lease;
+    assert_eq!(
+        old_write(&server, "record_attempt", t.id, &lease),
+        "0|2|t",
+        "the previous revision records an attempt"
+    );
+    let cur = b.load_task(t.id).await.unwrap().unwrap();
+    let (_, claimed) = b
+        .record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!claimed, "this revision sees the previous one's claim");
+    let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+    cur.status = TaskStatus::Completed;
+    let commit = TaskCommit {
+        task: &cur,
+        stored_status: TaskStatus::Pending,
+        lease: &lease,
+        next: None,
+        settle: Settle::Ack(&delivery),
+        expire_after: None,
+        unless_cancelled: false,
+    };
+    assert_eq!(b.commit(commit).await.unwrap(), Ok(4));
+    assert_eq!(
+        b.load_task(t.id).await.unwrap().map(|t| t.status),
+        Some(TaskStatus::Completed)
+    );
 }

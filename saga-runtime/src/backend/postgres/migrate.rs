@@ -49,10 +49,15 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         name: "commit_waits",
         sql: include_str!("migrations/0006_commit_waits.sql"),
     },
+    Migration {
+        version: 7,
+        name: "task_write",
+        sql: include_str!("migrations/0007_task_write.sql"),
+    },
 ];
 
 /// The schema version this library writes: the newest migration.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// `schema` checked and quoted for SQL. Lower-case letters, digits and
 /// `_` only: the name is also part of the notification channels'.
@@ -416,6 +421,10 @@ mod tests {
             (
                 6,
                 "95193b1c6776d30f00fa2f8a326a33a258893832c2944e5d24fc1c69e923c316",
+            ),
+            (
+                7,
+                "d424aacf4b0575713fa4a9cebf1a175262c3ef960f44004da226fbe2d64c7989",
             ),
         ];
         assert_eq!(

@@ -27,7 +27,8 @@
 //! `housekeeping`, `process`, `tally`, `endpoint`, `leases`, `breakers`,
 //! `partitions`, `limits`; `migrate` (the migrator), `listen`
 //! (notifications received), `wake` (notifications sent for the engine's
-//! writes), `steps` (which step rows a write must send), `session` (where
+//! writes), `write` (the write vocabulary's interpreter), `steps` (which
+//! step rows a write must send), `session` (where
 //! a statement runs, its timeouts in force).
 
 /// A statement built from the schema's (checked) name: what sqlx asks to
@@ -60,6 +61,7 @@ mod steps;
 mod tally;
 mod tasks;
 mod wake;
+mod write;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,8 +9,9 @@ use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::settling::{located, SettleArgs};
+use super::settling::located;
 use super::{corrupt, failure, PostgresBackend};
+use crate::backend::write::Write;
 use crate::backend::{
     BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
     TaskCommit, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
@@ -33,21 +34,21 @@ pub(super) fn parse_task(record: Value) -> Result<TaskInstance, BackendError> {
 
 /// The head of a write: the task without its steps and audit log, stamped
 /// with when it was written.
-fn head(task: &TaskInstance) -> Result<String, BackendError> {
+pub(super) fn head(task: &TaskInstance) -> Result<String, BackendError> {
     StoredRecord::of(task, Timestamp::now(), false)
         .json()
         .map_err(corrupt)
 }
 
 /// The audit entries a write appends, as a JSON array.
-fn audit(task: &TaskInstance) -> Result<String, BackendError> {
+pub(super) fn audit(task: &TaskInstance) -> Result<String, BackendError> {
     let unstored = task.unstored_audit();
     serde_json::to_string(&unstored[unstored.len().saturating_sub(AUDIT_LOG_CAP)..])
         .map_err(corrupt)
 }
 
 /// A write function's refusal code as the write's answer.
-fn refused(
+pub(super) fn refused(
     code: i32,
     detail: Option<String>,
     task: &TaskInstance,
@@ -334,83 +335,26 @@ impl TaskStore for PostgresBackend {
     async fn record_attempt(
         &self,
         task: &TaskInstance,
-        _stored_status: TaskStatus,
+        stored_status: TaskStatus,
         lease: &Lease,
         claim: &str,
     ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        self.record(task, lease, claim, None).await
+        let written = self
+            .apply(&Write::attempt(task, stored_status, lease, claim))
+            .await?;
+        Ok(written.map(|a| (a.version, a.claimed)))
     }
 
     async fn record_next_attempt(
         &self,
         next: NextAttempt<'_>,
     ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        self.record(next.task, next.lease, next.claim, Some(next))
-            .await
+        let written = self.apply(&next.write()).await?;
+        Ok(written.map(|a| (a.version, a.claimed)))
     }
 
     async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
-        let task = commit.task;
-        let changed = self.shared.steps.changed(task)?;
-        let settling = SettleArgs::of(commit.settle, self.shared.config.dead_letter_payload_limit)?;
-        let next = commit
-            .next
-            .as_ref()
-            .map(|n| (WorkItem::Saga(n.message.clone()).encode(), ms(n.delay)));
-        let (head, audit) = (head(task)?, audit(task)?);
-        let row = run!(
-            self,
-            sqlx::query(sql!(
-                "SELECT code, detail, version FROM {}($1, $2, $3, $4, $5::jsonb, $6::jsonb, $7::jsonb, $8, \
-                 $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
-                self.q("commit_task")
-            ))
-            .bind(task.id.0)
-            .bind(i64::try_from(commit.lease.fence).unwrap_or(i64::MAX))
-            .bind(i64::try_from(task.version).unwrap_or(i64::MAX))
-            .bind(task.status.as_str())
-            .bind(head)
-            .bind(&changed.rows)
-            .bind(audit)
-            .bind(i32::try_from(AUDIT_LOG_CAP).unwrap_or(i32::MAX))
-            .bind(commit.unless_cancelled)
-            .bind(&commit.lease.token)
-            .bind(next.as_ref().map(|n| n.0.as_str()))
-            .bind(next.as_ref().map_or(0, |n| n.1))
-            .bind(settling.how)
-            .bind(settling.row)
-            .bind(settling.claim)
-            .bind(settling.payload)
-            .bind(settling.reason)
-            .bind(settling.size)
-            .bind(settling.dead_letter)
-            .bind(commit.expire_after.map(ms)),
-            fetch_one
-        );
-        // Wake whoever may care, unless the write was refused (a failed
-        // statement may have committed all the same).
-        let written = !matches!(&row, Ok(r) if r.try_get::<i32, _>(0).is_ok_and(|code| code != 0));
-        if written {
-            if next.is_some() {
-                self.shared.waker.work();
-            }
-            if task.status.is_terminal() {
-                self.shared.waker.finished(task.id);
-            }
-        }
-        let row = row.map_err(failure)?;
-        let code: i32 = row.try_get(0).map_err(corrupt)?;
-        if code != 0 {
-            let detail: Option<String> = row.try_get(1).map_err(corrupt)?;
-            return Ok(Err(refused(code, detail, task, commit.lease)?));
-        }
-        let version: i64 = row.try_get(2).map_err(corrupt)?;
-        let version = u64::try_from(version).unwrap_or(0);
-        match task.status.is_terminal() {
-            true => self.shared.steps.forget(task.id),
-            false => self.shared.steps.remember(task.id, version, changed.hashes),
-        }
-        Ok(Ok(version))
+        Ok(self.apply(&commit.write()).await?.map(|a| a.version))
     }
 
     async fn heartbeat(
@@ -528,61 +472,6 @@ impl TaskStore for PostgresBackend {
 }
 
 impl PostgresBackend {
-    /// Records an attempt (and, for a task the worker goes on with, renews
-    /// its lease and message and refuses once cancelled).
-    async fn record(
-        &self,
-        task: &TaskInstance,
-        lease: &Lease,
-        claim: &str,
-        next: Option<NextAttempt<'_>>,
-    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        let changed = self.shared.steps.changed(task)?;
-        let renew = match next
-            .as_ref()
-            .and_then(|n| n.renew.map(|ttl| (ttl, n.delivery)))
-        {
-            Some((ttl, delivery)) => Some((ms(ttl), located(delivery)?)),
-            None => None,
-        };
-        let (head, audit) = (head(task)?, audit(task)?);
-        let row = run!(
-            self,
-            sqlx::query(sql!(
-                "SELECT code, detail, version, claimed FROM {}($1, $2, $3, $4, $5::jsonb, $6::jsonb, \
-                 $7::jsonb, $8, $9, $10, $11, $12, $13, $14, $15)",
-                self.q("record_attempt")
-            ))
-            .bind(task.id.0)
-            .bind(i64::try_from(lease.fence).unwrap_or(i64::MAX))
-            .bind(i64::try_from(task.version).unwrap_or(i64::MAX))
-            .bind(task.status.as_str())
-            .bind(head)
-            .bind(&changed.rows)
-            .bind(audit)
-            .bind(i32::try_from(AUDIT_LOG_CAP).unwrap_or(i32::MAX))
-            .bind(claim)
-            .bind(next.as_ref().is_some_and(|n| n.unless_cancelled))
-            .bind(renew.map(|r| r.0))
-            .bind(&lease.token)
-            .bind(renew.map(|r| (r.1).0))
-            .bind(renew.map(|r| (r.1).1))
-            .bind(ms(self.shared.config.visibility_timeout)),
-            fetch_one
-        )
-        .map_err(failure)?;
-        let code: i32 = row.try_get(0).map_err(corrupt)?;
-        if code != 0 {
-            let detail: Option<String> = row.try_get(1).map_err(corrupt)?;
-            return Ok(Err(refused(code, detail, task, lease)?));
-        }
-        let version: i64 = row.try_get(2).map_err(corrupt)?;
-        let claimed: bool = row.try_get(3).map_err(corrupt)?;
-        let version = u64::try_from(version).unwrap_or(0);
-        self.shared.steps.remember(task.id, version, changed.hashes);
-        Ok(Ok((version, claimed)))
-    }
-
     /// Creates `task` with its first message on `executor` (the pool, or a
     /// caller's transaction); `false` when a task with its id exists.
     pub(super) async fn create_task_on<'e, E>(
