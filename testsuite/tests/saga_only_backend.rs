@@ -13,10 +13,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use saga_runtime::backend::memory::MemoryBackend;
+use saga_runtime::backend::write::{Answer, Write};
 use saga_runtime::backend::{
     Backend, BackendError, Created, DeadLetter, DeadLetterQuery, DeadLetters, Delivery, Heartbeat,
-    Housekeeping, Housekept, Interest, Lease, Locked, Page, QueueMessage, Retention, TaskCommit,
-    TaskQuery, TaskStore, TaskWrite, WorkItem, WorkQueue,
+    Housekeeping, Housekept, Interest, Lease, Locked, Page, QueueMessage, Retention, TaskQuery,
+    TaskStore, WorkItem, WorkQueue,
 };
 use saga_runtime::prelude::*;
 use saga_runtime::task::Timestamp;
@@ -48,19 +49,8 @@ impl TaskStore for SagaOnly {
     ) -> Result<Option<Locked>, BackendError> {
         self.0.lock_and_load(id, ttl).await
     }
-    async fn record_attempt(
-        &self,
-        task: &TaskInstance,
-        stored_status: TaskStatus,
-        lease: &Lease,
-        claim: &str,
-    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        self.0
-            .record_attempt(task, stored_status, lease, claim)
-            .await
-    }
-    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
-        self.0.commit(commit).await
+    async fn apply(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
+        self.0.apply(write).await
     }
     async fn heartbeat(
         &self,

@@ -5,7 +5,7 @@
 //! types (`memory/` and `redis/` mirror the file names):
 //!
 //! - **The core** every engine needs, which is all a backend for sagas
-//!   alone implements ([`Backend`], 26 required methods):
+//!   alone implements ([`Backend`], 25 required methods):
 //!   - [`TaskStore`] (`tasks.rs`): task records, their leases (with
 //!     fencing), attempt claims, the atomic commit of a step's outcome,
 //!     cancellation flags, paged listing;
@@ -27,8 +27,10 @@
 //! A task write is described once for every store ([`write`](mod@write): the guards
 //! a store checks before any effect, then the effects it applies, a closed
 //! vocabulary): [`TaskCommit`], [`NextAttempt`] and an attempt's record
-//! are lowered into it, and the memory store interprets it
-//! rather than restating the protocol per operation.
+//! are lowered into it, and a store implements one method for them,
+//! [`TaskStore::apply`], an interpreter of the vocabulary (memory, Redis
+//! and PostgreSQL each have one, `write.rs`) rather than a restatement of
+//! the protocol per operation.
 //!
 //! A write answers what the protocol expects as a value ([`TaskWrite`],
 //! [`ProcessWrite`]: written, or refused with a [`TaskRefusal`] or a

@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
+use super::write::{Answer, Write};
 use super::{BackendError, Delivery, QueueMessage, Settle};
 use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp};
 
@@ -341,50 +342,63 @@ pub trait TaskStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> Result<Option<Locked>, BackendError>;
 
+    /// Checks `write`'s guards, every one before any effect, and applies
+    /// its effects, atomically: the one write of the task protocol (see
+    /// [`write`](mod@super::write)). A failed guard is the answer's
+    /// refusal, and nothing is written. The store decides nothing: which
+    /// guards and effects a write carries was decided by the engine.
+    ///
+    /// This is the write a store implements; [`record_attempt`](Self::record_attempt),
+    /// [`record_next_attempt`](Self::record_next_attempt) and
+    /// [`commit`](Self::commit) are the engine's names for the writes it
+    /// makes, each lowered into one `apply`.
+    async fn apply(&self, write: &Write<'_>) -> Result<Answer, BackendError>;
+
     /// Records an attempt before its call: writes `task` if the stored
     /// version is `task.version` and `lease` holds the latest fence, and
     /// claims `claim` (an attempt's name, unique per task) in the same step.
     /// Returns the new version and whether the claim was won; the write
     /// happens even when the claim is lost. Claims live as long as the task.
     /// `stored_status` is the status stored under `task.version`.
+    ///
+    /// Provided ([`Write::attempt`] applied): a store does not implement it.
     async fn record_attempt(
         &self,
         task: &TaskInstance,
         stored_status: TaskStatus,
         lease: &Lease,
         claim: &str,
-    ) -> Result<TaskWrite<(u64, bool)>, BackendError>;
+    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
+        let write = Write::attempt(task, stored_status, lease, claim);
+        Ok(self.apply(&write).await?.map(|a| (a.version, a.claimed)))
+    }
 
     /// Records the next attempt of a task the worker goes on with (see
     /// [`NextAttempt`]): like [`record_attempt`](Self::record_attempt),
     /// and in the same atomic write the lease is renewed and the message
     /// kept alive (if asked), and the write refused if `unless_cancelled`
-    /// and cancellation was requested. Returns the new version and whether the claim was
-    /// won.
+    /// and cancellation was requested. Returns the new version and whether
+    /// the claim was won.
     ///
-    /// The default makes three calls (the cancellation flag, the record,
-    /// a heartbeat); a backend should do it in one round trip.
+    /// Provided ([`NextAttempt::write`] applied): a store does not
+    /// implement it.
     async fn record_next_attempt(
         &self,
         next: NextAttempt<'_>,
     ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        if next.unless_cancelled {
-            if let Some(at) = self.cancel_requested(next.task.id).await? {
-                return Ok(Err(TaskRefusal::CancelRequested { at }));
-            }
-        }
-        let recorded = self
-            .record_attempt(next.task, next.stored_status, next.lease, next.claim)
-            .await?;
-        if let (Ok(_), Some(ttl)) = (&recorded, next.renew) {
-            let _ = self.heartbeat(next.lease, next.delivery, ttl).await?;
-        }
-        Ok(recorded)
+        let write = next.write();
+        Ok(self.apply(&write).await?.map(|a| (a.version, a.claimed)))
     }
 
     /// Writes a [`TaskCommit`] atomically and releases its lease; returns
     /// the new version.
-    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError>;
+    ///
+    /// Provided ([`TaskCommit::write`] applied): a store does not
+    /// implement it.
+    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
+        let write = commit.write();
+        Ok(self.apply(&write).await?.map(|a| a.version))
+    }
 
     /// Called about once a second while a step runs: extends the lease by
     /// `ttl`, keeps the message from being redelivered and reports a

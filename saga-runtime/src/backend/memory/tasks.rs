@@ -10,10 +10,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::{MemoryBackend, State};
-use crate::backend::write::Write;
+use crate::backend::write::{Answer, Write};
 use crate::backend::{
-    BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
-    TaskCommit, TaskQuery, TaskStore, TaskWrite, WorkItem,
+    BackendError, Created, Delivery, Heartbeat, Lease, Locked, QueueMessage, TaskQuery, TaskStore,
+    WorkItem,
 };
 use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
@@ -187,26 +187,8 @@ impl TaskStore for MemoryBackend {
         }))
     }
 
-    async fn record_attempt(
-        &self,
-        task: &TaskInstance,
-        stored_status: TaskStatus,
-        lease: &Lease,
-        claim: &str,
-    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        let write = Write::attempt(task, stored_status, lease, claim);
-        Ok(self.apply(&write).map(|a| (a.version, a.claimed)))
-    }
-
-    async fn record_next_attempt(
-        &self,
-        next: NextAttempt<'_>,
-    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        Ok(self.apply(&next.write()).map(|a| (a.version, a.claimed)))
-    }
-
-    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
-        Ok(self.apply(&commit.write()).map(|a| a.version))
+    async fn apply(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
+        Ok(self.interpret(write))
     }
 
     async fn heartbeat(

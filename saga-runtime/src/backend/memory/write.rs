@@ -86,7 +86,7 @@ impl State {
 impl MemoryBackend {
     /// Checks `write`'s guards and applies its effects, atomically, then
     /// wakes what waits on the queue or the task.
-    pub(super) fn apply(&self, write: &Write<'_>) -> Answer {
+    pub(super) fn interpret(&self, write: &Write<'_>) -> Answer {
         let shared = (self.shared.visibility_timeout, self.shared.payload_limit);
         let mut applied = Applied {
             version: write.task.version,

@@ -11,10 +11,10 @@ use uuid::Uuid;
 
 use super::settling::located;
 use super::{corrupt, failure, PostgresBackend};
-use crate::backend::write::Write;
+use crate::backend::write::{Answer, Write};
 use crate::backend::{
-    BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
-    TaskCommit, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
+    BackendError, Created, Delivery, Heartbeat, Lease, Locked, QueueMessage, TaskQuery,
+    TaskRefusal, TaskStore, WorkItem,
 };
 use crate::model::task::{
     AuditEntry, StoredRecord, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP,
@@ -332,29 +332,8 @@ impl TaskStore for PostgresBackend {
         }
     }
 
-    async fn record_attempt(
-        &self,
-        task: &TaskInstance,
-        stored_status: TaskStatus,
-        lease: &Lease,
-        claim: &str,
-    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        let written = self
-            .apply(&Write::attempt(task, stored_status, lease, claim))
-            .await?;
-        Ok(written.map(|a| (a.version, a.claimed)))
-    }
-
-    async fn record_next_attempt(
-        &self,
-        next: NextAttempt<'_>,
-    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        let written = self.apply(&next.write()).await?;
-        Ok(written.map(|a| (a.version, a.claimed)))
-    }
-
-    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
-        Ok(self.apply(&commit.write()).await?.map(|a| a.version))
+    async fn apply(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
+        self.interpret(write).await
     }
 
     async fn heartbeat(

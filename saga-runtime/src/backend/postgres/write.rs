@@ -28,7 +28,7 @@ struct Args<'a> {
 
 impl PostgresBackend {
     /// Checks `write`'s guards and applies its effects, in one call.
-    pub(super) async fn apply(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
+    pub(super) async fn interpret(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
         let (task, lease) = (write.task, write.lease);
         if !write.guards.starts_with(&[Guard::Fence, Guard::Version]) {
             return Err(corrupt("a task write is fenced, then versioned"));

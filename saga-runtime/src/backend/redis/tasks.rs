@@ -10,10 +10,10 @@ use uuid::Uuid;
 use super::record::{write_fields, RawRecord};
 use super::scripts::{self as s, Locking, RefusalCode, Refused};
 use super::{corrupt, ms, unavailable, RedisBackend};
-use crate::backend::write::Write;
+use crate::backend::write::{Answer, Write};
 use crate::backend::{
-    BackendError, Created, Delivery, Heartbeat, Lease, Locked, NextAttempt, QueueMessage,
-    TaskCommit, TaskCursor, TaskQuery, TaskRefusal, TaskStore, TaskWrite, WorkItem,
+    BackendError, Created, Delivery, Heartbeat, Lease, Locked, QueueMessage, TaskCursor, TaskQuery,
+    TaskRefusal, TaskStore, WorkItem,
 };
 use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp, AUDIT_LOG_CAP};
 
@@ -414,29 +414,8 @@ impl TaskStore for RedisBackend {
         }))
     }
 
-    async fn record_attempt(
-        &self,
-        task: &TaskInstance,
-        stored_status: TaskStatus,
-        lease: &Lease,
-        claim: &str,
-    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        let write = Write::attempt(task, stored_status, lease, claim);
-        Ok(self.apply(&write).await?.map(|a| (a.version, a.claimed)))
-    }
-
-    async fn record_next_attempt(
-        &self,
-        next: NextAttempt<'_>,
-    ) -> Result<TaskWrite<(u64, bool)>, BackendError> {
-        Ok(self
-            .apply(&next.write())
-            .await?
-            .map(|a| (a.version, a.claimed)))
-    }
-
-    async fn commit(&self, commit: TaskCommit<'_>) -> Result<TaskWrite<u64>, BackendError> {
-        Ok(self.apply(&commit.write()).await?.map(|a| a.version))
+    async fn apply(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
+        self.interpret(write).await
     }
 
     async fn heartbeat(

@@ -14,7 +14,7 @@ use super::tasks::{audit_entries, write_refused};
 
 impl RedisBackend {
     /// Checks `write`'s guards and applies its effects, in one script call.
-    pub(super) async fn apply(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
+    pub(super) async fn interpret(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
         let task = write.task;
         if !write.guards.starts_with(&[Guard::Fence, Guard::Version]) {
             return Err(corrupt("a task write is fenced, then versioned"));

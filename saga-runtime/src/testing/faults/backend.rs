@@ -21,6 +21,7 @@ use futures::stream::BoxStream;
 
 use super::journal::Journal;
 use crate::backend::memory::MemoryBackend;
+use crate::backend::write::{Answer, Write};
 use crate::backend::{
     Backend, BackendError, Breakers, Created, DeadLetter, DeadLetterQuery, DeadLetters, Delivery,
     Heartbeat, Housekeeping, Housekept, Interest, Lease, Leases, Locked, NextAttempt, Page,
@@ -93,6 +94,10 @@ impl TaskStore for FaultyBackend {
         ttl: Duration,
     ) -> Result<Option<Locked>, BackendError> {
         self.inner.lock_and_load(id, ttl).await
+    }
+
+    async fn apply(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
+        self.inner.apply(write).await
     }
 
     async fn record_attempt(
