@@ -15,9 +15,9 @@ use futures::stream::BoxStream;
 use saga_runtime::backend::memory::MemoryBackend;
 use saga_runtime::backend::write::{Answer, Write};
 use saga_runtime::backend::{
-    Backend, BackendError, Created, DeadLetter, DeadLetterQuery, DeadLetters, Delivery, Heartbeat,
-    Housekeeping, Housekept, Interest, Lease, Locked, Page, QueueMessage, Retention, TaskQuery,
-    TaskStore, WorkItem, WorkQueue,
+    Backend, BackendError, Created, DeadLetter, DeadLetterQuery, DeadLetters, Delivery, Handling,
+    Heartbeat, Housekeeping, Housekept, Interest, Lease, Locked, Page, QueueMessage, Retention,
+    TaskQuery, TaskStore, WorkItem, WorkQueue,
 };
 use saga_runtime::prelude::*;
 use saga_runtime::task::Timestamp;
@@ -101,22 +101,12 @@ impl WorkQueue for SagaOnly {
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError> {
         self.0.touch(delivery).await
     }
-    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
-        self.0.ack(delivery).await
-    }
-    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        self.0.release(delivery, delay).await
-    }
-    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        self.0.defer(delivery, delay).await
-    }
-    async fn dead_letter(
+    async fn settle_delivery(
         &self,
         delivery: &Delivery,
-        reason: &str,
-        task_id: Option<TaskId>,
+        how: Handling<'_>,
     ) -> Result<(), BackendError> {
-        self.0.dead_letter(delivery, reason, task_id).await
+        self.0.settle_delivery(delivery, how).await
     }
     async fn release_due(&self, limit: usize) -> Result<usize, BackendError> {
         self.0.release_due(limit).await

@@ -5,7 +5,7 @@
 //! types (`memory/` and `redis/` mirror the file names):
 //!
 //! - **The core** every engine needs, which is all a backend for sagas
-//!   alone implements ([`Backend`], 25 required methods):
+//!   alone implements ([`Backend`], 22 required methods):
 //!   - [`TaskStore`] (`tasks.rs`): task records, their leases (with
 //!     fencing), attempt claims, the atomic commit of a step's outcome,
 //!     cancellation flags, paged listing;
@@ -91,7 +91,8 @@ pub use limits::{
 pub use partitions::{ForwardTo, Partitions};
 pub use process::{Batched, Hold, ProcessCommit, ProcessRefusal, ProcessStore, ProcessWrite};
 pub use queue::{
-    Delivery, Interest, LoadedInstance, QueueBacklog, QueueStats, Settle, TakenLease, WorkQueue,
+    Delivery, Handling, Interest, LoadedInstance, QueueBacklog, QueueStats, Settle, TakenLease,
+    WorkQueue,
 };
 pub use runners::Runners;
 pub(crate) use runners::{saga_runs, saga_steps_run, saga_version_run};

@@ -108,6 +108,29 @@ pub enum Settle<'a> {
     ResolveDeadLetter(&'a str),
 }
 
+/// How a delivery is settled on its own, outside a task's write
+/// ([`WorkQueue::settle_delivery`]). Inside one, [`Settle`] says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handling<'a> {
+    /// Acknowledged: it will not be delivered again.
+    Ack,
+    /// Handed back unsettled, delivered again after the delay (promptly,
+    /// not after the visibility timeout); the delivery counts as answered.
+    Release(Duration),
+    /// Handed back like [`Release`](Self::Release), but the delivery
+    /// counts as unanswered, so that a message no worker can handle still
+    /// reaches the delivery cap.
+    Defer(Duration),
+    /// Acknowledged, and a copy parked on the dead-letter queue with
+    /// `reason` (and the task's id, when it is a task's message).
+    DeadLetter {
+        /// Why it was parked, for the operator.
+        reason: &'a str,
+        /// The task the message advanced, if known.
+        task: Option<TaskId>,
+    },
+}
+
 /// The kinds of work a worker takes: an engine that runs no process
 /// managers must not take (and dead-letter) their messages, nor one that
 /// runs no sagas saga messages, when deployments share a Redis. An entry
@@ -219,19 +242,42 @@ pub trait WorkQueue: Send + Sync + 'static {
     /// on.
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError>;
 
+    /// Settles `delivery` on its own, outside a task's write: the one
+    /// write a store implements for [`ack`](Self::ack),
+    /// [`release`](Self::release), [`defer`](Self::defer) and
+    /// [`dead_letter`](Self::dead_letter), which are provided on top of it.
+    async fn settle_delivery(
+        &self,
+        delivery: &Delivery,
+        how: Handling<'_>,
+    ) -> Result<(), BackendError>;
+
     /// Acknowledges a message: it will not be delivered again.
-    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError>;
+    ///
+    /// Provided ([`Handling::Ack`]).
+    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
+        self.settle_delivery(delivery, Handling::Ack).await
+    }
 
     /// Hands a message back unsettled, to be delivered again after `delay`
     /// (promptly: not after the visibility timeout). The delivery counts as
     /// answered.
-    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
+    ///
+    /// Provided ([`Handling::Release`]).
+    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
+        self.settle_delivery(delivery, Handling::Release(delay))
+            .await
+    }
 
     /// Hands a message back like [`release`](Self::release), but its
     /// delivery counts as unanswered: for a message this worker cannot
     /// handle (its saga is not deployed here yet), so that one no worker
     /// can handle still reaches the delivery cap.
-    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError>;
+    ///
+    /// Provided ([`Handling::Defer`]).
+    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
+        self.settle_delivery(delivery, Handling::Defer(delay)).await
+    }
 
     /// `consumer` is leaving (a graceful shutdown): hands back what was
     /// delivered to it and not handed out yet, so that nothing waits out
@@ -242,12 +288,20 @@ pub trait WorkQueue: Send + Sync + 'static {
     }
 
     /// Acknowledges a message and parks a copy on the dead-letter queue.
+    ///
+    /// Provided ([`Handling::DeadLetter`]).
     async fn dead_letter(
         &self,
         delivery: &Delivery,
         reason: &str,
         task_id: Option<TaskId>,
-    ) -> Result<(), BackendError>;
+    ) -> Result<(), BackendError> {
+        let how = Handling::DeadLetter {
+            reason,
+            task: task_id,
+        };
+        self.settle_delivery(delivery, how).await
+    }
 
     /// Parks `payload`, a message that never was on the queue (a broker
     /// delivery that is not a message: garbage, an unknown type, no id),

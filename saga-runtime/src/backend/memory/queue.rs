@@ -7,8 +7,8 @@ use tokio::time::Instant;
 
 use super::{later, MemoryBackend, State};
 use crate::backend::{
-    truncate_payload, BackendError, DeadLetter, Delivery, Interest, QueueMessage, QueueStats,
-    Settle, WorkItem, WorkQueue,
+    truncate_payload, BackendError, DeadLetter, Delivery, Handling, Interest, QueueMessage,
+    QueueStats, Settle, WorkItem, WorkQueue,
 };
 use crate::model::task::{TaskId, Timestamp};
 
@@ -223,28 +223,27 @@ impl WorkQueue for MemoryBackend {
         Ok(())
     }
 
-    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
-        self.state().in_flight.remove(&delivery.id);
-        Ok(())
-    }
-
-    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        self.hand_back(delivery, delay, true)
-    }
-
-    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        self.hand_back(delivery, delay, false)
-    }
-
-    async fn dead_letter(
+    async fn settle_delivery(
         &self,
         delivery: &Delivery,
-        reason: &str,
-        task_id: Option<TaskId>,
+        how: Handling<'_>,
     ) -> Result<(), BackendError> {
-        self.state()
-            .park(delivery, reason, task_id, self.shared.payload_limit);
-        Ok(())
+        match how {
+            Handling::Ack => {
+                self.state().in_flight.remove(&delivery.id);
+                Ok(())
+            }
+            Handling::Release(delay) => self.hand_back(delivery, delay, true),
+            Handling::Defer(delay) => self.hand_back(delivery, delay, false),
+            Handling::DeadLetter {
+                reason,
+                task: task_id,
+            } => {
+                self.state()
+                    .park(delivery, reason, task_id, self.shared.payload_limit);
+                Ok(())
+            }
+        }
     }
 
     async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {

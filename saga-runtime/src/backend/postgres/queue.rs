@@ -13,8 +13,8 @@ use super::settling::located;
 use super::tasks::{ms, parse_task};
 use super::{corrupt, failure, PostgresBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Delivery, Interest, Lease, Locked, QueueBacklog, QueueMessage,
-    QueueStats, TakenLease, TaskStore, WorkItem, WorkQueue,
+    truncate_payload, BackendError, Delivery, Handling, Interest, Lease, Locked, QueueBacklog,
+    QueueMessage, QueueStats, TakenLease, TaskStore, WorkItem, WorkQueue,
 };
 use crate::model::task::{TaskId, Timestamp};
 
@@ -356,55 +356,54 @@ impl WorkQueue for PostgresBackend {
         Ok(())
     }
 
-    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
-        let (row, claim) = located(delivery)?;
-        run!(
-            self,
-            sqlx::query(sql!(
-                "DELETE FROM {} WHERE id = $1 AND claim = $2",
-                self.q("queue")
-            ))
-            .bind(row)
-            .bind(claim),
-            execute
-        )
-        .map_err(failure)?;
-        Ok(())
-    }
-
-    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        self.hand_back(delivery, delay, true).await
-    }
-
-    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        self.hand_back(delivery, delay, false).await
-    }
-
-    async fn dead_letter(
+    async fn settle_delivery(
         &self,
         delivery: &Delivery,
-        reason: &str,
-        task_id: Option<TaskId>,
+        how: Handling<'_>,
     ) -> Result<(), BackendError> {
-        let (row, claim) = located(delivery)?;
-        let limit = self.shared.config.dead_letter_payload_limit;
-        let (payload, size) = truncate_payload(&delivery.raw, limit);
-        run!(
-            self,
-            sqlx::query(sql!(
-                "SELECT {}('dead', $1, $2, $3, $4, $5, $6, NULL)",
-                self.q("settle")
-            ))
-            .bind(row)
-            .bind(claim)
-            .bind(payload)
-            .bind(reason)
-            .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
-            .bind(task_id.map(|t| t.0)),
-            execute
-        )
-        .map_err(failure)?;
-        Ok(())
+        match how {
+            Handling::Ack => {
+                let (row, claim) = located(delivery)?;
+                run!(
+                    self,
+                    sqlx::query(sql!(
+                        "DELETE FROM {} WHERE id = $1 AND claim = $2",
+                        self.q("queue")
+                    ))
+                    .bind(row)
+                    .bind(claim),
+                    execute
+                )
+                .map_err(failure)?;
+                Ok(())
+            }
+            Handling::Release(delay) => self.hand_back(delivery, delay, true).await,
+            Handling::Defer(delay) => self.hand_back(delivery, delay, false).await,
+            Handling::DeadLetter {
+                reason,
+                task: task_id,
+            } => {
+                let (row, claim) = located(delivery)?;
+                let limit = self.shared.config.dead_letter_payload_limit;
+                let (payload, size) = truncate_payload(&delivery.raw, limit);
+                run!(
+                    self,
+                    sqlx::query(sql!(
+                        "SELECT {}('dead', $1, $2, $3, $4, $5, $6, NULL)",
+                        self.q("settle")
+                    ))
+                    .bind(row)
+                    .bind(claim)
+                    .bind(payload)
+                    .bind(reason)
+                    .bind(size.map(|s| i64::try_from(s).unwrap_or(i64::MAX)))
+                    .bind(task_id.map(|t| t.0)),
+                    execute
+                )
+                .map_err(failure)?;
+                Ok(())
+            }
+        }
     }
 
     async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {

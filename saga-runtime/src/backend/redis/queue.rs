@@ -12,10 +12,9 @@ use super::entry::entries;
 use super::scripts::{self as s};
 use super::{unavailable, RedisBackend};
 use crate::backend::{
-    truncate_payload, BackendError, Delivery, Interest, QueueMessage, QueueStats, WorkItem,
-    WorkQueue,
+    truncate_payload, BackendError, Delivery, Handling, Interest, QueueMessage, QueueStats,
+    WorkItem, WorkQueue,
 };
-use crate::model::task::TaskId;
 use crate::util::Unpoisoned;
 
 /// A stream entry id as `(ms, seq)`, for ordering across streams.
@@ -204,23 +203,46 @@ impl WorkQueue for RedisBackend {
         Ok(())
     }
 
-    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
-        let (p, entry) = self.locate(delivery)?;
-        self.call(&s::Ack {
-            queue: self.keys().queue(p),
-            group: self.group(),
-            entry,
-        })
-        .await?;
-        Ok(())
-    }
-
-    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        self.hand_back(delivery, delay, true).await
-    }
-
-    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        self.hand_back(delivery, delay, false).await
+    async fn settle_delivery(
+        &self,
+        delivery: &Delivery,
+        how: Handling<'_>,
+    ) -> Result<(), BackendError> {
+        match how {
+            Handling::Ack => {
+                let (p, entry) = self.locate(delivery)?;
+                self.call(&s::Ack {
+                    queue: self.keys().queue(p),
+                    group: self.group(),
+                    entry,
+                })
+                .await?;
+                Ok(())
+            }
+            Handling::Release(delay) => self.hand_back(delivery, delay, true).await,
+            Handling::Defer(delay) => self.hand_back(delivery, delay, false).await,
+            Handling::DeadLetter {
+                reason,
+                task: task_id,
+            } => {
+                let (p, entry) = self.locate(delivery)?;
+                let (payload, size) =
+                    truncate_payload(&delivery.raw, self.shared.config.dead_letter_payload_limit);
+                self.call(&s::DeadLetter {
+                    queue: self.keys().queue(p),
+                    dead: self.keys().dead(p),
+                    group: self.group(),
+                    entry,
+                    payload,
+                    reason,
+                    task: task_id,
+                    size,
+                    dead_cap: self.dead_letters_ceiling(),
+                })
+                .await?;
+                Ok(())
+            }
+        }
     }
 
     async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
@@ -237,30 +259,6 @@ impl WorkQueue for RedisBackend {
             })
             .await?;
         }
-        Ok(())
-    }
-
-    async fn dead_letter(
-        &self,
-        delivery: &Delivery,
-        reason: &str,
-        task_id: Option<TaskId>,
-    ) -> Result<(), BackendError> {
-        let (p, entry) = self.locate(delivery)?;
-        let (payload, size) =
-            truncate_payload(&delivery.raw, self.shared.config.dead_letter_payload_limit);
-        self.call(&s::DeadLetter {
-            queue: self.keys().queue(p),
-            dead: self.keys().dead(p),
-            group: self.group(),
-            entry,
-            payload,
-            reason,
-            task: task_id,
-            size,
-            dead_cap: self.dead_letters_ceiling(),
-        })
-        .await?;
         Ok(())
     }
 

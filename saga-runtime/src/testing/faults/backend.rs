@@ -24,9 +24,9 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::write::{Answer, Write};
 use crate::backend::{
     Backend, BackendError, Breakers, Created, DeadLetter, DeadLetterQuery, DeadLetters, Delivery,
-    Heartbeat, Housekeeping, Housekept, Interest, Lease, Leases, Locked, NextAttempt, Page,
-    ProcessBackend, QueueMessage, QueueStats, Retention, Settle, TaskCommit, TaskQuery, TaskStore,
-    TaskWrite, WorkItem, WorkQueue,
+    Handling, Heartbeat, Housekeeping, Housekept, Interest, Lease, Leases, Locked, NextAttempt,
+    Page, ProcessBackend, QueueMessage, QueueStats, Retention, Settle, TaskCommit, TaskQuery,
+    TaskStore, TaskWrite, WorkItem, WorkQueue,
 };
 use crate::model::task::{AuditEntry, TaskId, TaskInstance, TaskStatus, Timestamp};
 use crate::util::Unpoisoned;
@@ -250,38 +250,21 @@ impl WorkQueue for FaultyBackend {
         self.inner.touch(delivery).await
     }
 
-    async fn ack(&self, delivery: &Delivery) -> Result<(), BackendError> {
-        if self.is_dead(&delivery.id) {
+    async fn settle_delivery(
+        &self,
+        delivery: &Delivery,
+        how: Handling<'_>,
+    ) -> Result<(), BackendError> {
+        // A worker that "died" (`crash`) settles nothing after; a dead
+        // letter was parked all the same, as before.
+        if !matches!(how, Handling::DeadLetter { .. }) && self.is_dead(&delivery.id) {
             return Ok(());
         }
-        self.inner.ack(delivery).await
-    }
-
-    async fn release(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        if self.is_dead(&delivery.id) {
-            return Ok(());
-        }
-        self.inner.release(delivery, delay).await
-    }
-
-    async fn defer(&self, delivery: &Delivery, delay: Duration) -> Result<(), BackendError> {
-        if self.is_dead(&delivery.id) {
-            return Ok(());
-        }
-        self.inner.defer(delivery, delay).await
+        self.inner.settle_delivery(delivery, how).await
     }
 
     async fn leave(&self, consumer: &str) -> Result<(), BackendError> {
         self.inner.leave(consumer).await
-    }
-
-    async fn dead_letter(
-        &self,
-        delivery: &Delivery,
-        reason: &str,
-        task_id: Option<TaskId>,
-    ) -> Result<(), BackendError> {
-        self.inner.dead_letter(delivery, reason, task_id).await
     }
 
     async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {
