@@ -228,7 +228,7 @@ async fn a_waiting_breaker_compensates_nothing_in_an_outage_of_twenty_breaks() {
         assert_eq!(task.status, TaskStatus::Completed, "{task:#?}");
         let rec = &task.steps[1];
         assert!(
-            rec.attempt_count - rec.retry_base <= 2,
+            rec.attempts_in_budget() <= 2,
             "the outage spent at most the attempt made before the breaker \
              opened (and the successful one): {task:#?}"
         );
@@ -242,12 +242,12 @@ async fn a_waiting_breaker_compensates_nothing_in_an_outage_of_twenty_breaks() {
             })
             .count() as u32;
         assert_eq!(
-            rec.attempt_count - rec.retry_base,
+            rec.attempts_in_budget(),
             rec.attempt_count - free,
             "only failed probes are not counted: {task:#?}"
         );
         free_probes += free as usize;
-        counted += (rec.attempt_count - rec.retry_base - 1) as usize;
+        counted += (rec.attempts_in_budget() - 1) as usize;
     }
     eprintln!("{down} calls while down: {counted} counted, {free_probes} failed probes");
     assert_eq!(dep.undone.load(Ordering::SeqCst), 0, "nothing was undone");

@@ -328,7 +328,7 @@ mod crash {
                     })
                     .await;
                     let task = engine.task(id).await.unwrap().unwrap();
-                    println!("bad now: {:?} alone {:?} audit {:?}", task.status, task.steps[0].alone_attempt, task.audit_log.iter().map(|e| format!("{:?}/{:?}", e.action, e.error)).collect::<Vec<_>>());
+                    println!("bad now: {:?} step {:?} audit {:?}", task.status, task.steps[0], task.audit_log.iter().map(|e| format!("{:?}/{:?}", e.action, e.error)).collect::<Vec<_>>());
                     if $queue_others && round < 2 {
                         // Someone waits in line behind the crashing holder.
                         let good = engine.start::<$saga>(round as u32).await.unwrap();
@@ -351,14 +351,14 @@ mod crash {
                     })
                     .count();
                 println!(
-                    "{} round {} (status {:?}, runs {}): attempt_count {}, alone_attempt {:?}, retry_base {}, forgiven crashes so far {}",
+                    "{} round {} (status {:?}, runs {}): attempt_count {}, in budget {}, step {:?}, forgiven crashes so far {}",
                     stringify!($saga),
                     round + 1,
                     task.status,
                     runs.load(Ordering::SeqCst),
                     task.steps[0].attempt_count,
-                    task.steps[0].alone_attempt,
-                    task.steps[0].retry_base,
+                    task.steps[0].attempts_in_budget(),
+                    task.steps[0],
                     abandoned
                 );
                 // The crash: the runtime goes away with the step mid-call.
@@ -443,9 +443,9 @@ mod crash {
                 })
                 .count();
             println!(
-                "Limited round {} (status {:?}, runs {}): attempt_count {}, alone_attempt {:?}, retry_base {}, forgiven {}",
+                "Limited round {} (status {:?}, runs {}): attempt_count {}, in budget {}, step {:?}, forgiven {}",
                 round + 1, task.status, runs.load(Ordering::SeqCst), task.steps[0].attempt_count,
-                task.steps[0].alone_attempt, task.steps[0].retry_base, forgiven
+                task.steps[0].attempts_in_budget(), task.steps[0], forgiven
             );
             std::mem::forget(engine);
             rt.shutdown_background();
@@ -554,8 +554,8 @@ mod err {
         let runs = first.load(Ordering::SeqCst);
         let task = engine.task(id).await.unwrap().unwrap();
         println!(
-            "step `first` ran {runs} times; its record: status {:?}, attempts {}, retry_base {}",
-            task.steps[0].status, task.steps[0].attempt_count, task.steps[0].retry_base
+            "step `first` ran {runs} times; its record: status {:?}, attempts {}, in budget {}",
+            task.steps[0].status, task.steps[0].attempt_count, task.steps[0].attempts_in_budget()
         );
         for e in &task.audit_log {
             println!("  {:?} {:?} {:?}", e.action, e.step, e.error);
@@ -632,10 +632,10 @@ mod err {
             .expect("finished")
             .unwrap();
         println!(
-            "status {:?}; `first` ran {} times; retry_base {}",
+            "status {:?}; `first` ran {} times; in budget {}",
             task.status,
             first.load(Ordering::SeqCst),
-            task.steps[0].retry_base
+            task.steps[0].attempts_in_budget()
         );
         for e in &task.audit_log {
             println!("  {:?} {:?} {:?}", e.action, e.step, e.error);
@@ -699,10 +699,10 @@ mod err {
             .expect("finished")
             .unwrap();
         println!(
-            "status {:?}; `first` ran {} times; retry_base {}",
+            "status {:?}; `first` ran {} times; in budget {}",
             task.status,
             first.load(Ordering::SeqCst),
-            task.steps[0].retry_base
+            task.steps[0].attempts_in_budget()
         );
         for e in &task.audit_log {
             println!("  {:?} {:?} {:?}", e.action, e.step, e.error);

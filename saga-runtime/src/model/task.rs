@@ -205,11 +205,11 @@ pub struct StepRecord {
     /// the dead-letter queue starts a new budget without reusing attempt
     /// numbers, so idempotency keys stay unique).
     #[serde(default)]
-    pub retry_base: u32,
+    pub(crate) retry_base: u32,
     /// `compensation_attempts` when the compensation's current retry budget
     /// started (a requeue starts a new one).
     #[serde(default)]
-    pub compensation_retry_base: u32,
+    pub(crate) compensation_retry_base: u32,
     /// When the next attempt (of the step, or of its compensation) is due,
     /// while a retry waits out its backoff. The wait is a scheduled message:
     /// no worker is busy meanwhile.
@@ -222,10 +222,10 @@ pub struct StepRecord {
     /// another's crash, and is made again without counting against the
     /// retry budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub alone_attempt: Option<u32>,
+    pub(crate) alone_attempt: Option<u32>,
     /// The same for the compensation's attempts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub alone_compensation: Option<u32>,
+    pub(crate) alone_compensation: Option<u32>,
     /// Attempts of the step that began and whose outcome is not known:
     /// their worker died or lost its lease before recording it (a crash
     /// forgiven as another message's counts too: forgiving spares the
@@ -241,7 +241,7 @@ pub struct StepRecord {
     /// While the step waits for a flow-control limit: which, since when
     /// (kept here, not in the audit log a worker may load without).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit_wait: Option<WaitingForLimit>,
+    pub(crate) limit_wait: Option<WaitingForLimit>,
 }
 
 impl StepRecord {
@@ -267,6 +267,15 @@ impl StepRecord {
             lost_outcomes: 0,
             limit_wait: None,
         }
+    }
+
+    /// Attempts counted against the step's current retry budget: all of
+    /// them, unless an operator requeued the task from the dead-letter
+    /// queue, which starts a new budget (attempt numbers go on, so that
+    /// idempotency keys stay unique). The engine's bookkeeping of where
+    /// the budget began is its own, not part of this record's API.
+    pub fn attempts_in_budget(&self) -> u32 {
+        self.attempt_count.saturating_sub(self.retry_base)
     }
 
     /// Whether the step is to be compensated although it did not
@@ -496,12 +505,12 @@ pub struct TaskInstance {
     /// engine after each write; not part of the record.
     #[serde(skip)]
     #[doc(hidden)]
-    pub audit_stored: StoredAudit,
+    pub(crate) audit_stored: StoredAudit,
     /// Which step records the store holds as they are in this copy (see
     /// [`StoredSteps`]). Not part of the record.
     #[serde(skip)]
     #[doc(hidden)]
-    pub steps_stored: StoredSteps,
+    pub(crate) steps_stored: StoredSteps,
 }
 
 fn first_version() -> u32 {

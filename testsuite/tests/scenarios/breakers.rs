@@ -236,14 +236,14 @@ pub async fn a_long_outage_behind_a_shared_waiting_breaker_compensates_nothing<S
             })
             .count() as u32;
         probed += free as usize;
-        counted += (rec.attempt_count - rec.retry_base - 1) as usize;
+        counted += (rec.attempts_in_budget() - 1) as usize;
         assert_eq!(
-            rec.attempt_count - rec.retry_base,
+            rec.attempts_in_budget(),
             rec.attempt_count - free,
             "failed probes are recorded and not counted: {task:#?}"
         );
         assert!(
-            rec.attempt_count - rec.retry_base <= 3,
+            rec.attempts_in_budget() <= 3,
             "only calls through the closed breaker were counted: {task:#?}"
         );
     }

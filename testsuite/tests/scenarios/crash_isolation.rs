@@ -57,7 +57,7 @@ impl<S> Looped<S> {
         let mut charged = Vec::new();
         for task in &self.good {
             for step in &task.steps {
-                if step.attempt_count - step.retry_base == 1 {
+                if step.attempts_in_budget() == 1 {
                     continue;
                 }
                 let audit: Vec<String> = task
@@ -75,13 +75,12 @@ impl<S> Looped<S> {
                     })
                     .collect();
                 charged.push(format!(
-                    "task {} step {} ({:?}): {} attempts, base {}, alone {:?}\n    {}",
+                    "task {} step {} ({:?}): {} attempts, {} in its budget: {step:?}\n    {}",
                     task.id,
                     step.name,
                     task.status,
                     step.attempt_count,
-                    step.retry_base,
-                    step.alone_attempt,
+                    step.attempts_in_budget(),
                     audit.join("\n    ")
                 ));
             }
@@ -169,11 +168,7 @@ async fn crash_loop<S: ScenarioStore>(how: Loop) -> Looped<S> {
             for id in good.iter().chain([&poison]) {
                 let task = client.task(*id).await.unwrap().unwrap();
                 if !task.status.is_terminal() {
-                    let steps: Vec<_> = task
-                        .steps
-                        .iter()
-                        .map(|s| (s.status, s.attempt_count, s.retry_base, s.alone_attempt))
-                        .collect();
+                    let steps = &task.steps;
                     eprintln!("open {} {:?} {:?}", task.id, task.status, steps);
                     for e in task.audit_log.iter().rev().take(6) {
                         eprintln!(
