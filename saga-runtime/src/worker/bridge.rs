@@ -50,8 +50,8 @@ pub(crate) struct Bridge {
     pub start: Starter,
 }
 
-/// What one delivery becomes in the store.
-enum Write {
+/// What one delivery becomes in the store (where it lands).
+enum Landing {
     /// An envelope for the route's process manager.
     Envelope(Box<WorkItem>),
     /// A task of the route's saga.
@@ -164,7 +164,7 @@ impl Bridge {
             if batch.is_empty() {
                 continue;
             }
-            let writes: Vec<Write> = batch.iter().map(|d| self.write_of(d)).collect();
+            let writes: Vec<Landing> = batch.iter().map(|d| self.write_of(d)).collect();
             if !self.store(&mut *rx, &batch, writes).await? {
                 // Shutting down before the store took them: back to the
                 // broker, for whoever bridges next.
@@ -187,8 +187,8 @@ impl Bridge {
     }
 
     /// What `d` becomes in the store.
-    fn write_of(&self, d: &Incoming) -> Write {
-        let park = |reason: String| Write::Park {
+    fn write_of(&self, d: &Incoming) -> Landing {
+        let park = |reason: String| Landing::Park {
             payload: String::from_utf8_lossy(&d.body).into_owned(),
             reason: format!("from {} ({}): {reason}", self.label(), d.subject),
         };
@@ -203,14 +203,14 @@ impl Bridge {
         match wire::read(&self.route.kind, d) {
             Read::Bad(why) => park(why),
             Read::NotOurs(message_type) => self.not_ours(&message_type, park),
-            Read::Start { key, input } => Write::Start { key, input },
+            Read::Start { key, input } => Landing::Start { key, input },
             Read::Message {
                 message_id,
                 message_type,
                 payload,
                 traceparent,
             } => match self.envelope(message_id, &message_type, payload, traceparent) {
-                Some(item) => Write::Envelope(Box::new(item)),
+                Some(item) => Landing::Envelope(Box::new(item)),
                 None => park(format!("no process manager here handles `{message_type}`")),
             },
         }
@@ -220,16 +220,16 @@ impl Bridge {
     /// another's, or nobody's. Nobody's is dead-lettered, by one route only
     /// (the first process manager's by name, whose bridge sees every
     /// event as the others' do); another's is left to its own route.
-    fn not_ours(&self, message_type: &str, park: impl Fn(String) -> Write) -> Write {
+    fn not_ours(&self, message_type: &str, park: impl Fn(String) -> Landing) -> Landing {
         if self.rt.routes.contains_key(message_type) {
-            return Write::Nothing;
+            return Landing::Nothing;
         }
         let first = self.rt.processes.keys().min().copied();
         match &self.route.kind {
             RouteKind::Process { process, .. } if Some(*process) == first => park(format!(
                 "no process manager of this engine handles messages of type `{message_type}`"
             )),
-            _ => Write::Nothing,
+            _ => Landing::Nothing,
         }
     }
 
@@ -276,7 +276,7 @@ impl Bridge {
         &self,
         rx: &mut dyn Inbound,
         batch: &[Incoming],
-        mut writes: Vec<Write>,
+        mut writes: Vec<Landing>,
     ) -> Result<bool, TransportError> {
         let mut pause = Pause::new();
         let mut kept = tokio::time::Instant::now();
@@ -301,53 +301,53 @@ impl Bridge {
 
     /// Writes what is left of `writes`, each marked done (`Nothing`) once
     /// written, so that a retry does not write it again.
-    async fn write(&self, writes: &mut [Write]) -> Result<(), Error> {
+    async fn write(&self, writes: &mut [Landing]) -> Result<(), Error> {
         let items: Vec<WorkItem> = writes
             .iter()
             .filter_map(|w| match w {
-                Write::Envelope(item) => Some((**item).clone()),
+                Landing::Envelope(item) => Some((**item).clone()),
                 _ => None,
             })
             .collect();
         if !items.is_empty() {
             self.rt.backend.enqueue(&items).await?;
             for w in writes.iter_mut() {
-                if matches!(w, Write::Envelope(_)) {
-                    *w = Write::Nothing;
+                if matches!(w, Landing::Envelope(_)) {
+                    *w = Landing::Nothing;
                 }
             }
         }
         for w in writes.iter_mut() {
             match w {
-                Write::Start { key, input } => {
+                Landing::Start { key, input } => {
                     let RouteKind::Start { saga } = &self.route.kind else {
-                        *w = Write::Nothing;
+                        *w = Landing::Nothing;
                         continue;
                     };
                     match (self.start)(saga, input.clone(), key.clone()).await {
-                        Ok(_) => *w = Write::Nothing,
+                        Ok(_) => *w = Landing::Nothing,
                         Err(Error::Unavailable { source, .. } | Error::Backend(source)) => {
                             return Err(Error::Backend(source))
                         }
                         // The command cannot start a task (an input that does
                         // not decode, a key reused with another input): parked.
                         Err(refused) => {
-                            *w = Write::Park {
+                            *w = Landing::Park {
                                 payload: input.to_string(),
                                 reason: format!("from {}: {refused}", self.label()),
                             }
                         }
                     }
                 }
-                Write::Park { .. } | Write::Envelope(_) | Write::Nothing => {}
+                Landing::Park { .. } | Landing::Envelope(_) | Landing::Nothing => {}
             }
         }
         for w in writes.iter_mut() {
-            if let Write::Park { payload, reason } = w {
+            if let Landing::Park { payload, reason } = w {
                 tracing::error!(route = %self.label(), %reason, "broker message dead-lettered");
                 self.rt.backend.park(payload, reason).await?;
                 crate::metrics::dead_lettered(crate::metrics::DeadLetterKind::Undecodable);
-                *w = Write::Nothing;
+                *w = Landing::Nothing;
             }
         }
         Ok(())
