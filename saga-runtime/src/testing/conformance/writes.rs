@@ -247,3 +247,85 @@ pub async fn a_commit_keeps_its_delay_whatever_the_cancellation_flag(b: Arc<dyn 
     assert_eq!(late.item, Ok(item(&cur)));
     b.ack(&late).await.unwrap();
 }
+
+/// A write does what its effects say and nothing more: a store applies
+/// each effect only when the write carries it (`backend::write::Effect`),
+/// never bundling one with another (a put that also releases the lease, a
+/// settling that also unlocks). Driven through `TaskStore::apply`, the one
+/// write a store implements.
+pub async fn each_effect_is_applied_only_when_the_write_carries_it(b: Arc<dyn Backend>) {
+    use crate::backend::write::{Applied, Effect, Guard, Write};
+
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let lease = lock(&*b, t.id).await;
+    let mut cur = b.load_task(t.id).await.unwrap().unwrap();
+    let guards = vec![Guard::Fence, Guard::Version];
+    fn put(task: &TaskInstance, stored_status: TaskStatus) -> Effect<'_> {
+        Effect::Put {
+            task,
+            stored_status,
+        }
+    }
+
+    // A put alone: the record moves on; the lease and the message stay.
+    cur.status = TaskStatus::Running;
+    let write = Write {
+        task: &cur,
+        lease: &lease,
+        guards: guards.clone(),
+        effects: vec![put(&cur, TaskStatus::Pending)],
+    };
+    let applied = b.apply(&write).await.unwrap();
+    assert_eq!(
+        applied,
+        Ok(Applied {
+            version: cur.version + 1,
+            claimed: false
+        }),
+        "a write without a claim claims nothing"
+    );
+    cur.version += 1;
+    assert!(
+        b.lock_and_load(t.id, TTL).await.unwrap().is_none(),
+        "a put released the lease"
+    );
+    let again = receive(&*b, "a").await;
+    assert_eq!(again.item, d.item, "a put settled the message");
+
+    // A settling without an unlock: the message goes, the lease stays.
+    let write = Write {
+        task: &cur,
+        lease: &lease,
+        guards: guards.clone(),
+        effects: vec![
+            put(&cur, TaskStatus::Running),
+            Effect::Settle(Settle::Ack(&again)),
+        ],
+    };
+    b.apply(&write).await.unwrap().unwrap();
+    cur.version += 1;
+    assert!(
+        b.lock_and_load(t.id, TTL).await.unwrap().is_none(),
+        "settling a message released the lease"
+    );
+    nothing_for(&*b, "a", VISIBILITY * 2).await;
+
+    // An unlock: the lease goes, and nothing was enqueued.
+    let write = Write {
+        task: &cur,
+        lease: &lease,
+        guards,
+        effects: vec![put(&cur, TaskStatus::Running), Effect::Unlock],
+    };
+    b.apply(&write).await.unwrap().unwrap();
+    let next = lock(&*b, t.id).await;
+    assert!(next.fence > lease.fence);
+    nothing_for(&*b, "a", WAIT * 4).await;
+    let stored = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.version),
+        (TaskStatus::Running, cur.version + 1)
+    );
+}
