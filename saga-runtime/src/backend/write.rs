@@ -89,7 +89,10 @@ pub struct Write<'a> {
     pub task: &'a TaskInstance,
     /// The lease the write is made under.
     pub lease: &'a Lease,
-    /// The guards, in the order a store checks them.
+    /// The guards, in the order a store checks them. Every task write is
+    /// fenced, then versioned (the lowerings below always begin so); the
+    /// Redis and PostgreSQL interpreters refuse one that is not, as a
+    /// corrupt request, rather than apply it unguarded.
     pub guards: Vec<Guard>,
     /// The effects, in the order a store applies them.
     pub effects: Vec<Effect<'a>>,
