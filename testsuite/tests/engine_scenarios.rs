@@ -19,3 +19,6 @@ engine_scenarios!(crash_isolation; redis: TestRedis, postgres: TestPostgres);
 engine_scenarios!(process; redis: TestRedis, postgres: TestPostgres);
 engine_scenarios!(breakers; redis: TestRedis, postgres: TestPostgres);
 engine_scenarios!(runners; redis: TestRedis, postgres: TestPostgres);
+engine_scenarios!(limits; redis: TestRedis, postgres: TestPostgres);
+engine_scenarios!(leases; redis: TestRedis, postgres: TestPostgres);
+engine_scenarios!(outcomes; redis: TestRedis, postgres: TestPostgres);

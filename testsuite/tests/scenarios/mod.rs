@@ -4,6 +4,8 @@
 //! each written once against [`ScenarioStore`] and generated for every
 //! store by [`engine_scenarios!`], next to `backend_conformance!` (which
 //! tests the backend's operations one by one; these test an engine on it).
+//! Flow-control limits (`limits`) are proved the same way, two engines
+//! standing in for two machines.
 //!
 //! A scenario that only one store can have (Redis consumer groups, a
 //! PostgreSQL row lock) stays in that store's file.
@@ -16,6 +18,9 @@ pub mod breakers;
 pub mod chaos;
 pub mod crash_isolation;
 pub mod faults;
+pub mod leases;
+pub mod limits;
+pub mod outcomes;
 pub mod process;
 pub mod rig;
 pub mod runners;
@@ -56,6 +61,31 @@ macro_rules! engine_scenarios {
         engine_scenarios!(@stores breakers [$($store: $ty),+] [
             breakers::a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finish,
             breakers::a_long_outage_behind_a_shared_waiting_breaker_compensates_nothing,
+        ]);
+    };
+    (limits; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores limits [$($store: $ty),+] [
+            limits::a_concurrency_of_three_holds_across_two_engines_and_is_used,
+            limits::a_rate_of_fifty_a_second_starts_250_plus_the_burst_in_five_seconds,
+            limits::a_rate_holds_when_the_demand_meets_engines_just_started,
+            limits::a_keyed_limit_keeps_two_merchants_independent,
+            limits::a_sigkilled_workers_slot_comes_back_after_its_lease_and_not_before,
+            limits::a_sigkilled_timer_holders_slot_comes_back_once_the_timers_are_taken_over,
+            limits::a_long_wait_is_audited_once,
+            limits::a_parked_task_is_cancelled_at_once_from_either_engine,
+            limits::a_limited_handler_runs_one_at_a_time_across_instances_and_engines,
+        ]);
+    };
+    (leases; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores leases [$($store: $ty),+] [
+            leases::a_step_longer_than_the_lock_ttl_keeps_its_lease_and_runs_once,
+            leases::cancellation_requested_in_one_process_reaches_a_step_running_in_another,
+        ]);
+    };
+    (outcomes; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores outcomes [$($store: $ty),+] [
+            outcomes::a_charge_lost_with_a_killed_worker_is_refunded_by_its_key_when_the_task_is_cancelled,
+            outcomes::a_charge_lost_with_a_killed_worker_is_refunded_by_its_key_when_its_retry_fails_for_good,
         ]);
     };
     (runners; $($store:ident: $ty:ty),+ $(,)?) => {

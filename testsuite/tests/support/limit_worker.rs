@@ -1,26 +1,34 @@
-//! A worker process for tests/limits_redis.rs: runs the `holder-child`
-//! saga, whose step shares the limit `holder-slot` (one at a time across
-//! the deployment) with the test's own saga, against the Redis at
-//! `REDIS_URL` until killed. Once its engine runs it sets
-//! `limit-worker:ready` and starts one task; the step pushes the task's
-//! input onto `limit-worker:starts`, then blocks for an hour holding the
-//! slot: the test SIGKILLs the process and checks when the slot comes back.
+//! A worker process for the limit scenarios (tests/scenarios/limits.rs):
+//! runs the `holder-child` saga, whose step shares the limit `holder-slot`
+//! (one at a time across the deployment) with the scenario's own saga,
+//! against the store at `BACKEND_URL` until killed. Once its engine runs
+//! it sets `limit-worker:ready` on the Redis at `RECORD_URL` and starts
+//! one task; the step pushes the task's input onto `limit-worker:starts`
+//! there, then blocks for an hour holding the slot: the scenario SIGKILLs
+//! the process and checks when the slot comes back.
 //!
-//! Environment: `REDIS_URL`, `LEASE_MS` (the task lease and the visibility
-//! timeout, hence how long the slot outlives the process; default 1000).
+//! Environment: `BACKEND_URL` (the store: `postgres://..` or a Redis
+//! server's `redis://..`; default `REDIS_URL`), `RECORD_URL` (a Redis
+//! server, whatever the store; default `REDIS_URL`, or `BACKEND_URL` when
+//! that is a Redis), `LEASE_MS` (the task lease and the visibility
+//! timeout, hence how long the slot outlives the process; default 1000),
+//! `POLL_MS` (PostgreSQL's idle poll, 50).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::backend::Backend;
 use saga_runtime::prelude::*;
 
 struct Holder {
     recorder: redis::aio::ConnectionManager,
 }
 
-/// A saga only this process runs (the test's engine hands its messages
-/// back), sharing the test saga's slot by the limit's name.
+/// A saga only this process runs (the scenario's engine hands its messages
+/// back), sharing the scenario saga's slot by the limit's name.
 #[saga(name = "holder-child")]
 impl Holder {
     #[saga_step(1)]
@@ -36,25 +44,56 @@ impl Holder {
     }
 }
 
+/// The store `url` names, its messages of a dead worker back after
+/// `lease`, with short idle waits (as the scenarios' own backends).
+async fn backend(
+    url: &str,
+    lease: Duration,
+) -> Result<Arc<dyn Backend>, Box<dyn std::error::Error>> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let config = PostgresConfig {
+            visibility_timeout: lease,
+            poll_interval: Duration::from_millis(
+                std::env::var("POLL_MS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(50),
+            ),
+            ..PostgresConfig::default()
+        };
+        return Ok(Arc::new(PostgresBackend::connect_url(url, config).await?));
+    }
+    let config = RedisConfig {
+        visibility_timeout: lease,
+        block: Duration::from_millis(100),
+        ..RedisConfig::default()
+    };
+    Ok(Arc::new(RedisBackend::connect_with(url, config).await?))
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("REDIS_URL")?;
+    let redis_url = std::env::var("REDIS_URL").ok();
+    let url = std::env::var("BACKEND_URL")
+        .ok()
+        .or_else(|| redis_url.clone())
+        .ok_or("BACKEND_URL (or REDIS_URL) is needed")?;
+    let record_url = match std::env::var("RECORD_URL").ok().or(redis_url) {
+        Some(record_url) => record_url,
+        None if url.starts_with("redis") => url.clone(),
+        None => return Err(format!("RECORD_URL (a Redis) is needed beside {url}").into()),
+    };
     let lease = Duration::from_millis(
         std::env::var("LEASE_MS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(1000),
     );
-    let recorder = redis::Client::open(url.as_str())?
+    let recorder = redis::Client::open(record_url.as_str())?
         .get_connection_manager()
         .await?;
-    let config = RedisConfig {
-        visibility_timeout: lease,
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    };
     let engine = Engine::builder()
-        .backend(RedisBackend::connect_with(&url, config).await?)
+        .backend_arc(backend(&url, lease).await?)
         .saga(Holder {
             recorder: recorder.clone(),
         })

@@ -1,7 +1,8 @@
-//! The `undo-pay` saga, shared by tests/unknown_outcomes_redis.rs and the
-//! `undo-worker` process (the same definition in both, so that either
-//! runs the other's tasks). What its bodies do is pushed, in order, onto
-//! the Redis list [`LOG`]: the payment provider's books.
+//! The `undo-pay` saga, shared by the lost-outcome scenarios
+//! (tests/scenarios/outcomes.rs) and the `undo-worker` process (the same
+//! definition in both, so that either runs the other's tasks). What its
+//! bodies do is pushed, in order, onto the Redis list [`LOG`] (a Redis of
+//! its own, whatever the store): the payment provider's books.
 
 use std::time::Duration;
 

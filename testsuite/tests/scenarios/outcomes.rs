@@ -1,77 +1,56 @@
-//! A step whose outcome was lost is compensated too, against a private
-//! redis-server: an `undo-worker` process takes the money in `charge` and
-//! is SIGKILLed before the write that would record it; then the task is
+//! A step whose outcome was lost is compensated too, on every store: an
+//! `undo-worker` process on the store takes the money in `charge` and is
+//! SIGKILLed before the write that would record it; then the task is
 //! cancelled, or `charge` fails for good in this process, and `refund`
 //! (which takes `Outcome<Charge, Order>`) is called with
 //! `Outcome::Unknown(order)` and the step's idempotency key, before the
 //! completed `reserve` is released.
+//!
+//! What the bodies did (the payment provider's books) is pushed onto a
+//! Redis of its own, out of the store's way.
 
-mod common;
-
-#[path = "support/undo_pay.rs"]
+#[path = "../support/undo_pay.rs"]
 mod undo_pay;
 
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::redis_server::TestRedis;
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::prelude::*;
 use undo_pay::{Order, UndoPay, CHARGED, LOG};
+
+use super::rig::{Rig, Worker};
+use crate::common::stores::ScenarioStore;
 
 /// The lease and the visibility timeout of both processes.
 const LEASE: Duration = Duration::from_millis(1000);
 
-/// An `undo-worker` process, SIGKILLed when dropped (a failed assertion
-/// must not leave it running).
-struct Worker(Child);
-
-impl Worker {
-    fn spawn(redis: &TestRedis) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_undo-worker"))
-            .env("REDIS_URL", redis.url())
-            .env("LEASE_MS", LEASE.as_millis().to_string())
-            .env("RUST_LOG", "off")
-            .spawn()
-            .expect("spawn undo-worker");
-        Worker(child)
-    }
-
-    /// SIGKILL, and wait for the process to be gone.
-    fn kill(&mut self) {
-        self.0.kill().expect("SIGKILL undo-worker");
-        self.0.wait().expect("reap undo-worker");
-    }
+/// An `undo-worker` process on the rig's store, recording on its Redis;
+/// SIGKILLed when dropped (a failed assertion must not leave it running).
+fn spawn_worker<S: ScenarioStore>(rig: &Rig<S>) -> Worker {
+    let child = Command::new(env!("CARGO_BIN_EXE_undo-worker"))
+        .env("BACKEND_URL", rig.store.url())
+        .env("RECORD_URL", rig.record.url())
+        .env("LEASE_MS", LEASE.as_millis().to_string())
+        .env("POLL_MS", "50")
+        .env("RUST_LOG", "off")
+        .spawn()
+        .expect("spawn undo-worker");
+    Worker(child)
 }
 
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// SIGKILLs the worker, and waits for the process to be gone.
+fn kill(worker: &mut Worker) {
+    worker.0.kill().expect("SIGKILL undo-worker");
+    worker.0.wait().expect("reap undo-worker");
 }
 
-/// This process's engine on the test server: no workers until
+/// This process's engine on the rig's store: no workers until
 /// `run_workers` (the task's first attempt is the worker process's).
-async fn engine(redis: &TestRedis, decline: bool) -> Engine {
-    let config = RedisConfig {
-        visibility_timeout: LEASE,
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    };
-    let recorder = redis::Client::open(redis.url().as_str())
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .unwrap();
+async fn engine<S: ScenarioStore>(rig: &Rig<S>, decline: bool) -> Engine {
     Engine::builder()
-        .backend(
-            RedisBackend::connect_with(&redis.url(), config)
-                .await
-                .unwrap(),
-        )
+        .backend_arc(rig.store.backend(LEASE).await)
         .saga(UndoPay {
-            recorder,
+            recorder: rig.recorder().await,
             hang_after_charge: false,
             decline,
         })
@@ -82,30 +61,30 @@ async fn engine(redis: &TestRedis, decline: bool) -> Engine {
         .unwrap()
 }
 
-fn list(redis: &TestRedis, key: &str) -> Vec<String> {
+fn list<S: ScenarioStore>(rig: &Rig<S>, key: &str) -> Vec<String> {
     redis::cmd("LRANGE")
         .arg(key)
         .arg(0)
         .arg(-1)
-        .query(&mut redis.conn())
+        .query(&mut rig.record.conn())
         .unwrap()
 }
 
 /// Starts a task, lets the worker process take the money in `charge`,
 /// and SIGKILLs it there: the attempt's start is recorded, its outcome
 /// never is.
-async fn charge_then_kill(redis: &TestRedis, engine: &Engine) -> TaskId {
+async fn charge_then_kill<S: ScenarioStore>(rig: &Rig<S>, engine: &Engine) -> TaskId {
     let id = engine
         .start::<UndoPay>(Order { id: 7, cents: 1200 })
         .await
         .unwrap();
-    let mut worker = Worker::spawn(redis);
+    let mut worker = spawn_worker(rig);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while list(redis, CHARGED).is_empty() {
+    while list(rig, CHARGED).is_empty() {
         assert!(Instant::now() < deadline, "the worker never charged");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    worker.kill();
+    kill(&mut worker);
     let task = engine.task(id).await.unwrap().unwrap();
     let charge = task.step("charge").unwrap();
     assert_eq!(
@@ -118,6 +97,7 @@ async fn charge_then_kill(redis: &TestRedis, engine: &Engine) -> TaskId {
 
 /// Runs this process's workers until the task ends; returns it.
 async fn run_to_the_end(engine: &Engine, id: TaskId) -> TaskInstance {
+    let started = Instant::now();
     let workers = tokio::spawn({
         let engine = engine.clone();
         async move { engine.run_workers(1).await }
@@ -128,6 +108,10 @@ async fn run_to_the_end(engine: &Engine, id: TaskId) -> TaskInstance {
         .unwrap();
     engine.shutdown().await;
     let _ = workers.await;
+    println!(
+        "the task ended {:?} after this process's workers started",
+        started.elapsed()
+    );
     task
 }
 
@@ -139,11 +123,14 @@ fn books(id: TaskId) -> Vec<String> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_charge_lost_with_a_killed_worker_is_refunded_by_its_key_when_the_task_is_cancelled() {
-    let redis = TestRedis::start();
-    let engine = engine(&redis, false).await;
-    let id = charge_then_kill(&redis, &engine).await;
+/// The worker dies with the charge taken; the task is cancelled: the
+/// charge is refunded by its key, then the reservation released.
+pub async fn a_charge_lost_with_a_killed_worker_is_refunded_by_its_key_when_the_task_is_cancelled<
+    S: ScenarioStore,
+>() {
+    let rig = Rig::<S>::start();
+    let engine = engine(&rig, false).await;
+    let id = charge_then_kill(&rig, &engine).await;
     assert_eq!(
         engine.cancel::<UndoPay>(id).await.unwrap(),
         CancelResult::Cancelled
@@ -151,21 +138,24 @@ async fn a_charge_lost_with_a_killed_worker_is_refunded_by_its_key_when_the_task
     let task = run_to_the_end(&engine, id).await;
 
     assert_eq!(task.status, TaskStatus::Cancelled, "{task:#?}");
-    assert_eq!(list(&redis, LOG), books(id), "{task:#?}");
+    assert_eq!(list(&rig, LOG), books(id), "{task:#?}");
     let charge = task.step("charge").unwrap();
     assert_eq!(charge.status, StepStatus::Compensated);
     assert_eq!(charge.lost_outcomes, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_charge_lost_with_a_killed_worker_is_refunded_by_its_key_when_its_retry_fails_for_good() {
-    let redis = TestRedis::start();
-    let engine = engine(&redis, true).await;
-    let id = charge_then_kill(&redis, &engine).await;
+/// The worker dies with the charge taken; its retry in this process is
+/// declined for good: the lost charge is refunded by its key all the same.
+pub async fn a_charge_lost_with_a_killed_worker_is_refunded_by_its_key_when_its_retry_fails_for_good<
+    S: ScenarioStore,
+>() {
+    let rig = Rig::<S>::start();
+    let engine = engine(&rig, true).await;
+    let id = charge_then_kill(&rig, &engine).await;
     let task = run_to_the_end(&engine, id).await;
 
     assert_eq!(task.status, TaskStatus::Compensated, "{task:#?}");
-    assert_eq!(list(&redis, LOG), books(id), "{task:#?}");
+    assert_eq!(list(&rig, LOG), books(id), "{task:#?}");
     let charge = task.step("charge").unwrap();
     assert_eq!(charge.status, StepStatus::Compensated);
     assert_eq!((charge.attempt_count, charge.lost_outcomes), (2, 1));

@@ -1,28 +1,31 @@
-//! Flow-control limits (`#[limit]`) across a deployment, against a private
-//! redis-server with two engines of 8 workers each (as two machines would
-//! run): the calls counted inside the step never exceed a concurrency
-//! limit yet reach it, a rate paces starts to `burst + rate * T`, keys keep
-//! budgets apart, a SIGKILLed worker's slot comes back after its lease and
-//! not before, a long wait is audited once, a parked task is cancelled at
-//! once and gives up its place, and a process-manager handler is limited
-//! the same way.
+//! Flow-control limits (`#[limit]`) across a deployment, on every store,
+//! with two engines of 8 workers each (as two machines would run): the
+//! calls counted inside the step never exceed a concurrency limit yet
+//! reach it, a rate paces starts to `burst + rate * T`, keys keep budgets
+//! apart, a SIGKILLed worker's slot comes back after its lease and not
+//! before, a long wait is audited once, a parked task is cancelled at once
+//! and gives up its place, and a process-manager handler is limited the
+//! same way.
 //!
-//! Every test prints what it measured (`-- --nocapture`).
-
-mod common;
+//! The worker that is SIGKILLed holding a slot is a `limit-worker`
+//! process on the store; it signals on a private Redis of its own, out of
+//! the store's way. Every scenario prints what it measured
+//! (`-- --nocapture`).
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::redis_server::TestRedis;
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
 use saga_runtime::engine::EngineBuilder;
 use saga_runtime::prelude::*;
 use saga_runtime::AuditAction;
 use serde::{Deserialize, Serialize};
+
+use crate::common::redis_server::TestRedis;
+use crate::common::stores::ScenarioStore;
+use crate::scenarios::rig::Worker;
 
 /// Calls counted inside the step: when each began (after `t0`), how many
 /// ran at once at most, overall and per label.
@@ -94,29 +97,16 @@ impl Calls {
     }
 }
 
-/// A backend on the test server whose messages of a dead worker come back
-/// after `visibility`.
-async fn backend(redis: &TestRedis, visibility: Duration) -> RedisBackend {
-    let config = RedisConfig {
-        visibility_timeout: visibility,
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    };
-    RedisBackend::connect_with(&redis.url(), config)
-        .await
-        .expect("connect to the test redis-server")
-}
-
-/// Two engines on one Redis, 8 workers each: what `add` registers runs in
+/// Two engines on one store, 8 workers each: what `add` registers runs in
 /// both, as on two machines.
-async fn two_engines(
-    redis: &TestRedis,
+async fn two_engines<S: ScenarioStore>(
+    store: &S,
     add: impl Fn(EngineBuilder) -> EngineBuilder,
 ) -> [Engine; 2] {
     let mut engines = Vec::new();
     for _ in 0..2 {
         let builder = Engine::builder()
-            .backend(backend(redis, Duration::from_secs(5)).await)
+            .backend_arc(store.backend(Duration::from_secs(5)).await)
             .timeout_poll_interval(Duration::from_millis(10))
             .workers(8);
         engines.push(add(builder).build().await.unwrap());
@@ -177,11 +167,10 @@ impl Three {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_concurrency_of_three_holds_across_two_engines_and_is_used() {
-    let redis = TestRedis::start_with_aof(false);
+pub async fn a_concurrency_of_three_holds_across_two_engines_and_is_used<S: ScenarioStore>() {
+    let store = S::start();
     let calls = Calls::new();
-    let engines = two_engines(&redis, |b| {
+    let engines = two_engines(&store, |b| {
         b.saga(Three {
             calls: calls.clone(),
         })
@@ -238,10 +227,10 @@ fn most_in_window(starts: &[Duration], width: Duration) -> usize {
 /// a closed window, +1 for the jitter between a grant and the step's first
 /// line), and paced rather than starved. `warm`: the engines run for a
 /// second before the demand arrives (their timer poller is up).
-async fn paced(warm: bool) {
-    let redis = TestRedis::start_with_aof(false);
+async fn paced<S: ScenarioStore>(warm: bool) {
+    let store = S::start();
     let calls = Calls::new();
-    let engines = two_engines(&redis, |b| {
+    let engines = two_engines(&store, |b| {
         b.saga(Paced {
             calls: calls.clone(),
         })
@@ -287,16 +276,16 @@ async fn paced(warm: bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_rate_of_fifty_a_second_starts_250_plus_the_burst_in_five_seconds() {
-    paced(true).await;
+pub async fn a_rate_of_fifty_a_second_starts_250_plus_the_burst_in_five_seconds<
+    S: ScenarioStore,
+>() {
+    paced::<S>(true).await;
 }
 
 /// The same demand meeting engines that have just started (a deploy, a
 /// restart): the rate's promise holds from the first moment.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_rate_holds_when_the_demand_meets_engines_just_started() {
-    paced(false).await;
+pub async fn a_rate_holds_when_the_demand_meets_engines_just_started<S: ScenarioStore>() {
+    paced::<S>(false).await;
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -320,11 +309,10 @@ impl Merchants {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_keyed_limit_keeps_two_merchants_independent() {
-    let redis = TestRedis::start_with_aof(false);
+pub async fn a_keyed_limit_keeps_two_merchants_independent<S: ScenarioStore>() {
+    let store = S::start();
     let calls = Calls::new();
-    let engines = two_engines(&redis, |b| {
+    let engines = two_engines(&store, |b| {
         b.saga(Merchants {
             calls: calls.clone(),
         })
@@ -383,23 +371,28 @@ impl Holder {
     }
 }
 
-/// What `limit-worker` sets once its engine runs, and pushes when its
-/// step starts.
+/// What `limit-worker` sets on its recording Redis once its engine runs,
+/// and pushes there when its step starts.
 const CHILD_READY: &str = "limit-worker:ready";
 const CHILD_STARTS: &str = "limit-worker:starts";
 
-fn spawn_child(url: &str, lease: Duration) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_limit-worker"))
-        .env("REDIS_URL", url)
+/// A `limit-worker` process on the store at `url`, signalling on the
+/// Redis at `record`; killed when dropped.
+fn spawn_child(url: &str, record: &str, lease: Duration) -> Worker {
+    let child = Command::new(env!("CARGO_BIN_EXE_limit-worker"))
+        .env("BACKEND_URL", url)
+        .env("RECORD_URL", record)
         .env("LEASE_MS", lease.as_millis().to_string())
+        .env("POLL_MS", "50")
         .env("RUST_LOG", "off")
         .spawn()
-        .expect("spawn limit-worker")
+        .expect("spawn limit-worker");
+    Worker(child)
 }
 
-/// Polls the test server until `key` (a list or a string) is there.
-fn await_key(redis: &TestRedis, key: &str, what: &str) {
-    let mut conn = redis.conn();
+/// Polls the recording Redis until `key` (a list or a string) is there.
+async fn await_key(record: &TestRedis, key: &str, what: &str) {
+    let mut conn = record.conn();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !redis::cmd("EXISTS")
         .arg(key)
@@ -407,7 +400,7 @@ fn await_key(redis: &TestRedis, key: &str, what: &str) {
         .unwrap()
     {
         assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -417,13 +410,14 @@ fn await_key(redis: &TestRedis, key: &str, what: &str) {
 /// SIGKILLed. Returns how long after the kill this process's call began.
 /// `child_first`: the child starts before this process's workers, so that
 /// it also holds the deployment's timer lease when it dies.
-async fn slot_of_a_killed_worker(child_first: bool) -> Duration {
-    let redis = TestRedis::start_with_aof(false);
+async fn slot_of_a_killed_worker<S: ScenarioStore>(child_first: bool) -> Duration {
+    let store = S::start();
+    let record = TestRedis::start_with_aof(false);
     let lease = Duration::from_secs(1);
     let calls = Calls::new();
     let build = || async {
         Engine::builder()
-            .backend(backend(&redis, lease).await)
+            .backend_arc(store.backend(lease).await)
             .saga(Holder {
                 calls: calls.clone(),
             })
@@ -434,23 +428,23 @@ async fn slot_of_a_killed_worker(child_first: bool) -> Duration {
             .await
             .unwrap()
     };
-    let mut child = spawn_child(&redis.url(), lease);
+    let mut child = spawn_child(&store.url(), &record.url(), lease);
     let engine = match child_first {
         true => {
-            await_key(&redis, CHILD_READY, "the child never started");
+            await_key(&record, CHILD_READY, "the child never started").await;
             tokio::time::sleep(Duration::from_secs(1)).await;
             build().await
         }
         false => {
             let engine = build().await;
             tokio::time::sleep(Duration::from_secs(1)).await;
-            await_key(&redis, CHILD_READY, "the child never started");
+            await_key(&record, CHILD_READY, "the child never started").await;
             engine
         }
     };
     // The child starts its own task (only it runs `holder-child`: this
     // process hands the message back if it reads it).
-    await_key(&redis, CHILD_STARTS, "the child never started its step");
+    await_key(&record, CHILD_STARTS, "the child never started its step").await;
     let waiting = engine.start::<Holder>(2).await.unwrap();
     tokio::time::sleep(3 * lease).await;
     assert_eq!(calls.count(), 0, "the held slot admitted another call");
@@ -465,8 +459,8 @@ async fn slot_of_a_killed_worker(child_first: bool) -> Duration {
         "{:#?}",
         parked.audit_log
     );
-    child.kill().unwrap(); // SIGKILL, mid-step, slot held
-    child.wait().unwrap();
+    child.0.kill().unwrap(); // SIGKILL, mid-step, slot held
+    child.0.wait().unwrap();
     let killed_at = calls.t0.elapsed();
     let task = tokio::time::timeout(Duration::from_secs(20), engine.wait(waiting))
         .await
@@ -494,12 +488,13 @@ async fn slot_of_a_killed_worker(child_first: bool) -> Duration {
     after
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_sigkilled_workers_slot_comes_back_after_its_lease_and_not_before() {
+pub async fn a_sigkilled_workers_slot_comes_back_after_its_lease_and_not_before<
+    S: ScenarioStore,
+>() {
     let lease = Duration::from_secs(1);
-    let after = slot_of_a_killed_worker(false).await;
-    // The margin is for a busy machine (this file's tests run side by
-    // side); the slot would otherwise stay taken for good.
+    let after = slot_of_a_killed_worker::<S>(false).await;
+    // The margin is for a busy machine (the scenarios run side by side);
+    // the slot would otherwise stay taken for good.
     assert!(
         after <= lease + Duration::from_millis(1500),
         "the dead worker's slot came back only {after:?} after the kill (lease {lease:?})"
@@ -511,11 +506,12 @@ async fn a_sigkilled_workers_slot_comes_back_after_its_lease_and_not_before() {
 /// delayed message: it comes back once another engine has taken the
 /// timers over (their lease lasts 2 s; the others look every 500 ms), so
 /// the wait is the longer of the slot's lease and that takeover.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_sigkilled_timer_holders_slot_comes_back_once_the_timers_are_taken_over() {
+pub async fn a_sigkilled_timer_holders_slot_comes_back_once_the_timers_are_taken_over<
+    S: ScenarioStore,
+>() {
     let lease = Duration::from_secs(1);
     let takeover = Duration::from_millis(2500);
-    let after = slot_of_a_killed_worker(true).await;
+    let after = slot_of_a_killed_worker::<S>(true).await;
     assert!(
         after <= lease.max(takeover) + Duration::from_millis(1500),
         "the dead worker's slot came back only {after:?} after the kill (lease {lease:?})"
@@ -541,13 +537,12 @@ impl Slow {
 /// log records the wait once, when it began (as on the memory backend),
 /// so that waiting behind a busy provider does not push the task's
 /// history out of its capped log.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_long_wait_is_audited_once() {
-    let redis = TestRedis::start_with_aof(false);
+pub async fn a_long_wait_is_audited_once<S: ScenarioStore>() {
+    let store = S::start();
     let lease = Duration::from_millis(300);
     let calls = Calls::new();
     let engine = Engine::builder()
-        .backend(backend(&redis, lease).await)
+        .backend_arc(store.backend(lease).await)
         .saga(Slow {
             calls: calls.clone(),
         })
@@ -605,11 +600,10 @@ impl Gate {
 
 /// A task parked behind a slot held on the other engine is cancelled at
 /// once (it holds no worker and no lease), and leaves the line.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_parked_task_is_cancelled_at_once_from_either_engine() {
-    let redis = TestRedis::start_with_aof(false);
+pub async fn a_parked_task_is_cancelled_at_once_from_either_engine<S: ScenarioStore>() {
+    let store = S::start();
     let calls = Calls::new();
-    let engines = two_engines(&redis, |b| {
+    let engines = two_engines(&store, |b| {
         b.saga(Gate {
             calls: calls.clone(),
         })
@@ -718,11 +712,10 @@ impl Ledgers {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_limited_handler_runs_one_at_a_time_across_instances_and_engines() {
-    let redis = TestRedis::start_with_aof(false);
+pub async fn a_limited_handler_runs_one_at_a_time_across_instances_and_engines<S: ScenarioStore>() {
+    let store = S::start();
     let calls = Calls::new();
-    let engines = two_engines(&redis, |b| {
+    let engines = two_engines(&store, |b| {
         b.process_manager(Ledgers {
             calls: calls.clone(),
         })
