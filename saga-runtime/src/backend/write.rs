@@ -81,6 +81,22 @@ pub enum Effect<'a> {
     Announce,
 }
 
+impl Effect<'_> {
+    /// Where the effect stands in a write (see [`Write::effects`]).
+    fn rank(&self) -> u8 {
+        match self {
+            Effect::Put { .. } => 0,
+            Effect::Claim(_) => 1,
+            Effect::Renew { .. } => 2,
+            Effect::Enqueue(_) => 3,
+            Effect::Settle(_) => 4,
+            Effect::Retain(_) => 5,
+            Effect::Unlock => 6,
+            Effect::Announce => 7,
+        }
+    }
+}
+
 /// One atomic write of a task: its lease, the guards, the effects.
 #[derive(Debug, Clone)]
 pub struct Write<'a> {
@@ -92,9 +108,16 @@ pub struct Write<'a> {
     /// The guards, in the order a store checks them. Every task write is
     /// fenced, then versioned (the lowerings below always begin so); the
     /// Redis and PostgreSQL interpreters refuse one that is not, as a
-    /// corrupt request, rather than apply it unguarded.
+    /// corrupt request, rather than apply it unguarded. A task that is
+    /// gone fails the fence on memory and Redis (its fence went with it),
+    /// and reads as missing on PostgreSQL.
     pub guards: Vec<Guard>,
-    /// The effects, in the order a store applies them.
+    /// The effects, in the order a store applies them: each kind at most
+    /// once, in the order [`Effect`] declares them (the lowerings below
+    /// always build them so). The Redis and PostgreSQL interpreters refuse
+    /// any other as a corrupt request (PostgreSQL applies the effects on
+    /// the task's own row in one update, so it could not keep another
+    /// order); see [`Write::in_order`].
     pub effects: Vec<Effect<'a>>,
 }
 
@@ -140,6 +163,14 @@ impl<'a> Write<'a> {
             Effect::Put { stored_status, .. } => Some(*stored_status),
             _ => None,
         })
+    }
+
+    /// Whether the write is fenced, then versioned, and carries each kind
+    /// of effect at most once, in the order [`Effect`] declares them:
+    /// the shape every store can apply alike.
+    pub fn in_order(&self) -> bool {
+        self.guards.starts_with(&[Guard::Fence, Guard::Version])
+            && self.effects.windows(2).all(|w| w[0].rank() < w[1].rank())
     }
 
     /// Whether the write checks `guard`.

@@ -424,7 +424,7 @@ mod tests {
             ),
             (
                 7,
-                "d424aacf4b0575713fa4a9cebf1a175262c3ef960f44004da226fbe2d64c7989",
+                "9dc0d02bcca6f0dfb4698224face74cb7f22e2a1bc08f5dffca8d63121d7aef7",
             ),
         ];
         assert_eq!(

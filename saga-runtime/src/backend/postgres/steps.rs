@@ -4,9 +4,9 @@
 //! need send and write only that one. The worker hands the backend the
 //! whole task, not what changed; what changed is told by comparing each
 //! step with the stored one. The stored one is known here for the tasks
-//! this process wrote or loaded last: every write of a task is made under
-//! its lease and bumps its version, so the steps stored under a version
-//! this process saw are the ones it saw. For any other version (another
+//! this process wrote or loaded last: every write of a task's record is
+//! made under its lease and bumps its version, so the steps stored under a
+//! version this process saw are the ones it saw. For any other version (another
 //! process wrote the task since) every step is sent: the cache only saves
 //! work, it is never needed to be right.
 

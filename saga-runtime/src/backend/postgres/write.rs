@@ -30,8 +30,11 @@ impl PostgresBackend {
     /// Checks `write`'s guards and applies its effects, in one call.
     pub(super) async fn interpret(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
         let (task, lease) = (write.task, write.lease);
-        if !write.guards.starts_with(&[Guard::Fence, Guard::Version]) {
-            return Err(corrupt("a task write is fenced, then versioned"));
+        if !write.in_order() {
+            return Err(corrupt(
+                "a task write is fenced, then versioned, and carries each effect at most once, \
+                 in order",
+            ));
         }
         let a = self.args(write)?;
         let changed = match a.put {

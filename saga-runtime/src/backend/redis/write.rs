@@ -16,8 +16,11 @@ impl RedisBackend {
     /// Checks `write`'s guards and applies its effects, in one script call.
     pub(super) async fn interpret(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
         let task = write.task;
-        if !write.guards.starts_with(&[Guard::Fence, Guard::Version]) {
-            return Err(corrupt("a task write is fenced, then versioned"));
+        if !write.in_order() {
+            return Err(corrupt(
+                "a task write is fenced, then versioned, and carries each effect at most once, \
+                 in order",
+            ));
         }
         let mut effects = Vec::with_capacity(write.effects.len());
         for effect in &write.effects {

@@ -329,3 +329,50 @@ pub async fn each_effect_is_applied_only_when_the_write_carries_it(b: Arc<dyn Ba
         (TaskStatus::Running, cur.version + 1)
     );
 }
+
+/// A write that puts no record (a claim alone, a renewal alone) leaves the
+/// task's version as it was and still takes its claim, in every record
+/// layout: what a write stores is its effects', never more or less.
+pub async fn a_write_that_puts_nothing_keeps_the_version_and_still_claims(b: Arc<dyn Backend>) {
+    use crate::backend::write::{Applied, Effect, Guard, Write};
+
+    let t = task("s");
+    create(&*b, &t).await;
+    let d = receive(&*b, "a").await;
+    let lease = lock(&*b, t.id).await;
+    let cur = b.load_task(t.id).await.unwrap().unwrap();
+    let write = |effects| Write {
+        task: &cur,
+        lease: &lease,
+        guards: vec![Guard::Fence, Guard::Version],
+        effects,
+    };
+    let claimed = b.apply(&write(vec![Effect::Claim("one:1")])).await.unwrap();
+    assert_eq!(
+        claimed,
+        Ok(Applied {
+            version: cur.version,
+            claimed: true
+        })
+    );
+    let renewed = b
+        .apply(&write(vec![Effect::Renew {
+            delivery: &d,
+            ttl: TTL,
+        }]))
+        .await
+        .unwrap();
+    assert_eq!(
+        renewed.map(|a| a.version),
+        Ok(cur.version),
+        "the version is the stored one, so the next write is based on it"
+    );
+    let stored = b.load_task(t.id).await.unwrap().unwrap();
+    assert_eq!(stored.version, cur.version);
+    let (_, again) = b
+        .record_attempt(&cur, TaskStatus::Pending, &lease, "one:1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!again, "the claim taken without a put was not kept");
+}

@@ -96,6 +96,10 @@ impl TaskStore for FaultyBackend {
         self.inner.lock_and_load(id, ttl).await
     }
 
+    /// Passed through: the faults are injected where the engine makes its
+    /// writes, `record_attempt`, `record_next_attempt` and `commit` (which
+    /// know what a write carries: an attempt's start, or a body's
+    /// outcome), each of which ends in the inner store's `apply`.
     async fn apply(&self, write: &Write<'_>) -> Result<Answer, BackendError> {
         self.inner.apply(write).await
     }

@@ -12,13 +12,16 @@
 -- The guards and the effects on the task's own row (put, renew the lease,
 -- retain, unlock) are one conditional update: the guards are its `WHERE`,
 -- so a refused write changes no row and the refusal is read afterwards
--- (`refusal`, which checks in the vocabulary's order: fence, version,
--- cancellation). The row's effects are applied in the vocabulary's order,
--- so an unlock after a renewal leaves the lease released.
+-- (`refusal`: a missing task first, then the vocabulary's order: fence,
+-- version, cancellation). A write carries each effect at most once, in
+-- the vocabulary's order (the engine refuses to send another), so an
+-- unlock after a renewal leaves the lease released.
 --
--- What it stores is what `record_attempt` and `commit_task` store, so
--- engines of the previous version, which call those (kept here for them),
--- run beside engines that call this one.
+-- What it stores is what `record_attempt` and `commit_task` store, and
+-- those stay: engines of the previous version that are running when this
+-- migration is applied go on calling them, beside engines that call this
+-- one (an engine of the previous version that starts afterwards refuses
+-- the newer schema, as every engine does).
 CREATE FUNCTION {schema}.apply_task_write(p_id uuid, p_fence bigint, p_version bigint,
     p_unless_cancelled boolean,
     -- Put
@@ -49,20 +52,20 @@ BEGIN
         status = coalesce(p_status, t.status),
         head = coalesce(p_head, t.head),
         audit_seq = t.audit_seq + coalesce(jsonb_array_length(p_audit), 0),
-        lock_until = CASE WHEN p_unlock AND t.lock_token = p_token THEN NULL
+        lock_until = CASE WHEN p_unlock IS TRUE AND t.lock_token = p_token THEN NULL
                           WHEN renewed AND t.lock_token = p_token
                           THEN clock_timestamp() + p_renew_ms * interval '1 millisecond'
                           ELSE t.lock_until END,
-        lock_token = CASE WHEN p_unlock AND t.lock_token = p_token THEN NULL ELSE t.lock_token END,
-        expires_at = CASE WHEN NOT p_retain THEN t.expires_at
+        lock_token = CASE WHEN p_unlock IS TRUE AND t.lock_token = p_token THEN NULL ELSE t.lock_token END,
+        expires_at = CASE WHEN p_retain IS NOT TRUE THEN t.expires_at
                           WHEN p_expire_ms IS NULL THEN NULL
                           ELSE clock_timestamp() + p_expire_ms * interval '1 millisecond' END
     WHERE t.id = p_id AND t.fence = p_fence AND t.version = p_version
-      AND NOT (p_unless_cancelled AND t.cancel_ms IS NOT NULL)
+      AND NOT (coalesce(p_unless_cancelled, false) AND t.cancel_ms IS NOT NULL)
     RETURNING t.version, t.audit_seq INTO version, seq;
     IF NOT FOUND THEN
         SELECT r.code, r.detail INTO code, detail
-        FROM {schema}.refusal(p_id, p_fence, p_version, p_unless_cancelled) r;
+        FROM {schema}.refusal(p_id, p_fence, p_version, coalesce(p_unless_cancelled, false)) r;
         version := NULL;
         RETURN;
     END IF;

@@ -2,8 +2,9 @@
 -- any effect, then the effects applied in order. The write was decided
 -- by the engine; this script checks and applies, and each effect is a
 -- library of its own (lib/effect_*.lua), the guards lib/guard_task.lua.
--- Every effect is parsed (and its numbers checked) before the guards are,
--- so a bad argument writes nothing either.
+-- Every effect is parsed before the guards are checked (the delays and
+-- retention times range-checked), so a bad argument writes nothing
+-- either.
 --
 -- KEYS[1]: the task's fence counter
 -- KEYS[2]: the task's record
@@ -20,7 +21,8 @@
 -- ARGV[6..]: the effects, each its name ('put', 'claim', 'renew',
 --   'enqueue', 'ack', 'dead', 'resolve', 'retain', 'unlock', 'announce')
 --   followed by its arguments
--- Returns: {new version, 1 if a claim is new else 0}, or a refusal:
+-- Returns: {the version stored after the write (the same when it puts no
+-- record), 1 if a claim is new else 0}, or a refusal:
 -- {LOCK_LOST, fence}, {MISSING}, {CONFLICT, stored version},
 -- {CANCEL_REQUESTED, flag}; an error for an unknown effect, a guard set
 -- that is not fenced and versioned, or a number out of range.
@@ -75,4 +77,6 @@ if refused then return refused end
 if unless_cancelled and flag then return {CANCEL_REQUESTED, flag} end
 w.version, w.claimed = nv, claimed
 for _, run in ipairs(runs) do run(w) end
+-- A write that puts no record leaves its version as it was.
+if not w.put then nv = nv - 1 end
 return {nv, w.claimed_now or 0}

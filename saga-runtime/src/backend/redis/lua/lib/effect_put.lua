@@ -17,6 +17,7 @@ local function effect_put(keys, k, argv, a)
   local audit_from = after_record(argv, record_from) + 1
   local audit_to = audit_from + tonumber(argv[audit_from - 1]) - 1
   local run = function(w)
+    w.put = true
     audit(audit_key, audit_cap, argv, audit_from, audit_to)
     local extra = nil
     if w.claim then extra = claim_fields(w.apart, w.claim, w.claimed) end
