@@ -158,4 +158,36 @@ fn a_commit_enqueues_settles_retains_unlocks_and_announces_an_end() {
         Effect::Enqueue(n) if n.delay == Duration::from_millis(250) && n.message.seq == 2
     ));
     assert!(matches!(write.effects[3], Effect::Retain(None)));
+    assert!(write.in_order());
+}
+
+/// Every lowering builds the shape every store applies alike; another
+/// order, a repeated effect or an unfenced write is not it.
+#[test]
+fn the_lowerings_are_in_order_and_nothing_else_is() {
+    let t = task(TaskStatus::Running);
+    let lease = lease(t.id);
+    let delivery = delivery();
+    let attempt = Write::attempt(&t, TaskStatus::Pending, &lease, "pack:1");
+    assert!(attempt.in_order());
+    let next = NextAttempt {
+        task: &t,
+        stored_status: TaskStatus::Running,
+        lease: &lease,
+        claim: "pack:2",
+        delivery: &delivery,
+        renew: Some(Duration::from_secs(30)),
+        unless_cancelled: true,
+    };
+    assert!(next.write().in_order());
+
+    let mut reversed = attempt.clone();
+    reversed.effects.reverse();
+    assert!(!reversed.in_order(), "a claim before the put");
+    let mut twice = attempt.clone();
+    twice.effects.push(Effect::Claim("pack:1"));
+    assert!(!twice.in_order(), "two claims");
+    let mut unfenced = attempt;
+    unfenced.guards.remove(0);
+    assert!(!unfenced.in_order(), "not fenced");
 }
