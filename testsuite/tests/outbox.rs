@@ -1,8 +1,9 @@
 //! An endpoint is an outbox while a consumer group reads it: no message a
 //! group has not settled is trimmed away; one at its cap refuses the write
-//! (the handler's message waits) instead. An endpoint nobody reads keeps
-//! its newest messages. The same scenario on memory, Redis and
-//! PostgreSQL, with a cap of 5.
+//! (the handler's message waits) instead, whole when it sends several. An
+//! endpoint nobody reads keeps its newest messages, exactly its cap of
+//! them. The same scenario on memory, Redis and PostgreSQL, with a cap
+//! of 5.
 
 mod common;
 
@@ -69,10 +70,26 @@ async fn scenario(p: Arc<dyn ProcessBackend>) {
         .await
         .unwrap()
         .expect("the first message");
-    for n in 1..CAP {
+    for n in 1..CAP - 1 {
         assert!(send(&*p, &read, "billing", n).await.is_ok(), "{n}");
         read.version += 1;
     }
+    // One short of the cap, a write of two: refused whole (it went past
+    // the cap by one on Redis and memory, which counted one message).
+    let mut two = ProcessCommit::new(Some(&read), Settle::Nothing);
+    two.endpoints = vec![
+        ("billing".to_owned(), envelope(CAP - 1)),
+        ("billing".to_owned(), envelope(CAP)),
+    ];
+    assert_eq!(
+        p.process_commit("pm", two).await.unwrap(),
+        Err(ProcessRefusal::EndpointFull {
+            endpoint: "billing".into()
+        })
+    );
+    assert_eq!(p.endpoint_messages("billing").await.unwrap().len(), CAP - 1);
+    assert!(send(&*p, &read, "billing", CAP - 1).await.is_ok());
+    read.version += 1;
     // At the cap, with nothing settled: refused, the instance untouched.
     let refused = send(&*p, &read, "billing", CAP).await;
     assert_eq!(
@@ -107,15 +124,17 @@ async fn scenario(p: Arc<dyn ProcessBackend>) {
         "room again after the trim"
     );
 
-    // Read by nobody: a log of its newest messages, which never refuses
-    // (how closely it keeps to its cap is the store's: Redis trims whole
-    // stream nodes, `MAXLEN ~`).
+    // Read by nobody: a log of its newest messages, exactly its cap of
+    // them, which never refuses (Redis trimmed whole stream nodes, `MAXLEN
+    // ~`, and kept all 15 here).
     let mut log = instance("b", 0);
     for n in 0..CAP * 3 {
         assert!(send(&*p, &log, "journal", n).await.is_ok(), "{n}");
         log.version += 1;
     }
     let kept = p.endpoint_messages("journal").await.unwrap();
+    assert_eq!(kept.len(), CAP, "{kept:?}");
+    assert!(kept[0].contains(&format!("\"m-{}\"", CAP * 2)), "{kept:?}");
     assert!(kept
         .last()
         .unwrap()

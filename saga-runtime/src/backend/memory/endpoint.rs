@@ -46,9 +46,10 @@ impl MemEndpoint {
         }
     }
 
-    /// Whether it can take no more: read by a group, and at its cap.
-    pub(super) fn full(&self, cap: Option<usize>) -> bool {
-        !self.groups.is_empty() && self.entries.len() >= cap.unwrap_or(ENDPOINT_CAP)
+    /// Whether it cannot take `n` more: read by a group, and it would hold
+    /// more than its cap.
+    pub(super) fn full(&self, cap: Option<usize>, n: usize) -> bool {
+        !self.groups.is_empty() && self.entries.len() + n > cap.unwrap_or(ENDPOINT_CAP)
     }
 
     pub(super) fn get(&self, id: u64) -> Option<&String> {

@@ -110,9 +110,14 @@ impl ProcessStore for MemoryBackend {
             let now = Instant::now();
             state.tallies.retain(|_, t| t.expires > now);
             let mut version = 0;
+            // Refused when an endpoint cannot take all it is sent.
+            let sending = |e: &String| commit.endpoints.iter().filter(|(o, _)| o == e).count();
             if let Some((endpoint, _)) = commit.endpoints.iter().find(|(e, _)| {
                 let cap = state.endpoint_cap;
-                state.endpoints.get(e).is_some_and(|e| e.full(cap))
+                state
+                    .endpoints
+                    .get(e)
+                    .is_some_and(|stream| stream.full(cap, sending(e)))
             }) {
                 let endpoint = endpoint.clone();
                 return Ok(Err(ProcessRefusal::EndpointFull { endpoint }));

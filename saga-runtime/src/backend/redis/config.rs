@@ -47,8 +47,10 @@ pub struct RedisConfig {
     /// Dead-lettered payloads keep at most this many bytes (default
     /// 256 KiB): a flood of huge garbage must not fill the server.
     pub dead_letter_payload_limit: usize,
-    /// Each endpoint stream (`ctx.send`) keeps about this many messages
-    /// (default 100,000); older ones are trimmed.
+    /// Each endpoint stream (`ctx.send`) keeps at most this many messages
+    /// (default 100,000): while a consumer group reads it, a write that
+    /// would go past it is refused (the writer waits); while none does,
+    /// the oldest are trimmed.
     pub endpoint_max_len: usize,
     /// When a write counts as done: see [`Durability`] (default
     /// [`Durability::Primary`], acknowledged by the primary alone).

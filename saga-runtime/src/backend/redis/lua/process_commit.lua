@@ -39,7 +39,7 @@
 -- ARGV[15]: the dead letter's reason
 -- ARGV[16]: the payload's size before it was cut ('' = not cut)
 -- ARGV[17]: the dead letters' cap (`MAXLEN ~`)
--- ARGV[18]: the endpoint streams' cap (`MAXLEN ~`)
+-- ARGV[18]: the endpoint streams' cap
 -- ARGV[19]: the id of the message handled ('' = none)
 -- ARGV[20]: the tombstones' time to live (ms)
 -- ARGV[21]: the JSON array of the message ids a deleted instance handled
@@ -110,9 +110,18 @@ local tk = tomb + nadd + nrem
 local sh = tk + 3 * ntally + 1
 
 local relays, relayed = cjson.decode(relay_targets), {}
--- First of the checks: an endpoint that cannot take what is sent to it.
+-- First of the checks: an endpoint that cannot take what is sent to it,
+-- all of it (a commit may send several messages to one endpoint).
+local sending = {}
 for i = 1, nep do
-  if not relays[i] and endpoint_full(KEYS[5 + nadd + nrem + i], endpoint_cap) then
+  if not relays[i] then
+    local s = KEYS[5 + nadd + nrem + i]
+    sending[s] = (sending[s] or 0) + 1
+  end
+end
+for i = 1, nep do
+  local s = KEYS[5 + nadd + nrem + i]
+  if not relays[i] and endpoint_full(s, endpoint_cap, sending[s]) then
     return {ENDPOINT_FULL, i}
   end
 end
