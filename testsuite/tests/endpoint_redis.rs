@@ -1,7 +1,9 @@
-//! Endpoints on a private redis-server: a consumer written against the
-//! documented key and envelope with plain commands, a consumer killed
-//! mid-handler whose message another one finishes, and a consumer that
-//! outlives the loss of its consumer group.
+//! Endpoints on a private redis-server, what only Redis has: a consumer
+//! written against the documented key and envelope with plain commands, a
+//! consumer that outlives the loss of its consumer group, one that blocks
+//! again after a restart, and restarted consumers that do not pile up in
+//! the group. A consumer killed mid-handler and an endpoint's cap, on
+//! every store, are in `tests/scenarios/endpoints.rs`.
 
 mod common;
 
@@ -9,7 +11,7 @@ use common::until;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::redis_server::TestRedis;
 use saga_runtime::prelude::*;
@@ -110,61 +112,6 @@ async fn a_plain_redis_client_consumes_the_documented_stream() {
         .query(&mut conn)
         .unwrap();
     assert_eq!(acked, 1);
-    engine.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_killed_mid_handler_leaves_its_message_to_another_and_the_stream_is_trimmed() {
-    let redis = TestRedis::start();
-    let engine = engine(&redis, 2).await;
-    let started = Arc::new(AtomicUsize::new(0));
-    let s = started.clone();
-    let doomed = engine
-        .consumer("invoicing")
-        .visibility_timeout(Duration::from_millis(600))
-        .spawn(move |_| {
-            s.fetch_add(1, Ordering::SeqCst);
-            async { std::future::pending().await }
-        });
-    engine.publish(order(1)).await.unwrap();
-    until("the first consumer took it", async || {
-        started.load(Ordering::SeqCst) == 1
-    })
-    .await;
-    doomed.abort(); // like SIGKILL: nothing settled, nothing touched again
-
-    // Another process's consumer.
-    let survivor = self::engine(&redis, 0).await;
-    let done = Arc::new(Mutex::new(Vec::new()));
-    let d = done.clone();
-    let took_over = Instant::now();
-    survivor
-        .consumer("invoicing")
-        .visibility_timeout(Duration::from_millis(600))
-        .spawn(move |m| {
-            let d = d.clone();
-            async move {
-                let invoice: SendInvoice = m.decode()?;
-                d.lock().unwrap().push((invoice.order, m.deliveries));
-                Ok(())
-            }
-        });
-    until("taken over", async || !done.lock().unwrap().is_empty()).await;
-    assert!(
-        took_over.elapsed() >= Duration::from_millis(300),
-        "not before the visibility timeout"
-    );
-    assert_eq!(*done.lock().unwrap(), [("o-1".to_owned(), 2)]);
-    for n in 2..5 {
-        engine.publish(order(n)).await.unwrap();
-    }
-    until("all handled", async || done.lock().unwrap().len() == 4).await;
-    let mut conn = redis.conn();
-    until("trimmed", async || {
-        redis::cmd("XLEN").arg(KEY).query::<i64>(&mut conn).unwrap() == 0
-    })
-    .await;
-    survivor.shutdown().await;
     engine.shutdown().await;
 }
 

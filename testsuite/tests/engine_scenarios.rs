@@ -22,3 +22,5 @@ engine_scenarios!(runners; redis: TestRedis, postgres: TestPostgres);
 engine_scenarios!(limits; redis: TestRedis, postgres: TestPostgres);
 engine_scenarios!(leases; redis: TestRedis, postgres: TestPostgres);
 engine_scenarios!(outcomes; redis: TestRedis, postgres: TestPostgres);
+engine_scenarios!(tally; redis: TestRedis, postgres: TestPostgres);
+engine_scenarios!(endpoints; redis: TestRedis, postgres: TestPostgres);

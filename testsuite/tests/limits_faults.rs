@@ -555,7 +555,9 @@ mod err {
         let task = engine.task(id).await.unwrap().unwrap();
         println!(
             "step `first` ran {runs} times; its record: status {:?}, attempts {}, in budget {}",
-            task.steps[0].status, task.steps[0].attempt_count, task.steps[0].attempts_in_budget()
+            task.steps[0].status,
+            task.steps[0].attempt_count,
+            task.steps[0].attempts_in_budget()
         );
         for e in &task.audit_log {
             println!("  {:?} {:?} {:?}", e.action, e.step, e.error);

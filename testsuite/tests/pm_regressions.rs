@@ -1,7 +1,7 @@
 //! Faults found by two adversarial reviews of tallies, `#[handles(many)]`,
 //! the in-process instance locks and the pessimistic lease handover, each
 //! pinned by a test that failed before its fix. (The endpoint ones are in
-//! `endpoint_redis.rs`.)
+//! `endpoint_redis.rs`, `outbox.rs` and `scenarios/endpoints.rs`.)
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! Process managers on a private redis-server, what only Redis has: keys
 //! that join names and ids. The process-manager scenarios every store
 //! passes (contention, racing starters, restarts, deleted instances,
-//! unreadable records) are in `tests/engine_process.rs`.
+//! unreadable records) are in `tests/scenarios/process.rs`.
 
 mod common;
 

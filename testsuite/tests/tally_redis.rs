@@ -1,138 +1,17 @@
-//! Tallies on a private redis-server, checked by separate processes (one
-//! of them SIGKILLed mid-way, with duplicates): the batch completes exactly
-//! once, the checks never write the instance, and the tally's keys expire.
+//! Tallies on a private redis-server, what only Redis has: a check is
+//! plain commands, so a checker can die between moving the last item and
+//! sending the completion; the next check or housekeeping sends it, once,
+//! and the completed tally leaves the set of open ones.
+//! A tally checked by processes (one SIGKILLed, with duplicates), on every
+//! store, is in `tests/scenarios/tally.rs`.
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::redis_server::TestRedis;
-use saga_runtime::backend::InstanceStatus;
 use saga_runtime::Engine;
 use sagas_tests::batch::{Batch, BatchStarted, Batches};
-
-const ITEMS: u32 = 10_000;
-
-fn checker(redis: &TestRedis, tally: &str, range: (u32, u32), seed: u64, pace_us: u64) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_tally-checker"))
-        .env("REDIS_URL", redis.url())
-        .env("TALLY", tally)
-        .env("FROM", range.0.to_string())
-        .env("TO", range.1.to_string())
-        .env("CHECKS", "2")
-        .env("SEED", seed.to_string())
-        .env("PACE_US", pace_us.to_string())
-        .env("RUST_LOG", "off")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn tally-checker")
-}
-
-/// How many of its checks completed the tally, as the checker reports.
-fn completions(child: Child) -> u32 {
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "checker failed: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.trim()
-        .strip_prefix("completed=")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("checker said {text:?}"))
-}
-
-async fn batch(engine: &Engine) -> Batch {
-    engine
-        .process_state::<Batches>("big")
-        .await
-        .unwrap()
-        .unwrap_or_default()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tally_checked_by_four_processes_one_killed_completes_exactly_once() {
-    let redis = TestRedis::start();
-    let engine = Engine::builder()
-        .backend(redis.backend().await)
-        .process_manager(Batches)
-        .workers(2)
-        .build()
-        .await
-        .unwrap();
-    engine
-        .publish(BatchStarted {
-            batch: "big".into(),
-            items: ITEMS,
-            deadline_secs: None,
-            poll_secs: None,
-        })
-        .await
-        .unwrap();
-    let started = Instant::now();
-    let tally = loop {
-        if let Some(t) = batch(&engine).await.tally {
-            break t;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "never started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    let json = serde_json::to_string(&tally).unwrap();
-
-    // Overlapping ranges, each item twice per process: duplicates within
-    // and across processes. The first is slow, and is killed mid-way.
-    let mut victim = checker(&redis, &json, (0, 3_000), 1, 300);
-    let others: Vec<Child> = [(2_500, 5_500), (5_000, 8_000), (7_500, ITEMS)]
-        .into_iter()
-        .zip(2..)
-        .map(|(range, seed)| checker(&redis, &json, range, seed, 0))
-        .collect();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    victim.kill().unwrap(); // SIGKILL
-    victim.wait().unwrap();
-    let status = engine.tally(&tally).status().await.unwrap();
-    assert!(
-        !status.complete && status.checked > 0,
-        "the victim was killed mid-way: {status:?}"
-    );
-    // Its work is redone (as a redelivered work item would be).
-    let redo = checker(&redis, &json, (0, 3_000), 5, 0);
-    let mut reported: u32 = others.into_iter().map(completions).sum();
-    reported += completions(redo);
-    assert_eq!(reported, 1, "exactly one check completed the tally");
-
-    let until = Instant::now() + Duration::from_secs(20);
-    while batch(&engine).await.completions == 0 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Everything checked again: nothing more happens.
-    assert_eq!(completions(checker(&redis, &json, (0, ITEMS), 9, 0)), 0);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let instance = engine
-        .process_instance::<Batches>("big")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(batch(&engine).await.completions, 1);
-    assert_eq!(instance.status, InstanceStatus::Completed);
-    assert_eq!(
-        instance.version, 2,
-        "~50,000 checks, and only the start and the completion wrote the instance"
-    );
-    let status = engine.tally(&tally).status().await.unwrap();
-    assert_eq!(
-        (status.checked, status.total),
-        (u64::from(ITEMS), u64::from(ITEMS))
-    );
-
-    // A completed tally's keys expire within the hour.
-    let mut conn = redis.conn();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*tally*").query(&mut conn).unwrap();
-    assert!(!keys.is_empty());
-    for key in keys {
-        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
-        assert!(ttl > 0 && ttl <= 3_600_000, "{key}: {ttl}");
-    }
-    engine.shutdown().await;
-}
 
 /// The last item's checker dies between its check and sending the
 /// completion (simulated: the last item is moved by hand, as its check's

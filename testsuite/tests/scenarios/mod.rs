@@ -5,7 +5,8 @@
 //! store by [`engine_scenarios!`], next to `backend_conformance!` (which
 //! tests the backend's operations one by one; these test an engine on it).
 //! Flow-control limits (`limits`) are proved the same way, two engines
-//! standing in for two machines.
+//! standing in for two machines, and so are tallies checked by processes
+//! (`tally`) and endpoints read by consumers (`endpoints`).
 //!
 //! A scenario that only one store can have (Redis consumer groups, a
 //! PostgreSQL row lock) stays in that store's file.
@@ -17,6 +18,7 @@
 pub mod breakers;
 pub mod chaos;
 pub mod crash_isolation;
+pub mod endpoints;
 pub mod faults;
 pub mod leases;
 pub mod limits;
@@ -24,6 +26,7 @@ pub mod outcomes;
 pub mod process;
 pub mod rig;
 pub mod runners;
+pub mod tally;
 
 /// One `#[tokio::test]` per scenario of a suite, in a module per suite
 /// and store (`faults::postgres::hung_steps_time_out_...`):
@@ -103,6 +106,17 @@ macro_rules! engine_scenarios {
             process::an_unreadable_instance_is_left_out_of_listings,
             process::a_recreated_instance_gets_no_old_timeouts_and_late_duplicates_start_nothing,
             process::an_instance_records_when_it_was_last_written,
+            process::an_order_is_correlated_timed_out_tallied_and_invoiced,
+        ]);
+    };
+    (tally; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores tally [$($store: $ty),+] [
+            tally::a_tally_checked_by_eight_processes_with_duplicates_one_killed_completes_exactly_once,
+        ]);
+    };
+    (endpoints; $($store:ident: $ty:ty),+ $(,)?) => {
+        engine_scenarios!(@stores endpoints [$($store: $ty),+] [
+            endpoints::a_consumer_killed_mid_handler_leaves_its_message_to_another_and_the_endpoint_is_trimmed,
         ]);
     };
     (@stores $suite:ident [$($store:ident: $ty:ty),+] $cases:tt) => {

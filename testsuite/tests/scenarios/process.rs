@@ -1,8 +1,9 @@
 //! Process managers, once for every store: contention on one instance
 //! from two engines (both concurrency modes), racing starters, durability
 //! across an engine restart and a server crash, saga and process traffic
-//! side by side, a deleted instance's late duplicates and timeouts, and
-//! what a listing does with a record it cannot read.
+//! side by side, a deleted instance's late duplicates and timeouts, what
+//! a listing does with a record it cannot read, and an order correlated
+//! by a state field, timed out, tallied and invoiced to an endpoint.
 
 use std::time::{Duration, Instant};
 
@@ -629,4 +630,277 @@ pub async fn an_instance_records_when_it_was_last_written<S: ScenarioStore>() {
         created.updated_at
     );
     engine.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// An order: placed (starts it, by its id), paid (correlated by the
+// customer, a state field), picked (a tally of its items), reminded (a
+// timeout); it sends an invoice to the `invoicing` endpoint.
+
+/// Correlated by a state field, timed out (not early), tallied with
+/// duplicates (one completion; the checks write nothing), invoiced to an
+/// endpoint's consumer once, and the settled invoice trimmed away.
+pub async fn an_order_is_correlated_timed_out_tallied_and_invoiced<S: ScenarioStore>() {
+    fulfilment::an_order_is_correlated_timed_out_tallied_and_invoiced::<S>().await;
+}
+
+mod fulfilment {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use saga_runtime::backend::{InstanceStatus, ProcessBackend};
+    use saga_runtime::engine::Checked;
+    use saga_runtime::prelude::*;
+    use saga_runtime::task::Timestamp;
+    use serde::{Deserialize, Serialize};
+
+    use crate::common::stores::ScenarioStore;
+    use crate::common::until;
+
+    #[derive(Message, Serialize, Deserialize)]
+    struct OrderPlaced {
+        #[correlation_id]
+        order: String,
+        customer: String,
+        items: u32,
+        remind_after_ms: u64,
+    }
+
+    #[derive(Message, Serialize, Deserialize)]
+    struct PaymentReceived {
+        customer: String,
+        amount: u32,
+    }
+
+    #[derive(Debug, Message, Serialize, Deserialize)]
+    struct SendInvoice {
+        #[correlation_id]
+        order: String,
+        items: u32,
+    }
+
+    #[derive(Message, Serialize, Deserialize)]
+    struct Remind;
+
+    #[derive(Debug, Default, Clone, Serialize, Deserialize)]
+    struct Order {
+        customer: String,
+        paid: u32,
+        picking: Option<TallyRef>,
+        picked: u32,
+        reminded: u32,
+    }
+
+    struct Fulfilment;
+
+    #[process_manager(name = "fulfilment", state = Order)]
+    impl Fulfilment {
+        #[starts]
+        async fn placed(
+            &self,
+            msg: OrderPlaced,
+            state: &mut Order,
+            ctx: &mut ProcessContext,
+        ) -> Result<(), ProcessError> {
+            state.customer = msg.customer;
+            let items = (0..msg.items).map(|i| i.to_string());
+            state.picking = Some(ctx.open_tally("picking", items).reference());
+            ctx.request_timeout(Duration::from_millis(msg.remind_after_ms), Remind);
+            ctx.send(
+                "invoicing",
+                SendInvoice {
+                    order: msg.order,
+                    items: msg.items,
+                },
+            );
+            Ok(())
+        }
+
+        #[handles]
+        #[correlate(state.customer = msg.customer)]
+        async fn paid(
+            &self,
+            msg: PaymentReceived,
+            state: &mut Order,
+            _ctx: &mut ProcessContext,
+        ) -> Result<(), ProcessError> {
+            state.paid += msg.amount;
+            Ok(())
+        }
+
+        #[handles]
+        async fn picked(
+            &self,
+            _msg: TallyCompleted,
+            state: &mut Order,
+            _ctx: &mut ProcessContext,
+        ) -> Result<(), ProcessError> {
+            state.picked += 1;
+            Ok(())
+        }
+
+        #[timeout]
+        async fn remind(
+            &self,
+            _t: Remind,
+            state: &mut Order,
+            ctx: &mut ProcessContext,
+        ) -> Result<(), ProcessError> {
+            state.reminded += 1;
+            if state.picked > 0 && state.paid > 0 {
+                ctx.mark_complete();
+            }
+            Ok(())
+        }
+    }
+
+    async fn order(engine: &Engine, id: &str) -> Option<Order> {
+        engine.process_state::<Fulfilment>(id).await.unwrap()
+    }
+
+    /// Moves due timeouts every 20 ms, as a second timer poller racing the
+    /// engine's would (moving each once however many race is the store's
+    /// part); until dropped.
+    struct DriveTimers(tokio::task::JoinHandle<()>);
+
+    impl DriveTimers {
+        fn start(backend: Arc<dyn ProcessBackend>) -> Self {
+            DriveTimers(tokio::spawn(async move {
+                loop {
+                    let _ = backend.process_release_due(Timestamp::now().0, 256).await;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }))
+        }
+    }
+
+    impl Drop for DriveTimers {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+
+    /// See [`super::an_order_is_correlated_timed_out_tallied_and_invoiced`]
+    /// (here, beside its types).
+    pub(super) async fn an_order_is_correlated_timed_out_tallied_and_invoiced<S: ScenarioStore>() {
+        let store = S::start();
+        let backend = store.backend(Duration::from_secs(2)).await;
+        let processes = backend
+            .clone()
+            .processes()
+            .expect("a process-manager store");
+        let _timers = DriveTimers::start(processes.clone());
+        let engine = Engine::builder()
+            .backend_arc(backend)
+            .process_manager(Fulfilment)
+            .workers(2)
+            .build()
+            .await
+            .unwrap();
+        let invoices = Arc::new(Mutex::new(Vec::new()));
+        let seen = invoices.clone();
+        engine
+            .consumer("invoicing")
+            .group("billing")
+            .spawn(move |m| {
+                let seen = seen.clone();
+                async move {
+                    let invoice: SendInvoice = m.decode()?;
+                    seen.lock().unwrap().push((invoice.order, invoice.items));
+                    Ok(())
+                }
+            });
+
+        let placed = Instant::now();
+        engine
+            .publish(OrderPlaced {
+                order: "o-1".into(),
+                customer: "ada".into(),
+                items: 3,
+                remind_after_ms: 2_500,
+            })
+            .await
+            .unwrap();
+        until("the order", async || order(&engine, "o-1").await.is_some()).await;
+        let scheduled = engine.process_timeouts("fulfilment", Some("o-1"), 10).await;
+        assert_eq!(scheduled.unwrap().len(), 1, "the reminder is scheduled");
+
+        // Found by the value of a state field: its correlation entry.
+        let found = engine
+            .find_process::<Fulfilment>("customer", "ada")
+            .await
+            .unwrap()
+            .expect("found by its customer");
+        assert_eq!(found.id, "o-1");
+        engine
+            .publish(PaymentReceived {
+                customer: "ada".into(),
+                amount: 30,
+            })
+            .await
+            .unwrap();
+        until("the payment", async || {
+            order(&engine, "o-1").await.is_some_and(|o| o.paid == 30)
+        })
+        .await;
+
+        // The invoice reached the endpoint's consumer, once.
+        until("the invoice", async || !invoices.lock().unwrap().is_empty()).await;
+        assert_eq!(*invoices.lock().unwrap(), [("o-1".to_owned(), 3)]);
+
+        // The tally: checked by whoever does the work, duplicates included.
+        let tally = order(&engine, "o-1").await.unwrap().picking.unwrap();
+        let mut completed = 0;
+        for item in ["0", "1", "1", "2", "0", "2"] {
+            if let Checked::Completed { late } = engine.tally(&tally).check(item).await.unwrap() {
+                assert!(!late);
+                completed += 1;
+            }
+        }
+        assert_eq!(completed, 1, "one check completed the tally");
+        until("picked", async || {
+            order(&engine, "o-1").await.is_some_and(|o| o.picked == 1)
+        })
+        .await;
+        let status = engine.tally(&tally).status().await.unwrap();
+        assert!(status.complete && status.checked == 3 && status.missing.is_empty());
+
+        // The reminder comes due, and completes the order.
+        until("the reminder", async || {
+            engine
+                .process_instance::<Fulfilment>("o-1")
+                .await
+                .unwrap()
+                .is_some_and(|i| i.status == InstanceStatus::Completed)
+        })
+        .await;
+        println!("the order completed after {:?}", placed.elapsed());
+        assert!(
+            placed.elapsed() >= Duration::from_millis(2_400),
+            "not early"
+        );
+        let o = order(&engine, "o-1").await.unwrap();
+        assert_eq!((o.paid, o.picked, o.reminded), (30, 1, 1));
+        assert!(processes.process_scheduled().await.unwrap().is_empty());
+        let instance = engine
+            .process_instance::<Fulfilment>("o-1")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            instance.version, 4,
+            "placed, paid, picked, reminded: the checks wrote nothing"
+        );
+
+        // Settled by its only group, the invoice is trimmed away.
+        until("trimmed", async || {
+            processes
+                .endpoint_messages("invoicing")
+                .await
+                .unwrap()
+                .is_empty()
+        })
+        .await;
+        engine.shutdown().await;
+    }
 }
