@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Timestamp;
 
-/// A step's wait for a flow-control limit ([`StepRecord::limit_wait`](super::StepRecord::limit_wait)).
+/// A step's wait for a flow-control limit, kept in its [`StepRecord`](super::StepRecord) while it lasts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WaitingForLimit {
     /// The limit's name.
