@@ -269,11 +269,8 @@ impl StepRecord {
         }
     }
 
-    /// Attempts counted against the step's current retry budget: all of
-    /// them, unless an operator requeued the task from the dead-letter
-    /// queue, which starts a new budget (attempt numbers go on, so that
-    /// idempotency keys stay unique). The engine's bookkeeping of where
-    /// the budget began is its own, not part of this record's API.
+    /// Attempts counted against the current retry budget (a requeue from
+    /// the dead-letter queue starts a new one; attempt numbers go on).
     pub fn attempts_in_budget(&self) -> u32 {
         self.attempt_count.saturating_sub(self.retry_base)
     }
