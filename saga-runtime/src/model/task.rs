@@ -269,8 +269,7 @@ impl StepRecord {
         }
     }
 
-    /// Attempts counted against the current retry budget (a requeue from
-    /// the dead-letter queue starts a new one; attempt numbers go on).
+    /// Attempts counted against the current retry budget (a requeue starts one).
     pub fn attempts_in_budget(&self) -> u32 {
         self.attempt_count.saturating_sub(self.retry_base)
     }
