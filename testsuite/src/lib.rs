@@ -12,6 +12,8 @@ pub mod crashy;
 pub mod double;
 #[doc(hidden)]
 pub mod shop;
+#[doc(hidden)]
+pub mod worker_env;
 
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

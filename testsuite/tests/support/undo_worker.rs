@@ -11,60 +11,15 @@
 //! that is a Redis), `LEASE_MS` (the task lease and the visibility
 //! timeout; default 1000), `POLL_MS` (PostgreSQL's idle poll, 50).
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
-use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
-use saga_runtime::backend::Backend;
 use saga_runtime::Engine;
+use sagas_tests::worker_env::{backend, env_ms, urls};
 
 #[path = "undo_pay.rs"]
 mod undo_pay;
 
-fn env_ms(name: &str, default: u64) -> Duration {
-    Duration::from_millis(
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default),
-    )
-}
-
-/// The store `url` names, a dead worker's messages back after `lease`,
-/// with short idle waits (as the scenarios' own backends).
-async fn backend(
-    url: &str,
-    lease: Duration,
-) -> Result<Arc<dyn Backend>, Box<dyn std::error::Error>> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let config = PostgresConfig {
-            visibility_timeout: lease,
-            poll_interval: env_ms("POLL_MS", 50),
-            ..PostgresConfig::default()
-        };
-        return Ok(Arc::new(PostgresBackend::connect_url(url, config).await?));
-    }
-    let config = RedisConfig {
-        visibility_timeout: lease,
-        block: Duration::from_millis(100),
-        ..RedisConfig::default()
-    };
-    Ok(Arc::new(RedisBackend::connect_with(url, config).await?))
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let redis_url = std::env::var("REDIS_URL").ok();
-    let url = std::env::var("BACKEND_URL")
-        .ok()
-        .or_else(|| redis_url.clone())
-        .ok_or("BACKEND_URL (or REDIS_URL) is needed")?;
-    let record_url = match std::env::var("RECORD_URL").ok().or(redis_url) {
-        Some(record_url) => record_url,
-        None if url.starts_with("redis") => url.clone(),
-        None => return Err(format!("RECORD_URL (a Redis) is needed beside {url}").into()),
-    };
+    let (url, record_url) = urls()?;
     let lease = env_ms("LEASE_MS", 1000);
     let recorder = redis::Client::open(record_url.as_str())?
         .get_connection_manager()
