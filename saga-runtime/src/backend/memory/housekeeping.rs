@@ -15,7 +15,7 @@ impl Housekeeping for MemoryBackend {
         let mut state = self.state();
         let now = Instant::now();
         // A limit's key whose holders died and that nobody asked for since.
-        state.sweep_limits(now);
+        state.sweep_limits(self.moment(now));
         let mut expired: Vec<TaskId> = state
             .expiry
             .iter()

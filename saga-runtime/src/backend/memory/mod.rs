@@ -61,6 +61,9 @@ struct Shared {
     cancels: broadcast::Sender<TaskId>,
     visibility_timeout: Duration,
     payload_limit: usize,
+    /// Where the limit machine's clock starts (it counts from a fixed
+    /// moment, as a store's clock does).
+    epoch: Instant,
 }
 
 #[derive(Default)]
@@ -95,7 +98,7 @@ struct State {
     breakers: HashMap<String, SharedBreaker>,
     tallies: HashMap<TallyRef, MemTally>,
     /// Flow-control limits, by `(limit, key)`; dropped once idle.
-    limits: HashMap<(String, Option<String>), limits::MemLimit>,
+    limits: HashMap<(String, Option<String>), crate::limit::machine::LimitState>,
 }
 
 /// Everything: one process has nothing to coordinate with but itself.
@@ -193,6 +196,7 @@ impl MemoryBackend {
                 task_changed: Notify::new(),
                 cancels: broadcast::channel(1024).0,
                 visibility_timeout,
+                epoch: Instant::now(),
                 payload_limit,
             }),
         }

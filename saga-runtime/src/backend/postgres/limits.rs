@@ -2,8 +2,9 @@
 //! first, with its slots, line and booked tokens in tables of their own
 //! (`limit_acquire`, `limit_release`, `limit_leave`, `limit_renew`,
 //! `limit_usage` in `migrations/0004_limits.sql`). Each method is one function call, on the
-//! server's clock, deciding exactly as the in-memory backend does
-//! (`backend/memory/limits.rs`).
+//! server's clock, deciding exactly as the limit machine does
+//! (`limit/machine.rs`; the conformance case
+//! `limits_decide_as_the_machine_does` holds the two together).
 
 use std::time::Duration;
 
@@ -54,7 +55,7 @@ fn released_of(row: &sqlx::postgres::PgRow) -> Result<Released, BackendError> {
 impl Limits for PostgresBackend {
     async fn limit_acquire(&self, r: &LimitRequest<'_>) -> Result<Acquired, BackendError> {
         // The rate's interval and its burst's tolerance, as GCRA counts
-        // them (`memory/limits.rs`).
+        // them (`limit/machine.rs`).
         let interval = r.config.rate.map(|rate| us(rate.interval()));
         let tolerance = r.config.rate.zip(interval).map(|(rate, interval)| {
             interval.saturating_mul(i64::from(rate.burst.saturating_sub(1)))

@@ -1,7 +1,8 @@
 //! Flow-control limits shared by the deployment (`#[limit]`): one script
 //! call (one round trip) per method, on the keys of one `(limit, key)`
 //! under one hash tag (`keys.limit`), on the server's clock. The scripts
-//! mirror `backend/memory/limits.rs` step by step.
+//! mirror the limit machine (`limit/machine.rs`) step by step; the
+//! conformance case `limits_decide_as_the_machine_does` holds them to it.
 
 use std::time::Duration;
 

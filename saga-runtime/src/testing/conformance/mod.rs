@@ -22,13 +22,14 @@
 //! The cases are grouped by the trait they hold to, one file each: the
 //! core a saga-only backend implements (`tasks`, `writes`, `queue`, `dead_letters`,
 //! `housekeeping`), then the parts a full backend offers (`process`,
-//! `tally`, `endpoint`, `leases`, `breakers`, `limits`).
+//! `tally`, `endpoint`, `leases`, `breakers`, `limits`, `limit_machine`).
 
 mod breakers;
 mod dead_letters;
 mod endpoint;
 mod housekeeping;
 mod leases;
+mod limit_machine;
 mod limits;
 mod process;
 mod queue;
@@ -41,6 +42,7 @@ pub use dead_letters::*;
 pub use endpoint::*;
 pub use housekeeping::*;
 pub use leases::*;
+pub use limit_machine::*;
 pub use limits::*;
 pub use process::*;
 pub use queue::*;
@@ -368,6 +370,7 @@ macro_rules! backend_conformance {
             limits_keep_keys_apart_and_wake_delayed_messages,
             limits_pace_waiters_that_come_back_late,
             limits_a_waiter_that_leaves_frees_its_place,
+            limits_decide_as_the_machine_does,
         );
     };
 }

@@ -1,5 +1,5 @@
 -- The state of one flow-control limit for one key (`backend/limits.rs`
--- has the protocol; `backend/memory/limits.rs` is the reference these
+-- has the protocol; the limit machine, `limit/machine.rs`, is the reference these
 -- functions mirror, step by step). Times are the server's, in
 -- microseconds: a rate's interval (`per / count`) is kept that finely, so
 -- that rounding adds no start over a long window.

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::Fixture;
+use crate::backend::limits::twins::{LimitOp, LimitOpKind, LimitTwins};
 use crate::backend::redis::keys::limit_id;
 use crate::backend::redis::scripts::{self as s, LimitKeys};
 use crate::backend::{Acquired, LimitCause, LimitDecision, LimitUsage, Released};
@@ -401,210 +402,57 @@ async fn wake_moves_a_parked_message_once() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// The scripts and the reference (`backend/memory/limits.rs`) side by
-/// side, asked the same things at (nearly) the same moments; what they
-/// went through, so that a test can tell it covered the protocol.
-struct Twins {
-    f: Fixture,
-    memory: crate::backend::memory::MemoryBackend,
-    seen: std::collections::BTreeMap<String, usize>,
-}
+/// The limits of a backend on the fixture's server beside the machine,
+/// every script loaded (so that no call of a timed sequence pays a second
+/// round trip to load its script).
+async fn twins(f: &Fixture) -> LimitTwins {
+    use crate::backend::{Backend, LimitRequest};
 
-/// One operation on one limit, as a seeded sequence draws it.
-struct Op<'a> {
-    name: &'a str,
-    config: LimitConfig,
-    key: Option<&'a str>,
-    task: u32,
-    attempt: u32,
-    /// 0-5 acquire, 6-7 release, 8 renew, 9 usage, 10 leave.
-    kind: u32,
-    wakes: bool,
-}
-
-impl Twins {
-    /// With the limit scripts loaded, so that no call of the sequence
-    /// pays a second round trip to load its script.
-    async fn new() -> Self {
-        let mut f = Fixture::new().await;
-        for (file, _, script) in super::super::ALL {
-            if file.starts_with("limit_") {
-                script.load_async(&mut f.conn).await.unwrap();
-            }
-        }
-        Twins {
-            f,
-            memory: crate::backend::memory::MemoryBackend::new(),
-            seen: Default::default(),
-        }
-    }
-
-    fn saw(&mut self, what: &str, n: usize) {
-        *self.seen.entry(what.to_owned()).or_default() += n;
-    }
-
-    /// Runs `op` on both and asserts the same answer: the same decision,
-    /// place in line and wakes, and a wait within `slack` of the other's.
-    async fn run(&mut self, op: &Op<'_>, hold: Duration, slack: Duration, at: &str) {
-        use crate::backend::{LimitRequest, Limits};
-
-        let Op {
-            name, config, key, ..
-        } = *op;
-        let holder = format!("t{}-a{}", op.task, op.attempt);
-        let waiter = format!("t{}", op.task);
-        let keys = LimitKeys::new(&self.f.keys, name, key);
-        match op.kind {
-            0..=5 => {
-                let wake = op.wakes.then_some(waiter.as_str());
-                let request = LimitRequest {
-                    limit: name,
-                    key,
-                    config,
-                    holder: &holder,
-                    waiter: &waiter,
-                    hold_for: hold,
-                    wake,
-                };
-                let reference = self.memory.limit_acquire(&request).await.unwrap();
-                let call = s::LimitAcquire {
-                    keys,
-                    config,
-                    holder: &holder,
-                    waiter: &waiter,
-                    hold_for: hold,
-                    wake,
-                };
-                let got = self.f.call(&call).await.unwrap();
-                assert_eq!(short(&got), short(&reference), "{at}: acquire");
-                if let (
-                    LimitDecision::Wait { retry_after: a, .. },
-                    LimitDecision::Wait { retry_after: b, .. },
-                ) = (&got.decision, &reference.decision)
-                {
-                    assert!(a.abs_diff(*b) <= slack, "{at}: waits {a:?} and {b:?}");
-                }
-                let (decision, wakes) = short(&got);
-                self.saw(&decision[..1], 1);
-                self.saw("woken", wakes.len());
-            }
-            6..=7 | 10 => {
-                let (reference, got) = if op.kind == 10 {
-                    let reference = self.memory.limit_leave(name, key, &waiter, config);
-                    let call = s::LimitLeave {
-                        keys,
-                        waiter: &waiter,
-                        concurrency: config.concurrency,
-                    };
-                    (reference.await.unwrap(), self.f.call(&call).await.unwrap())
-                } else {
-                    let reference = self.memory.limit_release(name, key, &holder, config);
-                    let call = s::LimitRelease {
-                        keys,
-                        holder: &holder,
-                        concurrency: config.concurrency,
-                    };
-                    (reference.await.unwrap(), self.f.call(&call).await.unwrap())
-                };
-                let what = if op.kind == 10 { "left" } else { "freed" };
-                assert_eq!(got, reference, "{at}: {what}");
-                self.saw("woken", got.wake.len());
-                self.saw(what, usize::from(got.released));
-            }
-            8 => {
-                let reference = self.memory.limit_renew(name, key, &holder, hold);
-                let call = s::LimitRenew {
-                    keys,
-                    holder: &holder,
-                    hold_for: hold,
-                };
-                let reference = reference.await.unwrap();
-                assert_eq!(self.f.call(&call).await.unwrap(), reference, "{at}: renew");
-            }
-            _ => {
-                let reference = self.memory.limit_usage(name, key, config).await.unwrap();
-                let got = self.f.call(&s::LimitUse { keys }).await.unwrap();
-                assert_eq!(got, reference, "{at}: usage");
-                self.saw("booked", got.booked as usize);
-            }
-        }
-    }
-
-    /// Asserts that every limit key the sequence left will expire: however
-    /// a key was emptied and written again, none is kept for ever.
-    async fn bounded(&mut self) {
-        let keys: Vec<String> = self.f.cmd(&["KEYS", "*limit*"]).await;
-        assert!(!keys.is_empty());
-        for key in keys {
-            let ttl: i64 = self.f.cmd(&["PTTL", &key]).await;
-            assert!(ttl > 0, "{key}: {ttl}");
-        }
-    }
-
-    /// Asserts the sequence went through each of `kinds` at least `least`
-    /// times.
-    fn covered(&self, kinds: &[&str], least: usize) {
-        for kind in kinds {
-            let n = self.seen.get(*kind).copied().unwrap_or(0);
-            assert!(n >= least, "{kind}: {:?}", self.seen);
-        }
-    }
-}
-
-/// The scripts against the reference (`backend/memory/limits.rs`): a
-/// seeded sequence of acquires, releases, renewals, waiters leaving and
-/// usage reads on limits of every kind (slots, a rate, both; keyed and
-/// not) gets the same decisions, places in line, wake lists and usage
-/// from both. Holds are long and the rate slow, so that the few
-/// milliseconds between the two clocks decide nothing.
-#[tokio::test]
-async fn the_scripts_decide_as_the_reference_does() {
-    use rand::{Rng, SeedableRng};
-
-    let mut twins = Twins::new().await;
-    let slow = Rate {
-        count: 1,
-        per: Duration::from_secs(3600),
-        burst: 3,
+    let backend = std::sync::Arc::new(
+        crate::backend::redis::RedisBackend::connect(&f._server.url())
+            .await
+            .unwrap(),
+    );
+    let limits = backend.limits().unwrap();
+    let config = LimitConfig {
+        concurrency: Some(1),
+        rate: None,
     };
-    let configs = [
-        ("slots", slots(2)),
-        (
-            "paced",
-            LimitConfig {
-                concurrency: None,
-                rate: Some(slow),
-            },
-        ),
-        (
-            "both",
-            LimitConfig {
-                concurrency: Some(2),
-                rate: Some(Rate { burst: 4, ..slow }),
-            },
-        ),
-    ];
-    let hold = Duration::from_secs(60);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(27);
-    for step in 0..500 {
-        let (name, config) = configs[rng.gen_range(0..configs.len())];
-        let op = Op {
-            name,
-            config,
-            key: [None, Some("k")][rng.gen_range(0..2)],
-            task: rng.gen_range(0..6),
-            attempt: rng.gen_range(0..2),
-            kind: rng.gen_range(0..11),
-            wakes: rng.gen_bool(0.8),
-        };
-        let at = format!("step {step}: {name} {:?} t{}", op.key, op.task);
-        twins.run(&op, hold, Duration::from_secs(1), &at).await;
-    }
-    twins.covered(&["G", "C", "R", "woken", "freed", "left", "booked"], 5);
-    twins.bounded().await;
+    let request = LimitRequest {
+        limit: "warm",
+        key: None,
+        config,
+        holder: "h",
+        waiter: "w",
+        hold_for: Duration::from_secs(1),
+        wake: None,
+    };
+    limits.limit_acquire(&request).await.unwrap();
+    limits
+        .limit_renew("warm", None, "h", Duration::from_secs(1))
+        .await
+        .unwrap();
+    limits.limit_usage("warm", None, config).await.unwrap();
+    limits.limit_leave("warm", None, "w", config).await.unwrap();
+    limits
+        .limit_release("warm", None, "h", config)
+        .await
+        .unwrap();
+    LimitTwins::new(limits)
 }
 
-/// The scripts against the reference when waiters come back late: a
+/// Asserts that every limit key a sequence left will expire: however a
+/// key was emptied and written again, none is kept for ever.
+async fn bounded(f: &mut Fixture) {
+    let keys: Vec<String> = f.cmd(&["KEYS", "*limit*"]).await;
+    assert!(!keys.is_empty());
+    for key in keys {
+        let ttl: i64 = f.cmd(&["PTTL", &key]).await;
+        assert!(ttl > 0, "{key}: {ttl}");
+    }
+}
+
+/// The scripts against the limit machine when waiters come back late: a
 /// seeded sequence on a rate of one start a second (alone, and with two
 /// slots) run in real time, with idle moments, so that bookings fall due,
 /// waiters come back after their due time (within
@@ -618,10 +466,26 @@ async fn the_scripts_decide_as_the_reference_does() {
 /// clocks (well under a millisecond apart, the scripts loaded) decide
 /// alike even on a busy machine whose timers fire a few ms late.
 #[tokio::test]
-async fn the_scripts_pace_late_waiters_as_the_reference_does() {
+async fn the_scripts_pace_late_waiters_as_the_machine_does() {
     use rand::{Rng, SeedableRng};
+    use LimitOpKind::{Acquire, Leave, Release, Usage};
+    const KINDS: [Option<LimitOpKind>; 12] = [
+        Some(Acquire),
+        Some(Acquire),
+        Some(Acquire),
+        Some(Acquire),
+        Some(Acquire),
+        Some(Leave),
+        Some(Release),
+        Some(Usage),
+        None,
+        None,
+        None,
+        None,
+    ];
 
-    let mut twins = Twins::new().await;
+    let mut f = Fixture::new().await;
+    let mut twins = twins(&f).await;
     let rate = Rate {
         count: 2,
         per: Duration::from_secs(2),
@@ -660,23 +524,24 @@ async fn the_scripts_pace_late_waiters_as_the_reference_does() {
         tokio::time::sleep_until(start + spacing * step).await;
         let (name, config) = configs[rng.gen_range(0..configs.len())];
         // Asks (a waiter asks again some steps later: on time, late, or
-        // very late), leaves, releases, reads, and idle moments (11).
-        let kind = [0, 0, 0, 0, 0, 10, 6, 9, 11, 11, 11, 11][rng.gen_range(0..12)];
-        let op = Op {
+        // very late), leaves, releases, reads, and idle moments (`None`).
+        let kind = KINDS[rng.gen_range(0..KINDS.len())];
+        let task = rng.gen_range(0..6);
+        let Some(kind) = kind else {
+            continue;
+        };
+        let op = LimitOp {
             name,
             config,
             key: None,
-            task: rng.gen_range(0..6),
+            task,
             attempt: 0,
             kind,
             wakes: true,
         };
-        if kind == 11 {
-            continue;
-        }
         let at = format!("step {step}: {name} t{}", op.task);
         twins.run(&op, hold, Duration::from_millis(8), &at).await;
     }
     twins.covered(&["G", "C", "R", "left", "booked"], 1);
-    twins.bounded().await;
+    bounded(&mut f).await;
 }

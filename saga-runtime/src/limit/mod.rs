@@ -16,7 +16,11 @@
 //! freed when it ends, and freed by expiry when its worker is killed.
 //!
 //! These are the declarations `#[limit]` generates; the engine applies them
-//! (`worker`), the backend keeps their state ([`Limits`](crate::backend::Limits)).
+//! (`worker`), the backend keeps their state ([`Limits`](crate::backend::Limits)),
+//! and [`machine`] decides what each request gets.
+
+pub mod decision;
+pub mod machine;
 
 use std::fmt;
 use std::time::Duration;
