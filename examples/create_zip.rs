@@ -7,15 +7,19 @@
 //!
 //! ```text
 //! cargo run --example create_zip                       # in-memory backend
+//! cargo run --example create_zip -- --url sqlite://zip.db    # durable, in one file
 //! cargo run --features redis --example create_zip -- --redis redis://127.0.0.1:6379 --workers 2
 //! cargo run --features redis --example create_zip -- --redis redis://127.0.0.1:6379 --worker-only --workers 2
 //! cargo run --features postgres --example create_zip -- --url postgres://postgres@127.0.0.1:5432/postgres --workers 2
 //! ```
 //!
-//! With `--url URL` (or `--redis URL`, or `REDIS_URL`: a Redis URL or a
-//! PostgreSQL one), tasks live in that store and any number of
-//! processes share the work: run `--worker-only` in one terminal and the demo
-//! in another; each timeline line names the worker (process id) that ran it.
+//! With `--url URL` (or `--redis URL`, or `REDIS_URL`: a SQLite, Redis or
+//! PostgreSQL URL), tasks live in that store: kill the demo mid-run (Ctrl-C
+//! twice, or `kill -9`) and run it again, and it first finishes the tasks
+//! the killed run left, from the store. On Redis or PostgreSQL any number
+//! of processes share the work: run `--worker-only` in one terminal and the
+//! demo in another; each timeline line names the worker (process id) that
+//! ran it (a SQLite file belongs to one process).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use saga_runtime::prelude::*;
-use saga_runtime::{AuditAction, AuditEntry};
+use saga_runtime::{AuditAction, AuditEntry, TaskFilter};
 use serde::{Deserialize, Serialize};
 
 /// What a caller asks for. The `scenario` fields make the fake services
@@ -265,9 +269,39 @@ fn args() -> Result<Args, String> {
         }
     }
     if args.worker_only && args.redis.is_none() {
-        return Err("--worker-only needs --url URL (a Redis or a PostgreSQL): in-memory tasks live in one process".into());
+        return Err("--worker-only needs --url URL (a Redis or a PostgreSQL): in-memory tasks live in one process, and a SQLite file belongs to one".into());
     }
     Ok(args)
+}
+
+/// The tasks an earlier run left unfinished in the store (it was killed,
+/// or its machine went down): the workers took them up again as soon as
+/// the engine started; this waits for them and shows how each ended.
+async fn resume(engine: &Engine) -> Result<(), Box<dyn std::error::Error>> {
+    let mut unfinished = Vec::new();
+    for status in [
+        TaskStatus::Pending,
+        TaskStatus::Running,
+        TaskStatus::Compensating,
+    ] {
+        let filter = TaskFilter::new()
+            .saga("create-zip")
+            .status(status)
+            .limit(100);
+        unfinished.extend(engine.tasks(filter).await?.tasks);
+    }
+    if unfinished.is_empty() {
+        return Ok(());
+    }
+    println!(
+        "resuming {} task(s) an earlier run left unfinished",
+        unfinished.len()
+    );
+    for task in unfinished {
+        let name = task.input["name"].as_str().unwrap_or("?").to_owned();
+        print_timeline(&format!("{name} (resumed)"), &engine.wait(task.id).await?);
+    }
+    Ok(())
 }
 
 #[tokio::main]
@@ -301,6 +335,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let engine = builder.workers(args.workers).build().await?;
+    if args.redis.is_some() {
+        resume(&engine).await?;
+    }
     let suffix = if args.redis.is_some() {
         format!("-{}", &TaskId::new().to_string()[..4])
     } else {

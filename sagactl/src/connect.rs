@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::backend::sqlite::{SqliteBackend, SqliteConfig};
 use saga_runtime::backend::{Backend, BackendError};
 use saga_runtime::Error;
 
@@ -18,6 +19,7 @@ pub const FORMS: &str = "accepted store URLs:
   redis+cluster://host:port,host:port              a Redis Cluster (some of its nodes)
   redis+sentinel://host:port,host:port/<service>   a Redis behind Sentinel
   postgres://user[:password]@host:port/database    PostgreSQL
+  sqlite://path/to/file.db                         a SQLite store (while no engine has it open)
   (rediss://, Redis over TLS, needs a sagactl built with TLS: this one has none)";
 
 /// The store a command acts on, as an operator should see it.
@@ -43,12 +45,19 @@ impl Store {
         }
     }
 
+    fn is_sqlite(&self) -> bool {
+        self.url.starts_with("sqlite://")
+    }
+
     fn is_postgres(&self) -> bool {
         self.url.starts_with("postgres://") || self.url.starts_with("postgresql://")
     }
 
     /// `redis://host:6379 (prefix `saga`)`: which deployment this is.
     pub fn describe(&self) -> String {
+        if self.is_sqlite() {
+            return self.shown.clone();
+        }
         match self.is_postgres() {
             true => format!("{} (schema `{}`)", self.shown, self.prefix),
             false => format!("{} (prefix `{}`)", self.shown, self.prefix),
@@ -62,7 +71,9 @@ impl Store {
     pub async fn attach(&self) -> Result<Arc<dyn Backend>, String> {
         let scheme = self.url.split_once("://").map(|(s, _)| s);
         match scheme {
-            Some("redis" | "redis+cluster" | "redis+sentinel" | "postgres" | "postgresql") => {}
+            Some(
+                "redis" | "redis+cluster" | "redis+sentinel" | "postgres" | "postgresql" | "sqlite",
+            ) => {}
             Some("rediss") => {
                 return Err(format!(
                     "`{}`: this sagactl was built without TLS, so it cannot reach a Redis \
@@ -94,6 +105,16 @@ impl Store {
     }
 
     async fn attach_untimed(&self) -> Result<Arc<dyn Backend>, BackendError> {
+        if self.is_sqlite() {
+            // An operator's typo must not create an empty store.
+            let config = SqliteConfig {
+                create: false,
+                ..SqliteConfig::default()
+            };
+            return Ok(Arc::new(
+                SqliteBackend::connect_with(&self.url, config).await?,
+            ));
+        }
         if self.is_postgres() {
             let config = PostgresConfig {
                 schema: self.prefix.clone(),
@@ -111,6 +132,12 @@ impl Store {
     /// Brings a PostgreSQL deployment's schema to this version's; what
     /// it says of the schema before and after.
     pub async fn migrate(&self) -> Result<String, String> {
+        if self.is_sqlite() {
+            return Err(
+                "nothing to migrate by hand on SQLite: the store migrates its file when it opens it"
+                    .to_owned(),
+            );
+        }
         if !self.is_postgres() {
             return Err(
                 "nothing to migrate on Redis: a deployment records its key and record \

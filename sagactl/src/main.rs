@@ -56,7 +56,7 @@ use connect::Store;
 #[command(
     name = "sagactl",
     version,
-    about = "Operator actions on sagas stored in Redis or PostgreSQL"
+    about = "Operator actions on sagas stored in Redis, PostgreSQL or a SQLite file"
 )]
 struct Cli {
     /// The deployment's store (required: there is no default): a Redis

@@ -115,3 +115,43 @@ mod postgres {
 
     saga_runtime::backend_conformance!(on_postgres, in_turn: fresh, sharing: start);
 }
+
+/// SQLite: a file of its own per case, in a temporary directory. The
+/// store has the saga core and flow-control limits (process managers are
+/// not on it yet).
+mod sqlite {
+    use std::sync::Arc;
+
+    use saga_runtime::backend::sqlite::{SqliteBackend, SqliteConfig};
+    use saga_runtime::backend::Backend;
+    use saga_runtime::testing::conformance::VISIBILITY;
+
+    async fn fresh() -> (Arc<dyn Backend>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let config = SqliteConfig {
+            visibility_timeout: VISIBILITY,
+            ..SqliteConfig::default()
+        };
+        let backend = SqliteBackend::open_with(dir.path().join("saga.db"), config)
+            .await
+            .unwrap();
+        (Arc::new(backend), dir)
+    }
+
+    saga_runtime::backend_conformance!(fresh, core);
+
+    mod limits {
+        use super::fresh;
+
+        saga_runtime::__conformance_cases!(
+            [fresh];
+            limits_hold_slots_and_hand_them_on_in_line,
+            limits_expire_renew_and_never_free_twice,
+            limits_pace_starts_and_book_tokens_in_order,
+            limits_keep_keys_apart_and_wake_delayed_messages,
+            limits_pace_waiters_that_come_back_late,
+            limits_a_waiter_that_leaves_frees_its_place,
+            limits_decide_as_the_machine_does,
+        );
+    }
+}

@@ -13,40 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::endpoint_shop::{order, SendInvoice, Shop};
 use common::redis_server::TestRedis;
 use saga_runtime::prelude::*;
-use serde::{Deserialize, Serialize};
-
-#[derive(Message, Serialize, Deserialize)]
-struct OrderPlaced {
-    #[correlation_id]
-    order: String,
-}
-
-#[derive(Debug, Message, Serialize, Deserialize)]
-struct SendInvoice {
-    #[correlation_id]
-    order: String,
-}
-
-#[derive(Default, Serialize, Deserialize)]
-struct Placed;
-
-struct Shop;
-
-#[process_manager(name = "shop", state = Placed)]
-impl Shop {
-    #[starts]
-    async fn placed(
-        &self,
-        msg: OrderPlaced,
-        _state: &mut Placed,
-        ctx: &mut ProcessContext,
-    ) -> Result<(), ProcessError> {
-        ctx.send("invoicing", SendInvoice { order: msg.order });
-        Ok(())
-    }
-}
 
 const KEY: &str = "saga:{saga:pm}:endpoint:invoicing";
 
@@ -58,12 +27,6 @@ async fn engine(redis: &TestRedis, workers: usize) -> Engine {
         .build()
         .await
         .unwrap()
-}
-
-fn order(n: usize) -> OrderPlaced {
-    OrderPlaced {
-        order: format!("o-{n}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,7 +56,8 @@ pub use crate::limit::decision::{
 };
 use crate::limit::LimitConfig;
 
-#[cfg(any(test, feature = "conformance"))]
+// The Redis scripts' own tests use it too.
+#[cfg(any(all(test, feature = "redis"), feature = "conformance"))]
 #[doc(hidden)]
 pub mod twins;
 

@@ -71,8 +71,11 @@ mod queue;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod runners;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod schema_history;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
 mod tally;
 mod tasks;
 mod url;
@@ -198,8 +201,8 @@ impl<T: ProcessStore + Tallies + Endpoints> ProcessBackend for T {}
 /// Connects to the backend `url` names, with its default settings:
 /// `postgres://` or `postgresql://` (feature `postgres`); `redis://`,
 /// `rediss://`, `redis+sentinel://` or `redis+cluster://` (feature
-/// `redis`). What a program that takes a store's URL on its command line
-/// calls, whichever store it is.
+/// `redis`); `sqlite://path` (feature `sqlite`). What a program that
+/// takes a store's URL on its command line calls, whichever store it is.
 pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, BackendError> {
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
     match scheme {
@@ -209,6 +212,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, BackendError> {
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
             Ok(Arc::new(redis::RedisBackend::connect(url).await?))
         }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(sqlite::SqliteBackend::connect(url).await?)),
         _ => Err(BackendError::Misconfigured(match missing_feature(scheme) {
             // (The URL is shown without its password.)
             // A store this library has, in a build without it: the usual
@@ -236,21 +241,34 @@ fn missing_feature(scheme: &str) -> Option<&'static str> {
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" if !cfg!(feature = "redis") => {
             Some("redis")
         }
+        "sqlite" if !cfg!(feature = "sqlite") => Some("sqlite"),
         _ => None,
     }
 }
 
 /// The URL forms [`connect`] takes in this build.
-pub fn supported_schemes() -> &'static str {
-    match (cfg!(feature = "postgres"), cfg!(feature = "redis")) {
-        (true, true) => {
-            "postgres://user@host:port/database, redis://host:port, redis+sentinel://.. or redis+cluster://.."
+pub fn supported_schemes() -> String {
+    let stores = [
+        (
+            cfg!(feature = "postgres"),
+            "postgres://user@host:port/database",
+        ),
+        (
+            cfg!(feature = "redis"),
+            "redis://host:port, redis+sentinel://.. or redis+cluster://..",
+        ),
+        (cfg!(feature = "sqlite"), "sqlite://path/to/file.db"),
+    ];
+    let built: Vec<&str> = stores
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, url)| *url)
+        .collect();
+    match built.is_empty() {
+        true => {
+            "nothing: enable the feature `sqlite`, `redis` or `postgres` of saga-runtime".into()
         }
-        (true, false) => "postgres://user@host:port/database (this build has no Redis: feature `redis`)",
-        (false, true) => {
-            "redis://host:port, redis+sentinel://.. or redis+cluster://.. (PostgreSQL needs the feature `postgres`)"
-        }
-        (false, false) => "nothing: enable the feature `redis` or `postgres` of saga-runtime",
+        false => built.join(", "),
     }
 }
 

@@ -5,7 +5,8 @@
 //! It touches no store and reads no clock, so it is tested exactly (every
 //! time below is a number the test chose), and a store that keeps a
 //! limit's state next to its own transaction runs it there: the memory
-//! store under its lock, the SQLite store inside its write transaction.
+//! store under its lock, the SQLite store inside its write transaction
+//! (the state serialized in a row).
 //! Redis and PostgreSQL decide in the server instead (one script, one
 //! function), because admission must be atomic with the shared state and
 //! the limit is exactly where many workers contend: a read, a decision
@@ -32,7 +33,7 @@ pub type Moment = Duration;
 
 /// The state of one `(limit, key)`: who holds its slots, who waits in
 /// line, and its rate's bucket and bookings.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LimitState {
     /// Held slots and reservations (`w:{waiter}`), by expiry.
     holders: HashMap<String, Moment>,
@@ -46,7 +47,7 @@ pub struct LimitState {
     bookings: HashMap<String, Moment>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Waiter {
     arrival: u64,
     /// It leaves the line unless it asks again by then.

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod brokers;
+pub mod endpoint_shop;
 pub mod http_client;
 pub mod nats_server;
 pub mod ops_sagas;

@@ -14,41 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use saga_runtime::prelude::*;
-use serde::{Deserialize, Serialize};
 
+use crate::common::endpoint_shop::{order, SendInvoice, Shop};
 use crate::common::stores::ScenarioStore;
 use crate::common::until;
-
-#[derive(Message, Serialize, Deserialize)]
-struct OrderPlaced {
-    #[correlation_id]
-    order: String,
-}
-
-#[derive(Debug, Message, Serialize, Deserialize)]
-struct SendInvoice {
-    #[correlation_id]
-    order: String,
-}
-
-#[derive(Default, Serialize, Deserialize)]
-struct Placed;
-
-struct Shop;
-
-#[process_manager(name = "shop", state = Placed)]
-impl Shop {
-    #[starts]
-    async fn placed(
-        &self,
-        msg: OrderPlaced,
-        _state: &mut Placed,
-        ctx: &mut ProcessContext,
-    ) -> Result<(), ProcessError> {
-        ctx.send("invoicing", SendInvoice { order: msg.order });
-        Ok(())
-    }
-}
 
 /// An engine running `Shop` on the store, as another process would.
 async fn shop<S: ScenarioStore>(store: &S, workers: usize) -> Engine {
@@ -59,12 +28,6 @@ async fn shop<S: ScenarioStore>(store: &S, workers: usize) -> Engine {
         .build()
         .await
         .unwrap()
-}
-
-fn order(n: usize) -> OrderPlaced {
-    OrderPlaced {
-        order: format!("o-{n}"),
-    }
 }
 
 pub async fn a_consumer_killed_mid_handler_leaves_its_message_to_another_and_the_endpoint_is_trimmed<

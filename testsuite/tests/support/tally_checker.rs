@@ -20,31 +20,16 @@ use redis::AsyncCommands;
 use saga_runtime::engine::Checked;
 use saga_runtime::process::TallyRef;
 use saga_runtime::Engine;
-
-fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use sagas_tests::worker_env::{env, record_url, store_url};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let redis_url = std::env::var("REDIS_URL").ok();
-    let url = std::env::var("BACKEND_URL")
-        .ok()
-        .or_else(|| redis_url.clone())
-        .ok_or("BACKEND_URL (or REDIS_URL) is needed")?;
+    let url = store_url()?;
     // Where it counts its checks, if it is named.
     let mut counter = match std::env::var("NAME").ok() {
         None => None,
         Some(name) => {
-            let record_url = match std::env::var("RECORD_URL").ok().or(redis_url) {
-                Some(record_url) => record_url,
-                None if url.starts_with("redis") => url.clone(),
-                None => return Err(format!("RECORD_URL (a Redis) is needed beside {url}").into()),
-            };
-            let recorder = redis::Client::open(record_url.as_str())?
+            let recorder = redis::Client::open(record_url(&url)?.as_str())?
                 .get_multiplexed_async_connection()
                 .await?;
             Some((recorder, format!("tally-checker:{name}:checks")))

@@ -1,0 +1,144 @@
+//! Opening the file: its path from a URL, the connection's settings, the
+//! exclusive lock, and the refusals of what is not this library's store.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteLockingMode, SqliteSynchronous,
+};
+use sqlx::ConnectOptions;
+
+use super::{failure, migrate, SqliteConfig, Synchronous};
+use crate::backend::BackendError;
+
+/// The path a `sqlite://` URL names: `sqlite:///abs/path.db` or
+/// `sqlite://relative/path.db`.
+pub(super) fn path_of(url: &str) -> Result<PathBuf, BackendError> {
+    let bad = |why: &str| {
+        BackendError::Misconfigured(format!(
+            "`{url}` is not a SQLite store's URL: {why} (expected sqlite://path/to/file.db, or \
+             sqlite:///absolute/path.db)"
+        ))
+    };
+    let path = url
+        .strip_prefix("sqlite://")
+        .ok_or_else(|| bad("it does not start with sqlite://"))?;
+    if path.is_empty() {
+        return Err(bad("it names no file"));
+    }
+    if path.contains('?') {
+        return Err(bad(
+            "it has settings (`?..`): set them in `SqliteConfig` and open with \
+             `SqliteBackend::open_with`",
+        ));
+    }
+    if path == ":memory:" {
+        return Err(bad(
+            "an in-memory SQLite database is lost with the process: use the memory backend for \
+             that",
+        ));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// The one connection to the file at `path`: created when allowed, in WAL
+/// mode with the exclusive lock taken, checked to be this library's store
+/// (or empty) and migrated.
+pub(super) async fn connection(
+    path: &Path,
+    config: &SqliteConfig,
+) -> Result<SqliteConnection, BackendError> {
+    if !config.create && !path.exists() {
+        return Err(BackendError::Misconfigured(format!(
+            "there is no store at `{}`: check the path (this tool does not create one)",
+            path.display()
+        )));
+    }
+    warn_if_remote(path);
+    let options = SqliteConnectOptions::from_str("sqlite://")
+        .map_err(failure)?
+        .filename(path)
+        .create_if_missing(config.create)
+        // Held from the first write until the connection closes: a second
+        // process cannot open the file behind this one's back.
+        .locking_mode(SqliteLockingMode::Exclusive)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(match config.synchronous {
+            Synchronous::Full => SqliteSynchronous::Full,
+            Synchronous::Normal => SqliteSynchronous::Normal,
+        })
+        .foreign_keys(false)
+        // Only another process waits for the lock (this one has one
+        // connection): not for long.
+        .busy_timeout(Duration::from_secs(1));
+    let mut conn = options.connect().await.map_err(|e| opening(path, e))?;
+    // The exclusive lock is taken by the first write: take it now, so that
+    // a second process is refused at open rather than at its first write.
+    sqlx::raw_sql("BEGIN IMMEDIATE; COMMIT")
+        .execute(&mut conn)
+        .await
+        .map_err(|e| opening(path, e))?;
+    migrate::prepare(&mut conn, path).await?;
+    Ok(conn)
+}
+
+/// What a failure to open `path` means, in words.
+fn opening(path: &Path, error: sqlx::Error) -> BackendError {
+    let path = path.display();
+    match failure(error) {
+        BackendError::Unavailable(e) if e.to_string().contains("locked") => {
+            BackendError::Misconfigured(format!(
+                "`{path}` is open in another process: a SQLite store belongs to one process (it \
+                 holds the file's exclusive lock); stop the other one, or give this one a file \
+                 of its own ({e})"
+            ))
+        }
+        BackendError::Corrupt(e) => BackendError::Misconfigured(format!(
+            "`{path}` is not a SQLite database (or it is damaged): point the store at a file of \
+             its own, or restore this one from a backup ({e})"
+        )),
+        other => other,
+    }
+}
+
+/// Warns when `path` is on a network filesystem, whose locks SQLite cannot
+/// trust: two hosts could both believe they hold the file, and corrupt it.
+fn warn_if_remote(path: &Path) {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Ok(dir) = dir.canonicalize() else { return };
+    let Ok(mounts) = std::fs::read_to_string("/proc/mounts") else {
+        return;
+    };
+    let mount = mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let (_, at, kind) = (fields.next()?, fields.next()?, fields.next()?);
+            dir.starts_with(at).then_some((at.len(), kind))
+        })
+        .max_by_key(|(len, _)| *len);
+    const REMOTE: [&str; 9] = [
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "9p",
+        "ceph",
+        "glusterfs",
+        "fuse.sshfs",
+    ];
+    if let Some((_, kind)) = mount.filter(|(_, kind)| REMOTE.contains(kind)) {
+        tracing::warn!(
+            path = %path.display(),
+            filesystem = kind,
+            "the SQLite store is on a network filesystem, whose locks SQLite cannot rely on: keep \
+             it on a local disk (or run PostgreSQL)"
+        );
+    }
+}
