@@ -280,3 +280,54 @@ async fn steps_ran_at_least(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// What a step costs on SQLite, counted: write transactions committed per
+/// step of the 3-step no-op saga (each one a WAL sync under `synchronous =
+/// FULL`). The benchmark (`examples/bench_sqlite.rs`) reports the same
+/// figure; this fails when it regresses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_costs_two_commits() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use saga_runtime::prelude::*;
+    use sagas::NoOp;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteBackend::open(dir.path().join("count.db"))
+        .await
+        .unwrap();
+    let done = Arc::new(AtomicU64::new(0));
+    let engine = Engine::builder()
+        .backend(store.clone())
+        .saga(NoOp { done: done.clone() })
+        .workers(0)
+        .build()
+        .await
+        .unwrap();
+    let tasks = 100;
+    for n in 0..tasks {
+        engine.start::<NoOp>(n).await.unwrap();
+    }
+    let before = store.commits();
+    let running = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.run_workers(1).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while done.load(Ordering::Relaxed) < tasks {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the tasks did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let per_step = (store.commits() - before) as f64 / (3 * tasks) as f64;
+    running.abort();
+    engine.shutdown().await;
+    println!("{per_step:.3} commits per step");
+    assert!(
+        per_step <= 2.01,
+        "{per_step:.3} commits per step (was 2.00)"
+    );
+}

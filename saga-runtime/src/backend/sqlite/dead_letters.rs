@@ -104,11 +104,13 @@ impl DeadLetters for SqliteBackend {
         let Some(row) = row_of(id) else {
             return Ok(false);
         };
+        let mut tx = self.begin().await?;
         let done = sqlx::query("DELETE FROM dead_letters WHERE id = ?")
             .bind(row)
-            .execute(&mut self.conn().await?.conn)
+            .execute(tx.c())
             .await
             .map_err(failure)?;
+        tx.commit().await?;
         Ok(done.rows_affected() > 0)
     }
 

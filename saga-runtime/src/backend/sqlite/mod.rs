@@ -48,6 +48,7 @@ mod tasks;
 mod write;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -121,6 +122,8 @@ struct Shared {
     cancels: broadcast::Sender<TaskId>,
     config: SqliteConfig,
     path: PathBuf,
+    /// Write transactions committed (each a WAL sync under `FULL`).
+    commits: AtomicU64,
 }
 
 /// The connection, and whether a transaction is open on it.
@@ -134,6 +137,7 @@ struct Conn {
 /// connection's next use.
 struct Tx<'a> {
     conn: MutexGuard<'a, Conn>,
+    commits: &'a AtomicU64,
 }
 
 impl Tx<'_> {
@@ -150,6 +154,7 @@ impl Tx<'_> {
             .await
             .map_err(failure)?;
         self.conn.in_tx = false;
+        self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -197,8 +202,16 @@ impl SqliteBackend {
                 cancels: broadcast::channel(1024).0,
                 config,
                 path,
+                commits: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// How many write transactions this store committed since it opened
+    /// (under [`Synchronous::Full`] each is a sync of the WAL to the disk):
+    /// what the benchmark reports per step, and a test holds to a count.
+    pub fn commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
     }
 
     /// The file this store is in.
@@ -230,7 +243,10 @@ impl SqliteBackend {
             .execute(&mut conn.conn)
             .await
             .map_err(failure)?;
-        Ok(Tx { conn })
+        Ok(Tx {
+            conn,
+            commits: &self.shared.commits,
+        })
     }
 
     fn queue_changed(&self) {

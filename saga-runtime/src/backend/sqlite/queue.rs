@@ -178,6 +178,7 @@ impl SqliteBackend {
     ) -> Result<(), BackendError> {
         let (row, deliveries) = located(delivery)?;
         let due = now_ms().saturating_add(ms(delay));
+        let mut tx = self.begin().await?;
         sqlx::query(
             "UPDATE queue SET taken = 0, due_ms = ?1, since_ms = ?1, \
                     deliveries = deliveries - ?2 \
@@ -187,9 +188,10 @@ impl SqliteBackend {
         .bind(i64::from(answered))
         .bind(row)
         .bind(deliveries)
-        .execute(&mut self.conn().await?.conn)
+        .execute(tx.c())
         .await
         .map_err(failure)?;
+        tx.commit().await?;
         self.queue_changed();
         Ok(())
     }
@@ -204,6 +206,7 @@ impl WorkQueue for SqliteBackend {
     async fn wake(&self, message: &QueueMessage) -> Result<bool, BackendError> {
         let raw = WorkItem::Saga(message.clone()).encode();
         let now = now_ms();
+        let mut tx = self.begin().await?;
         let done = sqlx::query(
             "UPDATE queue SET due_ms = ?1, since_ms = ?1 WHERE id = \
                (SELECT id FROM queue WHERE raw = ?2 AND taken = 0 AND due_ms > ?1 \
@@ -211,9 +214,10 @@ impl WorkQueue for SqliteBackend {
         )
         .bind(now)
         .bind(raw.as_bytes())
-        .execute(&mut self.conn().await?.conn)
+        .execute(tx.c())
         .await
         .map_err(failure)?;
+        tx.commit().await?;
         let woken = done.rows_affected() > 0;
         if woken {
             self.queue_changed();
@@ -232,7 +236,9 @@ impl WorkQueue for SqliteBackend {
     }
 
     async fn enqueue_raw(&self, payload: &[u8]) -> Result<(), BackendError> {
-        push(&mut self.conn().await?.conn, payload, Duration::ZERO).await?;
+        let mut tx = self.begin().await?;
+        push(tx.c(), payload, Duration::ZERO).await?;
+        tx.commit().await?;
         self.queue_changed();
         Ok(())
     }
@@ -273,7 +279,9 @@ impl WorkQueue for SqliteBackend {
 
     async fn touch(&self, delivery: &Delivery) -> Result<(), BackendError> {
         let visibility = self.shared.config.visibility_timeout;
-        keep(&mut self.conn().await?.conn, delivery, visibility).await
+        let mut tx = self.begin().await?;
+        keep(tx.c(), delivery, visibility).await?;
+        tx.commit().await
     }
 
     async fn settle_delivery(
@@ -283,8 +291,9 @@ impl WorkQueue for SqliteBackend {
     ) -> Result<(), BackendError> {
         match how {
             Handling::Ack => {
-                remove(&mut self.conn().await?.conn, delivery).await?;
-                Ok(())
+                let mut tx = self.begin().await?;
+                remove(tx.c(), delivery).await?;
+                tx.commit().await
             }
             Handling::Release(delay) => self.hand_back(delivery, delay, true).await,
             Handling::Defer(delay) => self.hand_back(delivery, delay, false).await,
@@ -300,7 +309,9 @@ impl WorkQueue for SqliteBackend {
 
     async fn park(&self, payload: &str, reason: &str) -> Result<(), BackendError> {
         let limit = self.shared.config.dead_letter_payload_limit;
-        park_raw(&mut self.conn().await?.conn, payload, reason, None, limit).await
+        let mut tx = self.begin().await?;
+        park_raw(tx.c(), payload, reason, None, limit).await?;
+        tx.commit().await
     }
 
     async fn release_due(&self, _limit: usize) -> Result<usize, BackendError> {

@@ -355,6 +355,7 @@ impl TaskStore for SqliteBackend {
     }
 
     async fn unlock(&self, lease: &Lease) -> Result<bool, BackendError> {
+        let mut tx = self.begin().await?;
         let done = sqlx::query(
             "UPDATE tasks SET lock_token = NULL, lock_until = NULL \
               WHERE id = ? AND lock_token = ? AND lock_until > ?",
@@ -362,9 +363,10 @@ impl TaskStore for SqliteBackend {
         .bind(key(lease.task_id))
         .bind(&lease.token)
         .bind(now_ms())
-        .execute(&mut self.conn().await?.conn)
+        .execute(tx.c())
         .await
         .map_err(failure)?;
+        tx.commit().await?;
         Ok(done.rows_affected() > 0)
     }
 
