@@ -331,3 +331,24 @@ async fn a_step_costs_two_commits() {
         "{per_step:.3} commits per step (was 2.00)"
     );
 }
+
+/// A process manager on the SQLite store (which has none yet) is refused
+/// when the engine is built, with the stores that have them.
+#[tokio::test]
+async fn a_process_manager_on_sqlite_is_refused_at_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteBackend::open(dir.path().join("pm.db")).await.unwrap();
+    let built = saga_runtime::Engine::builder()
+        .backend(store)
+        .process_manager(sagas_tests::crashy::Crashy { poison: None })
+        .build()
+        .await;
+    match built {
+        Err(saga_runtime::Error::Config(why)) => {
+            assert!(why.contains("the SQLite store has none yet"), "{why}");
+            assert!(why.contains("PostgreSQL or Redis"), "{why}");
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("built"),
+    }
+}

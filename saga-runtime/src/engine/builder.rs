@@ -312,8 +312,8 @@ impl EngineBuilder {
         if !processes.is_empty() && backend.clone().processes().is_none() {
             return Err(Error::Config(
                 "a process manager is registered, but the backend stores no process managers \
-                 (`Backend::processes` is `None`): use a backend that does, such as the \
-                 in-memory or the Redis backend"
+                 (`Backend::processes` is `None`; the SQLite store has none yet): use a \
+                 backend that does: the in-memory, PostgreSQL or Redis backend"
                     .to_owned(),
             ));
         }
