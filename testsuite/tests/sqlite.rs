@@ -87,8 +87,14 @@ async fn files_that_are_not_this_librarys_store_are_refused() {
 
     let foreign = dir.path().join("foreign.db");
     raw(&foreign, "CREATE TABLE invoices (id INTEGER PRIMARY KEY)").await;
+    let before = std::fs::read(&foreign).unwrap();
     let text = refused(&foreign).await;
     assert!(text.contains("not this library's (invoices)"), "{text}");
+    assert_eq!(
+        std::fs::read(&foreign).unwrap(),
+        before,
+        "another program's database is left as it was (not even put in WAL mode)"
+    );
 
     let newer = dir.path().join("newer.db");
     drop(SqliteBackend::open(&newer).await.unwrap());

@@ -61,13 +61,17 @@ impl SqliteBackend {
                     .map_err(failure)?;
             }
         } else {
-            sqlx::query("INSERT OR REPLACE INTO limits (name, key, state) VALUES (?, ?, ?)")
-                .bind(limit)
-                .bind(&key)
-                .bind(serde_json::to_string(&state).map_err(corrupt)?)
-                .execute(tx.c())
-                .await
-                .map_err(failure)?;
+            // A read (usage, a renewal that found nothing) writes nothing.
+            let text = serde_json::to_string(&state).map_err(corrupt)?;
+            if stored.as_deref() != Some(text.as_str()) {
+                sqlx::query("INSERT OR REPLACE INTO limits (name, key, state) VALUES (?, ?, ?)")
+                    .bind(limit)
+                    .bind(&key)
+                    .bind(text)
+                    .execute(tx.c())
+                    .await
+                    .map_err(failure)?;
+            }
         }
         tx.commit().await?;
         Ok(out)

@@ -43,6 +43,17 @@ pub(super) async fn prepare(conn: &mut SqliteConnection, path: &Path) -> Result<
     }
 }
 
+/// Refuses, by reading only, a file that holds another program's tables
+/// (or that is not a database: its first read fails).
+pub(super) async fn refuse_foreign(
+    conn: &mut SqliteConnection,
+    path: &Path,
+) -> Result<(), BackendError> {
+    history(conn, &format!("the store at `{}`", path.display()))
+        .await
+        .map(drop)
+}
+
 /// What the file applied; empty for a new file. A file that holds tables
 /// but no history is another program's, and refused.
 async fn history(conn: &mut SqliteConnection, store: &str) -> Result<Vec<Applied>, BackendError> {

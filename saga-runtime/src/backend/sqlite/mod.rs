@@ -138,6 +138,8 @@ struct Conn {
 struct Tx<'a> {
     conn: MutexGuard<'a, Conn>,
     commits: &'a AtomicU64,
+    /// The connection's `total_changes()` when it began.
+    changes: i64,
 }
 
 impl Tx<'_> {
@@ -149,14 +151,26 @@ impl Tx<'_> {
     /// Commits what the transaction wrote (a write refused by its guards
     /// wrote nothing, and commits nothing).
     async fn commit(mut self) -> Result<(), BackendError> {
+        let wrote = total_changes(self.c()).await? != self.changes;
         sqlx::query("COMMIT")
             .execute(self.c())
             .await
             .map_err(failure)?;
         self.conn.in_tx = false;
-        self.commits.fetch_add(1, Ordering::Relaxed);
+        if wrote {
+            self.commits.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
+}
+
+/// The rows the connection changed since it opened: whether a transaction
+/// wrote (one that wrote nothing syncs nothing, and is not counted).
+async fn total_changes(c: &mut SqliteConnection) -> Result<i64, BackendError> {
+    sqlx::query_scalar("SELECT total_changes()")
+        .fetch_one(c)
+        .await
+        .map_err(failure)
 }
 
 impl std::fmt::Debug for SqliteBackend {
@@ -207,8 +221,9 @@ impl SqliteBackend {
         })
     }
 
-    /// How many write transactions this store committed since it opened
-    /// (under [`Synchronous::Full`] each is a sync of the WAL to the disk):
+    /// How many write transactions that changed something this store
+    /// committed since it opened (under [`Synchronous::Full`] each is a
+    /// sync of the WAL to the disk; one that found nothing to do is not):
     /// what the benchmark reports per step, and a test holds to a count.
     pub fn commits(&self) -> u64 {
         self.shared.commits.load(Ordering::Relaxed)
@@ -220,15 +235,20 @@ impl SqliteBackend {
     }
 
     /// The connection, for a read or to begin a write. A transaction that
-    /// a caller dropped midway left open is rolled back first: nothing of
-    /// it was committed.
+    /// may have been left open (a caller dropped midway, a `BEGIN` or a
+    /// `COMMIT` whose answer was lost, a failed statement) is rolled back
+    /// first: nothing of it was committed. SQLite may have ended it on its
+    /// own (a `COMMIT` that went through, a full disk it rolled back
+    /// after): then there is none to roll back, and that is no error.
     async fn conn(&self) -> Result<MutexGuard<'_, Conn>, BackendError> {
         let mut conn = self.shared.conn.lock().await;
         if conn.in_tx {
-            sqlx::query("ROLLBACK")
-                .execute(&mut conn.conn)
-                .await
-                .map_err(failure)?;
+            match sqlx::query("ROLLBACK").execute(&mut conn.conn).await {
+                Ok(_) => {}
+                Err(e) if e.to_string().contains("no transaction is active") => {}
+                // Perhaps still open: rolled back by the next call.
+                Err(e) => return Err(failure(e)),
+            }
             conn.in_tx = false;
         }
         Ok(conn)
@@ -236,6 +256,8 @@ impl SqliteBackend {
 
     /// Begins a write: one `BEGIN IMMEDIATE` transaction, which holds the
     /// write lock from its first statement (see the module documentation).
+    /// The transaction counts as open from before its `BEGIN`, so that one
+    /// whose answer was lost is rolled back by the next call.
     async fn begin(&self) -> Result<Tx<'_>, BackendError> {
         let mut conn = self.conn().await?;
         conn.in_tx = true;
@@ -243,9 +265,11 @@ impl SqliteBackend {
             .execute(&mut conn.conn)
             .await
             .map_err(failure)?;
+        let changes = total_changes(&mut conn.conn).await?;
         Ok(Tx {
             conn,
             commits: &self.shared.commits,
+            changes,
         })
     }
 
@@ -284,16 +308,23 @@ fn ms(d: Duration) -> i64 {
 fn failure(error: sqlx::Error) -> BackendError {
     let code = match &error {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
-        sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed => {
-            return BackendError::unavailable(error);
+        sqlx::Error::Io(_) => return BackendError::unavailable(error),
+        // The connection's thread is gone, and with it the file's lock:
+        // nothing this store does can succeed again (reopen the store).
+        sqlx::Error::WorkerCrashed => return BackendError::Rejected(Arc::new(error)),
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
+            return BackendError::Corrupt(error.to_string());
         }
         _ => None,
     };
+    let extended = code.as_deref().and_then(|c| c.parse::<i32>().ok());
+    // SQLITE_READONLY_DBMOVED: the file was deleted or renamed under the
+    // store; waiting will not bring it back.
+    if extended == Some(1032) {
+        return BackendError::Rejected(Arc::new(error));
+    }
     // The primary result code is the low byte of the extended one.
-    let primary = code
-        .as_deref()
-        .and_then(|c| c.parse::<i32>().ok())
-        .map(|c| c & 0xff);
+    let primary = extended.map(|c| c & 0xff);
     match primary {
         // SQLITE_CORRUPT, SQLITE_NOTADB.
         Some(11 | 26) => BackendError::Corrupt(error.to_string()),

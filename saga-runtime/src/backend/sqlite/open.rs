@@ -5,9 +5,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteLockingMode, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteLockingMode, SqliteSynchronous};
 use sqlx::ConnectOptions;
 
 use super::{failure, migrate, SqliteConfig, Synchronous};
@@ -62,9 +60,10 @@ pub(super) async fn connection(
         .filename(path)
         .create_if_missing(config.create)
         // Held from the first write until the connection closes: a second
-        // process cannot open the file behind this one's back.
+        // process cannot open the file behind this one's back. (WAL is set
+        // below, once the file is known to be this library's: switching
+        // the journal mode writes to the file.)
         .locking_mode(SqliteLockingMode::Exclusive)
-        .journal_mode(SqliteJournalMode::Wal)
         .synchronous(match config.synchronous {
             Synchronous::Full => SqliteSynchronous::Full,
             Synchronous::Normal => SqliteSynchronous::Normal,
@@ -74,6 +73,27 @@ pub(super) async fn connection(
         // connection): not for long.
         .busy_timeout(Duration::from_secs(1));
     let mut conn = options.connect().await.map_err(|e| opening(path, e))?;
+    // Reads only: a file of another program's is refused untouched.
+    migrate::refuse_foreign(&mut conn, path)
+        .await
+        .map_err(|e| match e {
+            BackendError::Unavailable(e) if text_of_lock(&e.to_string()) => {
+                in_use(path, &e.to_string())
+            }
+            BackendError::Corrupt(text) => not_a_database(path, &text),
+            other => other,
+        })?;
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode = WAL")
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| opening(path, e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(BackendError::Misconfigured(format!(
+            "`{}` cannot be put in WAL mode (it stays in `{mode}`): keep the store on a local \
+             disk that allows its `-wal` and `-shm` files beside it",
+            path.display()
+        )));
+    }
     // The exclusive lock is taken by the first write: take it now, so that
     // a second process is refused at open rather than at its first write.
     sqlx::raw_sql("BEGIN IMMEDIATE; COMMIT")
@@ -84,23 +104,53 @@ pub(super) async fn connection(
     Ok(conn)
 }
 
-/// What a failure to open `path` means, in words.
+/// Whether a failure's text is SQLite's for a file another connection
+/// holds.
+fn text_of_lock(text: &str) -> bool {
+    text.contains("locked")
+}
+
+fn in_use(path: &Path, why: &str) -> BackendError {
+    BackendError::Misconfigured(format!(
+        "`{}` is open in another process: a SQLite store belongs to one process (it holds the \
+         file's exclusive lock); stop the other one, or give this one a file of its own ({why})",
+        path.display()
+    ))
+}
+
+fn not_a_database(path: &Path, why: &str) -> BackendError {
+    BackendError::Misconfigured(format!(
+        "`{}` is not a SQLite database (or it is damaged): point the store at a file of its own, \
+         or restore this one from a backup ({why})",
+        path.display()
+    ))
+}
+
+/// What a failure to open `path` means, in words: another process has
+/// it, it is not a database, or it cannot be opened or written where it
+/// is (a missing directory, permissions, a read-only filesystem).
 fn opening(path: &Path, error: sqlx::Error) -> BackendError {
-    let path = path.display();
-    match failure(error) {
-        BackendError::Unavailable(e) if e.to_string().contains("locked") => {
-            BackendError::Misconfigured(format!(
-                "`{path}` is open in another process: a SQLite store belongs to one process (it \
-                 holds the file's exclusive lock); stop the other one, or give this one a file \
-                 of its own ({e})"
+    let code = match &error {
+        sqlx::Error::Database(db) => db.code().and_then(|c| c.parse::<i32>().ok()),
+        _ => None,
+    };
+    let text = error.to_string();
+    match code.map(|c| c & 0xff) {
+        // SQLITE_PERM, SQLITE_READONLY, SQLITE_CANTOPEN.
+        Some(3 | 8 | 14) => {
+            return BackendError::Misconfigured(format!(
+                "`{}` cannot be opened for writing: check that its directory exists and that \
+                 this process may write there and to the file ({text})",
+                path.display()
             ))
         }
-        BackendError::Corrupt(e) => BackendError::Misconfigured(format!(
-            "`{path}` is not a SQLite database (or it is damaged): point the store at a file of \
-             its own, or restore this one from a backup ({e})"
-        )),
-        other => other,
+        // SQLITE_BUSY, SQLITE_LOCKED.
+        Some(5 | 6) => return in_use(path, &text),
+        // SQLITE_CORRUPT, SQLITE_NOTADB.
+        Some(11 | 26) => return not_a_database(path, &text),
+        _ => {}
     }
+    failure(error)
 }
 
 /// Warns when `path` is on a network filesystem, whose locks SQLite cannot
