@@ -1,11 +1,31 @@
 //! Small helpers every floor may use: a boxed future, the text of a caught
-//! panic, and locks that survive a panic.
+//! panic, locks that survive a panic, and a broadcast as a stream.
 
 use std::future::Future;
 use std::pin::Pin;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What `rx` receives, as a stream that ends when the sender is gone; a
+/// receiver that fell behind skips what it missed (the in-process stores'
+/// cancellation notices, which a heartbeat also reports).
+pub(crate) fn broadcast_stream<T: Clone + Send + 'static>(
+    rx: tokio::sync::broadcast::Receiver<T>,
+) -> futures::stream::BoxStream<'static, T> {
+    use futures::StreamExt;
+    use tokio::sync::broadcast::error::RecvError;
+    futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(item) => return Some((item, rx)),
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    })
+    .boxed()
+}
 
 /// The text of a panic's payload.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

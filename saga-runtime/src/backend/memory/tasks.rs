@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::stream::{BoxStream, StreamExt};
-use tokio::sync::broadcast;
+use futures::stream::BoxStream;
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -249,17 +248,10 @@ impl TaskStore for MemoryBackend {
     }
 
     async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
-        let rx = self.shared.cancels.subscribe();
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            loop {
-                match rx.recv().await {
-                    Ok(id) => return Some((id, rx)),
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        });
-        Ok(stream.boxed())
+        // One process: every request is made here, and sent on the channel.
+        Ok(crate::util::broadcast_stream(
+            self.shared.cancels.subscribe(),
+        ))
     }
 
     async fn wait_for_change(&self, _id: TaskId, timeout: Duration) {

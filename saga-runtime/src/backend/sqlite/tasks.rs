@@ -4,10 +4,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::stream::{BoxStream, StreamExt};
+use futures::stream::BoxStream;
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
-use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use super::{corrupt, failure, ms, now_ms, SqliteBackend};
@@ -400,19 +399,10 @@ impl TaskStore for SqliteBackend {
     }
 
     async fn cancellations(&self) -> Result<BoxStream<'static, TaskId>, BackendError> {
-        // One process owns the file: every request is made through this
-        // backend, and sent on the channel.
-        let rx = self.shared.cancels.subscribe();
-        Ok(futures::stream::unfold(rx, |mut rx| async move {
-            loop {
-                match rx.recv().await {
-                    Ok(id) => return Some((id, rx)),
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        })
-        .boxed())
+        // One process: every request is made here, and sent on the channel.
+        Ok(crate::util::broadcast_stream(
+            self.shared.cancels.subscribe(),
+        ))
     }
 
     async fn wait_for_change(&self, id: TaskId, timeout: Duration) {
