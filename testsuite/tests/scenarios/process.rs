@@ -179,9 +179,12 @@ pub async fn a_thousand_messages_to_one_pessimistic_instance_from_four_workers_c
     S: ScenarioStore,
 >() {
     let store = S::start();
+    // Messages stay invisible for longer than the whole run may take: a
+    // worker that left a message to wait for its redelivery, instead of
+    // handing it back when the lease is busy, fails the wait below.
     let engine = || async {
         Engine::builder()
-            .backend_arc(store.backend(Duration::from_millis(800)).await)
+            .backend_arc(store.backend(Duration::from_secs(120)).await)
             .process_manager(LockedCounter)
             .workers(2)
             .build()
@@ -189,7 +192,6 @@ pub async fn a_thousand_messages_to_one_pessimistic_instance_from_four_workers_c
             .unwrap()
     };
     let (a, b) = (engine().await, engine().await);
-    let started = Instant::now();
     for _ in 0..1000 {
         a.publish(LockedIncrement { id: "hot".into() })
             .await
@@ -201,19 +203,12 @@ pub async fn a_thousand_messages_to_one_pessimistic_instance_from_four_workers_c
             .unwrap()
             .map_or(0, |c| c.n)
     };
-    until("1000 increments", Duration::from_secs(60), || async {
+    until("1000 increments", Duration::from_secs(90), || async {
         count().await >= 1000
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(count().await, 1000, "no increment lost, none applied twice");
-    // Two processes' workers contend for the lease: none of them waits
-    // for redelivery (seconds each), so this takes far less than that.
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "{:?}",
-        started.elapsed()
-    );
     a.shutdown().await;
     b.shutdown().await;
 }
