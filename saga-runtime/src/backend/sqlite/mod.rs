@@ -15,10 +15,13 @@
 //!   the machine. [`Synchronous::Normal`] is faster and survives a crash
 //!   of the process, but a power loss can take the last commits back (the
 //!   file stays consistent): a task may then run a step again.
-//! - **Every write is one `BEGIN IMMEDIATE` transaction** on the one
-//!   connection: the guards are read and the effects applied inside it,
-//!   so a write is atomic and nothing interleaves (a deferred transaction
-//!   that read before it wrote could fail with `SQLITE_BUSY` under load).
+//! - **Every write is atomic, and concurrent writes share a commit**: a
+//!   write runs under a savepoint of its own inside the `BEGIN IMMEDIATE`
+//!   transaction of its group, its guards read and its effects applied
+//!   there, and returns once its group committed (group commit: see
+//!   `commit.rs`). A deferred transaction that read before it wrote could
+//!   fail with `SQLITE_BUSY` under load; an immediate one holds the write
+//!   lock from its first statement.
 //! - The schema is a checksummed history of migrations embedded in the
 //!   crate (`migrations/*.sql`), as PostgreSQL's: a file written by a
 //!   newer version of this library, or one whose history differs, is
@@ -35,9 +38,10 @@
 //!
 //! Files mirror the seam's: `tasks`, `queue`, `dead_letters`,
 //! `housekeeping`, `limits`; `write` (the write vocabulary's
-//! interpreter), `migrate` (the migrator), `open` (the file and its
-//! settings).
+//! interpreter), `commit` (group commit), `migrate` (the migrator), `open`
+//! (the file and its settings).
 
+mod commit;
 mod dead_letters;
 mod housekeeping;
 mod limits;
@@ -48,12 +52,13 @@ mod tasks;
 mod write;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::sqlite::SqliteConnection;
-use tokio::sync::{broadcast, Mutex, MutexGuard, Notify};
+use tokio::sync::{broadcast, Mutex, Notify};
+
+use commit::{Conn, Counts, Tx};
 
 use super::{Backend, BackendError, Limits};
 use crate::model::task::TaskId;
@@ -122,55 +127,8 @@ struct Shared {
     cancels: broadcast::Sender<TaskId>,
     config: SqliteConfig,
     path: PathBuf,
-    /// Write transactions committed (each a WAL sync under `FULL`).
-    commits: AtomicU64,
-}
-
-/// The connection, and whether a transaction is open on it.
-struct Conn {
-    conn: SqliteConnection,
-    in_tx: bool,
-}
-
-/// A write transaction: statements run on [`Tx::c`]; [`Tx::commit`] ends
-/// it. Dropped without a commit, it is rolled back before the
-/// connection's next use.
-struct Tx<'a> {
-    conn: MutexGuard<'a, Conn>,
-    commits: &'a AtomicU64,
-    /// The connection's `total_changes()` when it began.
-    changes: i64,
-}
-
-impl Tx<'_> {
-    /// The connection the transaction is on.
-    fn c(&mut self) -> &mut SqliteConnection {
-        &mut self.conn.conn
-    }
-
-    /// Commits what the transaction wrote (a write refused by its guards
-    /// wrote nothing, and commits nothing).
-    async fn commit(mut self) -> Result<(), BackendError> {
-        let wrote = total_changes(self.c()).await? != self.changes;
-        sqlx::query("COMMIT")
-            .execute(self.c())
-            .await
-            .map_err(failure)?;
-        self.conn.in_tx = false;
-        if wrote {
-            self.commits.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-}
-
-/// The rows the connection changed since it opened: whether a transaction
-/// wrote (one that wrote nothing syncs nothing, and is not counted).
-async fn total_changes(c: &mut SqliteConnection) -> Result<i64, BackendError> {
-    sqlx::query_scalar("SELECT total_changes()")
-        .fetch_one(c)
-        .await
-        .map_err(failure)
+    /// What it counts of its writes.
+    counts: Counts,
 }
 
 impl std::fmt::Debug for SqliteBackend {
@@ -210,67 +168,36 @@ impl SqliteBackend {
         let conn = open::connection(&path, &config).await?;
         Ok(SqliteBackend {
             shared: Arc::new(Shared {
-                conn: Mutex::new(Conn { conn, in_tx: false }),
+                conn: Mutex::new(Conn::new(conn)),
                 queue_changed: Notify::new(),
                 task_changed: Notify::new(),
                 cancels: broadcast::channel(1024).0,
                 config,
                 path,
-                commits: AtomicU64::new(0),
+                counts: Counts::default(),
             }),
         })
     }
 
-    /// How many write transactions that changed something this store
-    /// committed since it opened (under [`Synchronous::Full`] each is a
-    /// sync of the WAL to the disk; one that found nothing to do is not):
-    /// what the benchmark reports per step, and a test holds to a count.
+    /// How many transactions that changed something this store committed
+    /// since it opened: under [`Synchronous::Full`] each is a sync of the
+    /// WAL to the disk, and holds the writes of every worker that wrote
+    /// meanwhile (group commit: see [`writes`](Self::writes)). What the
+    /// benchmark reports per step, and a test holds to a count.
     pub fn commits(&self) -> u64 {
-        self.shared.commits.load(Ordering::Relaxed)
+        self.shared.counts.commits.load(Ordering::Relaxed)
+    }
+
+    /// How many writes returned since the store opened (each one atomic,
+    /// in the transaction of its group): with one worker, as many as
+    /// [`commits`](Self::commits); with many, more.
+    pub fn writes(&self) -> u64 {
+        self.shared.counts.writes.load(Ordering::Relaxed)
     }
 
     /// The file this store is in.
     pub fn path(&self) -> &std::path::Path {
         &self.shared.path
-    }
-
-    /// The connection, for a read or to begin a write. A transaction that
-    /// may have been left open (a caller dropped midway, a `BEGIN` or a
-    /// `COMMIT` whose answer was lost, a failed statement) is rolled back
-    /// first: nothing of it was committed. SQLite may have ended it on its
-    /// own (a `COMMIT` that went through, a full disk it rolled back
-    /// after): then there is none to roll back, and that is no error.
-    async fn conn(&self) -> Result<MutexGuard<'_, Conn>, BackendError> {
-        let mut conn = self.shared.conn.lock().await;
-        if conn.in_tx {
-            match sqlx::query("ROLLBACK").execute(&mut conn.conn).await {
-                Ok(_) => {}
-                Err(e) if e.to_string().contains("no transaction is active") => {}
-                // Perhaps still open: rolled back by the next call.
-                Err(e) => return Err(failure(e)),
-            }
-            conn.in_tx = false;
-        }
-        Ok(conn)
-    }
-
-    /// Begins a write: one `BEGIN IMMEDIATE` transaction, which holds the
-    /// write lock from its first statement (see the module documentation).
-    /// The transaction counts as open from before its `BEGIN`, so that one
-    /// whose answer was lost is rolled back by the next call.
-    async fn begin(&self) -> Result<Tx<'_>, BackendError> {
-        let mut conn = self.conn().await?;
-        conn.in_tx = true;
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut conn.conn)
-            .await
-            .map_err(failure)?;
-        let changes = total_changes(&mut conn.conn).await?;
-        Ok(Tx {
-            conn,
-            commits: &self.shared.commits,
-            changes,
-        })
     }
 
     fn queue_changed(&self) {

@@ -55,6 +55,7 @@ pub(super) async fn connection(
         )));
     }
     warn_if_remote(path);
+    refuse_read_only(path)?;
     let options = SqliteConnectOptions::from_str("sqlite://")
         .map_err(failure)?
         .filename(path)
@@ -151,6 +152,31 @@ fn opening(path: &Path, error: sqlx::Error) -> BackendError {
         _ => {}
     }
     failure(error)
+}
+
+/// Refuses a file that exists but cannot be written (a read-only file
+/// system, a file made read-only), before SQLite reports it as an I/O
+/// error: every read of the store writes too (its WAL index), so none of
+/// it would work. Nothing of the SQLite connection is open yet, so opening
+/// and closing the file here releases none of its locks.
+fn refuse_read_only(path: &Path) -> Result<(), BackendError> {
+    let opened = std::fs::OpenOptions::new().write(true).open(path);
+    let why = match opened {
+        Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
+            "it is on a read-only file system: mount it writable, or copy the file to a \
+             writable disk"
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            "this process may not write to it: give it write permission on the file and its \
+             directory"
+        }
+        _ => return Ok(()),
+    };
+    Err(BackendError::Misconfigured(format!(
+        "`{}` cannot be written: {why} (the store writes to it, and keeps `-wal` and `-shm` \
+         files beside it)",
+        path.display()
+    )))
 }
 
 /// Warns when `path` is on a network filesystem, whose locks SQLite cannot

@@ -120,7 +120,9 @@ impl SqliteBackend {
         consumer: &str,
         interest: Interest,
     ) -> Result<Result<Delivery, Option<i64>>, BackendError> {
-        let mut tx = self.begin().await?;
+        // A look first, on the connection: a poll that finds nothing due
+        // writes nothing.
+        let mut conn = self.conn().await?;
         let now = now_ms();
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT id, raw, deliveries FROM queue WHERE due_ms <= ?3 AND {INTEREST} \
@@ -129,7 +131,7 @@ impl SqliteBackend {
         .bind(interest.sagas)
         .bind(interest.processes)
         .bind(now)
-        .fetch_optional(tx.c())
+        .fetch_optional(&mut conn.conn)
         .await
         .map_err(failure)?;
         let Some(row) = row else {
@@ -139,12 +141,12 @@ impl SqliteBackend {
             )))
             .bind(interest.sagas)
             .bind(interest.processes)
-            .fetch_one(tx.c())
+            .fetch_one(&mut conn.conn)
             .await
             .map_err(failure)?;
-            tx.commit().await?;
             return Ok(Err(next));
         };
+        let mut tx = self.write_on(conn).await?;
         let id: i64 = row.try_get(0).map_err(corrupt)?;
         let raw: Vec<u8> = row.try_get(1).map_err(corrupt)?;
         let deliveries = row.try_get::<i64, _>(2).map_err(corrupt)? + 1;

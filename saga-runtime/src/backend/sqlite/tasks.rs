@@ -189,6 +189,8 @@ impl TaskStore for SqliteBackend {
     ) -> Result<Created, BackendError> {
         let mut tx = self.begin().await?;
         if let Some(existing) = load(tx.c(), task.id).await? {
+            // Answered once what was read is on the disk.
+            tx.commit().await?;
             return Ok(Created::Existing(Box::new(existing)));
         }
         sqlx::query(
