@@ -117,8 +117,8 @@ mod postgres {
 }
 
 /// SQLite: a file of its own per case, in a temporary directory. The
-/// store has the saga core and flow-control limits (process managers are
-/// not on it yet).
+/// store has the saga core, flow-control limits, leases and breakers
+/// (process managers are not on it yet).
 mod sqlite {
     use std::sync::Arc;
 
@@ -140,7 +140,8 @@ mod sqlite {
 
     saga_runtime::backend_conformance!(fresh, core);
 
-    mod limits {
+    /// Limits, leases and breakers: what coordinates the engines.
+    mod coordination {
         use super::fresh;
 
         saga_runtime::__conformance_cases!(
@@ -152,6 +153,8 @@ mod sqlite {
             limits_pace_waiters_that_come_back_late,
             limits_a_waiter_that_leaves_frees_its_place,
             limits_decide_as_the_machine_does,
+            named_leases_have_one_holder_at_a_time,
+            shared_breakers_open_probe_once_and_close,
         );
     }
 }

@@ -30,8 +30,10 @@
 //! - Times are this host's clock, in milliseconds since the Unix epoch.
 //!
 //! This backend is the core a saga engine needs (tasks, the work queue,
-//! dead letters, retention) and flow-control limits (decided by the limit
-//! machine inside the write transaction); process managers need a store
+//! dead letters, retention), flow-control limits (decided by the limit
+//! machine inside the write transaction), and named leases and shared
+//! circuit breakers (kept in the process, which alone can hold the file:
+//! they go with it, as their holders do); process managers need a store
 //! with [`ProcessBackend`](super::ProcessBackend) (memory, Redis,
 //! PostgreSQL) for now, and an engine that registers one on this store
 //! says so when it is built.
@@ -60,7 +62,8 @@ use tokio::sync::{broadcast, Mutex, Notify};
 
 use commit::{Conn, Counts, Tx};
 
-use super::{Backend, BackendError, Limits};
+use super::memory::MemoryBackend;
+use super::{Backend, BackendError, Breakers, Leases, Limits};
 use crate::model::task::TaskId;
 
 pub use migrate::SCHEMA_VERSION;
@@ -129,6 +132,12 @@ struct Shared {
     path: PathBuf,
     /// What it counts of its writes.
     counts: Counts,
+    /// Named leases and shared circuit breakers: the process's own, as the
+    /// in-memory store keeps them. Only this process can hold the file, so
+    /// only its engines can hold a lease or trip a breaker; both are gone
+    /// with the process, as every holder is (a restarted process owes a
+    /// crashed one's timer poller nothing, and breakers start closed).
+    in_process: Arc<MemoryBackend>,
 }
 
 impl std::fmt::Debug for SqliteBackend {
@@ -175,6 +184,7 @@ impl SqliteBackend {
                 config,
                 path,
                 counts: Counts::default(),
+                in_process: Arc::new(MemoryBackend::new()),
             }),
         })
     }
@@ -209,10 +219,19 @@ impl SqliteBackend {
     }
 }
 
-/// The saga core and flow-control limits (see the module documentation).
+/// The saga core, flow-control limits, named leases and shared breakers
+/// (see the module documentation).
 impl Backend for SqliteBackend {
     fn limits(self: Arc<Self>) -> Option<Arc<dyn Limits>> {
         Some(self)
+    }
+
+    fn leases(self: Arc<Self>) -> Option<Arc<dyn Leases>> {
+        Some(self.shared.in_process.clone())
+    }
+
+    fn breakers(self: Arc<Self>) -> Option<Arc<dyn Breakers>> {
+        Some(self.shared.in_process.clone())
     }
 }
 
