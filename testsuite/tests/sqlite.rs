@@ -559,3 +559,86 @@ async fn a_full_or_read_only_disk_fails_writes_clearly_and_corrupts_nothing() {
     };
     assert_eq!(check, "ok");
 }
+
+/// A delivery is named by its receipt, not by its delivery count: a
+/// message handed back with its delivery not counted (the worker answered)
+/// and taken again has the count it had, and the first delivery's late
+/// settle must not take the second one's message off the queue.
+#[tokio::test]
+async fn a_late_settle_of_an_earlier_delivery_leaves_the_message() {
+    use saga_runtime::backend::{Handling, Interest, WorkQueue};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteBackend::open(dir.path().join("receipts.db"))
+        .await
+        .unwrap();
+    store.enqueue_raw(b"not a message").await.unwrap();
+    let wait = Duration::from_secs(1);
+    let first = store
+        .receive("a", Interest::ALL, wait)
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .settle_delivery(&first, Handling::Release(Duration::ZERO))
+        .await
+        .unwrap();
+    let second = store
+        .receive("b", Interest::ALL, wait)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.deliveries, second.deliveries, "the same count");
+    store.settle_delivery(&first, Handling::Ack).await.unwrap();
+    let depth = || async { store.queue_stats().await.unwrap().unwrap().sagas.depth };
+    assert_eq!(depth().await, 1, "the late settle took the message");
+    store.settle_delivery(&second, Handling::Ack).await.unwrap();
+    assert_eq!(depth().await, 0);
+}
+
+/// A file of the first schema (before receipts) is migrated when a newer
+/// build opens it, and its queued work goes on.
+#[tokio::test]
+async fn a_file_of_an_older_schema_is_migrated_at_open() {
+    use saga_runtime::backend::sqlite::SCHEMA_VERSION;
+    use saga_runtime::backend::{Interest, WorkQueue};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let store = SqliteBackend::open(&path).await.unwrap();
+    store
+        .enqueue_raw(b"queued before the upgrade")
+        .await
+        .unwrap();
+    drop(store);
+    drop(reopened(&path).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // What version 1 wrote: no receipts, and a history that ends at 1.
+    raw(
+        &path,
+        "ALTER TABLE queue DROP COLUMN receipt; \
+         DELETE FROM saga_schema_history WHERE version > 1",
+    )
+    .await;
+    let store = reopened(&path).await;
+    let taken = store
+        .receive("a", Interest::ALL, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.raw, "queued before the upgrade");
+    store.ack(&taken).await.unwrap();
+    drop(store);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut conn = SqliteConnectOptions::new()
+        .filename(&path)
+        .connect()
+        .await
+        .unwrap();
+    let newest: i32 = sqlx::query_scalar("SELECT MAX(version) FROM saga_schema_history")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(newest, SCHEMA_VERSION);
+    conn.close().await.unwrap();
+}

@@ -15,14 +15,21 @@ use crate::backend::BackendError;
 /// The migrations. A released migration is history: never edited, a
 /// change is a new one (the test `released_migrations_are_never_edited`
 /// pins the checksum each was released with).
-pub(super) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "core",
-    sql: include_str!("migrations/0001_core.sql"),
-}];
+pub(super) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "core",
+        sql: include_str!("migrations/0001_core.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "receipts",
+        sql: include_str!("migrations/0002_receipts.sql"),
+    },
+];
 
 /// The schema version this library writes: the newest migration.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The history table (a name no application table is likely to have).
 const HISTORY: &str = "saga_schema_history";
@@ -135,7 +142,10 @@ mod tests {
     /// A change to the schema is a new migration.
     #[test]
     fn released_migrations_are_never_edited() {
-        let pinned = ["9c611e8aea7f1b9b49873e713468c635677db0a3e897a7cab8da222a289950a0"];
+        let pinned = [
+            "9c611e8aea7f1b9b49873e713468c635677db0a3e897a7cab8da222a289950a0",
+            "b6635361bb7085aec9a3fbb25bb445c11003207c87e24d03be7e05d484fd18fe",
+        ];
         for (m, pin) in MIGRATIONS.iter().zip(pinned) {
             assert_eq!(
                 m.checksum(),

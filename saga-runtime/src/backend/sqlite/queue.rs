@@ -17,14 +17,15 @@ use crate::backend::{
 };
 use crate::model::task::TaskId;
 
-/// The row and the delivery count a delivery settles by: a delivery that
-/// was given up (its message delivered again since) settles nothing.
+/// The row and the receipt a delivery settles by (its id is
+/// `row.receipt`): a delivery that was given up (its message delivered
+/// again since) settles nothing.
 fn located(delivery: &Delivery) -> Result<(i64, i64), BackendError> {
-    let row = delivery
+    delivery
         .id
-        .parse()
-        .map_err(|_| corrupt(format!("`{}` is not a delivery of this store", delivery.id)))?;
-    Ok((row, i64::from(delivery.deliveries)))
+        .split_once('.')
+        .and_then(|(row, receipt)| Some((row.parse().ok()?, receipt.parse().ok()?)))
+        .ok_or_else(|| corrupt(format!("`{}` is not a delivery of this store", delivery.id)))
 }
 
 /// Keeps `delivery` from being delivered again for `visibility`.
@@ -33,11 +34,11 @@ pub(super) async fn keep(
     delivery: &Delivery,
     visibility: Duration,
 ) -> Result<(), BackendError> {
-    let (row, deliveries) = located(delivery)?;
-    sqlx::query("UPDATE queue SET due_ms = ? WHERE id = ? AND deliveries = ? AND taken = 1")
+    let (row, receipt) = located(delivery)?;
+    sqlx::query("UPDATE queue SET due_ms = ? WHERE id = ? AND receipt = ? AND taken = 1")
         .bind(now_ms().saturating_add(ms(visibility)))
         .bind(row)
-        .bind(deliveries)
+        .bind(receipt)
         .execute(&mut *c)
         .await
         .map_err(failure)?;
@@ -46,10 +47,10 @@ pub(super) async fn keep(
 
 /// Removes `delivery`'s message from the queue; whether it was there.
 async fn remove(c: &mut SqliteConnection, delivery: &Delivery) -> Result<bool, BackendError> {
-    let (row, deliveries) = located(delivery)?;
-    let done = sqlx::query("DELETE FROM queue WHERE id = ? AND deliveries = ? AND taken = 1")
+    let (row, receipt) = located(delivery)?;
+    let done = sqlx::query("DELETE FROM queue WHERE id = ? AND receipt = ? AND taken = 1")
         .bind(row)
-        .bind(deliveries)
+        .bind(receipt)
         .execute(&mut *c)
         .await
         .map_err(failure)?;
@@ -151,16 +152,19 @@ impl SqliteBackend {
         let raw: Vec<u8> = row.try_get(1).map_err(corrupt)?;
         let deliveries = row.try_get::<i64, _>(2).map_err(corrupt)? + 1;
         let visible_again = now.saturating_add(ms(self.shared.config.visibility_timeout));
-        sqlx::query("UPDATE queue SET deliveries = ?, taken = 1, due_ms = ? WHERE id = ?")
-            .bind(deliveries)
-            .bind(visible_again)
-            .bind(id)
-            .execute(tx.c())
-            .await
-            .map_err(failure)?;
+        let receipt: i64 = sqlx::query_scalar(
+            "UPDATE queue SET deliveries = ?, taken = 1, due_ms = ?, receipt = receipt + 1 \
+              WHERE id = ? RETURNING receipt",
+        )
+        .bind(deliveries)
+        .bind(visible_again)
+        .bind(id)
+        .fetch_one(tx.c())
+        .await
+        .map_err(failure)?;
         tx.commit().await?;
         Ok(Ok(Delivery {
-            id: id.to_string(),
+            id: format!("{id}.{receipt}"),
             item: WorkItem::decode(&raw),
             raw: String::from_utf8_lossy(&raw).into_owned(),
             deliveries: u32::try_from(deliveries).unwrap_or(u32::MAX),
@@ -178,18 +182,18 @@ impl SqliteBackend {
         delay: Duration,
         answered: bool,
     ) -> Result<(), BackendError> {
-        let (row, deliveries) = located(delivery)?;
+        let (row, receipt) = located(delivery)?;
         let due = now_ms().saturating_add(ms(delay));
         let mut tx = self.begin().await?;
         sqlx::query(
             "UPDATE queue SET taken = 0, due_ms = ?1, since_ms = ?1, \
                     deliveries = deliveries - ?2 \
-              WHERE id = ?3 AND deliveries = ?4 AND taken = 1",
+              WHERE id = ?3 AND receipt = ?4 AND taken = 1",
         )
         .bind(due)
         .bind(i64::from(answered))
         .bind(row)
-        .bind(deliveries)
+        .bind(receipt)
         .execute(tx.c())
         .await
         .map_err(failure)?;
