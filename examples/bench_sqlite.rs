@@ -1,18 +1,22 @@
 //! Benchmark: a 3-step saga with no-op steps on a SQLite file with durable
 //! commits (WAL, `synchronous = FULL`), next to the disk's raw durable
 //! commit rate measured on the same disk in the same run (one row inserted
-//! per transaction, with the same sqlx and SQLite).
+//! per transaction, with the same sqlx and SQLite), and, with `--peer`,
+//! apalis-sqlite chaining the same three steps right after.
 //!
 //! ```text
-//! cargo run --release --example bench_sqlite [-- TASKS]
+//! cargo run --release --example bench_sqlite [-- TASKS] [--peer PATH]
 //! ```
 //!
-//! Prints, in one run, steps per second with 1, 4 and 8 workers, the write
-//! transactions committed per step (each a WAL sync to the disk), and the
-//! ratio of steps per second to the raw one-commit-per-step baseline. The
-//! peer (apalis-sqlite, `../shared/peer-sqlite`) runs with its own
-//! `bench.sh` on the same machine; its `RESULT` lines report steps per
-//! second and commits per step in the same terms.
+//! Prints, in one run, steps per second with 1, 4, 8 and 16 workers, the
+//! writes per step and the commits per step (each commit one WAL sync to
+//! the disk, shared by the writes of every worker that wrote meanwhile),
+//! and the ratio of steps per second to the raw one-commit-per-step
+//! baseline. With `--peer PATH` (the `peer-sqlite` binary: build it with
+//! `cd ../shared/peer-sqlite && SQLX_OFFLINE=true cargo build --release`),
+//! the peer at its README setting and its favourable one, at 1, 4 and 16
+//! workers, on the same disk, and the ratio of our best figure to its
+//! best.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,13 +53,20 @@ async fn baseline(dir: &std::path::Path, n: u64) -> Result<f64, Box<dyn std::err
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Steps per second and commits per step of `tasks` tasks on `workers`
-/// workers, on a fresh file.
+/// What one run measured.
+struct Figures {
+    steps_per_s: f64,
+    writes_per_step: f64,
+    commits_per_step: f64,
+}
+
+/// Steps per second, writes and commits per step of `tasks` tasks on
+/// `workers` workers, on a fresh file.
 async fn run(
     dir: &std::path::Path,
     tasks: u64,
     workers: usize,
-) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+) -> Result<Figures, Box<dyn std::error::Error>> {
     let path = dir.join(format!("bench-{workers}.db"));
     let store = SqliteBackend::open_with(&path, SqliteConfig::default()).await?;
     let done = Arc::new(AtomicU64::new(0));
@@ -68,7 +79,7 @@ async fn run(
     for n in 0..tasks {
         engine.start::<NoOp>(n).await?;
     }
-    let before = store.commits();
+    let (writes, commits) = (store.writes(), store.commits());
     let started = Instant::now();
     let running = {
         let engine = engine.clone();
@@ -78,43 +89,122 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
-    let commits = store.commits() - before;
+    let (writes, commits) = (store.writes() - writes, store.commits() - commits);
     running.abort();
     engine.shutdown().await;
     let steps = (3 * tasks) as f64;
-    Ok((steps / seconds, commits as f64 / steps))
+    Ok(Figures {
+        steps_per_s: steps / seconds,
+        writes_per_step: writes as f64 / steps,
+        commits_per_step: commits as f64 / steps,
+    })
+}
+
+/// The peer's steps per second at `args`, at 1, 4 and 16 workers, with
+/// its `RESULT` lines printed.
+fn peer(path: &str, dir: &std::path::Path, tasks: u64, args: &[&str]) -> Vec<(String, f64)> {
+    let mut results = Vec::new();
+    for concurrency in ["1", "4", "16"] {
+        let db = dir.join("peer.db");
+        let out = std::process::Command::new(path)
+            .args(["--jobs", &tasks.to_string(), "--concurrency", concurrency])
+            .arg("--db")
+            .arg(&db)
+            .args(["--timeout-s", "300"])
+            .args(args)
+            .output()
+            .expect("run the peer");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some(rest) = line.strip_prefix("RESULT ") {
+                let steps = rest
+                    .split_whitespace()
+                    .find_map(|f| f.strip_prefix("steps_per_s="))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0);
+                println!("  peer {} c={concurrency}: {rest}", args.join(" "));
+                if rest.contains("finished=false") {
+                    println!("  (did not finish in time: no figure)");
+                    continue;
+                }
+                results.push((format!("{} c={concurrency}", args.join(" ")), steps));
+            }
+        }
+    }
+    results
+}
+
+/// The peer's raw baseline (one single-row UPDATE per transaction).
+fn peer_baseline(path: &str, dir: &std::path::Path, tasks: u64) {
+    let out = std::process::Command::new(path)
+        .args(["--baseline", "--jobs", &tasks.to_string()])
+        .arg("--db")
+        .arg(dir.join("peer-baseline.db"))
+        .output()
+        .expect("run the peer's baseline");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        println!("  peer baseline: {line}");
+    }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let tasks: u64 = std::env::args()
-        .nth(1)
-        .map(|n| n.parse())
-        .transpose()?
-        .unwrap_or(1000);
-    // A directory of its own under the system's temp dir, removed after.
+    let mut args = std::env::args().skip(1);
+    let mut tasks = 1000u64;
+    let mut peer_path = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--peer" => peer_path = Some(args.next().ok_or("--peer takes the peer's binary")?),
+            n => tasks = n.parse()?,
+        }
+    }
+    // A directory of its own under the system's temp dir (the peer takes
+    // only files there), removed after.
     let dir = std::env::temp_dir().join(format!("bench-sqlite-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let result = bench(&dir, tasks).await;
+    let result = bench(&dir, tasks, peer_path.as_deref()).await;
     std::fs::remove_dir_all(&dir)?;
     result
 }
 
-async fn bench(dir: &std::path::Path, tasks: u64) -> Result<(), Box<dyn std::error::Error>> {
+async fn bench(
+    dir: &std::path::Path,
+    tasks: u64,
+    peer_path: Option<&str>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let raw = baseline(dir, 3 * tasks).await?;
     println!("raw durable commits/s (one row per transaction): {raw:.0}");
     let mut best: f64 = 0.0;
-    for workers in [1, 4, 8] {
-        let (steps, commits) = run(dir, tasks, workers).await?;
-        best = best.max(steps);
+    for workers in [1, 4, 8, 16] {
+        let f = run(dir, tasks, workers).await?;
+        best = best.max(f.steps_per_s);
         println!(
-            "workers={workers}: {steps:.0} steps/s, {commits:.2} commits/step, {:.2}x the raw commit rate",
-            steps / raw
+            "workers={workers}: {:.0} steps/s, {:.2} writes/step, {:.3} commits/step, {:.2}x the \
+             raw commit rate",
+            f.steps_per_s,
+            f.writes_per_step,
+            f.commits_per_step,
+            f.steps_per_s / raw
         );
     }
     println!(
         "best: {best:.0} steps/s = {:.2}x the raw commit rate",
         best / raw
     );
+    if let Some(path) = peer_path {
+        peer_baseline(path, dir, tasks);
+        let mut results = peer(path, dir, tasks, &["--wake", "readme", "--batch", "5"]);
+        results.extend(peer(
+            path,
+            dir,
+            tasks,
+            &["--wake", "tick:1", "--batch", "50", "--lean"],
+        ));
+        if let Some((label, peer_best)) = results.into_iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+            println!(
+                "best peer (apalis-sqlite {label}): {peer_best:.0} steps/s; ours {best:.0}: {:.2}x",
+                best / peer_best
+            );
+        }
+    }
     Ok(())
 }
