@@ -102,7 +102,16 @@ impl Tx<'_> {
             backend,
         } = self;
         drop(conn);
-        let done = backend.flush(&group).await;
+        // The group commits even if this caller stops waiting (a timeout,
+        // a dropped request): a write left in an open transaction would be
+        // seen by every read and lost by a crash, however long it waited.
+        let flushing = {
+            let backend = backend.clone();
+            tokio::spawn(async move { backend.flush(&group).await })
+        };
+        let done = flushing
+            .await
+            .unwrap_or_else(|e| Err(BackendError::unavailable(e)));
         if done.is_ok() {
             backend.shared.counts.writes.fetch_add(1, Ordering::Relaxed);
         }
