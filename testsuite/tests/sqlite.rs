@@ -6,6 +6,8 @@
 //! (`tests/conformance.rs`, module `sqlite`).
 
 mod common;
+#[macro_use]
+mod scenarios;
 
 use std::path::Path;
 use std::time::Duration;
@@ -641,4 +643,29 @@ async fn a_file_of_an_older_schema_is_migrated_at_open() {
         .unwrap();
     assert_eq!(newest, SCHEMA_VERSION);
     conn.close().await.unwrap();
+}
+
+/// The engine scenarios (`tests/scenarios/`) that engines in one process
+/// can run, on SQLite as on the server stores: two engines in this process
+/// stand in for two machines sharing the file. Those that need a second
+/// process on the store, a server to crash or connections to cut are
+/// generated for the server stores only (`tests/engine_scenarios.rs`).
+mod on_sqlite {
+    use crate::common::stores::TestSqlite;
+
+    engine_scenarios!(@stores scenarios [sqlite: TestSqlite] [
+        faults::hung_steps_time_out_and_every_task_still_finishes,
+        faults::a_retry_backoff_holds_neither_a_worker_nor_the_lock,
+        faults::a_handed_back_message_comes_back_promptly,
+        faults::a_cancellation_cuts_a_retrys_wait_short_but_not_a_compensations,
+        leases::a_step_longer_than_the_lock_ttl_keeps_its_lease_and_runs_once,
+        leases::cancellation_requested_in_one_process_reaches_a_step_running_in_another,
+        breakers::a_shared_breaker_opens_and_probes_across_engines_and_parked_tasks_finish,
+        breakers::a_long_outage_behind_a_shared_waiting_breaker_compensates_nothing,
+        limits::a_concurrency_of_three_holds_across_two_engines_and_is_used,
+        limits::a_rate_of_fifty_a_second_starts_250_plus_the_burst_in_five_seconds,
+        limits::a_rate_holds_when_the_demand_meets_engines_just_started,
+        limits::a_long_wait_is_audited_once,
+        limits::a_parked_task_is_cancelled_at_once_from_either_engine,
+    ]);
 }

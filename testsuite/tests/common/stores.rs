@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use saga_runtime::backend::postgres::{PostgresBackend, PostgresConfig};
 use saga_runtime::backend::redis::{RedisBackend, RedisConfig};
+use saga_runtime::backend::sqlite::{SqliteBackend, SqliteConfig};
 use saga_runtime::backend::Backend;
 use saga_runtime::TaskId;
 
@@ -253,5 +254,81 @@ impl ScenarioStore for TestPostgres {
         self.psql("SELECT count(*) FROM saga.queue")
             .parse()
             .unwrap()
+    }
+}
+
+/// SQLite: a file in a directory of its own. One process owns a file, so
+/// the engines of a scenario share one backend (the first
+/// [`backend`](ScenarioStore::backend) opens it, with that visibility
+/// timeout) and there is no server to crash, no connection to cut and no
+/// second process: the scenarios that need those are not generated for it
+/// (`tests/sqlite.rs` SIGKILLs a worker process that owns the file).
+pub struct TestSqlite {
+    dir: tempfile::TempDir,
+    opened: Arc<tokio::sync::OnceCell<(Duration, Arc<dyn Backend>)>>,
+}
+
+impl TestSqlite {
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("scenario.db")
+    }
+}
+
+impl ScenarioStore for TestSqlite {
+    fn start() -> Self {
+        TestSqlite {
+            dir: tempfile::tempdir().unwrap(),
+            opened: Arc::default(),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.path().display())
+    }
+
+    fn backend(&self, visibility: Duration) -> impl Future<Output = Arc<dyn Backend>> + Send {
+        let (opened, path) = (self.opened.clone(), self.path());
+        async move {
+            let (first, backend) = opened
+                .get_or_init(|| async {
+                    let config = SqliteConfig {
+                        visibility_timeout: visibility,
+                        ..SqliteConfig::default()
+                    };
+                    let backend = SqliteBackend::open_with(&path, config).await.unwrap();
+                    (visibility, Arc::new(backend) as Arc<dyn Backend>)
+                })
+                .await;
+            assert_eq!(*first, visibility, "one backend per file: one visibility");
+            backend.clone()
+        }
+    }
+
+    fn kill_connections(&self) -> usize {
+        unreachable!("SQLite has no connections to cut")
+    }
+
+    fn crash(&mut self) {
+        unreachable!("SQLite has no server to crash")
+    }
+
+    fn restart(&mut self) {
+        unreachable!("SQLite has no server to restart")
+    }
+
+    fn corrupt_status(&self, _: TaskId, _: &str) {
+        unreachable!("the engine holds the file")
+    }
+
+    fn corrupt_instance_status(&self, _: &str, _: &str, _: &str) {
+        unreachable!("the engine holds the file")
+    }
+
+    fn stored(&self) -> BTreeMap<String, usize> {
+        unreachable!("the engine holds the file")
+    }
+
+    fn unsettled(&self) -> usize {
+        unreachable!("the engine holds the file")
     }
 }

@@ -9,7 +9,10 @@
 //! (`tally`) and endpoints read by consumers (`endpoints`).
 //!
 //! A scenario that only one store can have (Redis consumer groups, a
-//! PostgreSQL row lock) stays in that store's file.
+//! PostgreSQL row lock) stays in that store's file. SQLite, whose file
+//! belongs to one process, runs those that engines in one process can
+//! (`tests/sqlite.rs`, `on_sqlite`): no second process on the store, no
+//! server to crash, no connection to cut.
 //!
 //! [`ScenarioStore`]: crate::common::stores::ScenarioStore
 
