@@ -420,13 +420,24 @@ impl SmallDisk {
         Some(SmallDisk { dir })
     }
 
+    /// Remounts with `options`, waiting (up to 5 s) for files still open
+    /// for writing to close (a store's connection closes on a thread of
+    /// its own once dropped), which a read-only remount waits for.
     fn remount(&self, options: &str) {
-        let done = std::process::Command::new("mount")
-            .args(["-o", &format!("remount,{options}")])
-            .arg(self.dir.path())
-            .status()
-            .unwrap();
-        assert!(done.success(), "remount {options}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let done = std::process::Command::new("mount")
+                .args(["-o", &format!("remount,{options}")])
+                .arg(self.dir.path())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            if done.success() {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "remount {options}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn path(&self, name: &str) -> std::path::PathBuf {
@@ -482,12 +493,22 @@ async fn a_full_or_read_only_disk_fails_writes_clearly_and_corrupts_nothing() {
         .await
         .unwrap();
     let blob = "x".repeat(16 * 1024);
+    // Four starts at a time, so that the disk fills under groups of
+    // several writes: each start that returned is kept, and none that
+    // failed is.
     let mut accepted = Vec::new();
     let full = loop {
         assert!(accepted.len() < 1000, "2 MiB never filled");
-        match engine.start::<Blob>(blob.clone()).await {
-            Ok(id) => accepted.push(id),
-            Err(e) => break e,
+        let starts = (0..4).map(|_| engine.start::<Blob>(blob.clone()));
+        let mut failed = None;
+        for started in futures::future::join_all(starts).await {
+            match started {
+                Ok(id) => accepted.push(id),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Some(e) = failed {
+            break e;
         }
     };
     let transient = |e: &saga_runtime::Error| {

@@ -17,15 +17,19 @@
 //! What a returned write promises does not change: it is on the disk (under
 //! `synchronous = FULL`), and a crash before its group's commit loses it
 //! with the whole group, none of which had returned. A group whose commit
-//! fails (a full disk, an I/O error) fails every write in it. Reads run on
-//! the same connection, between writes: they see the newest writes,
+//! fails (a full disk, an I/O error), or that SQLite rolled back on its own
+//! after a failed statement, fails every write in it with a transient
+//! error; one whose caller stopped waiting is committed all the same. (A
+//! `COMMIT` whose sync failed may still have reached the disk: its writers
+//! were told it failed, as a network store's lost answer would.) Reads run
+//! on the same connection, between writes: they see the newest writes,
 //! including those of a group whose commit is still under way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use sqlx::sqlite::SqliteConnection;
-use tokio::sync::MutexGuard;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::{failure, SqliteBackend};
 use crate::backend::BackendError;
@@ -39,15 +43,30 @@ pub(super) struct Conn {
     /// A write's savepoint may be open (a write dropped midway, or a
     /// statement that failed): rolled back on the connection's next use.
     in_write: bool,
+    /// The open group must be rolled back whole (a write's savepoint could
+    /// not be): every use tries until it is, and nothing of it commits.
+    doomed: bool,
 }
 
 impl Conn {
-    pub(super) fn new(conn: SqliteConnection) -> Self {
-        Conn {
+    pub(super) fn new(conn: SqliteConnection) -> Arc<Mutex<Conn>> {
+        Arc::new(Mutex::new(Conn {
             conn,
             group: None,
             in_write: false,
-        }
+            doomed: false,
+        }))
+    }
+
+    /// Whether a transaction is open on the connection: SQLite ends one on
+    /// its own after some failures (a full disk, an I/O error, even in a
+    /// read), which a group must not outlive.
+    async fn in_transaction(&mut self) -> Result<bool, BackendError> {
+        let mut handle = self.conn.lock_handle().await.map_err(failure)?;
+        let raw = handle.as_raw_handle().as_ptr();
+        // SAFETY: the locked handle gives this thread the connection alone
+        // until it is dropped, and `sqlite3_get_autocommit` only reads it.
+        Ok(unsafe { libsqlite3_sys::sqlite3_get_autocommit(raw) } == 0)
     }
 }
 
@@ -56,7 +75,7 @@ impl Conn {
 struct Group {
     /// The connection's `total_changes()` when the group began: whether it
     /// wrote (a group that wrote nothing syncs nothing, and is not
-    /// counted).
+    /// counted). Changes a savepoint rolled back still count.
     changes: OnceLock<i64>,
     /// How its commit went, once it is over.
     done: OnceLock<Result<(), BackendError>>,
@@ -75,47 +94,51 @@ pub(super) struct Counts {
 /// A write: statements run on [`Tx::c`]; [`Tx::commit`] ends it. Dropped
 /// without a commit, its savepoint is rolled back before the connection's
 /// next use.
-pub(super) struct Tx<'a> {
-    conn: MutexGuard<'a, Conn>,
+pub(super) struct Tx {
+    conn: OwnedMutexGuard<Conn>,
     group: Arc<Group>,
-    backend: &'a SqliteBackend,
+    backend: SqliteBackend,
 }
 
-impl Tx<'_> {
+impl Tx {
     /// The connection the write is on.
     pub(super) fn c(&mut self) -> &mut SqliteConnection {
         &mut self.conn.conn
     }
 
     /// Ends the write, and returns once its group committed (a write that
-    /// its guards refused waits too: the state it read may be another
-    /// write's of the same group, not yet on the disk).
-    pub(super) async fn commit(mut self) -> Result<(), BackendError> {
-        sqlx::query("RELEASE w")
-            .execute(self.c())
-            .await
-            .map_err(failure)?;
-        self.conn.in_write = false;
-        let Tx {
-            conn,
-            group,
-            backend,
-        } = self;
-        drop(conn);
-        // The group commits even if this caller stops waiting (a timeout,
-        // a dropped request): a write left in an open transaction would be
-        // seen by every read and lost by a crash, however long it waited.
-        let flushing = {
-            let backend = backend.clone();
-            tokio::spawn(async move { backend.flush(&group).await })
-        };
-        let done = flushing
+    /// its guards refused, or that found what it reads, waits too: the
+    /// state it read may be another write's of the same group, not yet on
+    /// the disk).
+    ///
+    /// The end runs as a task of its own: a caller that stops waiting (a
+    /// timeout, a dropped request) neither leaves its savepoint half ended
+    /// nor its group open, seen by every read and lost by a crash however
+    /// long it waited.
+    pub(super) async fn commit(self) -> Result<(), BackendError> {
+        let counts = self.backend.clone();
+        let done = tokio::spawn(self.end())
             .await
             .unwrap_or_else(|e| Err(BackendError::unavailable(e)));
         if done.is_ok() {
-            backend.shared.counts.writes.fetch_add(1, Ordering::Relaxed);
+            counts.shared.counts.writes.fetch_add(1, Ordering::Relaxed);
         }
         done
+    }
+
+    async fn end(self) -> Result<(), BackendError> {
+        let Tx {
+            mut conn,
+            group,
+            backend,
+        } = self;
+        sqlx::query("RELEASE w")
+            .execute(&mut conn.conn)
+            .await
+            .map_err(failure)?;
+        conn.in_write = false;
+        drop(conn);
+        backend.flush(&group).await
     }
 }
 
@@ -125,16 +148,26 @@ impl SqliteBackend {
     /// done by its savepoint (SQLite itself rolled the whole transaction
     /// back after a full disk or an I/O error), the whole group is rolled
     /// back and fails.
-    pub(super) async fn conn(&self) -> Result<MutexGuard<'_, Conn>, BackendError> {
-        let mut conn = self.shared.conn.lock().await;
-        if conn.in_write {
-            let undone = sqlx::raw_sql("ROLLBACK TO w; RELEASE w")
+    pub(super) async fn conn(&self) -> Result<OwnedMutexGuard<Conn>, BackendError> {
+        let mut conn = self.shared.conn.clone().lock_owned().await;
+        if conn.in_write && !conn.doomed {
+            match sqlx::raw_sql("ROLLBACK TO w; RELEASE w")
                 .execute(&mut conn.conn)
-                .await;
-            conn.in_write = false;
-            if let Err(e) = undone {
-                abandon(&mut conn, failure(e)).await?;
+                .await
+            {
+                Ok(_) => conn.in_write = false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "a write's savepoint would not roll back");
+                    conn.doomed = true;
+                }
             }
+        }
+        if conn.doomed {
+            abandon(
+                &mut conn,
+                "a write in it failed and could not be undone alone",
+            )
+            .await?;
         }
         Ok(conn)
     }
@@ -142,16 +175,22 @@ impl SqliteBackend {
     /// Begins a write, in the open group or a new one (whose `BEGIN
     /// IMMEDIATE` holds the write lock from its first statement: see the
     /// module documentation of the store).
-    pub(super) async fn begin(&self) -> Result<Tx<'_>, BackendError> {
+    pub(super) async fn begin(&self) -> Result<Tx, BackendError> {
         self.write_on(self.conn().await?).await
     }
 
     /// Begins a write on `conn`, taken by [`conn`](Self::conn) to read
     /// first: what was read stays as it was until the write ends.
-    pub(super) async fn write_on<'a>(
-        &'a self,
-        mut conn: MutexGuard<'a, Conn>,
-    ) -> Result<Tx<'a>, BackendError> {
+    pub(super) async fn write_on(
+        &self,
+        mut conn: OwnedMutexGuard<Conn>,
+    ) -> Result<Tx, BackendError> {
+        // A group whose transaction SQLite ended (after a failed statement,
+        // a read's too) is over: a savepoint now would begin a transaction
+        // of its own, which its `RELEASE` would commit alone.
+        if conn.group.is_some() && !conn.in_transaction().await? {
+            abandon(&mut conn, "SQLite rolled it back after a failed statement").await?;
+        }
         let group = match &conn.group {
             Some(group) => group.clone(),
             None => {
@@ -177,7 +216,7 @@ impl SqliteBackend {
         Ok(Tx {
             conn,
             group,
-            backend: self,
+            backend: self.clone(),
         })
     }
 
@@ -187,10 +226,13 @@ impl SqliteBackend {
         if let Some(done) = group.done.get() {
             return done.clone();
         }
-        let mut conn = self.conn().await?;
+        let conn = self.conn().await;
         if let Some(done) = group.done.get() {
             return done.clone();
         }
+        // The group is open and doomed (its rollback did not go through
+        // yet): none of it will commit.
+        let mut conn = conn?;
         if !conn.group.as_ref().is_some_and(|g| Arc::ptr_eq(g, group)) {
             // Every way a group ends records how it went: unreachable.
             return Err(BackendError::unavailable("a write's group was lost"));
@@ -199,40 +241,43 @@ impl SqliteBackend {
             (Ok(now), Some(then)) => now != *then,
             _ => true,
         };
-        let done = sqlx::query("COMMIT")
-            .execute(&mut conn.conn)
-            .await
-            .map(|_| ())
-            .map_err(failure);
-        match &done {
-            Ok(()) => {
+        match sqlx::query("COMMIT").execute(&mut conn.conn).await {
+            Ok(_) => {
                 conn.group = None;
-                let _ = group.done.set(Ok(()));
                 if wrote {
                     self.shared.counts.commits.fetch_add(1, Ordering::Relaxed);
                 }
+                let _ = group.done.set(Ok(()));
+                Ok(())
             }
-            Err(e) => abandon(&mut conn, e.clone()).await?,
+            Err(e) => {
+                let e = failure(e);
+                conn.doomed = true;
+                abandon(&mut conn, &format!("its commit failed: {e}")).await?;
+                Err(e)
+            }
         }
-        done
     }
 }
 
-/// Rolls the open group back after `why`, and fails its writers with it.
-/// SQLite may have ended the transaction on its own already: then there is
-/// none to roll back, and that is no error.
-async fn abandon(conn: &mut Conn, why: BackendError) -> Result<(), BackendError> {
+/// Rolls the open group back (it failed: `why`), and fails its writers with
+/// a transient error saying so; marked [`doomed`](Conn::doomed) until the
+/// rollback went through. SQLite may have ended the transaction on its own
+/// already: then there is none to roll back, and that is no error.
+async fn abandon(conn: &mut Conn, why: &str) -> Result<(), BackendError> {
+    conn.doomed = true;
     match sqlx::query("ROLLBACK").execute(&mut conn.conn).await {
         Ok(_) => {}
         Err(e) if e.to_string().contains("no transaction is active") => {}
         // Perhaps still open: the next use tries again.
-        Err(e) => {
-            conn.in_write = true;
-            return Err(failure(e));
-        }
+        Err(e) => return Err(failure(e)),
     }
+    conn.doomed = false;
+    conn.in_write = false;
     if let Some(group) = conn.group.take() {
-        let _ = group.done.set(Err(why));
+        let _ = group.done.set(Err(BackendError::unavailable(format!(
+            "the write's group of writes was rolled back: {why}"
+        ))));
     }
     Ok(())
 }

@@ -91,6 +91,7 @@ impl DeadLetters for SqliteBackend {
         .await
         .map_err(failure)?;
         let Some(found) = found else {
+            tx.commit().await?;
             return Ok(None);
         };
         let letter = letter(&found)?;

@@ -122,7 +122,7 @@ pub struct SqliteBackend {
 
 struct Shared {
     /// The one connection, which holds the file's exclusive lock.
-    conn: Mutex<Conn>,
+    conn: Arc<Mutex<Conn>>,
     /// Something was put on the queue (or handed back).
     queue_changed: Notify,
     /// A task was written.
@@ -177,7 +177,7 @@ impl SqliteBackend {
         let conn = open::connection(&path, &config).await?;
         Ok(SqliteBackend {
             shared: Arc::new(Shared {
-                conn: Mutex::new(Conn::new(conn)),
+                conn: Conn::new(conn),
                 queue_changed: Notify::new(),
                 task_changed: Notify::new(),
                 cancels: broadcast::channel(1024).0,

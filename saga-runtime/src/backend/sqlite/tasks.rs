@@ -152,11 +152,16 @@ impl SqliteBackend {
             .fetch_optional(tx.c())
             .await
             .map_err(failure)?;
-        // Nothing is recorded for a task that does not exist.
-        let Some(row) = row else { return Ok(None) };
+        // Nothing is recorded for a task that does not exist. (Each answer
+        // waits for what it read to be on the disk: see `commit.rs`.)
+        let Some(row) = row else {
+            tx.commit().await?;
+            return Ok(None);
+        };
         let at: Option<i64> = row.try_get(0).map_err(corrupt)?;
         let by: Option<String> = row.try_get(1).map_err(corrupt)?;
         if let Some(at) = at {
+            tx.commit().await?;
             return Ok((by.as_deref() != Some(token))
                 .then(|| timestamp(Some(at)))
                 .flatten());
@@ -288,10 +293,12 @@ impl TaskStore for SqliteBackend {
         // No lease for a task that does not exist: a stray message leaves
         // nothing behind.
         let Some(row) = row else {
+            tx.commit().await?;
             return Ok(Some(Locked::missing(id)));
         };
         let until: Option<i64> = row.try_get(1).map_err(corrupt)?;
         if until.is_some_and(|until| until > now) {
+            tx.commit().await?;
             return Ok(None);
         }
         let fence = row.try_get::<i64, _>(0).map_err(corrupt)? + 1;

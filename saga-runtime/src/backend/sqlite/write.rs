@@ -70,7 +70,7 @@ impl SqliteBackend {
     /// `applied`.
     async fn effect(
         &self,
-        tx: &mut Tx<'_>,
+        tx: &mut Tx,
         write: &Write<'_>,
         effect: &Effect<'_>,
         applied: &mut Applied,
