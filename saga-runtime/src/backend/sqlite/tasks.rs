@@ -76,29 +76,36 @@ pub(super) async fn append_audit(
     if entries.is_empty() {
         return Ok(());
     }
-    let last: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM audit WHERE task_id = ?")
-        .bind(key(id))
-        .fetch_one(&mut *c)
-        .await
-        .map_err(failure)?;
-    let mut seq = last;
-    for entry in entries {
-        seq += 1;
-        sqlx::query("INSERT INTO audit (task_id, seq, entry) VALUES (?, ?, ?)")
-            .bind(key(id))
-            .bind(seq)
-            .bind(serde_json::to_string(entry).map_err(corrupt)?)
-            .execute(&mut *c)
-            .await
-            .map_err(failure)?;
-    }
+    // Two statements whatever the number of entries: each statement is a
+    // round trip to the connection's thread, which is what a write costs
+    // most (the entries go as one JSON array of their texts).
+    let texts = entries
+        .iter()
+        .map(serde_json::to_string)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(corrupt)?;
+    let texts = serde_json::to_string(&texts).map_err(corrupt)?;
+    sqlx::query(
+        "INSERT INTO audit (task_id, seq, entry) \
+         SELECT ?1, COALESCE((SELECT MAX(seq) FROM audit WHERE task_id = ?1), 0) + e.key + 1, \
+                e.value \
+           FROM json_each(?2) AS e",
+    )
+    .bind(key(id))
+    .bind(texts)
+    .execute(&mut *c)
+    .await
+    .map_err(failure)?;
     let cap = i64::try_from(AUDIT_LOG_CAP).unwrap_or(i64::MAX);
-    sqlx::query("DELETE FROM audit WHERE task_id = ? AND seq <= ?")
-        .bind(key(id))
-        .bind(seq - cap)
-        .execute(&mut *c)
-        .await
-        .map_err(failure)?;
+    sqlx::query(
+        "DELETE FROM audit WHERE task_id = ?1 \
+            AND seq <= (SELECT MAX(seq) FROM audit WHERE task_id = ?1) - ?2",
+    )
+    .bind(key(id))
+    .bind(cap)
+    .execute(&mut *c)
+    .await
+    .map_err(failure)?;
     Ok(())
 }
 
