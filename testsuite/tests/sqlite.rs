@@ -162,14 +162,15 @@ async fn sqlite_urls_name_a_file() {
     );
 }
 
-/// A `chaos-worker` process owns the file and runs 60 tasks; it is
-/// SIGKILLed mid-run, started again and SIGKILLed again once every step
-/// ran (perhaps between a step and its commit), and an engine in this
-/// process finishes what is left: every task completes, from the file
+/// A `chaos-worker` process (eight workers) owns the file and runs 60
+/// tasks; it is SIGKILLed mid-run, started again and SIGKILLed again,
+/// five times, the last once every step ran (perhaps between a step and
+/// its commit, or inside a group commit), and an engine in this process
+/// finishes what is left: every task completes, from the file
 /// alone, and no step whose completion was recorded ran again. While the
 /// worker holds the file, this process cannot open it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_sigkilled_twice_leaves_every_task_to_resume_from_the_file() {
+async fn a_worker_sigkilled_five_times_leaves_every_task_to_resume_from_the_file() {
     use common::redis_server::TestRedis;
     use saga_runtime::prelude::*;
     use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
@@ -221,14 +222,14 @@ async fn a_worker_sigkilled_twice_leaves_every_task_to_resume_from_the_file() {
             .env("RECORD_URL", record.url())
             .env("FAILURE_RATE", "0")
             .env("MAX_WORK_MS", "30")
-            .env("WORKERS", "4")
+            .env("WORKERS", "8")
             .env("RUST_LOG", "off")
             .spawn()
             .unwrap()
     };
     let mut redis = recorder().await;
     let mut worker = spawn();
-    let before = steps_ran_at_least(&mut redis, &ids, 40).await;
+    let before = steps_ran_at_least(&mut redis, &ids, 30).await;
     assert!(
         SqliteBackend::open(&path).await.is_err(),
         "the worker holds the file"
@@ -237,10 +238,15 @@ async fn a_worker_sigkilled_twice_leaves_every_task_to_resume_from_the_file() {
     worker.wait().unwrap();
     assert!(before < 180, "killed mid-run ({before} of 180 steps ran)");
 
-    let mut worker = spawn();
-    steps_ran_at_least(&mut redis, &ids, 180).await;
-    worker.kill().unwrap();
-    worker.wait().unwrap();
+    // Killed again and again mid-run: with eight workers writing, each
+    // kill is likely to land in a group commit, with several workers'
+    // writes in one transaction.
+    for at_least in [70, 110, 150, 180] {
+        let mut worker = spawn();
+        steps_ran_at_least(&mut redis, &ids, at_least).await;
+        worker.kill().unwrap();
+        worker.wait().unwrap();
+    }
 
     let engine = reopened_engine(&path, engine).await;
     for (n, id) in &ids {
