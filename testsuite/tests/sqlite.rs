@@ -696,3 +696,53 @@ mod on_sqlite {
         limits::a_parked_task_is_cancelled_at_once_from_either_engine,
     ]);
 }
+
+/// What a read returns is on the disk: a process that saw a task finish
+/// (`wait`) and exits at once, without shutting its engine down (as the
+/// README's first command did), finds the task finished when it starts
+/// again. The store's one connection would otherwise show a read the
+/// writes of a group whose commit is still under way, which the exit
+/// takes back. Ten rounds, each a runtime dropped the moment `wait`
+/// returned.
+#[test]
+fn a_finished_task_read_back_is_on_the_disk_when_the_process_exits_at_once() {
+    use saga_runtime::backend::TaskStore;
+    use saga_runtime::prelude::*;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("exit.db");
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    for round in 0..10 {
+        let exiting = runtime();
+        let id = exiting.block_on(async {
+            let engine = Engine::builder()
+                .backend(reopened(&path).await)
+                .saga(Blob)
+                .workers(2)
+                .build()
+                .await
+                .unwrap();
+            let id = engine.start::<Blob>("x".repeat(100)).await.unwrap();
+            let task = engine.wait(id).await.unwrap();
+            assert_eq!(task.status, TaskStatus::Completed);
+            id
+        });
+        // As the process exits: nothing of it runs any more.
+        exiting.shutdown_background();
+        runtime().block_on(async {
+            let store = reopened(&path).await;
+            let task = store.load_task(id).await.unwrap().unwrap();
+            assert_eq!(
+                task.status,
+                TaskStatus::Completed,
+                "round {round}: the status `wait` returned was not on the disk"
+            );
+        });
+    }
+}

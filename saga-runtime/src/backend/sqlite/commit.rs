@@ -22,8 +22,8 @@
 //! error; one whose caller stopped waiting is committed all the same. (A
 //! `COMMIT` whose sync failed may still have reached the disk: its writers
 //! were told it failed, as a network store's lost answer would.) Reads run
-//! on the same connection, between writes: they see the newest writes,
-//! including those of a group whose commit is still under way.
+//! on the same connection, between writes, and see only what is on the
+//! disk: a read commits the open group first ([`SqliteBackend::read`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -237,6 +237,32 @@ impl SqliteBackend {
             // Every way a group ends records how it went: unreachable.
             return Err(BackendError::unavailable("a write's group was lost"));
         }
+        self.commit_group(&mut conn, group).await
+    }
+
+    /// The connection for a read, which sees only what is on the disk: a
+    /// group still open is committed first (its writers are answered by
+    /// that commit). A read on the one connection would see the open
+    /// group's writes, and a caller could act on one that a crash before
+    /// the commit takes back (a status `wait` returned, say, in a process
+    /// that then exits).
+    pub(super) async fn read(&self) -> Result<OwnedMutexGuard<Conn>, BackendError> {
+        let mut conn = self.conn().await?;
+        if let Some(group) = conn.group.clone() {
+            // A failed commit is its writers' to hear: the group was
+            // rolled back, and what is read is what is on the disk. One
+            // that could not be rolled back fails the read.
+            if let Err(e) = self.commit_group(&mut conn, &group).await {
+                if conn.doomed {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Commits `group`, the open one on `conn`, and records how it went.
+    async fn commit_group(&self, conn: &mut Conn, group: &Arc<Group>) -> Result<(), BackendError> {
         let wrote = match (total_changes(&mut conn.conn).await, group.changes.get()) {
             (Ok(now), Some(then)) => now != *then,
             _ => true,
@@ -253,7 +279,7 @@ impl SqliteBackend {
             Err(e) => {
                 let e = failure(e);
                 conn.doomed = true;
-                abandon(&mut conn, &format!("its commit failed: {e}")).await?;
+                abandon(conn, &format!("its commit failed: {e}")).await?;
                 Err(e)
             }
         }

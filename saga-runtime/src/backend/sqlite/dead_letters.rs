@@ -51,7 +51,7 @@ impl DeadLetters for SqliteBackend {
         )))
         .bind(before)
         .bind(i64::try_from(query.limit).unwrap_or(i64::MAX - 1) + 1)
-        .fetch_all(&mut self.conn().await?.conn)
+        .fetch_all(&mut self.read().await?.conn)
         .await
         .map_err(failure)?;
         let more = rows.len() > query.limit;
@@ -72,7 +72,7 @@ impl DeadLetters for SqliteBackend {
             "SELECT {COLUMNS} FROM dead_letters WHERE id = ?"
         )))
         .bind(row)
-        .fetch_optional(&mut self.conn().await?.conn)
+        .fetch_optional(&mut self.read().await?.conn)
         .await
         .map_err(failure)?;
         row.as_ref().map(letter).transpose()
@@ -117,7 +117,7 @@ impl DeadLetters for SqliteBackend {
 
     async fn dead_letter_count(&self) -> Result<usize, BackendError> {
         let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dead_letters")
-            .fetch_one(&mut self.conn().await?.conn)
+            .fetch_one(&mut self.read().await?.conn)
             .await
             .map_err(failure)?;
         Ok(usize::try_from(n).unwrap_or(0))

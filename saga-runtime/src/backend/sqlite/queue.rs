@@ -332,7 +332,7 @@ impl WorkQueue for SqliteBackend {
               WHERE due_ms <= ? OR taken = 1 GROUP BY kind = 1",
         )
         .bind(now)
-        .fetch_all(&mut self.conn().await?.conn)
+        .fetch_all(&mut self.read().await?.conn)
         .await
         .map_err(failure)?;
         let mut stats = QueueStats::default();

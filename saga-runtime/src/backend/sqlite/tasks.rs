@@ -227,7 +227,7 @@ impl TaskStore for SqliteBackend {
     }
 
     async fn load_task(&self, id: TaskId) -> Result<Option<TaskInstance>, BackendError> {
-        load(&mut self.conn().await?.conn, id).await
+        load(&mut self.read().await?.conn, id).await
     }
 
     async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskInstance>, BackendError> {
@@ -236,7 +236,7 @@ impl TaskStore for SqliteBackend {
             None => (i64::MAX, String::new()),
         };
         let ms_of = |t: Option<Timestamp>| t.map(|t| i64::try_from(t.0).unwrap_or(i64::MAX));
-        let mut conn = self.conn().await?;
+        let mut conn = self.read().await?;
         let rows = sqlx::query(
             "SELECT record, version FROM tasks \
               WHERE saga = ?1 AND (?2 IS NULL OR status = ?2) \
@@ -265,7 +265,7 @@ impl TaskStore for SqliteBackend {
         let rows: Vec<(String, i64)> =
             sqlx::query_as("SELECT status, COUNT(*) FROM tasks WHERE saga = ? GROUP BY status")
                 .bind(saga)
-                .fetch_all(&mut self.conn().await?.conn)
+                .fetch_all(&mut self.read().await?.conn)
                 .await
                 .map_err(failure)?;
         let mut counts = Vec::new();
@@ -279,7 +279,7 @@ impl TaskStore for SqliteBackend {
 
     async fn saga_names(&self) -> Result<Option<Vec<String>>, BackendError> {
         let names = sqlx::query_scalar("SELECT DISTINCT saga FROM tasks ORDER BY saga")
-            .fetch_all(&mut self.conn().await?.conn)
+            .fetch_all(&mut self.read().await?.conn)
             .await
             .map_err(failure)?;
         Ok(Some(names))
@@ -408,7 +408,7 @@ impl TaskStore for SqliteBackend {
         let at: Option<Option<i64>> =
             sqlx::query_scalar("SELECT cancel_ms FROM tasks WHERE id = ?")
                 .bind(key(id))
-                .fetch_optional(&mut self.conn().await?.conn)
+                .fetch_optional(&mut self.read().await?.conn)
                 .await
                 .map_err(failure)?;
         Ok(timestamp(at.flatten()))
