@@ -1,4 +1,5 @@
-//! The zip-upload saga from the README, on the embedded in-memory backend.
+//! The zip-upload saga from the README: in memory, or on the store `--url`
+//! names (the README's first command: a SQLite file).
 //!
 //! Upload a zip to (fake) S3 with transient failures, capture a payment, then
 //! call a webhook behind a circuit breaker. Several tasks run with different
@@ -14,8 +15,8 @@
 //! ```
 //!
 //! With `--url URL` (or `--redis URL`, or `REDIS_URL`: a SQLite, Redis or
-//! PostgreSQL URL), tasks live in that store: kill the demo mid-run (Ctrl-C
-//! twice, or `kill -9`) and run it again, and it first finishes the tasks
+//! PostgreSQL URL), tasks live in that store: kill the demo mid-run (Ctrl-C,
+//! or `kill -9`) and run it again, and it first finishes the tasks
 //! the killed run left, from the store. On Redis or PostgreSQL any number
 //! of processes share the work: run `--worker-only` in one terminal and the
 //! demo in another; each timeline line names the worker (process id) that

@@ -62,8 +62,9 @@ struct Cli {
     /// The deployment's store (required: there is no default): a Redis
     /// (`redis://host:port`, a cluster's
     /// `redis+cluster://host:port,host:port`, or a Sentinel deployment's
-    /// `redis+sentinel://host:port,host:port/<service>`) or a PostgreSQL
-    /// database (`postgres://user@host:port/database`).
+    /// `redis+sentinel://host:port,host:port/<service>`), a PostgreSQL
+    /// database (`postgres://user@host:port/database`) or a SQLite file
+    /// (`sqlite://path/to/file.db`, while no engine has it open).
     // Optional to clap: a missing URL is told by `no_store`, with the URL
     // forms. The variable's value is not shown in `--help`: it may carry
     // a password.

@@ -167,8 +167,10 @@ async fn sqlite_urls_name_a_file() {
 /// five times, the last once every step ran (perhaps between a step and
 /// its commit, or inside a group commit), and an engine in this process
 /// finishes what is left: every task completes, from the file
-/// alone, and no step whose completion was recorded ran again. While the
-/// worker holds the file, this process cannot open it.
+/// alone, and no step whose completion was recorded ran again. What each
+/// killed worker held comes back as soon as the next process opens the
+/// file (the workers' visibility timeout is longer than the test). While
+/// the worker holds the file, this process cannot open it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_sigkilled_five_times_leaves_every_task_to_resume_from_the_file() {
     use common::redis_server::TestRedis;
@@ -221,8 +223,12 @@ async fn a_worker_sigkilled_five_times_leaves_every_task_to_resume_from_the_file
             .env("BACKEND_URL", format!("sqlite://{}", path.display()))
             .env("RECORD_URL", record.url())
             .env("FAILURE_RATE", "0")
-            .env("MAX_WORK_MS", "30")
+            .env("MAX_WORK_MS", "200")
             .env("WORKERS", "8")
+            // Longer than the whole test may take: what a killed worker
+            // held must come back when the next process opens the file,
+            // not when its visibility runs out.
+            .env("VISIBILITY_MS", "120000")
             .env("RUST_LOG", "off")
             .spawn()
             .unwrap()

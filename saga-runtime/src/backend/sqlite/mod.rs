@@ -10,6 +10,9 @@
 //!   so, rather than left to race the first (leases and fencing between
 //!   processes are what the Redis and PostgreSQL stores are for). Within
 //!   the process, any number of workers and engines share the backend.
+//! - **A restart resumes at once**: opening the file hands back what the
+//!   process before still held (taken messages, task leases), since only
+//!   one process holds a file and that one is gone.
 //! - **Durable when a write returns**: WAL with `synchronous = FULL` by
 //!   default, so a committed write survives a crash of the process and of
 //!   the machine. [`Synchronous::Normal`] is faster and survives a crash

@@ -34,8 +34,8 @@ pub(super) fn path_of(url: &str) -> Result<PathBuf, BackendError> {
     }
     if path == ":memory:" {
         return Err(bad(
-            "an in-memory SQLite database is lost with the process: use the memory backend for \
-             that",
+            "an in-memory SQLite database is lost with the process: use the in-memory backend for \
+             that (no URL, or `Engine::builder()` without a backend)",
         ));
     }
     Ok(PathBuf::from(path))
@@ -102,7 +102,28 @@ pub(super) async fn connection(
         .await
         .map_err(|e| opening(path, e))?;
     migrate::prepare(&mut conn, path).await?;
+    release_the_dead(&mut conn).await?;
     Ok(conn)
+}
+
+/// Hands back what the process that held the file before this one still
+/// held when it ended: the messages it had taken and the task leases it
+/// had. One process owns a file, and this one has just taken it, so that
+/// one is gone (killed, crashed, or stopped without settling): its work
+/// resumes now, not a visibility timeout later. Each message keeps its
+/// delivery count, so one that kills every process that takes it still
+/// reaches its cap and is dead-lettered.
+async fn release_the_dead(conn: &mut SqliteConnection) -> Result<(), BackendError> {
+    sqlx::raw_sql(
+        "BEGIN IMMEDIATE; \
+         UPDATE queue SET taken = 0, due_ms = MIN(due_ms, since_ms) WHERE taken = 1; \
+         UPDATE tasks SET lock_token = NULL, lock_until = NULL WHERE lock_token IS NOT NULL; \
+         COMMIT",
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(failure)?;
+    Ok(())
 }
 
 /// Whether a failure's text is SQLite's for a file another connection
