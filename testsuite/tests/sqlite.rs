@@ -65,6 +65,16 @@ async fn a_second_opener_is_refused_while_the_store_is_open() {
     let text = refused(&path).await;
     assert!(text.contains("open in another process"), "{text}");
     assert!(text.contains("one process"), "{text}");
+    // The refused opener let go of nothing of the first's: another process
+    // is refused too. (Closing any descriptor of the file would have
+    // dropped the process's locks on it.)
+    let other = std::process::Command::new(env!("CARGO_BIN_EXE_chaos-worker"))
+        .env("BACKEND_URL", format!("sqlite://{}", path.display()))
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&other.stderr);
+    assert!(said.contains("open in another process"), "{said}");
     drop(first);
     reopened(&path).await;
 }
@@ -545,7 +555,12 @@ async fn a_full_or_read_only_disk_fails_writes_clearly_and_corrupts_nothing() {
     // A file system made read-only (a full disk remounted, a volume
     // mounted so): the store is refused at open, saying why.
     disk.remount("ro");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let read_only = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the file stayed locked"
+        );
         match SqliteBackend::open(&path).await {
             Err(e) if e.to_string().contains("locked") => {
                 tokio::time::sleep(Duration::from_millis(50)).await

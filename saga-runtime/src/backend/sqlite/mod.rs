@@ -202,8 +202,10 @@ impl SqliteBackend {
     }
 
     /// How many writes returned since the store opened (each one atomic,
-    /// in the transaction of its group): with one worker, as many as
-    /// [`commits`](Self::commits); with many, more.
+    /// in the transaction of its group; a write its guards refused, or
+    /// that changed nothing, counts here and commits nothing): with one
+    /// worker, about as many as [`commits`](Self::commits); with many,
+    /// more.
     pub fn writes(&self) -> u64 {
         self.shared.counts.writes.load(Ordering::Relaxed)
     }

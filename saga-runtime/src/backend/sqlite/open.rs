@@ -55,7 +55,16 @@ pub(super) async fn connection(
         )));
     }
     warn_if_remote(path);
-    refuse_read_only(path)?;
+    // What SQLite says of a file it cannot write is an I/O error at best:
+    // once it failed, the directory is asked why.
+    prepared(path, config)
+        .await
+        .map_err(|e| unwritable(path).unwrap_or(e))
+}
+
+/// [`connection`]'s work: connect, refuse what is not this library's,
+/// WAL, migrate, hand back what a dead process held.
+async fn prepared(path: &Path, config: &SqliteConfig) -> Result<SqliteConnection, BackendError> {
     let options = SqliteConnectOptions::from_str("sqlite://")
         .map_err(failure)?
         .filename(path)
@@ -175,25 +184,38 @@ fn opening(path: &Path, error: sqlx::Error) -> BackendError {
     failure(error)
 }
 
-/// Refuses a file that exists but cannot be written (a read-only file
-/// system, a file made read-only), before SQLite reports it as an I/O
-/// error: every read of the store writes too (its WAL index), so none of
-/// it would work. Nothing of the SQLite connection is open yet, so opening
-/// and closing the file here releases none of its locks.
-fn refuse_read_only(path: &Path) -> Result<(), BackendError> {
-    let opened = std::fs::OpenOptions::new().write(true).open(path);
-    let why = match opened {
+/// Why the store cannot write where `path` is (a read-only file system,
+/// a directory this process may not write to), if that is why it failed
+/// to open: asked by creating and removing a file of its own beside it.
+/// Never by opening the store's file itself: closing any descriptor of a
+/// file drops every POSIX lock the process holds on it, the lock of a
+/// store already open on it included (SQLite's "how to corrupt", 2.2).
+fn unwritable(path: &Path) -> Option<BackendError> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let probe = dir.join(format!(".saga-write-probe-{}", std::process::id()));
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe);
+    let why = match created {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            return None;
+        }
         Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
             "it is on a read-only file system: mount it writable, or copy the file to a \
              writable disk"
         }
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            "this process may not write to it: give it write permission on the file and its \
-             directory"
+            "this process may not write to its directory: give it write permission there and \
+             on the file"
         }
-        _ => return Ok(()),
+        Err(_) => return None,
     };
-    Err(BackendError::Misconfigured(format!(
+    Some(BackendError::Misconfigured(format!(
         "`{}` cannot be written: {why} (the store writes to it, and keeps `-wal` and `-shm` \
          files beside it)",
         path.display()
