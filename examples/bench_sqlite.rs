@@ -115,20 +115,13 @@ fn peer(path: &str, dir: &std::path::Path, tasks: u64, args: &[&str]) -> Vec<(St
             .args(args)
             .output()
             .expect("run the peer");
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if let Some(rest) = line.strip_prefix("RESULT ") {
-                let steps = rest
-                    .split_whitespace()
-                    .find_map(|f| f.strip_prefix("steps_per_s="))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0.0);
-                println!("  peer {} c={concurrency}: {rest}", args.join(" "));
-                if rest.contains("finished=false") {
-                    println!("  (did not finish in time: no figure)");
-                    continue;
-                }
-                results.push((format!("{} c={concurrency}", args.join(" ")), steps));
+        for r in sagas::peer::results(&out.stdout) {
+            println!("  peer {} c={concurrency}: {}", args.join(" "), r.fields);
+            if !r.finished {
+                println!("  (did not finish in time: no figure)");
+                continue;
             }
+            results.push((format!("{} c={concurrency}", args.join(" ")), r.steps_per_s));
         }
     }
     results

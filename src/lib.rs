@@ -5,4 +5,5 @@
 //! `testsuite/`.
 
 mod noop;
+pub mod peer;
 pub use noop::NoOp;

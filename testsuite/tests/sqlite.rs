@@ -186,6 +186,7 @@ async fn a_worker_sigkilled_five_times_leaves_every_task_to_resume_from_the_file
     use common::redis_server::TestRedis;
     use saga_runtime::prelude::*;
     use sagas_tests::chaos::{check_task, Chaos, ChaosConfig};
+    use scenarios::rig::Worker;
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("chaos.db");
@@ -244,24 +245,23 @@ async fn a_worker_sigkilled_five_times_leaves_every_task_to_resume_from_the_file
             .unwrap()
     };
     let mut redis = recorder().await;
-    let mut worker = spawn();
+    // Killed when dropped, so a failed assertion leaves no worker behind.
+    let worker = Worker(spawn());
     let before = steps_ran_at_least(&mut redis, &ids, 30).await;
     assert!(
         SqliteBackend::open(&path).await.is_err(),
         "the worker holds the file"
     );
-    worker.kill().unwrap();
-    worker.wait().unwrap();
+    drop(worker);
     assert!(before < 180, "killed mid-run ({before} of 180 steps ran)");
 
     // Killed again and again mid-run: with eight workers writing, each
     // kill is likely to land in a group commit, with several workers'
     // writes in one transaction.
     for at_least in [70, 110, 150, 180] {
-        let mut worker = spawn();
+        let worker = Worker(spawn());
         steps_ran_at_least(&mut redis, &ids, at_least).await;
-        worker.kill().unwrap();
-        worker.wait().unwrap();
+        drop(worker);
     }
 
     let engine = reopened_engine(&path, engine).await;
@@ -372,8 +372,9 @@ async fn a_step_costs_two_writes_and_alone_two_commits() {
         "{writes:.3} writes per step: the count is broken"
     );
     assert!(writes <= 2.01, "{writes:.3} writes per step (was 2.00)");
+    // One worker has nobody to share a commit with: each write is one.
     assert!(
-        (1.0..=writes).contains(&commits),
+        commits >= writes - 0.02 && commits <= writes,
         "{commits:.3} commits per step, {writes:.3} writes"
     );
 }
